@@ -1,0 +1,194 @@
+"""The one place where pallas_core touches JAX internals (``jax._src``).
+
+Everything the core and its plugins need from JAX that is not public API is
+re-exported from here, so that a JAX upgrade is a change in this file alone.
+Plugins import these names from ``pallas_core._jax`` rather than from ``jax._src``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+from jax._src import api_util
+from jax._src import config as _config
+from jax._src import core
+from jax._src import dispatch
+from jax._src import effects
+from jax._src import linear_util as lu
+from jax._src import source_info_util
+from jax._src.custom_derivatives import custom_jvp_call_p, custom_vjp_call_p
+from jax._src.interpreters import ad, batching, mlir
+from jax._src.interpreters import partial_eval as pe
+from jax._src.lax.control_flow.conditionals import cond_p
+from jax._src.lax.control_flow.loops import scan_p, while_p
+from jax._src.lax.parallel import axis_index_p
+from jax._src.pjit import jit_p
+from jax._src.state import discharge as state_discharge
+from jax._src.state import indexing as state_indexing
+from jax._src.state import primitives as state_primitives
+from jax._src.state import types as state_types
+
+__all__ = [
+    "AbstractRef",
+    "ClosedJaxpr",
+    "Jaxpr",
+    "Literal",
+    "NDIndexer",
+    "Primitive",
+    "ShapedArray",
+    "Slice",
+    "TransformedRef",
+    "Var",
+]
+
+JAX_VERSION: tuple[int, ...] = tuple(int(p) for p in jax.__version__.split(".")[:3])
+
+# --- core types -------------------------------------------------------------------------
+Primitive = core.Primitive
+Jaxpr = core.Jaxpr
+ClosedJaxpr = core.ClosedJaxpr
+Literal = core.Literal
+Var = core.Var
+ShapedArray = core.ShapedArray
+AbstractValue = core.AbstractValue
+Effect = effects.Effect
+typeof = core.typeof
+eval_jaxpr = core.eval_jaxpr
+
+# --- refs and indexing ------------------------------------------------------------------
+AbstractRef = state_types.AbstractRef
+TransformedRef = state_types.TransformedRef
+ReadEffect = state_types.ReadEffect
+WriteEffect = state_types.WriteEffect
+NDIndexer = state_indexing.NDIndexer
+Slice = state_indexing.Slice
+ds = state_indexing.ds
+get_p = state_primitives.get_p
+swap_p = state_primitives.swap_p
+addupdate_p = state_primitives.addupdate_p
+broadcast_to = state_primitives.broadcast_to
+get_ref_and_transforms = state_primitives.get_ref_and_transforms
+transform_array = state_discharge.transform_array
+transform_swap_array = state_discharge.transform_swap_array
+discharge_state = state_discharge.discharge_state
+run_state = state_discharge.run_state
+register_discharge_rule = state_discharge.register_discharge_rule
+
+# --- structured primitives the interpreter walks into ------------------------------------
+cond_p = cond_p
+while_p = while_p
+scan_p = scan_p
+jit_p = jit_p
+closed_call_p = core.closed_call_p
+custom_jvp_call_p = custom_jvp_call_p
+custom_vjp_call_p = custom_vjp_call_p
+axis_index_p = axis_index_p
+
+# --- transformations and lowering -------------------------------------------------------
+primitive_batchers = batching.primitive_batchers
+
+
+def register_batching_rule(prim: Primitive, rule: Callable[..., Any]) -> None:
+    """``rule(axis_data, args, dims, **params) -> (outs, out_dims)``; ``axis_data.size``."""
+    batching.fancy_primitive_batchers[prim] = rule
+primitive_jvps = ad.primitive_jvps
+register_lowering = mlir.register_lowering
+lower_fun = mlir.lower_fun
+LoweringRuleContext = mlir.LoweringRuleContext
+ir = mlir.ir
+
+
+def ref_type_of(ref: Any) -> Any:
+    """The abstract value of a Ref or a view of one."""
+    return core.typeof(ref)
+
+
+def shape_after_transforms(ref_aval: Any, transforms: Sequence[Any]) -> Any:
+    """The ShapedArray read from a Ref after applying ``transforms``."""
+    return state_types.transform_type(transforms, ref_aval.inner_aval)
+
+
+def make_ref_aval(shape: Sequence[int], dtype: Any, memory_space: Any = None) -> Any:
+    """A Ref aval of the given shape and dtype."""
+    return AbstractRef(core.ShapedArray(tuple(shape), dtype), memory_space=memory_space)
+
+
+def def_eager_impl(prim: Primitive) -> None:
+    """Eager (outside ``jit``) application compiles the primitive alone."""
+    prim.def_impl(lambda *args, **params: dispatch.apply_primitive(prim, *args, **params))
+
+
+def trace_to_jaxpr(
+    fun: Callable[..., Any],
+    in_avals: Sequence[Any],
+    *,
+    name: str = "kernel",
+    axis_sizes: Sequence[tuple[str, int]] = (),
+) -> tuple[Jaxpr, list[Any], list[Any]]:
+    """Traces ``fun`` (flat args, flat list result) with abstract inputs.
+
+    Returns ``(jaxpr, out_avals, consts)``. Named axes in ``axis_sizes`` are in scope
+    during tracing so that ``lax.axis_index(name)`` works in kernel bodies.
+    """
+    dbg = api_util.debug_info(name, fun, tuple(in_avals), {})
+    wrapped = lu.wrap_init(fun, debug_info=dbg)
+    with _config._check_vma(False), _config.mutable_array_checks(False):
+        with core.extend_axis_env_nd(list(axis_sizes)):
+            jaxpr, out_avals, consts = pe.trace_to_jaxpr_dynamic(wrapped, list(in_avals))
+    return jaxpr, list(out_avals), list(consts)
+
+
+def convert_constvars(jaxpr: Jaxpr) -> Jaxpr:
+    """Moves a jaxpr's constvars to the front of its invars."""
+    return pe.convert_constvars_jaxpr(jaxpr)
+
+
+def dce(jaxpr: Jaxpr) -> Jaxpr:
+    """Dead-code eliminates a jaxpr, keeping all outputs and effectful equations."""
+    jaxpr, _ = pe.dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars), instantiate=True)
+    return jaxpr
+
+
+def user_context(eqn: Any) -> Any:
+    """Context that attributes errors raised while evaluating ``eqn`` to its source."""
+    return source_info_util.user_context(eqn.source_info.traceback)
+
+
+def source_line(eqn: Any) -> str:
+    """``file:line`` of the user code that produced ``eqn``, or ``'<unknown>'``."""
+    frame = source_info_util.user_frame(eqn.source_info.traceback)
+    if frame is None:
+        return "<unknown>"
+    return f"{frame.file_name}:{frame.start_line}"
+
+
+def varying_axes(aval: Any) -> frozenset[Any]:
+    """Manual mesh axes along which a value varies inside ``shard_map`` (empty elsewhere)."""
+    mat = getattr(aval, "manual_axis_type", None)
+    return frozenset(getattr(mat, "varying", ())) if mat is not None else frozenset()
+
+
+def with_varying_axes(aval: Any, like: Sequence[Any]) -> Any:
+    """``aval`` made to vary over the manual axes that any of ``like`` varies over.
+
+    Inside ``shard_map`` (with its checks on) a kernel's outputs vary over the mesh
+    axes its inputs vary over; users need no annotation on ``out_shape`` for that.
+    """
+    if not _config._check_vma.value:
+        return aval
+    src = [a for a in like if not getattr(a, "manual_axis_type", core.empty_mat).empty]
+    if not src:
+        return aval
+    varying = frozenset().union(*(varying_axes(a) for a in src))
+    base = src[0]
+    mat = core.ManualAxisType(varying=varying)
+    sharding = base.sharding.update(spec=jax.sharding.PartitionSpec(*([None] * len(aval.shape))))
+    return core.ShapedArray(aval.shape, aval.dtype, sharding=sharding, manual_axis_type=mat)
+
+
+def lowering_platforms(ctx: Any) -> tuple[str, ...]:
+    """The platforms a lowering rule is lowering for (``cpu``, ``cuda``, ``tpu``, ...)."""
+    platforms = ctx.platforms if ctx.platforms is not None else ctx.module_context.platforms
+    return tuple(platforms)

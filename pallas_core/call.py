@@ -1,0 +1,352 @@
+"""``pallas_call``: the entry point, the ``pallas_call`` primitive and its transformation rules."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pallas_core import _jax
+from pallas_core import grid_mapping as gmap
+from pallas_core import primitives as prims
+from pallas_core.errors import (
+    AutodiffError,
+    KernelSignatureError,
+    LoweringError,
+    PallasError,
+    UnsupportedError,
+)
+from pallas_core.plugins import manager
+from pallas_core.request import KernelCall, LoweringRequest
+from pallas_core.spec import CostEstimate, GridSpec, no_block_spec
+
+pallas_call_p = _jax.Primitive("pallas_call")
+pallas_call_p.multiple_results = True
+_jax.def_eager_impl(pallas_call_p)
+
+_COMPILER_PARAMS_KEYS = {"mosaic": "mosaic_tpu", "mosaic_tpu": "mosaic_tpu",
+                         "triton": "triton", "mosaic_gpu": "mosaic_gpu"}
+
+
+def resolve_backend(backend: str | None, compiler_params: Any, interpret: Any) -> str | None:
+    """The backend chosen at call time: ``backend=`` > params type > ``interpret=``."""
+    if backend is not None:
+        if not isinstance(backend, str):
+            raise PallasError(f"backend= must be a backend name (str), found {backend!r}.")
+        return manager.get(backend).info.name
+    if compiler_params is not None:
+        if isinstance(compiler_params, Mapping):
+            keys = [_COMPILER_PARAMS_KEYS.get(k, k) for k in compiler_params]
+            if len(keys) == 1:
+                return manager.get(keys[0]).info.name
+        else:
+            name = manager.backend_for_params(compiler_params)
+            if name is not None:
+                return manager.get(name).info.name
+    if interpret:
+        return manager.get("interpret").info.name
+    return None
+
+
+def _freeze_params(params: Any) -> Any:
+    if isinstance(params, Mapping):
+        return tuple(sorted((k, _freeze_params(v)) for k, v in params.items()))
+    return params
+
+
+def _out_shape_leaves(out_shape: Any, kernel_name: str) -> tuple[list[Any], Any]:
+    leaves, tree = jax.tree_util.tree_flatten(out_shape)
+    if not leaves:
+        raise KernelSignatureError(
+            f"pallas_call of kernel {kernel_name!r} has an empty out_shape. Fix: pass a "
+            "jax.ShapeDtypeStruct (or a tuple of them) describing each output."
+        )
+    out = []
+    for i, leaf in enumerate(leaves):
+        shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
+        if shape is None or dtype is None or not isinstance(shape, (tuple, list)):
+            raise KernelSignatureError(
+                f"pallas_call of kernel {kernel_name!r}: out_shape leaf {i} is {leaf!r} of type "
+                f"{type(leaf).__name__}; expected a jax.ShapeDtypeStruct (or an array) with "
+                "shape and dtype. Fix: out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype)."
+            )
+        out.append(jax.ShapeDtypeStruct(tuple(shape), dtype))
+    return out, tree
+
+
+def _check_kernel_signature(kernel: Callable[..., Any], names: Sequence[str],
+                            kernel_name: str) -> None:
+    try:
+        sig = inspect.signature(kernel)
+    except (TypeError, ValueError):
+        return
+    try:
+        sig.bind(*names)
+    except TypeError:
+        n_params = len([p for p in sig.parameters.values()
+                        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)])
+        raise KernelSignatureError(
+            f"kernel {kernel_name!r} takes {n_params} positional parameters {tuple(sig.parameters)}"
+            f" but pallas_call passes {len(names)} Refs: {', '.join(names)}. Fix: the kernel "
+            "takes one Ref per input, then one per output, then one per scratch buffer."
+        ) from None
+
+
+def _source_of(fn: Any) -> str:
+    try:
+        code = fn.__code__
+        return f"{code.co_filename}:{code.co_firstlineno}"
+    except AttributeError:
+        return "<unknown>"
+
+
+def _kernel_name(kernel: Any, name: str | None) -> str:
+    if name is not None:
+        return name
+    return getattr(kernel, "__name__", None) or type(kernel).__name__
+
+
+def trace_kernel(kernel: Callable[..., Any], gm: gmap.GridMapping, in_tree: Any, out_tree: Any,
+                 kernel_name: str, arg_names: Sequence[str]) -> Any:
+    """Traces the kernel body on Refs of its blocks into a closed jaxpr."""
+    block_avals = [_jax.make_ref_aval(bm.ref_shape, bm.dtype, bm.memory_space)
+                   for bm in gm.block_mappings]
+    avals = [*block_avals, *gm.scratch_avals]
+    n_in, n_out = gm.num_inputs, gm.num_outputs
+
+    def flat_kernel(*refs: Any) -> list[Any]:
+        ins = jax.tree_util.tree_unflatten(in_tree, refs[:n_in])
+        outs = jax.tree_util.tree_unflatten(out_tree, refs[n_in:n_in + n_out])
+        outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+        result = kernel(*ins, *outs, *refs[n_in + n_out:])
+        if result is not None:
+            raise KernelSignatureError(
+                f"kernel {kernel_name!r} returned {type(result).__name__}; kernels return "
+                "nothing and write their results into the output Refs (o_ref[...] = value)."
+            )
+        return []
+
+    axis_sizes = tuple(zip(gm.grid_names, gm.user_grid)) if gm.grid_names else ()
+    ctx = prims.KernelTraceContext(gm.user_grid, gm.grid_names)
+    with prims.kernel_trace_context(ctx):
+        jaxpr, _, consts = _jax.trace_to_jaxpr(flat_kernel, avals, name=kernel_name,
+                                               axis_sizes=axis_sizes)
+    bad = [c for c in consts if np.shape(c) != () or isinstance(c, jax.core.Tracer)]
+    if bad:
+        shapes = ", ".join(f"{jnp.dtype(getattr(c, 'dtype', float))}{list(np.shape(c))}"
+                           for c in bad)
+        raise KernelSignatureError(
+            f"kernel {kernel_name!r} captures arrays from its enclosing scope ({shapes}). "
+            "Kernels may only read their Refs. Fix: pass these arrays to the pallas_call as "
+            "inputs (with a BlockSpec), or make them Python scalars."
+        )
+    return _close(jaxpr, consts)
+
+
+def _close(jaxpr: Any, consts: Sequence[Any]) -> Any:
+    return _jax.ClosedJaxpr(jaxpr, list(consts))
+
+
+def pallas_call(
+    kernel: Callable[..., None],
+    out_shape: Any,
+    *,
+    grid_spec: GridSpec | None = None,
+    grid: int | Sequence[int] = (),
+    in_specs: Any = no_block_spec,
+    out_specs: Any = no_block_spec,
+    scratch_shapes: Any = (),
+    input_output_aliases: Mapping[int, int] | None = None,
+    debug: bool = False,
+    interpret: Any = False,
+    name: str | None = None,
+    compiler_params: Any = None,
+    cost_estimate: CostEstimate | None = None,
+    backend: str | None = None,
+    metadata: Mapping[str, str] | None = None,
+    _grid_names: tuple[str, ...] | None = None,
+) -> Callable[..., Any]:
+    """Returns a function that runs ``kernel`` over ``grid``, blocked by the BlockSpecs.
+
+    ``kernel(*in_refs, *out_refs, *scratch_refs)`` reads its input blocks and writes its output
+    blocks. ``backend=`` picks an installed backend by name (``python -m pallas_core`` lists
+    them); otherwise the type of ``compiler_params``, then ``interpret=True``, then the default
+    backend of the platform decides (the interpreter on CPU).
+    """
+    del metadata
+    kernel_name = _kernel_name(kernel, name)
+    if grid_spec is None:
+        grid_spec = GridSpec(grid, in_specs, out_specs, scratch_shapes)
+    elif grid != () or in_specs is not no_block_spec or out_specs is not no_block_spec:
+        raise PallasError(
+            f"pallas_call of kernel {kernel_name!r} got grid_spec= together with grid=/in_specs="
+            "/out_specs=. Fix: put everything in the GridSpec, or drop grid_spec=."
+        )
+    out_leaves, out_tree = _out_shape_leaves(out_shape, kernel_name)
+    aliases = tuple(sorted((int(i), int(o)) for i, o in (input_output_aliases or {}).items()))
+    chosen = resolve_backend(backend, compiler_params, interpret)
+
+    @functools.wraps(kernel)
+    def wrapped(*args: Any) -> Any:
+        flat_args, in_tree = jax.tree_util.tree_flatten(args)
+        for i, a in enumerate(flat_args):
+            if not hasattr(a, "shape") or not hasattr(a, "dtype"):
+                flat_args[i] = jnp.asarray(a)
+        gm = _make_grid_mapping(grid_spec, flat_args, out_leaves, kernel_name, _grid_names)
+        names = [bm.origin for bm in gm.block_mappings] + [
+            f"scratch {i}" for i in range(len(gm.scratch_avals))]
+        _check_kernel_signature(kernel, names, kernel_name)
+        _check_aliases(aliases, flat_args, out_leaves, kernel_name)
+        gmap.check_index_maps_in_bounds(gm, kernel_name)
+        jaxpr = trace_kernel(kernel, gm, in_tree, out_tree, kernel_name, names)
+        call = KernelCall(
+            name=kernel_name, jaxpr=jaxpr, grid_mapping=gm,
+            out_avals=tuple(_jax.ShapedArray(o.shape, o.dtype) for o in out_leaves),
+            backend=chosen, compiler_params=_freeze_params(compiler_params),
+            input_output_aliases=aliases, cost_estimate=cost_estimate, debug=debug,
+            interpret=bool(interpret), source=_source_of(kernel),
+        )
+        if debug:
+            print(f"pallas_call {kernel_name} ({call.source}): grid {gm.grid}")
+            print(jaxpr)
+        if chosen is not None:
+            manager.hook.pallas_validate(call=call, backend=chosen)
+        outs = pallas_call_p.bind(*flat_args, call=call)
+        return jax.tree_util.tree_unflatten(out_tree, outs)
+
+    return wrapped
+
+
+def _make_grid_mapping(spec: GridSpec, args: Sequence[Any], outs: Sequence[Any],
+                       kernel_name: str, grid_names: tuple[str, ...] | None) -> gmap.GridMapping:
+    grid = tuple(spec.grid)  # type: ignore[arg-type]
+    in_specs = gmap.flatten_specs(spec.in_specs, len(args), "in_specs", kernel_name)
+    out_specs = gmap.flatten_specs(spec.out_specs, len(outs), "out_specs", kernel_name)
+    mappings = [gmap.make_block_mapping(s, x, grid, f"input {i}", kernel_name)
+                for i, (s, x) in enumerate(zip(in_specs, args))]
+    mappings += [gmap.make_block_mapping(s, o, grid, f"output {i}", kernel_name)
+                 for i, (s, o) in enumerate(zip(out_specs, outs))]
+    return gmap.GridMapping(grid, tuple(mappings), len(args), len(outs),
+                            gmap.scratch_avals(spec.scratch_shapes), 0, grid_names)
+
+
+def _check_aliases(aliases: Sequence[tuple[int, int]], args: Sequence[Any],
+                   outs: Sequence[Any], kernel_name: str) -> None:
+    for i, o in aliases:
+        if not (0 <= i < len(args) and 0 <= o < len(outs)):
+            raise PallasError(
+                f"pallas_call of kernel {kernel_name!r}: input_output_aliases has {{{i}: {o}}} "
+                f"but there are {len(args)} inputs and {len(outs)} outputs."
+            )
+        a, b = args[i], outs[o]
+        if tuple(a.shape) != tuple(b.shape) or jnp.dtype(a.dtype) != jnp.dtype(b.dtype):
+            raise PallasError(
+                f"pallas_call of kernel {kernel_name!r}: input {i} ({a.dtype}{list(a.shape)}) is "
+                f"aliased to output {o} ({b.dtype}{list(b.shape)}); aliased buffers must have "
+                "the same shape and dtype."
+            )
+
+
+# --- the primitive -------------------------------------------------------------------------
+
+
+@pallas_call_p.def_abstract_eval
+def _abstract_eval(*avals: Any, call: KernelCall) -> list[Any]:
+    return [_jax.with_varying_axes(a, avals) for a in call.out_avals]
+
+
+def _lowering(ctx: Any, *operands: Any, call: KernelCall) -> Sequence[Any]:
+    platforms = _jax.lowering_platforms(ctx)
+    backend = call.backend
+    if backend is None:
+        chosen = {manager.default_for_platform(p) for p in platforms}
+        if len(chosen) != 1:
+            raise UnsupportedError(
+                f"kernel {call.name!r} is being lowered for several platforms {platforms} "
+                f"whose default backends differ ({sorted(chosen)}). Fix: pass backend=NAME."
+            )
+        backend = chosen.pop()
+        manager.hook.pallas_validate(call=call, backend=backend)
+    info = manager.get(backend).info
+    platform = platforms[0]
+    unsupported = [p for p in platforms if p not in info.platforms]
+    if unsupported:
+        raise UnsupportedError(
+            f"kernel {call.name!r} uses backend {backend!r}, which lowers for "
+            f"{info.platforms}, but the program is being lowered for {unsupported[0]!r}. Fix: "
+            f"lower for one of {info.platforms} (e.g. lowering_platforms=({info.platforms[0]!r},)"
+            "), or choose another backend (backend='interpret' runs anywhere)."
+        )
+    request = LoweringRequest(call, backend, platform, ctx, tuple(operands))
+    result = manager.hook.pallas_lower(request=request)
+    if result is None:
+        raise LoweringError(
+            f"backend {backend!r} did not lower kernel {call.name!r}: its `pallas_lower` hook "
+            "returned None for a request addressed to it."
+        )
+    return list(result)
+
+
+_jax.register_lowering(pallas_call_p, _lowering)
+
+
+def _jvp(primals: Any, tangents: Any, *, call: KernelCall) -> Any:
+    raise AutodiffError(
+        f"jax.grad/jvp reached pallas_call kernel {call.name!r} ({call.source}), which has no "
+        "automatic derivative. Fix: wrap the function that calls pl.pallas_call in "
+        "jax.custom_vjp (or jax.custom_jvp) and write its backward pass, typically as another "
+        "pallas_call."
+    )
+
+
+_jax.primitive_jvps[pallas_call_p] = _jvp
+
+
+def _batch(axis_data: Any, args: Sequence[Any], dims: Sequence[Any], *,
+           call: KernelCall) -> tuple[list[Any], list[int]]:
+    size = axis_data.size
+    gm = call.grid_mapping
+    if all(d is None for d in dims):
+        outs = pallas_call_p.bind(*args, call=call)
+        return list(outs), [None] * len(outs)
+    args = [jnp.moveaxis(a, d, 0) if d is not None else a for a, d in zip(args, dims)]
+    batched = [d is not None for d in dims]
+    # An aliased input must be batched like the output it becomes.
+    for i, _ in call.input_output_aliases:
+        if not batched[i]:
+            args[i] = jnp.broadcast_to(args[i], (size, *args[i].shape))
+            batched[i] = True
+    mappings = [_batch_block_mapping(bm, b, gm.grid, size) for bm, b in
+                zip(gm.block_mappings, [*batched, *([True] * gm.num_outputs)])]
+    new_gm = gmap.GridMapping(
+        (size, *gm.grid), tuple(mappings), gm.num_inputs, gm.num_outputs, gm.scratch_avals,
+        gm.num_batch_axes + 1, gm.grid_names)
+    new_call = call.replace(
+        grid_mapping=new_gm,
+        out_avals=tuple(_jax.ShapedArray((size, *a.shape), a.dtype) for a in call.out_avals))
+    outs = pallas_call_p.bind(*args, call=new_call)
+    return list(outs), [0] * len(outs)
+
+
+def _batch_block_mapping(bm: gmap.BlockMapping, batched: bool, grid: tuple[int, ...],
+                         size: int) -> gmap.BlockMapping:
+    avals = [_jax.ShapedArray((), jnp.int32)] * (len(grid) + 1)
+
+    def index_map(b: Any, *idx: Any) -> list[Any]:
+        inner = bm.block_indices(*idx)
+        return [b, *inner] if batched else list(inner)
+
+    jaxpr, _, consts = _jax.trace_to_jaxpr(index_map, avals, name="index_map")
+    if not batched:
+        return gmap.BlockMapping(bm.origin, bm.array_shape, bm.dtype, bm.block_shape,
+                                 _close(jaxpr, consts), bm.memory_space)
+    return gmap.BlockMapping(bm.origin, (size, *bm.array_shape), bm.dtype,
+                             (None, *bm.block_shape), _close(jaxpr, consts), bm.memory_space)
+
+
+_jax.register_batching_rule(pallas_call_p, _batch)

@@ -1,0 +1,50 @@
+"""The error hierarchy of pallas: every mistake a user can make raises a ``PallasError``.
+
+Messages follow one pattern: what was expected, what was found, and how to fix it.
+"""
+
+from __future__ import annotations
+
+
+class PallasError(Exception):
+    """Base class of every error pallas raises for a user's or a plugin's mistake."""
+
+
+class BackendNotFoundError(PallasError, LookupError):
+    """``backend=`` named a backend that is not installed (or is disabled)."""
+
+
+class PluginLoadError(PallasError):
+    """A backend plugin failed to import or implements a hook wrongly."""
+
+
+class UnsupportedError(PallasError, NotImplementedError):
+    """A feature is not supported by the chosen backend."""
+
+
+class BlockSpecError(PallasError, ValueError):
+    """A BlockSpec, GridSpec or index map does not fit the operands."""
+
+
+class KernelSignatureError(PallasError, TypeError):
+    """The kernel's parameters do not match the operands, outputs and scratch buffers."""
+
+
+class OutOfBoundsError(PallasError, IndexError):
+    """An index map returned a block index outside its array."""
+
+
+class LoweringError(PallasError):
+    """A backend could not lower a kernel."""
+
+
+class AutodiffError(PallasError, TypeError):
+    """Differentiation reached a ``pallas_call`` that has no derivative rule."""
+
+
+def unsupported(feature: str, backend: str, fix: str = "") -> UnsupportedError:
+    """An ``UnsupportedError`` naming ``feature`` and ``backend``, with an optional fix."""
+    msg = f"{feature} is not supported by the {backend!r} backend."
+    if fix:
+        msg += f" {fix}"
+    return UnsupportedError(msg)

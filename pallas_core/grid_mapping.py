@@ -1,0 +1,242 @@
+"""Normalisation of grids and BlockSpecs into a ``GridMapping``, checked against the operands.
+
+A ``GridMapping`` is what every backend receives: the grid, and per operand its array shape,
+block shape, index map (as a closed jaxpr of the grid indices) and memory space.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pallas_core import _jax
+from pallas_core.errors import BlockSpecError, OutOfBoundsError
+from pallas_core.spec import ANY, BlockSpec, MemorySpace, Squeezed, no_block_spec
+
+# Index maps are checked on every grid point ahead of time up to this many points.
+MAX_STATIC_CHECK_POINTS = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockMapping:
+    """How one operand is blocked: ``index_map(*grid_indices)`` gives its block indices."""
+
+    origin: str
+    """The operand, for messages: e.g. ``"input 0 (x_ref)"`` or ``"output 1"``."""
+    array_shape: tuple[int, ...]
+    dtype: np.dtype
+    block_shape: tuple[int | None, ...]
+    """Per array dimension the block size; ``None`` marks a squeezed dimension (size 1)."""
+    index_map: Any
+    """Closed jaxpr: ``len(grid)`` int32 scalars -> one int32 block index per dimension."""
+    memory_space: MemorySpace | None = None
+
+    @property
+    def ref_shape(self) -> tuple[int, ...]:
+        """The shape of the Ref the kernel sees (squeezed dimensions dropped)."""
+        return tuple(b for b in self.block_shape if b is not None)
+
+    @property
+    def full_block_shape(self) -> tuple[int, ...]:
+        """The block shape with squeezed dimensions as 1."""
+        return tuple(1 if b is None else b for b in self.block_shape)
+
+    @property
+    def is_whole_array(self) -> bool:
+        """The kernel sees the whole array (memory space ``ANY``, no blocking)."""
+        return self.memory_space is ANY
+
+    def block_indices(self, *grid_indices: Any) -> list[Any]:
+        """Evaluates the index map (traceable)."""
+        return _jax.eval_jaxpr(self.index_map.jaxpr, self.index_map.consts, *grid_indices)
+
+
+@dataclasses.dataclass(frozen=True)
+class GridMapping:
+    """The grid and the blocking of every operand of one ``pallas_call``."""
+
+    grid: tuple[int, ...]
+    """The full grid, leading batch axes (added by ``vmap``) included."""
+    block_mappings: tuple[BlockMapping, ...]
+    """Inputs first, then outputs."""
+    num_inputs: int
+    num_outputs: int
+    scratch_avals: tuple[Any, ...] = ()
+    num_batch_axes: int = 0
+    """Leading grid axes added by ``vmap``; ``program_id(i)`` in the kernel is axis
+    ``i + num_batch_axes`` of ``grid``."""
+    grid_names: tuple[str, ...] | None = None
+    """Mesh axis names of the user grid when launched through ``pl.kernel``."""
+
+    @property
+    def user_grid(self) -> tuple[int, ...]:
+        """The grid the kernel was written for (without batch axes)."""
+        return self.grid[self.num_batch_axes:]
+
+    @property
+    def inputs(self) -> tuple[BlockMapping, ...]:
+        return self.block_mappings[: self.num_inputs]
+
+    @property
+    def outputs(self) -> tuple[BlockMapping, ...]:
+        return self.block_mappings[self.num_inputs:]
+
+    @property
+    def num_steps(self) -> int:
+        return int(np.prod(self.grid, dtype=np.int64))
+
+
+def _normalize_block_shape(spec: BlockSpec, shape: tuple[int, ...], origin: str,
+                           kernel_name: str) -> tuple[int | None, ...]:
+    if spec.block_shape is None:
+        return tuple(shape)
+    block = spec.block_shape
+    if len(block) != len(shape):
+        raise BlockSpecError(
+            f"In kernel {kernel_name!r}, {origin} has shape {shape} (rank {len(shape)}) but its "
+            f"BlockSpec has block_shape {tuple(block)} (rank {len(block)}). Fix: give one block "
+            "size per array dimension, using None (or pl.squeezed) for dimensions to drop."
+        )
+    out: list[int | None] = []
+    for b, d in zip(block, shape):
+        if b is None or isinstance(b, Squeezed):
+            out.append(None)
+        elif isinstance(b, (int, np.integer)) and b > 0:
+            out.append(int(b))
+        else:
+            raise BlockSpecError(
+                f"In kernel {kernel_name!r}, {origin}: block sizes must be positive ints or None, "
+                f"found {b!r} in block_shape {tuple(block)}."
+            )
+    return tuple(out)
+
+
+def _trace_index_map(spec: BlockSpec, grid: tuple[int, ...], ndim: int, origin: str,
+                     kernel_name: str) -> Any:
+    fn = spec.index_map
+    if fn is None:
+        def fn(*_: Any) -> tuple[int, ...]:
+            return (0,) * ndim
+    avals = [_jax.ShapedArray((), jnp.int32)] * len(grid)
+
+    def flat(*idx: Any) -> list[Any]:
+        try:
+            out = fn(*idx)
+        except TypeError as e:
+            if "positional argument" in str(e):
+                raise BlockSpecError(
+                    f"In kernel {kernel_name!r}, the index map of {origin} could not be called "
+                    f"with the {len(grid)} grid indices of grid {grid}: {e}. Fix: the index map "
+                    f"takes one argument per grid axis ({len(grid)})."
+                ) from e
+            raise
+        out = out if isinstance(out, (tuple, list)) else (out,)
+        if len(out) != ndim:
+            raise BlockSpecError(
+                f"In kernel {kernel_name!r}, the index map of {origin} returned {len(out)} "
+                f"indices {tuple(out)!r} but the array has rank {ndim}. Fix: return one block "
+                "index per array dimension (0 for dimensions that are not blocked)."
+            )
+        return [jnp.asarray(o, jnp.int32) for o in out]
+
+    jaxpr, _, consts = _jax.trace_to_jaxpr(flat, avals, name="index_map")
+    return _jax.ClosedJaxpr(jaxpr, consts)
+
+
+def make_block_mapping(spec: Any, x: Any, grid: tuple[int, ...], origin: str,
+                       kernel_name: str) -> BlockMapping:
+    """Normalises one operand's BlockSpec against its shape and the grid."""
+    shape = tuple(x.shape)
+    if spec is None or spec is no_block_spec:
+        spec = BlockSpec()
+    if not isinstance(spec, BlockSpec):
+        raise BlockSpecError(
+            f"In kernel {kernel_name!r}, {origin} has spec {spec!r}; expected a pl.BlockSpec."
+        )
+    if spec.memory_space is ANY:
+        if spec.block_shape is not None and tuple(spec.block_shape) != shape:
+            raise BlockSpecError(
+                f"In kernel {kernel_name!r}, {origin} is in memory space ANY, which is not "
+                f"blocked, but has block_shape {spec.block_shape}. Fix: drop block_shape."
+            )
+        block: tuple[int | None, ...] = shape
+    else:
+        block = _normalize_block_shape(spec, shape, origin, kernel_name)
+    index_map = _trace_index_map(spec, grid, len(shape), origin, kernel_name)
+    return BlockMapping(origin, shape, np.dtype(x.dtype), block, index_map, spec.memory_space)
+
+
+def check_index_maps_in_bounds(gm: GridMapping, kernel_name: str) -> None:
+    """Raises ``OutOfBoundsError`` if any index map leaves its array on any grid point.
+
+    Evaluated ahead of time on every grid point (index maps are pure functions of the grid
+    indices); grids larger than ``MAX_STATIC_CHECK_POINTS`` are not checked here.
+    """
+    if gm.num_steps == 0 or gm.num_steps > MAX_STATIC_CHECK_POINTS:
+        return
+    points = np.array(list(itertools.product(*map(range, gm.grid))), np.int32).reshape(
+        gm.num_steps, len(gm.grid))
+    with jax.ensure_compile_time_eval():
+        for bm in gm.block_mappings:
+            if bm.is_whole_array or not bm.array_shape:
+                continue
+            cols = [jnp.asarray(points[:, k]) for k in range(len(gm.grid))]
+            if gm.grid:
+                idx = jax.vmap(bm.block_indices)(*cols)
+            else:
+                idx = [jnp.reshape(v, (1,)) for v in bm.block_indices()]
+            _raise_if_out_of_bounds(bm, np.stack([np.asarray(i) for i in idx], 1), points,
+                                    kernel_name)
+
+
+def _raise_if_out_of_bounds(bm: BlockMapping, block_idx: np.ndarray, points: np.ndarray,
+                            kernel_name: str) -> None:
+    block = np.array(bm.full_block_shape, np.int64)
+    shape = np.array(bm.array_shape, np.int64)
+    starts = block_idx.astype(np.int64) * block
+    bad = (block_idx < 0) | (starts >= np.maximum(shape, 1))
+    if not bad.any():
+        return
+    step, dim = (int(v) for v in np.argwhere(bad)[0])
+    n_blocks = tuple(int(-(-s // b)) for s, b in zip(shape, block))
+    hint = ""
+    if any(block_idx[step, d] >= block[d] > 1 for d in range(len(block))):
+        hint = (" Index maps return block indices, not element offsets: write "
+                "lambda i: (i, 0), not lambda i: (i * block_size, 0).")
+    raise OutOfBoundsError(
+        f"In kernel {kernel_name!r}, the index map of {bm.origin} returned block index "
+        f"{tuple(int(v) for v in block_idx[step])} at grid step {tuple(int(v) for v in points[step])}"
+        f", outside the array: dimension {dim} of shape {bm.array_shape} in blocks of "
+        f"{bm.full_block_shape} has {n_blocks[dim]} blocks (valid indices 0..{n_blocks[dim] - 1})."
+        f"{hint}"
+    )
+
+
+def flatten_specs(specs: Any, n: int, what: str, kernel_name: str) -> list[Any]:
+    """Flattens ``in_specs``/``out_specs`` to one spec per operand leaf."""
+    if specs is no_block_spec or specs is None:
+        return [None] * n
+    if isinstance(specs, BlockSpec):
+        specs = (specs,)  # a lone BlockSpec stands for a one-operand list
+    leaves = jax.tree_util.tree_leaves(
+        specs, is_leaf=lambda s: s is None or isinstance(s, BlockSpec))
+    if len(leaves) != n:
+        raise BlockSpecError(
+            f"In kernel {kernel_name!r}, {what} has {len(leaves)} BlockSpecs but there are {n} "
+            f"{'inputs' if what == 'in_specs' else 'outputs'}. Fix: give one BlockSpec per "
+            "operand, in order."
+        )
+    return leaves
+
+
+def scratch_avals(scratch_shapes: Sequence[Any]) -> tuple[Any, ...]:
+    from pallas_core.primitives import scratch_aval
+
+    return tuple(scratch_aval(s) for s in jax.tree_util.tree_leaves(
+        scratch_shapes, is_leaf=lambda s: hasattr(s, "shape") and hasattr(s, "dtype")))

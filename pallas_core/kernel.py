@@ -1,0 +1,140 @@
+"""``pl.kernel`` and ``pl.core_map``: run a body once per point of a mesh of cores."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from pallas_core import _jax
+from pallas_core import primitives as prims
+from pallas_core.call import pallas_call
+from pallas_core.errors import KernelSignatureError, PallasError, UnsupportedError
+from pallas_core.spec import ANY, BlockSpec, CostEstimate, Mesh
+
+
+def _check_mesh(mesh: Any, fn: str) -> Mesh:
+    if not isinstance(mesh, Mesh):
+        raise PallasError(
+            f"pl.{fn} needs mesh= to be a pallas_core.Mesh (e.g. pl.Mesh(('x',), (2,)) or a "
+            f"backend's constructor such as pltpu.create_tensorcore_mesh('x')); found {mesh!r}."
+        )
+    return mesh
+
+
+def kernel(
+    body: Callable[..., None] | None = None,
+    out_type: Any = None,
+    *,
+    mesh: Mesh,
+    scratch_types: Any = (),
+    compiler_params: Any = None,
+    interpret: Any = False,
+    cost_estimate: CostEstimate | None = None,
+    debug: bool = False,
+    name: str | None = None,
+    metadata: Any = None,
+    backend: str | None = None,
+    out_shape: Any = None,
+    scratch_shapes: Any = None,
+) -> Any:
+    """Runs ``body(*in_refs, *out_refs, *scratch_refs)`` once on every core of ``mesh``.
+
+    Refs are whole arrays (memory space ``ANY``); ``jax.lax.axis_index(axis_name)`` gives the
+    core's position. Usable directly or as a decorator factory
+    (``@pl.kernel(out_type=..., mesh=...)``). ``out_shape``/``scratch_shapes`` are accepted
+    as older spellings of ``out_type``/``scratch_types``.
+    """
+    del metadata
+    mesh = _check_mesh(mesh, "kernel")
+    out = out_type if out_type is not None else out_shape
+    if out is None or not jax.tree_util.tree_leaves(out):
+        raise KernelSignatureError(
+            "pl.kernel needs out_type= (a jax.ShapeDtypeStruct or a tuple of them) describing "
+            "the outputs the body writes."
+        )
+    scratch = scratch_shapes if scratch_shapes is not None else scratch_types
+
+    def decorate(fn: Callable[..., None]) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            n_in = len(jax.tree_util.tree_leaves(args))
+            n_out = len(jax.tree_util.tree_leaves(out))
+            return pallas_call(
+                fn, out, grid=mesh.axis_sizes,
+                in_specs=[BlockSpec(memory_space=ANY)] * n_in,
+                out_specs=[BlockSpec(memory_space=ANY)] * n_out,
+                scratch_shapes=scratch, compiler_params=compiler_params, interpret=interpret,
+                cost_estimate=cost_estimate, debug=debug, name=name or fn.__name__,
+                backend=backend or mesh.backend, _grid_names=mesh.axis_names,
+            )(*args)
+
+        return call
+
+    return decorate if body is None else decorate(body)
+
+
+def core_map(
+    mesh: Mesh,
+    *,
+    compiler_params: Any = None,
+    interpret: Any = False,
+    debug: bool = False,
+    cost_estimate: CostEstimate | None = None,
+    name: str | None = None,
+    metadata: Any = None,
+    scratch_shapes: Any = (),
+    backend: str | None = None,
+) -> Callable[[Callable[..., None]], None]:
+    """Decorator: runs a body that takes no arguments on every core of ``mesh``.
+
+    The body reads and writes Refs it closes over (from ``pl.run_state`` or ``jax.new_ref``);
+    their final contents are written back when the decorator returns.
+    """
+    del metadata
+    mesh = _check_mesh(mesh, "core_map")
+    if jax.tree_util.tree_leaves(scratch_shapes):
+        raise UnsupportedError(
+            "pl.core_map(scratch_shapes=...) is not supported yet. Fix: allocate scratch "
+            "inside the body with pl.run_scoped."
+        )
+
+    def decorate(fn: Callable[..., None]) -> None:
+        axis_sizes = tuple(zip(mesh.axis_names, mesh.axis_sizes))
+
+        def flat() -> list[Any]:
+            fn()
+            return []
+
+        with prims.kernel_trace_context(prims.KernelTraceContext(mesh.axis_sizes,
+                                                                 mesh.axis_names)):
+            jaxpr, _, consts = _jax.trace_to_jaxpr(flat, [], name=name or fn.__name__,
+                                                   axis_sizes=axis_sizes)
+        is_ref = [isinstance(_jax.typeof(c), _jax.AbstractRef) for c in consts]
+        refs = [c for c, r in zip(consts, is_ref) if r]
+        if not refs:
+            raise PallasError(
+                f"pl.core_map body {fn.__name__!r} closes over no Refs, so it can have no "
+                "effect. Fix: write results into Refs created with pl.run_state or jax.new_ref."
+            )
+        values = [r[...] for r in refs]
+
+        def body(*kernel_refs: Any) -> None:
+            outs = iter(kernel_refs[len(refs): 2 * len(refs)])
+            env = [next(outs) if r else c for c, r in zip(consts, is_ref)]
+            _jax.eval_jaxpr(jaxpr, env)
+
+        results = pallas_call(
+            body, [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in values],
+            grid=mesh.axis_sizes,
+            in_specs=[BlockSpec(memory_space=ANY)] * len(refs),
+            out_specs=[BlockSpec(memory_space=ANY)] * len(refs),
+            input_output_aliases={i: i for i in range(len(refs))},
+            compiler_params=compiler_params, interpret=interpret, debug=debug,
+            cost_estimate=cost_estimate, name=name or fn.__name__,
+            backend=backend or mesh.backend, _grid_names=mesh.axis_names,
+        )(*values)
+        for r, v in zip(refs, results):
+            r[...] = v
+
+    return decorate

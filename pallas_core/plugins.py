@@ -1,0 +1,247 @@
+"""Finding, loading and choosing backend plugins (entry-point group ``pallas.backends``).
+
+Plugins are loaded lazily, on the first call that needs a backend, never on import.
+Environment variables:
+
+* ``PALLAS_DISABLE_PLUGIN_AUTOLOAD=1``: load no entry points (register plugins by hand with
+  :func:`register_backend`);
+* ``PALLAS_DISABLED_BACKENDS=a,b``: skip the named entry points.
+
+A plugin that fails to import, to describe itself or to match the hook specifications is
+recorded with its error and reported by name (``python -m pallas_core``); the others load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import os
+import threading
+import traceback
+from collections.abc import Mapping
+from typing import Any
+
+import pluggy
+
+from pallas_core import hookspecs
+from pallas_core.errors import BackendNotFoundError, PluginLoadError
+
+ENTRY_POINT_GROUP = "pallas.backends"
+DISABLE_AUTOLOAD_ENV = "PALLAS_DISABLE_PLUGIN_AUTOLOAD"
+DISABLED_BACKENDS_ENV = "PALLAS_DISABLED_BACKENDS"
+
+KNOWN_PACKAGES: Mapping[str, str] = {
+    "interpret": "pallas-interpret",
+    "triton": "pallas-triton",
+    "mosaic_tpu": "pallas-mosaic-tpu",
+    "mosaic_gpu": "pallas-mosaic-gpu",
+    "sparsecore": "pallas-sparsecore",
+}
+"""The distribution that provides each first-party backend (for error messages)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendInfo:
+    """What a plugin says about itself (returned by its ``pallas_describe`` hook)."""
+
+    name: str
+    version: str
+    platforms: tuple[str, ...]
+    """JAX platforms it lowers for (``"cpu"``, ``"cuda"``, ``"rocm"``, ``"tpu"``)."""
+    compiler_params_type: type | None = None
+    default_for: tuple[str, ...] = ()
+    """Platforms on which it is chosen when the user names no backend."""
+    capabilities: frozenset[str] = frozenset()
+    package: str = ""
+    """The pip distribution that provides it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """A loaded backend: its description and the plugin object holding its hooks."""
+
+    info: BackendInfo
+    plugin: Any
+
+
+class PluginManager:
+    """The registry of backends, loaded from entry points on first use."""
+
+    def __init__(self) -> None:
+        self._pm = pluggy.PluginManager(hookspecs.PROJECT)
+        self._pm.add_hookspecs(hookspecs)
+        self._backends: dict[str, Backend] = {}
+        self._errors: dict[str, str] = {}
+        self._loaded = False
+        self._lock = threading.RLock()
+        self._listeners: list[Any] = []
+        self._register_core()
+
+    @property
+    def hook(self) -> Any:
+        """The pluggy hook relay (``manager.hook.pallas_lower(request=...)``)."""
+        self.ensure_loaded()
+        return self._pm.hook
+
+    def _register_core(self) -> None:
+        from pallas_core import semantics
+
+        class CorePlugin:
+            @staticmethod
+            @hookspecs.hookimpl
+            def pallas_primitives() -> Any:
+                return semantics.CORE_SEMANTICS
+
+        self._pm.register(CorePlugin(), name="pallas_core")
+
+    def ensure_loaded(self) -> None:
+        """Loads the entry points once (unless autoload is disabled)."""
+        with self._lock:
+            if self._loaded:
+                return
+            self._loaded = True
+            if os.environ.get(DISABLE_AUTOLOAD_ENV, "").strip() not in ("", "0"):
+                return
+            disabled = {n.strip() for n in os.environ.get(DISABLED_BACKENDS_ENV, "").split(",")}
+            for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+                if ep.name in disabled or ep.name in self._backends:
+                    continue
+                try:
+                    plugin = ep.load()
+                except Exception as e:  # noqa: BLE001 - any import failure is reported
+                    self._errors[ep.name] = (
+                        f"importing {ep.value!r} failed: {type(e).__name__}: {e}\n"
+                        + "".join(traceback.format_exception_only(e)).strip()
+                    )
+                    continue
+                dist = ep.dist.name if ep.dist is not None else ""
+                try:
+                    self._add(ep.name, plugin, dist)
+                except PluginLoadError as e:
+                    self._errors[ep.name] = str(e)
+
+    def register(self, plugin: Any, name: str | None = None) -> Backend:
+        """Registers a backend plugin object (or module) by hand; returns it loaded.
+
+        Raises ``PluginLoadError`` if it does not satisfy the hook specifications.
+        """
+        with self._lock:
+            self.ensure_loaded()
+            return self._add(name, plugin, "")
+
+    def unregister(self, name: str) -> None:
+        """Removes a backend registered under ``name``."""
+        with self._lock:
+            backend = self._backends.pop(name, None)
+            if backend is not None:
+                self._pm.unregister(backend.plugin)
+                self._notify()
+
+    def _add(self, name: str | None, plugin: Any, dist: str) -> Backend:
+        label = name or getattr(plugin, "__name__", repr(plugin))
+        describe = getattr(plugin, "pallas_describe", None)
+        if describe is None:
+            raise PluginLoadError(
+                f"backend plugin {label!r} has no `pallas_describe` hook; every backend must "
+                "describe itself (see docs/writing-a-backend.md)."
+            )
+        try:
+            info = describe()
+        except Exception as e:  # noqa: BLE001
+            raise PluginLoadError(
+                f"backend plugin {label!r}: hook `pallas_describe` raised "
+                f"{type(e).__name__}: {e}"
+            ) from e
+        if not isinstance(info, BackendInfo):
+            raise PluginLoadError(
+                f"backend plugin {label!r}: hook `pallas_describe` must return a "
+                f"pallas_core.BackendInfo, returned {type(info).__name__}."
+            )
+        if name is not None and info.name != name:
+            raise PluginLoadError(
+                f"backend plugin registered as {name!r} describes itself as {info.name!r}; "
+                "the entry-point name and BackendInfo.name must agree."
+            )
+        if info.name in self._backends:
+            raise PluginLoadError(f"a backend named {info.name!r} is already registered.")
+        if not info.package and dist:
+            info = dataclasses.replace(info, package=dist)
+        try:
+            self._pm.register(plugin, name=info.name)
+            self._pm.check_pending()
+        except pluggy.PluginValidationError as e:
+            if self._pm.is_registered(plugin):
+                self._pm.unregister(plugin)
+            raise PluginLoadError(
+                f"backend plugin {info.name!r} implements a hook wrongly: {e}"
+            ) from e
+        backend = Backend(info, plugin)
+        self._backends[info.name] = backend
+        self._errors.pop(info.name, None)
+        self._notify()
+        return backend
+
+    def add_listener(self, fn: Any) -> None:
+        """Calls ``fn()`` whenever the set of backends changes (used to drop caches)."""
+        self._listeners.append(fn)
+
+    def _notify(self) -> None:
+        for fn in self._listeners:
+            fn()
+
+    def backends(self) -> Mapping[str, Backend]:
+        """The loaded backends by name."""
+        self.ensure_loaded()
+        return dict(self._backends)
+
+    def errors(self) -> Mapping[str, str]:
+        """Backends that failed to load, by entry-point name, with the reason."""
+        self.ensure_loaded()
+        return dict(self._errors)
+
+    def get(self, name: str) -> Backend:
+        """The backend called ``name``, or a ``BackendNotFoundError`` that says how to get it."""
+        backends = self.backends()
+        if name in backends:
+            return backends[name]
+        installed = ", ".join(sorted(backends)) or "none"
+        if name in self._errors:
+            raise BackendNotFoundError(
+                f"backend {name!r} is installed but failed to load: {self._errors[name]}"
+            )
+        package = KNOWN_PACKAGES.get(name)
+        fix = (f"Fix: `pip install {package}`" if package
+               else "Fix: install the package that provides it, or check the spelling")
+        raise BackendNotFoundError(
+            f"no backend named {name!r}. Installed backends: {installed}. {fix}, or choose "
+            "one of the installed backends."
+        )
+
+    def backend_for_params(self, params: Any) -> str | None:
+        """The backend whose ``CompilerParams`` type ``params`` is an instance of."""
+        for name, b in self.backends().items():
+            t = b.info.compiler_params_type
+            if t is not None and isinstance(params, t):
+                return name
+        backend = getattr(type(params), "BACKEND", None)
+        return backend if isinstance(backend, str) else None
+
+    def default_for_platform(self, platform: str) -> str:
+        """The backend used on ``platform`` when the user chose none."""
+        for name, b in sorted(self.backends().items()):
+            if platform in b.info.default_for:
+                return name
+        raise BackendNotFoundError(
+            f"no installed backend is the default for platform {platform!r}. Installed: "
+            f"{', '.join(sorted(self.backends())) or 'none'}. Fix: pass backend=NAME, or "
+            "install a backend for this platform (e.g. `pip install pallas-interpret`)."
+        )
+
+
+manager = PluginManager()
+"""The process-wide plugin manager."""
+
+
+def register_backend(plugin: Any, name: str | None = None) -> Backend:
+    """Registers a backend plugin by hand (e.g. in tests, or with autoload disabled)."""
+    return manager.register(plugin, name)

@@ -1,0 +1,392 @@
+"""Primitives and helpers used inside kernels: ``program_id``, loads/stores, atomics, ...
+
+Each primitive here is backend-neutral; its reference semantics (what the interpreter
+runs) are registered in :mod:`pallas_core.semantics`, and each backend lowers it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import enum
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from pallas_core import _jax
+from pallas_core.errors import KernelSignatureError, PallasError
+from pallas_core.spec import MemoryRef, cdiv
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelTraceContext:
+    """What is known about the grid while a kernel body is being traced."""
+
+    grid: tuple[int, ...]
+    grid_names: tuple[str, ...] | None = None
+
+
+_TRACE_CONTEXT: contextvars.ContextVar[KernelTraceContext | None] = contextvars.ContextVar(
+    "pallas_kernel_trace_context", default=None
+)
+
+
+@contextlib.contextmanager
+def kernel_trace_context(ctx: KernelTraceContext) -> Iterator[None]:
+    """Makes ``ctx`` the grid that ``program_id``/``num_programs`` refer to while tracing."""
+    token = _TRACE_CONTEXT.set(ctx)
+    try:
+        yield
+    finally:
+        _TRACE_CONTEXT.reset(token)
+
+
+def _current_grid(fn: str) -> tuple[int, ...]:
+    ctx = _TRACE_CONTEXT.get()
+    if ctx is None:
+        raise PallasError(
+            f"pl.{fn} was called outside a kernel. It is only meaningful inside the body of "
+            "a function passed to pl.pallas_call or pl.kernel."
+        )
+    return ctx.grid
+
+
+def _check_axis(fn: str, axis: int) -> int:
+    grid = _current_grid(fn)
+    if not isinstance(axis, int) or not 0 <= axis < len(grid):
+        raise PallasError(
+            f"pl.{fn}(axis={axis!r}) but the grid {grid} has {len(grid)} axes. "
+            f"Fix: pass an axis in range({len(grid)}), or add the axis to the grid."
+        )
+    return axis
+
+
+# --- grid position ---------------------------------------------------------------------
+
+program_id_p = _jax.Primitive("program_id")
+program_id_p.def_abstract_eval(lambda *, axis: _jax.ShapedArray((), jnp.int32))
+
+
+def program_id(axis: int) -> jax.Array:
+    """The index of the current grid step along ``axis`` (an int32 scalar)."""
+    return program_id_p.bind(axis=_check_axis("program_id", axis))
+
+
+def num_programs(axis: int) -> int:
+    """The size of the grid along ``axis``."""
+    return _current_grid("num_programs")[_check_axis("num_programs", axis)]
+
+
+# --- hints and debugging -----------------------------------------------------------------
+
+multiple_of_p = _jax.Primitive("multiple_of")
+multiple_of_p.def_abstract_eval(lambda x, *, values: x)
+
+
+def multiple_of(x: jax.Array, values: int | Sequence[int]) -> jax.Array:
+    """Tells the compiler that ``x`` is a multiple of ``values``; returns ``x`` unchanged."""
+    values = (values,) if isinstance(values, int) else tuple(values)
+    return multiple_of_p.bind(x, values=values)
+
+
+class DebugPrintEffect(_jax.Effect):
+    """Marks a kernel that prints, so that the print is never removed as dead code."""
+
+
+debug_print_effect = DebugPrintEffect()
+debug_print_p = _jax.Primitive("debug_print")
+debug_print_p.multiple_results = True
+debug_print_p.def_effectful_abstract_eval(lambda *args, fmt: ([], {debug_print_effect}))
+
+
+def debug_print(fmt: str, *args: Any) -> None:
+    """Prints ``fmt`` with ``{}`` placeholders replaced by ``args`` (scalars or arrays)."""
+    if not isinstance(fmt, str):
+        raise PallasError(f"pl.debug_print expects a format string first, found {fmt!r}.")
+    if fmt.count("{}") != len(args) and args:
+        raise PallasError(
+            f"pl.debug_print format {fmt!r} has {fmt.count('{}')} '{{}}' placeholders but "
+            f"{len(args)} values were given. Fix: use one '{{}}' per value."
+        )
+    debug_print_p.bind(*(jnp.asarray(a) for a in args), fmt=fmt)
+
+
+# --- memory access -------------------------------------------------------------------------
+
+
+def _ref_and_transforms(ref: Any, idx: Any, fn: str) -> tuple[Any, tuple[Any, ...]]:
+    if isinstance(idx, list):
+        idx = tuple(idx)
+    try:
+        return _jax.get_ref_and_transforms(ref, idx, fn)  # type: ignore[no-any-return]
+    except (ValueError, TypeError) as e:
+        raise PallasError(f"pl.{fn}: {e}") from e
+
+
+def _flat_access(ref: Any, idx: Any, fn: str) -> tuple[Any, list[Any], Any, Any]:
+    ref, transforms = _ref_and_transforms(ref, idx, fn)
+    flat, tree = jax.tree_util.tree_flatten(transforms)
+    out_aval = _jax.shape_after_transforms(_jax.ref_type_of(ref), transforms)
+    return ref, flat, tree, out_aval
+
+
+def _access_aval(ref_aval: Any, flat: Sequence[Any], tree: Any) -> Any:
+    transforms = jax.tree_util.tree_unflatten(tree, flat)
+    return _jax.shape_after_transforms(ref_aval, transforms)
+
+
+masked_load_p = _jax.Primitive("masked_load")
+
+
+@masked_load_p.def_effectful_abstract_eval
+def _masked_load_abstract_eval(ref: Any, *args: Any, tree: Any, has_other: bool) -> Any:
+    n = tree.num_leaves
+    return _access_aval(ref, args[:n], tree), {_jax.ReadEffect(0)}
+
+
+masked_swap_p = _jax.Primitive("masked_swap")
+
+
+@masked_swap_p.def_effectful_abstract_eval
+def _masked_swap_abstract_eval(ref: Any, val: Any, *args: Any, tree: Any) -> Any:
+    return _access_aval(ref, args[: tree.num_leaves], tree), {_jax.WriteEffect(0)}
+
+
+def _broadcast_like(x: Any, aval: Any, what: str, fn: str) -> jax.Array:
+    x = jnp.asarray(x)
+    try:
+        return jnp.broadcast_to(x, aval.shape)
+    except ValueError as e:
+        raise PallasError(
+            f"pl.{fn}: {what} of shape {x.shape} does not broadcast to the accessed shape "
+            f"{aval.shape}."
+        ) from e
+
+
+def load(ref: Any, idx: Any = ..., *, mask: Any = None, other: Any = None) -> jax.Array:
+    """Reads ``ref[idx]``; where ``mask`` is False the result is ``other`` (or undefined).
+
+    Masked lanes are never read, so a masked load may reach past the end of ``ref``.
+    """
+    if mask is None:
+        if other is not None:
+            raise PallasError("pl.load: `other` was given without `mask`; pass mask= too.")
+        r, transforms = _ref_and_transforms(ref, idx, "load")
+        return _jax.get_p.bind(r, *jax.tree_util.tree_leaves(transforms),  # type: ignore[no-any-return]
+                               tree=jax.tree_util.tree_structure(transforms))
+    r, flat, tree, aval = _flat_access(ref, idx, "load")
+    mask = _broadcast_like(mask, aval, "mask", "load").astype(jnp.bool_)
+    args = [*flat, mask]
+    if other is not None:
+        args.append(_broadcast_like(other, aval, "other", "load").astype(aval.dtype))
+    return masked_load_p.bind(r, *args, tree=tree, has_other=other is not None)  # type: ignore[no-any-return]
+
+
+def swap(ref: Any, idx: Any, val: Any, *, mask: Any = None) -> jax.Array:
+    """Writes ``val`` to ``ref[idx]`` (only where ``mask``) and returns the old contents."""
+    r, flat, tree, aval = _flat_access(ref, idx, "swap")
+    val = _broadcast_like(val, aval, "value", "swap").astype(aval.dtype)
+    if mask is None:
+        return _jax.swap_p.bind(r, val, *flat, tree=tree)  # type: ignore[no-any-return]
+    mask = _broadcast_like(mask, aval, "mask", "swap").astype(jnp.bool_)
+    return masked_swap_p.bind(r, val, *flat, mask, tree=tree)  # type: ignore[no-any-return]
+
+
+def store(ref: Any, idx: Any, val: Any, *, mask: Any = None) -> None:
+    """Writes ``val`` to ``ref[idx]``, only where ``mask`` is True when a mask is given."""
+    swap(ref, idx, val, mask=mask)
+
+
+# --- atomics -------------------------------------------------------------------------------
+
+
+class AtomicOp(enum.Enum):
+    """The read-modify-write operation of an atomic."""
+
+    ADD = "add"
+    MAX = "max"
+    MIN = "min"
+    AND = "and"
+    OR = "or"
+    XOR = "xor"
+    XCHG = "xchg"
+
+
+atomic_rmw_p = _jax.Primitive("atomic_rmw")
+
+
+@atomic_rmw_p.def_effectful_abstract_eval
+def _atomic_rmw_abstract_eval(ref: Any, val: Any, *args: Any, tree: Any, op: AtomicOp,
+                              has_mask: bool) -> Any:
+    aval = _access_aval(ref, args[: tree.num_leaves], tree)
+    return aval, {_jax.ReadEffect(0), _jax.WriteEffect(0)}
+
+
+atomic_cas_p = _jax.Primitive("atomic_cas")
+
+
+@atomic_cas_p.def_effectful_abstract_eval
+def _atomic_cas_abstract_eval(ref: Any, cmp: Any, val: Any, *args: Any, tree: Any) -> Any:
+    aval = _access_aval(ref, args[: tree.num_leaves], tree)
+    return aval, {_jax.ReadEffect(0), _jax.WriteEffect(0)}
+
+
+def _atomic(op: AtomicOp) -> Callable[..., jax.Array]:
+    def atomic(ref: Any, idx: Any, val: Any, *, mask: Any = None) -> jax.Array:
+        r, flat, tree, aval = _flat_access(ref, idx, f"atomic_{op.value}")
+        if op in (AtomicOp.AND, AtomicOp.OR, AtomicOp.XOR) and not jnp.issubdtype(
+            aval.dtype, jnp.integer
+        ):
+            raise PallasError(
+                f"pl.atomic_{op.value} needs an integer Ref, found {aval.dtype}. "
+                "Fix: use an integer dtype, or atomic_add/max/min for floats."
+            )
+        val = _broadcast_like(val, aval, "value", f"atomic_{op.value}").astype(aval.dtype)
+        args = [*flat]
+        if mask is not None:
+            args.append(_broadcast_like(mask, aval, "mask", f"atomic_{op.value}")
+                        .astype(jnp.bool_))
+        return atomic_rmw_p.bind(r, val, *args, tree=tree, op=op,  # type: ignore[no-any-return]
+                                 has_mask=mask is not None)
+
+    atomic.__name__ = f"atomic_{op.value}"
+    atomic.__doc__ = (
+        f"Atomically applies ``{op.value}`` of ``val`` to ``ref[idx]`` (where ``mask``); "
+        "returns the previous contents."
+    )
+    return atomic
+
+
+atomic_add = _atomic(AtomicOp.ADD)
+atomic_max = _atomic(AtomicOp.MAX)
+atomic_min = _atomic(AtomicOp.MIN)
+atomic_and = _atomic(AtomicOp.AND)
+atomic_or = _atomic(AtomicOp.OR)
+atomic_xor = _atomic(AtomicOp.XOR)
+atomic_xchg = _atomic(AtomicOp.XCHG)
+
+
+def atomic_cas(ref: Any, cmp: Any, val: Any) -> jax.Array:
+    """Atomically: ``old = ref[...]; if old == cmp: ref[...] = val``; returns ``old``."""
+    r, flat, tree, aval = _flat_access(ref, ..., "atomic_cas")
+    cmp = _broadcast_like(cmp, aval, "cmp", "atomic_cas").astype(aval.dtype)
+    val = _broadcast_like(val, aval, "value", "atomic_cas").astype(aval.dtype)
+    return atomic_cas_p.bind(r, cmp, val, *flat, tree=tree)  # type: ignore[no-any-return]
+
+
+# --- scoped allocation ---------------------------------------------------------------------
+
+run_scoped_p = _jax.Primitive("run_scoped")
+run_scoped_p.multiple_results = True
+
+
+@run_scoped_p.def_effectful_abstract_eval
+def _run_scoped_abstract_eval(*refs: Any, jaxpr: Any, scoped: tuple[MemoryRef, ...]) -> Any:
+    effects = {e for e in jaxpr.effects
+               if not (hasattr(e, "input_index") and e.input_index >= len(refs))}
+    return [v.aval for v in jaxpr.outvars], effects
+
+
+def scratch_aval(ty: Any) -> Any:
+    """The Ref aval of a scratch description (``MemoryRef`` or ``ShapeDtypeStruct``)."""
+    if isinstance(ty, MemoryRef):
+        return _jax.make_ref_aval(ty.shape, ty.dtype, ty.memory_space)
+    if hasattr(ty, "shape") and hasattr(ty, "dtype"):
+        return _jax.make_ref_aval(ty.shape, ty.dtype, None)
+    raise KernelSignatureError(
+        f"A scratch buffer must be described by a memory space call such as "
+        f"pl.ANY((8, 128), jnp.float32) or a jax.ShapeDtypeStruct; found {ty!r}."
+    )
+
+
+def _as_memory_ref(ty: Any) -> MemoryRef:
+    if isinstance(ty, MemoryRef):
+        return ty
+    scratch_aval(ty)  # validates
+    return MemoryRef(tuple(ty.shape), jnp.dtype(ty.dtype), None)
+
+
+def run_scoped(f: Callable[..., Any], *types: Any, **kw_types: Any) -> Any:
+    """Calls ``f`` with freshly allocated Refs described by ``types``; returns ``f``'s result.
+
+    The Refs live only for the duration of the call.
+    """
+    flat_types, types_tree = jax.tree_util.tree_flatten((types, kw_types))
+    scoped = tuple(_as_memory_ref(t) for t in flat_types)
+    avals = [scratch_aval(t) for t in scoped]
+    out_tree_box: list[Any] = []
+
+    def flat_body(*refs: Any) -> list[Any]:
+        args, kwargs = jax.tree_util.tree_unflatten(types_tree, refs)
+        out = f(*args, **kwargs)
+        leaves, tree = jax.tree_util.tree_flatten(out)
+        out_tree_box.append(tree)
+        return leaves
+
+    ctx = _TRACE_CONTEXT.get()
+    axis_sizes = ()
+    if ctx is not None and ctx.grid_names is not None:
+        axis_sizes = tuple(zip(ctx.grid_names, ctx.grid))
+    jaxpr, _, consts = _jax.trace_to_jaxpr(flat_body, avals, name="run_scoped",
+                                           axis_sizes=axis_sizes)
+    # Closed-over values (outer Refs included) become leading operands.
+    jaxpr = _jax.convert_constvars(jaxpr)
+    outs = run_scoped_p.bind(*consts, jaxpr=_jax.ClosedJaxpr(jaxpr, ()), scoped=scoped)
+    return jax.tree_util.tree_unflatten(out_tree_box[0], outs)
+
+
+# --- control flow helpers ------------------------------------------------------------------
+
+
+def when(condition: Any) -> Callable[[Callable[[], None]], None]:
+    """Decorator: runs the decorated function only where ``condition`` holds."""
+
+    def decorator(f: Callable[[], None]) -> None:
+        if isinstance(condition, bool):
+            if condition:
+                f()
+        else:
+            lax.cond(condition, f, lambda: None)
+
+    return decorator
+
+
+def loop(lower: Any, upper: Any, *, init_carry: Any = None, step: Any = 1,
+         unroll: int | bool | None = None) -> Callable[[Callable[..., Any]], Any]:
+    """Decorator: runs the body for ``i`` in ``range(lower, upper, step)``.
+
+    Without ``init_carry`` the body is ``body(i)``; with it, ``body(i, carry) -> carry`` and
+    the decorator returns the final carry.
+    """
+    num = cdiv(upper - lower, step)
+
+    def decorator(body: Callable[..., Any]) -> Any:
+        if init_carry is None:
+            def fn(k: Any, carry: Any) -> Any:
+                body(lower + k * step)
+                return carry
+        else:
+            def fn(k: Any, carry: Any) -> Any:
+                return body(lower + k * step, carry)
+        return lax.fori_loop(0, num, fn, init_carry, unroll=unroll)
+
+    return decorator
+
+
+def empty(shape: Sequence[int], dtype: Any) -> jax.Array:
+    """An array whose contents are unspecified (for out-of-kernel placeholders)."""
+    return lax.empty(tuple(shape), dtype)
+
+
+def empty_like(x: Any) -> Any:
+    """A pytree like ``x`` (leaves with ``shape``/``dtype``) of unspecified contents."""
+    return jax.tree_util.tree_map(lambda leaf: empty(leaf.shape, leaf.dtype), x)
+
+
+def broadcast_to(a: Any, shape: Sequence[int]) -> jax.Array:
+    """Broadcasts ``a`` to ``shape`` (as ``jnp.broadcast_to``)."""
+    return jnp.broadcast_to(a, tuple(shape))

@@ -1,0 +1,56 @@
+"""The frozen description of one kernel launch that every backend receives."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pallas_core import _jax
+from pallas_core.grid_mapping import GridMapping
+from pallas_core.spec import CostEstimate
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class KernelCall:
+    """One ``pallas_call`` as bound in a program: the traced kernel and how it is launched.
+
+    ``jaxpr`` takes one Ref per input block, output block and scratch buffer (in that order)
+    and returns nothing. ``program_id(i)`` inside it refers to axis
+    ``i + grid_mapping.num_batch_axes`` of ``grid_mapping.grid``.
+    """
+
+    name: str
+    jaxpr: Any
+    grid_mapping: GridMapping
+    out_avals: tuple[Any, ...]
+    backend: str | None = None
+    """The backend chosen at call time, or ``None`` to choose by platform when lowering."""
+    compiler_params: Any = None
+    input_output_aliases: tuple[tuple[int, int], ...] = ()
+    cost_estimate: CostEstimate | None = None
+    debug: bool = False
+    interpret: Any = False
+    source: str = "<unknown>"
+    """``file:line`` where the kernel function was defined."""
+
+    def replace(self, **changes: Any) -> KernelCall:
+        """A copy with ``changes`` applied."""
+        return dataclasses.replace(self, **changes)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class LoweringRequest:
+    """A request to lower ``call`` with ``backend`` for ``platform`` inside a JAX program."""
+
+    call: KernelCall
+    backend: str
+    platform: str
+    ctx: Any
+    """JAX's MLIR lowering-rule context (for emitting custom calls)."""
+    operands: tuple[Any, ...]
+    """The MLIR values of the call's inputs."""
+
+    def lower_jax(self, fn: Callable[..., Sequence[Any]]) -> Sequence[Any]:
+        """Inlines ``fn(*inputs) -> outputs`` (plain JAX) into the program being lowered."""
+        return _jax.lower_fun(fn, multiple_results=True)(self.ctx, *self.operands)  # type: ignore[no-any-return]

@@ -1,0 +1,210 @@
+"""Reference semantics: what each primitive means, as plain JAX, for the interpreter.
+
+Every primitive a kernel may contain has one of two kinds of rule here (or in the plugin that
+defines it, returned from the ``pallas_primitives`` hook):
+
+* ``discharge`` for primitives that touch Refs: a state-discharge rule
+  ``(in_avals, out_avals, *args, **params) -> (new_ref_values_or_None, outputs)``;
+* ``evaluate`` for primitives whose meaning depends on where in the grid the kernel runs
+  (``program_id``): ``(ctx: ReferenceContext, *args, **params) -> output(s)``.
+
+The interpreter applies the discharge rules first, then evaluates the pure kernel with the
+evaluate rules. It never imports the plugin that defined a primitive.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from pallas_core import _jax
+from pallas_core import primitives as prims
+from pallas_core.errors import PallasError
+
+
+@dataclasses.dataclass(frozen=True)
+class ReferenceContext:
+    """Where in the grid the interpreter is, while it evaluates one kernel step."""
+
+    program_ids: tuple[Any, ...]
+    """Traced int32 scalars, one per axis of the full grid (batch axes first)."""
+    grid: tuple[int, ...]
+    num_batch_axes: int = 0
+    grid_names: tuple[str, ...] | None = None
+    checked: bool = False
+    """The interpreter's checked mode is on: rules should poison and report, not guess."""
+
+    def program_id(self, axis: int) -> Any:
+        """The step index along user grid axis ``axis``."""
+        return self.program_ids[self.num_batch_axes + axis]
+
+
+@dataclasses.dataclass(frozen=True)
+class PrimitiveSemantics:
+    """A primitive and its reference semantics (give ``discharge`` or ``evaluate``)."""
+
+    primitive: _jax.Primitive
+    discharge: Callable[..., Any] | None = None
+    evaluate: Callable[..., Any] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.discharge is None) == (self.evaluate is None):
+            raise PallasError(
+                f"PrimitiveSemantics for {self.primitive.name!r} needs exactly one of "
+                "`discharge` (primitives that touch Refs) or `evaluate` (the others)."
+            )
+
+
+# --- evaluate rules ---------------------------------------------------------------------
+
+
+def _program_id(ctx: ReferenceContext, *, axis: int) -> Any:
+    return ctx.program_id(axis)
+
+
+def _axis_index(ctx: ReferenceContext, *, axis_name: Any) -> Any:
+    names = ctx.grid_names or ()
+    name = axis_name[0] if isinstance(axis_name, tuple) and len(axis_name) == 1 else axis_name
+    if name not in names:
+        raise PallasError(
+            f"jax.lax.axis_index({name!r}) inside a kernel, but the kernel's mesh axes are "
+            f"{names}. Fix: use one of the mesh's axis names."
+        )
+    return ctx.program_id(names.index(name))
+
+
+def _debug_print(ctx: ReferenceContext, *args: Any, fmt: str) -> list[Any]:
+    jax.debug.print(fmt, *args, ordered=False)
+    return []
+
+
+# --- discharge rules --------------------------------------------------------------------
+
+
+def _pad_for_slices(x: Any, transforms: Sequence[Any]) -> tuple[Any, list[Any]]:
+    """Pads ``x`` so that slices starting inside it never get clamped by ``dynamic_slice``.
+
+    Masked accesses may run past the end of a Ref (masked-off lanes), which ``dynamic_slice``
+    would silently shift back inside; padding keeps every lane where the user put it.
+    """
+    if len(transforms) != 1 or not isinstance(transforms[0], _jax.NDIndexer):
+        return x, list(transforms)
+    idx = transforms[0]
+    pads = []
+    for s in idx.indices:
+        size = getattr(s, "size", None)
+        pads.append(size * s.stride if isinstance(s, _jax.Slice) and isinstance(size, int) else 0)
+    if not any(pads):
+        return x, list(transforms)
+    xp = lax.pad(x, jnp.zeros((), x.dtype), [(0, p, 0) for p in pads])
+    new_idx = _jax.NDIndexer(idx.indices, tuple(xp.shape), idx.int_indexer_shape)
+    return xp, [new_idx]
+
+
+def _unpad(xp: Any, shape: tuple[int, ...]) -> Any:
+    if tuple(xp.shape) == tuple(shape):
+        return xp
+    return lax.slice(xp, (0,) * len(shape), shape)
+
+
+def _read_modify_write(x: Any, flat: Sequence[Any], tree: Any,
+                       update: Callable[[Any], Any]) -> tuple[Any, Any]:
+    transforms = jax.tree_util.tree_unflatten(tree, flat)
+    xp, tf = _pad_for_slices(x, transforms)
+    old = _jax.transform_array(xp, tf)
+    _, new_xp = _jax.transform_swap_array(xp, tf, update(old))
+    return old, _unpad(new_xp, x.shape)
+
+
+def _masked_load_discharge(in_avals: Any, out_avals: Any, x: Any, *args: Any, tree: Any,
+                           has_other: bool) -> Any:
+    n = tree.num_leaves
+    flat, mask = args[:n], args[n]
+    transforms = jax.tree_util.tree_unflatten(tree, flat)
+    xp, tf = _pad_for_slices(x, transforms)
+    val = _jax.transform_array(xp, tf)
+    if has_other:
+        val = jnp.where(mask, val, args[n + 1])
+    return (None,) * (len(args) + 1), val
+
+
+def _masked_swap_discharge(in_avals: Any, out_avals: Any, x: Any, val: Any, *args: Any,
+                           tree: Any) -> Any:
+    n = tree.num_leaves
+    flat, mask = args[:n], args[n]
+    old, new_x = _read_modify_write(x, flat, tree, lambda old: jnp.where(mask, val, old))
+    return (new_x, None) + (None,) * len(args), old
+
+
+_COMBINE: dict[prims.AtomicOp, Callable[[Any, Any], Any]] = {
+    prims.AtomicOp.ADD: jnp.add,
+    prims.AtomicOp.MAX: jnp.maximum,
+    prims.AtomicOp.MIN: jnp.minimum,
+    prims.AtomicOp.AND: jnp.bitwise_and,
+    prims.AtomicOp.OR: jnp.bitwise_or,
+    prims.AtomicOp.XOR: jnp.bitwise_xor,
+    prims.AtomicOp.XCHG: lambda old, val: val,
+}
+
+
+def _atomic_rmw_discharge(in_avals: Any, out_avals: Any, x: Any, val: Any, *args: Any,
+                          tree: Any, op: prims.AtomicOp, has_mask: bool) -> Any:
+    n = tree.num_leaves
+    flat = args[:n]
+    combine = _COMBINE[op]
+    if has_mask:
+        mask = args[n]
+
+        def update(old: Any) -> Any:
+            return jnp.where(mask, combine(old, val), old)
+    else:
+        def update(old: Any) -> Any:
+            return combine(old, val)
+    old, new_x = _read_modify_write(x, flat, tree, update)
+    return (new_x, None) + (None,) * len(args), old
+
+
+def _atomic_cas_discharge(in_avals: Any, out_avals: Any, x: Any, cmp: Any, val: Any,
+                          *flat: Any, tree: Any) -> Any:
+    old, new_x = _read_modify_write(x, flat, tree, lambda old: jnp.where(old == cmp, val, old))
+    return (new_x, None, None) + (None,) * len(flat), old
+
+
+def uninitialized(shape: Sequence[int], dtype: Any, checked: bool = False) -> Any:
+    """The contents of memory nobody has written: zeros, or poison in checked mode."""
+    dtype = jnp.dtype(dtype)
+    if checked and jnp.issubdtype(dtype, jnp.inexact):
+        return jnp.full(tuple(shape), jnp.nan, dtype)
+    if checked and jnp.issubdtype(dtype, jnp.integer):
+        return jnp.full(tuple(shape), jnp.iinfo(dtype).min, dtype)
+    return jnp.zeros(tuple(shape), dtype)
+
+
+def _run_scoped_discharge(in_avals: Any, out_avals: Any, *args: Any, jaxpr: Any,
+                          scoped: tuple[Any, ...]) -> Any:
+    discharged = _jax.discharge_state(jaxpr)
+    fresh = [uninitialized(t.shape, t.dtype) for t in scoped]
+    res = _jax.eval_jaxpr(discharged.jaxpr, discharged.consts, *args, *fresh)
+    n_out = len(out_avals)
+    outs, finals = res[:n_out], iter(res[n_out:])
+    new_args = [next(finals) if isinstance(a, _jax.AbstractRef) else None for a in in_avals]
+    return new_args, outs
+
+
+CORE_SEMANTICS: tuple[PrimitiveSemantics, ...] = (
+    PrimitiveSemantics(prims.program_id_p, evaluate=_program_id),
+    PrimitiveSemantics(_jax.axis_index_p, evaluate=_axis_index),
+    PrimitiveSemantics(prims.multiple_of_p, evaluate=lambda ctx, x, *, values: x),
+    PrimitiveSemantics(prims.debug_print_p, evaluate=_debug_print),
+    PrimitiveSemantics(prims.masked_load_p, discharge=_masked_load_discharge),
+    PrimitiveSemantics(prims.masked_swap_p, discharge=_masked_swap_discharge),
+    PrimitiveSemantics(prims.atomic_rmw_p, discharge=_atomic_rmw_discharge),
+    PrimitiveSemantics(prims.atomic_cas_p, discharge=_atomic_cas_discharge),
+    PrimitiveSemantics(prims.run_scoped_p, discharge=_run_scoped_discharge),
+)
+"""Reference semantics of the core's own primitives (the core registers them like a plugin)."""

@@ -1,0 +1,190 @@
+"""Backend-neutral description of a kernel's operands: memory spaces, BlockSpecs, grids, meshes.
+
+These are the names a kernel author writes (``pl.BlockSpec``, ``pl.GridSpec``, ``pl.ANY`` ...).
+Nothing here knows about a particular backend; plugins add their own memory spaces,
+meshes and ``CompilerParams`` subclasses.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
+
+import jax
+import numpy as np
+
+from pallas_core.errors import BlockSpecError
+
+
+def cdiv(a: Any, b: Any) -> Any:
+    """Ceiling division: the number of blocks of size ``b`` that cover ``a``."""
+    if isinstance(a, int) and isinstance(b, int):
+        return -(-a // b)
+    return (a + b - 1) // b
+
+
+@dataclasses.dataclass(frozen=True)
+class MemorySpace:
+    """A place where a Ref may live (``pl.ANY``; plugins add e.g. ``pltpu.VMEM``).
+
+    Calling a memory space with a shape and dtype describes a scratch buffer there:
+    ``pltpu.VMEM((8, 128), jnp.float32)``.
+    """
+
+    name: str
+    backend: str | None = None
+    """The backend that defines this space; ``None`` for the core's own spaces."""
+
+    ANY: ClassVar[MemorySpace]
+
+    def __call__(self, shape: Sequence[int], dtype: Any) -> MemoryRef:
+        return MemoryRef(tuple(int(d) for d in shape), np.dtype(dtype), self)
+
+    def __str__(self) -> str:
+        return self.name if self.backend is None else f"{self.backend}.{self.name}"
+
+
+ANY = MemorySpace("any")
+"""Wherever the backend keeps whole arrays (HBM on TPU, global memory on GPU); no blocking."""
+MemorySpace.ANY = ANY
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryRef:
+    """The shape, dtype and memory space of a scratch buffer (see ``MemorySpace.__call__``)."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    memory_space: MemorySpace | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Squeezed:
+    """A block dimension of size 1 that is dropped from the kernel's view of the block."""
+
+    def __repr__(self) -> str:
+        return "squeezed"
+
+
+squeezed = Squeezed()
+
+
+def _identity_index_map(*indices: Any) -> tuple[Any, ...]:
+    return indices
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSpec:
+    """How one operand is cut into blocks, and which block each grid step sees.
+
+    ``block_shape`` entries are ints, or ``None``/``pl.squeezed`` for a dimension of size 1
+    that the kernel does not see. ``index_map(*grid_indices)`` returns one *block* index per
+    array dimension (not an element offset). ``block_shape=None`` means the whole array.
+    """
+
+    block_shape: Sequence[int | None | Squeezed] | None = None
+    index_map: Callable[..., Any] | None = None
+    memory_space: MemorySpace | None = None
+    pipeline_mode: Any = None
+
+    def __post_init__(self) -> None:
+        if self.block_shape is not None:
+            if isinstance(self.block_shape, int) or not isinstance(self.block_shape, Sequence):
+                raise BlockSpecError(
+                    f"BlockSpec.block_shape must be a tuple of ints/None, found "
+                    f"{self.block_shape!r}. Fix: write block_shape=({self.block_shape!r},) "
+                    "for a 1-D block."
+                )
+            object.__setattr__(self, "block_shape", tuple(self.block_shape))
+        if self.index_map is not None and not callable(self.index_map):
+            raise BlockSpecError(
+                f"BlockSpec.index_map must be callable, found {self.index_map!r}. "
+                "Fix: pass a function of the grid indices, e.g. lambda i, j: (i, j)."
+            )
+
+
+class _NoBlockSpec:
+    def __repr__(self) -> str:
+        return "no_block_spec"
+
+
+no_block_spec: Any = _NoBlockSpec()
+"""Marks that no BlockSpecs were given: every operand is passed whole."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GridSpec:
+    """The grid, the BlockSpecs of inputs and outputs, and scratch buffers of a ``pallas_call``."""
+
+    grid: int | Sequence[int] = ()
+    in_specs: Any = no_block_spec
+    out_specs: Any = no_block_spec
+    scratch_shapes: Any = ()
+    num_scalar_prefetch: ClassVar[int] = 0
+
+    def __post_init__(self) -> None:
+        grid = (self.grid,) if isinstance(self.grid, int) else tuple(self.grid)
+        for g in grid:
+            if not isinstance(g, (int, np.integer)) or g < 0:
+                raise BlockSpecError(
+                    f"grid sizes must be non-negative ints, found grid={self.grid!r}. "
+                    "Fix: compute the grid with Python ints, e.g. pl.cdiv(n, block)."
+                )
+        object.__setattr__(self, "grid", tuple(int(g) for g in grid))
+        if isinstance(self.in_specs, list):
+            object.__setattr__(self, "in_specs", tuple(self.in_specs))
+        if isinstance(self.out_specs, list):
+            object.__setattr__(self, "out_specs", tuple(self.out_specs))
+
+
+@dataclasses.dataclass(frozen=True)
+class CostEstimate:
+    """A hint to the compiler scheduling around a kernel."""
+
+    flops: int
+    transcendentals: int
+    bytes_accessed: int
+    remote_bytes_transferred: int = 0
+
+
+class CompilerParams(abc.ABC):  # noqa: B024 - a marker base, subclasses are dataclasses
+    """Base of each backend's frozen compiler parameters.
+
+    A plugin subclasses this as a frozen dataclass and sets ``BACKEND`` to its name; passing
+    an instance as ``compiler_params=`` selects that backend.
+    """
+
+    BACKEND: ClassVar[str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Mesh:
+    """Named axes of cores that ``pl.kernel`` and ``pl.core_map`` run a body on.
+
+    Each point of the mesh runs the body once; ``jax.lax.axis_index(name)`` gives its
+    coordinate. ``backend`` is the backend the mesh belongs to (``None``: any backend).
+    Plugins provide constructors for their hardware (e.g. ``pltpu.create_tensorcore_mesh``).
+    """
+
+    axis_names: tuple[str, ...]
+    axis_sizes: tuple[int, ...]
+    backend: str | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.axis_names) != len(self.axis_sizes):
+            raise BlockSpecError(
+                f"Mesh has {len(self.axis_names)} axis names but {len(self.axis_sizes)} sizes; "
+                "give one size per name."
+            )
+
+    @property
+    def shape(self) -> Mapping[str, int]:
+        """Axis name to size, in order."""
+        return dict(zip(self.axis_names, self.axis_sizes))
+
+
+def shape_dtype_of(x: Any) -> jax.ShapeDtypeStruct:
+    """``jax.ShapeDtypeStruct`` of an array-like or shape-dtype description."""
+    return jax.ShapeDtypeStruct(tuple(x.shape), x.dtype)

@@ -1,0 +1,97 @@
+"""Runs a ``pallas_call`` as plain JAX: a loop over the grid in lexicographic order.
+
+Each step fetches every operand's block through its index map, evaluates the discharged
+kernel on the blocks, and writes the output blocks back. Edge blocks are padded on read and
+cut off on write; outputs that are revisited accumulate because each step reads the current
+contents of its output block; scratch buffers persist across steps.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from pallas_core import _jax
+from pallas_core.grid_mapping import BlockMapping
+from pallas_core.request import KernelCall
+from pallas_core.semantics import ReferenceContext, uninitialized
+from pallas_interpret import evaluator
+
+
+def _padded_shape(bm: BlockMapping) -> tuple[int, ...]:
+    return tuple(-(-d // b) * b for d, b in zip(bm.array_shape, bm.full_block_shape))
+
+
+def _pad(x: Any, bm: BlockMapping, checked: bool) -> Any:
+    target = _padded_shape(bm)
+    if tuple(x.shape) == target:
+        return x
+    fill = uninitialized((), x.dtype, checked)
+    return lax.pad(x, fill, [(0, t - d, 0) for d, t in zip(x.shape, target)])
+
+
+def _unravel(step: Any, grid: Sequence[int]) -> tuple[Any, ...]:
+    ids = []
+    for size in reversed(grid):
+        ids.append(step % size)
+        step = step // size
+    return tuple(reversed(ids))
+
+
+def _starts(bm: BlockMapping, ids: Sequence[Any]) -> list[Any]:
+    return [i * b for i, b in zip(bm.block_indices(*ids), bm.full_block_shape)]
+
+
+def _read_block(buf: Any, bm: BlockMapping, starts: Sequence[Any]) -> Any:
+    block = lax.dynamic_slice(buf, starts, bm.full_block_shape)
+    return block.reshape(bm.ref_shape)
+
+
+def _write_block(buf: Any, bm: BlockMapping, starts: Sequence[Any], block: Any) -> Any:
+    return lax.dynamic_update_slice(buf, block.reshape(bm.full_block_shape), starts)
+
+
+def run(call: KernelCall, args: Sequence[Any], rules: evaluator.EvaluateRules,
+        checked: bool = False) -> list[Any]:
+    """The outputs of ``call`` on ``args``, computed step by step."""
+    gm = call.grid_mapping
+    kernel = _jax.discharge_state(call.jaxpr)
+    ins = [_pad(x, bm, checked) for x, bm in zip(args, gm.inputs)]
+    aliased = {o: i for i, o in call.input_output_aliases}
+    outs = [_pad(args[aliased[k]], bm, checked) if k in aliased
+            else uninitialized(_padded_shape(bm), bm.dtype, checked)
+            for k, bm in enumerate(gm.outputs)]
+    scratch = [uninitialized(a.inner_aval.shape, a.inner_aval.dtype, checked)
+               for a in gm.scratch_avals]
+    n_in, n_out = gm.num_inputs, gm.num_outputs
+
+    def step(k: Any, carry: tuple[list[Any], list[Any]]) -> tuple[list[Any], list[Any]]:
+        outs, scratch = carry
+        ids = _unravel(k, gm.grid)
+        ctx = ReferenceContext(ids, gm.grid, gm.num_batch_axes, gm.grid_names, checked)
+        in_starts = [_starts(bm, ids) for bm in gm.inputs]
+        out_starts = [_starts(bm, ids) for bm in gm.outputs]
+        blocks = [_read_block(x, bm, s) for x, bm, s in zip(ins, gm.inputs, in_starts)]
+        blocks += [_read_block(o, bm, s) for o, bm, s in zip(outs, gm.outputs, out_starts)]
+        results = evaluator.evaluate(kernel, [*blocks, *scratch], ctx, rules)
+        new_outs = [_write_block(o, bm, s, b) for o, bm, s, b in
+                    zip(outs, gm.outputs, out_starts, results[n_in:n_in + n_out])]
+        return new_outs, list(results[n_in + n_out:])
+
+    num_steps = math.prod(gm.grid)
+    if num_steps == 1:
+        outs, scratch = step(jnp.int32(0), (outs, scratch))
+    elif num_steps > 1:
+        outs, scratch = lax.fori_loop(0, num_steps, step, (outs, scratch))
+    return [lax.slice(o, (0,) * o.ndim, bm.array_shape) if tuple(o.shape) != bm.array_shape
+            else o for o, bm in zip(outs, gm.outputs)]
+
+
+def run_jitted(call: KernelCall, rules: evaluator.EvaluateRules) -> Any:
+    """A jitted function of the call's inputs (for inspection stages)."""
+    return jax.jit(lambda *args: run(call, args, rules))
