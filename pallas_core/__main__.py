@@ -20,7 +20,9 @@ def main() -> int:
     for name, b in sorted(backends.items()):
         info = b.info
         default = f", default on {', '.join(info.default_for)}" if info.default_for else ""
-        caps = f"\n    capabilities: {', '.join(sorted(info.capabilities))}" if info.capabilities else ""
+        caps = ""
+        if info.capabilities:
+            caps = f"\n    capabilities: {', '.join(sorted(info.capabilities))}"
         print(f"  {name:<12} {info.version:<10} {info.package or '?':<20} platforms: "
               f"{', '.join(info.platforms)}{default}{caps}")
     errors = manager.errors()

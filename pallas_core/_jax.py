@@ -11,13 +11,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-from jax._src import api_util
+from jax._src import api_util, core, dispatch, effects, source_info_util
 from jax._src import config as _config
-from jax._src import core
-from jax._src import dispatch
-from jax._src import effects
 from jax._src import linear_util as lu
-from jax._src import source_info_util
 from jax._src.custom_derivatives import custom_jvp_call_p, custom_vjp_call_p
 from jax._src.interpreters import ad, batching, mlir
 from jax._src.interpreters import partial_eval as pe
@@ -72,7 +68,6 @@ broadcast_to = state_primitives.broadcast_to
 get_ref_and_transforms = state_primitives.get_ref_and_transforms
 transform_array = state_discharge.transform_array
 transform_swap_array = state_discharge.transform_swap_array
-discharge_state = state_discharge.discharge_state
 run_state = state_discharge.run_state
 register_discharge_rule = state_discharge.register_discharge_rule
 
@@ -134,10 +129,39 @@ def trace_to_jaxpr(
     """
     dbg = api_util.debug_info(name, fun, tuple(in_avals), {})
     wrapped = lu.wrap_init(fun, debug_info=dbg)
-    with _config._check_vma(False), _config.mutable_array_checks(False):
-        with core.extend_axis_env_nd(list(axis_sizes)):
-            jaxpr, out_avals, consts = pe.trace_to_jaxpr_dynamic(wrapped, list(in_avals))
+    with (_config._check_vma(False), _config.mutable_array_checks(False),
+          core.extend_axis_env_nd(list(axis_sizes))):
+        jaxpr, out_avals, consts = pe.trace_to_jaxpr_dynamic(wrapped, list(in_avals))
     return jaxpr, list(out_avals), list(consts)
+
+
+def discharge_state(closed_jaxpr: ClosedJaxpr, *,
+                    axis_sizes: Sequence[tuple[str, int]] = ()) -> ClosedJaxpr:
+    """The pure form of a stateful closed jaxpr: Ref inputs become values, final Ref values
+    are appended to the outputs.
+
+    Discharging re-traces the jaxpr, so the named axes a kernel body uses
+    (``lax.axis_index`` under ``pl.kernel``) must be given in ``axis_sizes``.
+    """
+    with core.extend_axis_env_nd(list(axis_sizes)):
+        return state_discharge.discharge_state(closed_jaxpr)
+
+
+def input_effects_by_position(jaxpr: Jaxpr, num_inputs: int) -> set[Any]:
+    """``jaxpr``'s effects as an abstract eval rule of an equation must return them.
+
+    Effects on the first ``num_inputs`` invars (the equation's operands) are keyed by
+    position; effects on later invars (Refs the equation allocates itself) are dropped.
+    """
+    position = {v: i for i, v in enumerate(jaxpr.invars[:num_inputs])}
+    out: set[Any] = set()
+    for eff in jaxpr.effects:
+        if isinstance(eff, effects.JaxprInputEffect):
+            if eff.input in position:
+                out.add(eff.replace(position[eff.input]))
+            continue
+        out.add(eff)
+    return out
 
 
 def convert_constvars(jaxpr: Jaxpr) -> Jaxpr:

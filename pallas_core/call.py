@@ -41,7 +41,7 @@ def resolve_backend(backend: str | None, compiler_params: Any, interpret: Any) -
         return manager.get(backend).info.name
     if compiler_params is not None:
         if isinstance(compiler_params, Mapping):
-            keys = [_COMPILER_PARAMS_KEYS.get(k, k) for k in compiler_params]
+            keys = [_COMPILER_PARAMS_KEYS.get(str(k), str(k)) for k in compiler_params]
             if len(keys) == 1:
                 return manager.get(keys[0]).info.name
         else:
@@ -131,11 +131,10 @@ def trace_kernel(kernel: Callable[..., Any], gm: gmap.GridMapping, in_tree: Any,
             )
         return []
 
-    axis_sizes = tuple(zip(gm.grid_names, gm.user_grid)) if gm.grid_names else ()
     ctx = prims.KernelTraceContext(gm.user_grid, gm.grid_names)
     with prims.kernel_trace_context(ctx):
         jaxpr, _, consts = _jax.trace_to_jaxpr(flat_kernel, avals, name=kernel_name,
-                                               axis_sizes=axis_sizes)
+                                               axis_sizes=gm.axis_env)
     bad = [c for c in consts if np.shape(c) != () or isinstance(c, jax.core.Tracer)]
     if bad:
         shapes = ", ".join(f"{jnp.dtype(getattr(c, 'dtype', float))}{list(np.shape(c))}"
@@ -308,7 +307,7 @@ _jax.primitive_jvps[pallas_call_p] = _jvp
 
 
 def _batch(axis_data: Any, args: Sequence[Any], dims: Sequence[Any], *,
-           call: KernelCall) -> tuple[list[Any], list[int]]:
+           call: KernelCall) -> tuple[list[Any], list[int | None]]:
     size = axis_data.size
     gm = call.grid_mapping
     if all(d is None for d in dims):

@@ -80,6 +80,11 @@ class GridMapping:
         return self.grid[self.num_batch_axes:]
 
     @property
+    def axis_env(self) -> tuple[tuple[str, int], ...]:
+        """``(name, size)`` of each named mesh axis (for ``lax.axis_index``); else empty."""
+        return tuple(zip(self.grid_names, self.user_grid)) if self.grid_names else ()
+
+    @property
     def inputs(self) -> tuple[BlockMapping, ...]:
         return self.block_mappings[: self.num_inputs]
 
@@ -104,7 +109,7 @@ def _normalize_block_shape(spec: BlockSpec, shape: tuple[int, ...], origin: str,
             "size per array dimension, using None (or pl.squeezed) for dimensions to drop."
         )
     out: list[int | None] = []
-    for b, d in zip(block, shape):
+    for b in block:
         if b is None or isinstance(b, Squeezed):
             out.append(None)
         elif isinstance(b, (int, np.integer)) and b > 0:
@@ -211,8 +216,9 @@ def _raise_if_out_of_bounds(bm: BlockMapping, block_idx: np.ndarray, points: np.
                 "lambda i: (i, 0), not lambda i: (i * block_size, 0).")
     raise OutOfBoundsError(
         f"In kernel {kernel_name!r}, the index map of {bm.origin} returned block index "
-        f"{tuple(int(v) for v in block_idx[step])} at grid step {tuple(int(v) for v in points[step])}"
-        f", outside the array: dimension {dim} of shape {bm.array_shape} in blocks of "
+        f"{tuple(int(v) for v in block_idx[step])} at grid step "
+        f"{tuple(int(v) for v in points[step])}, outside the array: dimension {dim} of shape "
+        f"{bm.array_shape} in blocks of "
         f"{bm.full_block_shape} has {n_blocks[dim]} blocks (valid indices 0..{n_blocks[dim] - 1})."
         f"{hint}"
     )

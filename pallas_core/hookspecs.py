@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from pallas_core.plugins import BackendInfo
     from pallas_core.request import KernelCall, LoweringRequest
     from pallas_core.semantics import PrimitiveSemantics
-    from pallas_core.spec import MemorySpace, Mesh
+    from pallas_core.spec import MemorySpace
 
 PROJECT = "pallas"
 hookspec = pluggy.HookspecMarker(PROJECT)

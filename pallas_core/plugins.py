@@ -108,7 +108,7 @@ class PluginManager:
                     continue
                 try:
                     plugin = ep.load()
-                except Exception as e:  # noqa: BLE001 - any import failure is reported
+                except Exception as e:
                     self._errors[ep.name] = (
                         f"importing {ep.value!r} failed: {type(e).__name__}: {e}\n"
                         + "".join(traceback.format_exception_only(e)).strip()
@@ -147,7 +147,7 @@ class PluginManager:
             )
         try:
             info = describe()
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise PluginLoadError(
                 f"backend plugin {label!r}: hook `pallas_describe` raised "
                 f"{type(e).__name__}: {e}"

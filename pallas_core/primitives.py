@@ -286,9 +286,8 @@ run_scoped_p.multiple_results = True
 
 @run_scoped_p.def_effectful_abstract_eval
 def _run_scoped_abstract_eval(*refs: Any, jaxpr: Any, scoped: tuple[MemoryRef, ...]) -> Any:
-    effects = {e for e in jaxpr.effects
-               if not (hasattr(e, "input_index") and e.input_index >= len(refs))}
-    return [v.aval for v in jaxpr.outvars], effects
+    effects = _jax.input_effects_by_position(jaxpr.jaxpr, len(refs))
+    return [v.aval for v in jaxpr.jaxpr.outvars], effects
 
 
 def scratch_aval(ty: Any) -> Any:
@@ -328,7 +327,7 @@ def run_scoped(f: Callable[..., Any], *types: Any, **kw_types: Any) -> Any:
         return leaves
 
     ctx = _TRACE_CONTEXT.get()
-    axis_sizes = ()
+    axis_sizes: tuple[tuple[str, int], ...] = ()
     if ctx is not None and ctx.grid_names is not None:
         axis_sizes = tuple(zip(ctx.grid_names, ctx.grid))
     jaxpr, _, consts = _jax.trace_to_jaxpr(flat_body, avals, name="run_scoped",

@@ -84,7 +84,7 @@ class BlockSpec:
     array dimension (not an element offset). ``block_shape=None`` means the whole array.
     """
 
-    block_shape: Sequence[int | None | Squeezed] | None = None
+    block_shape: Sequence[int | Squeezed | None] | None = None
     index_map: Callable[..., Any] | None = None
     memory_space: MemorySpace | None = None
     pipeline_mode: Any = None
@@ -149,7 +149,7 @@ class CostEstimate:
     remote_bytes_transferred: int = 0
 
 
-class CompilerParams(abc.ABC):  # noqa: B024 - a marker base, subclasses are dataclasses
+class CompilerParams(abc.ABC):
     """Base of each backend's frozen compiler parameters.
 
     A plugin subclasses this as a frozen dataclass and sets ``BACKEND`` to its name; passing

@@ -60,7 +60,7 @@ def run(call: KernelCall, args: Sequence[Any], rules: evaluator.EvaluateRules,
         checked: bool = False) -> list[Any]:
     """The outputs of ``call`` on ``args``, computed step by step."""
     gm = call.grid_mapping
-    kernel = _jax.discharge_state(call.jaxpr)
+    kernel = _jax.discharge_state(call.jaxpr, axis_sizes=gm.axis_env)
     ins = [_pad(x, bm, checked) for x, bm in zip(args, gm.inputs)]
     aliased = {o: i for i, o in call.input_output_aliases}
     outs = [_pad(args[aliased[k]], bm, checked) if k in aliased

@@ -83,6 +83,7 @@ def pallas_stages(call: KernelCall, backend: str, target: str | None) -> Mapping
     avals = [jax.ShapeDtypeStruct(bm.array_shape, bm.dtype) for bm in call.grid_mapping.inputs]
     lowered = grid.run_jitted(call, rules).trace(*avals).lower(lowering_platforms=("cpu",))
     return {
-        "discharged_jaxpr": str(_jax.discharge_state(call.jaxpr)),
+        "discharged_jaxpr": str(_jax.discharge_state(
+            call.jaxpr, axis_sizes=call.grid_mapping.axis_env)),
         "stablehlo": lowered.as_text(),
     }
