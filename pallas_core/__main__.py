@@ -15,7 +15,8 @@ def main() -> int:
     print(f"pallas-core {__version__} (jax {jax.__version__}, default platform "
           f"{jax.default_backend()})")
     backends = manager.backends()
-    if not backends:
+    skipped = manager.skipped()
+    if not backends and not skipped:
         print("no backends installed. Fix: pip install pallas-interpret")
     for name, b in sorted(backends.items()):
         info = b.info
@@ -25,6 +26,8 @@ def main() -> int:
             caps = f"\n    capabilities: {', '.join(sorted(info.capabilities))}"
         print(f"  {name:<12} {info.version:<10} {info.package or '?':<20} platforms: "
               f"{', '.join(info.platforms)}{default}{caps}")
+    for name, reason in sorted(skipped.items()):
+        print(f"  {name:<12} not loaded: {reason} is set")
     errors = manager.errors()
     for name, err in sorted(errors.items()):
         print(f"  {name:<12} FAILED TO LOAD: {err}")

@@ -52,6 +52,8 @@ AbstractValue = core.AbstractValue
 Effect = effects.Effect
 typeof = core.typeof
 eval_jaxpr = core.eval_jaxpr
+eval_context = core.eval_context
+"""Evaluates eagerly, outside whatever trace (jit, shard_map, ...) is current."""
 
 # --- refs and indexing ------------------------------------------------------------------
 AbstractRef = state_types.AbstractRef
@@ -90,9 +92,24 @@ def register_batching_rule(prim: Primitive, rule: Callable[..., Any]) -> None:
     batching.fancy_primitive_batchers[prim] = rule
 primitive_jvps = ad.primitive_jvps
 register_lowering = mlir.register_lowering
-lower_fun = mlir.lower_fun
 LoweringRuleContext = mlir.LoweringRuleContext
 ir = mlir.ir
+
+
+def lower_fun(fun: Callable[..., Any], multiple_results: bool = True) -> Callable[..., Any]:
+    """A lowering rule that inlines the plain JAX function ``fun``.
+
+    ``fun`` is traced with ``shard_map``'s varying-axes checks off: the primitive's abstract
+    eval has already typed its outputs, and a kernel body mixing varying operands with
+    constants would otherwise be rejected while it is inlined.
+    """
+    rule = mlir.lower_fun(fun, multiple_results=multiple_results)
+
+    def lowered(ctx: Any, *args: Any, **params: Any) -> Any:
+        with _config._check_vma(False):
+            return rule(ctx, *args, **params)
+
+    return lowered
 
 
 def ref_type_of(ref: Any) -> Any:

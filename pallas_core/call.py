@@ -63,20 +63,36 @@ def _out_shape_leaves(out_shape: Any, kernel_name: str) -> tuple[list[Any], Any]
     leaves, tree = jax.tree_util.tree_flatten(out_shape)
     if not leaves:
         raise KernelSignatureError(
-            f"pallas_call of kernel {kernel_name!r} has an empty out_shape. Fix: pass a "
-            "jax.ShapeDtypeStruct (or a tuple of them) describing each output."
+            f"pallas_call of kernel {kernel_name!r} has out_shape={out_shape!r}, which "
+            "describes no outputs; expected a jax.ShapeDtypeStruct (or a tuple of them). Fix: "
+            "out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), one per output."
+        )
+    if isinstance(out_shape, (tuple, list)) and all(
+            isinstance(d, (int, np.integer)) for d in out_shape):
+        raise KernelSignatureError(
+            f"pallas_call of kernel {kernel_name!r} has out_shape={out_shape!r}, a shape "
+            "without a dtype; expected a jax.ShapeDtypeStruct. Fix: "
+            f"out_shape=jax.ShapeDtypeStruct({tuple(int(d) for d in out_shape)}, dtype)."
         )
     out = []
     for i, leaf in enumerate(leaves):
         shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
         if shape is None or dtype is None or not isinstance(shape, (tuple, list)):
+            what = "a dtype without a shape" if _is_dtype(leaf) else f"a {type(leaf).__name__}"
             raise KernelSignatureError(
-                f"pallas_call of kernel {kernel_name!r}: out_shape leaf {i} is {leaf!r} of type "
-                f"{type(leaf).__name__}; expected a jax.ShapeDtypeStruct (or an array) with "
-                "shape and dtype. Fix: out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype)."
+                f"pallas_call of kernel {kernel_name!r}: out_shape leaf {i} is {leaf!r}, "
+                f"{what}; expected a jax.ShapeDtypeStruct (or an array) with shape and dtype. "
+                "Fix: out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype)."
             )
         out.append(jax.ShapeDtypeStruct(tuple(shape), dtype))
     return out, tree
+
+
+def _is_dtype(x: Any) -> bool:
+    """``x`` is a dtype (``np.float32``, ``jnp.float32``, ``np.dtype(...)``), not an array."""
+    if isinstance(x, np.dtype) or (isinstance(x, type) and issubclass(x, np.generic)):
+        return True
+    return isinstance(getattr(x, "dtype", None), np.dtype) and not hasattr(x, "shape")
 
 
 def _check_kernel_signature(kernel: Callable[..., Any], names: Sequence[str],
@@ -196,7 +212,8 @@ def pallas_call(
         for i, a in enumerate(flat_args):
             if not hasattr(a, "shape") or not hasattr(a, "dtype"):
                 flat_args[i] = jnp.asarray(a)
-        gm = _make_grid_mapping(grid_spec, flat_args, out_leaves, kernel_name, _grid_names)
+        gm = _make_grid_mapping(grid_spec, flat_args, out_leaves, kernel, kernel_name,
+                                _grid_names)
         names = [bm.origin for bm in gm.block_mappings] + [
             f"scratch {i}" for i in range(len(gm.scratch_avals))]
         _check_kernel_signature(kernel, names, kernel_name)
@@ -214,24 +231,42 @@ def pallas_call(
             print(f"pallas_call {kernel_name} ({call.source}): grid {gm.grid}")
             print(jaxpr)
         if chosen is not None:
-            manager.hook.pallas_validate(call=call, backend=chosen)
+            validate(call, chosen)
         outs = pallas_call_p.bind(*flat_args, call=call)
         return jax.tree_util.tree_unflatten(out_tree, outs)
 
     return wrapped
 
 
+def _ref_param_names(kernel: Callable[..., Any], count: int) -> list[str] | None:
+    """The kernel's parameter names, if it takes exactly ``count`` positional Refs."""
+    try:
+        params = list(inspect.signature(kernel).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if len(params) != count or any(
+            p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params):
+        return None
+    return [p.name for p in params]
+
+
 def _make_grid_mapping(spec: GridSpec, args: Sequence[Any], outs: Sequence[Any],
-                       kernel_name: str, grid_names: tuple[str, ...] | None) -> gmap.GridMapping:
+                       kernel: Callable[..., Any], kernel_name: str,
+                       grid_names: tuple[str, ...] | None) -> gmap.GridMapping:
     grid = tuple(spec.grid)  # type: ignore[arg-type]
+    scratch = gmap.scratch_avals(spec.scratch_shapes)
     in_specs = gmap.flatten_specs(spec.in_specs, len(args), "in_specs", kernel_name)
     out_specs = gmap.flatten_specs(spec.out_specs, len(outs), "out_specs", kernel_name)
-    mappings = [gmap.make_block_mapping(s, x, grid, f"input {i}", kernel_name)
-                for i, (s, x) in enumerate(zip(in_specs, args))]
-    mappings += [gmap.make_block_mapping(s, o, grid, f"output {i}", kernel_name)
-                 for i, (s, o) in enumerate(zip(out_specs, outs))]
-    return gmap.GridMapping(grid, tuple(mappings), len(args), len(outs),
-                            gmap.scratch_avals(spec.scratch_shapes), 0, grid_names)
+    # Operands are named in messages by position and, when it fits, by kernel parameter.
+    origins = [f"input {i}" for i in range(len(args))] + [
+        f"output {i}" for i in range(len(outs))]
+    params = _ref_param_names(kernel, len(origins) + len(scratch))
+    if params is not None:
+        origins = [f"{o} ({p})" for o, p in zip(origins, params)]
+    mappings = [gmap.make_block_mapping(s, x, grid, origin, kernel_name) for s, x, origin in
+                zip([*in_specs, *out_specs], [*args, *outs], origins)]
+    return gmap.GridMapping(grid, tuple(mappings), len(args), len(outs), scratch, 0,
+                            grid_names)
 
 
 def _check_aliases(aliases: Sequence[tuple[int, int]], args: Sequence[Any],
@@ -240,15 +275,36 @@ def _check_aliases(aliases: Sequence[tuple[int, int]], args: Sequence[Any],
         if not (0 <= i < len(args) and 0 <= o < len(outs)):
             raise PallasError(
                 f"pallas_call of kernel {kernel_name!r}: input_output_aliases has {{{i}: {o}}} "
-                f"but there are {len(args)} inputs and {len(outs)} outputs."
+                f"but there are {len(args)} inputs and {len(outs)} outputs. Fix: map an "
+                f"input index in range({len(args)}) to an output index in range({len(outs)})."
             )
         a, b = args[i], outs[o]
         if tuple(a.shape) != tuple(b.shape) or jnp.dtype(a.dtype) != jnp.dtype(b.dtype):
             raise PallasError(
                 f"pallas_call of kernel {kernel_name!r}: input {i} ({a.dtype}{list(a.shape)}) is "
                 f"aliased to output {o} ({b.dtype}{list(b.shape)}); aliased buffers must have "
-                "the same shape and dtype."
+                f"the same shape and dtype. Fix: make out_shape[{o}] "
+                f"jax.ShapeDtypeStruct({tuple(a.shape)}, {jnp.dtype(a.dtype).name}), or drop "
+                "the alias."
             )
+
+
+def validate(call: KernelCall, backend: str) -> None:
+    """Checks ``call`` for ``backend``: memory spaces here, the hardware rules in the plugin."""
+    info = manager.get(backend).info
+    if "foreign_memory_spaces" not in info.capabilities:
+        spaces = [(bm.origin, bm.memory_space) for bm in call.grid_mapping.block_mappings]
+        spaces += [(f"scratch {i}", a.memory_space)
+                   for i, a in enumerate(call.grid_mapping.scratch_avals)]
+        for origin, space in spaces:
+            owner = getattr(space, "backend", None)
+            if owner is not None and owner != backend:
+                raise UnsupportedError(
+                    f"kernel {call.name!r}: {origin} is in memory space {space}, which belongs "
+                    f"to the {owner!r} backend, but the kernel is lowered by {backend!r}. Fix: "
+                    f"pass backend={owner!r}, or use a memory space of {backend!r} (or pl.ANY)."
+                )
+    manager.hook.pallas_validate(call=call, backend=backend)
 
 
 # --- the primitive -------------------------------------------------------------------------
@@ -270,7 +326,7 @@ def _lowering(ctx: Any, *operands: Any, call: KernelCall) -> Sequence[Any]:
                 f"whose default backends differ ({sorted(chosen)}). Fix: pass backend=NAME."
             )
         backend = chosen.pop()
-        manager.hook.pallas_validate(call=call, backend=backend)
+        validate(call, backend)
     info = manager.get(backend).info
     platform = platforms[0]
     unsupported = [p for p in platforms if p not in info.platforms]

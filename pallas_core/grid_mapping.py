@@ -122,8 +122,9 @@ def _normalize_block_shape(spec: BlockSpec, shape: tuple[int, ...], origin: str,
     return tuple(out)
 
 
-def _trace_index_map(spec: BlockSpec, grid: tuple[int, ...], ndim: int, origin: str,
-                     kernel_name: str) -> Any:
+def _trace_index_map(spec: BlockSpec, grid: tuple[int, ...], shape: tuple[int, ...],
+                     origin: str, kernel_name: str) -> Any:
+    ndim = len(shape)
     fn = spec.index_map
     if fn is None:
         def fn(*_: Any) -> tuple[int, ...]:
@@ -145,8 +146,9 @@ def _trace_index_map(spec: BlockSpec, grid: tuple[int, ...], ndim: int, origin: 
         if len(out) != ndim:
             raise BlockSpecError(
                 f"In kernel {kernel_name!r}, the index map of {origin} returned {len(out)} "
-                f"indices {tuple(out)!r} but the array has rank {ndim}. Fix: return one block "
-                "index per array dimension (0 for dimensions that are not blocked)."
+                f"block indices but the array has rank {ndim} (shape {shape}). Fix: return "
+                f"a tuple of {ndim} block indices, one per array dimension (0 for dimensions "
+                "that are not blocked)."
             )
         return [jnp.asarray(o, jnp.int32) for o in out]
 
@@ -173,7 +175,7 @@ def make_block_mapping(spec: Any, x: Any, grid: tuple[int, ...], origin: str,
         block: tuple[int | None, ...] = shape
     else:
         block = _normalize_block_shape(spec, shape, origin, kernel_name)
-    index_map = _trace_index_map(spec, grid, len(shape), origin, kernel_name)
+    index_map = _trace_index_map(spec, grid, shape, origin, kernel_name)
     return BlockMapping(origin, shape, np.dtype(x.dtype), block, index_map, spec.memory_space)
 
 
@@ -187,7 +189,8 @@ def check_index_maps_in_bounds(gm: GridMapping, kernel_name: str) -> None:
         return
     points = np.array(list(itertools.product(*map(range, gm.grid))), np.int32).reshape(
         gm.num_steps, len(gm.grid))
-    with jax.ensure_compile_time_eval():
+    # Concrete evaluation, even when pallas_call is traced (jit, shard_map, vmap, ...).
+    with _jax.eval_context(), jax.ensure_compile_time_eval():
         for bm in gm.block_mappings:
             if bm.is_whole_array or not bm.array_shape:
                 continue

@@ -14,6 +14,7 @@ recorded with its error and reported by name (``python -m pallas_core``); the ot
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib.metadata
 import os
 import threading
@@ -52,6 +53,8 @@ class BackendInfo:
     default_for: tuple[str, ...] = ()
     """Platforms on which it is chosen when the user names no backend."""
     capabilities: frozenset[str] = frozenset()
+    """Free-form feature names; the core reads ``foreign_memory_spaces`` (the backend runs
+    kernels whose Refs live in other backends' memory spaces, as the interpreter does)."""
     package: str = ""
     """The pip distribution that provides it."""
 
@@ -72,6 +75,8 @@ class PluginManager:
         self._pm.add_hookspecs(hookspecs)
         self._backends: dict[str, Backend] = {}
         self._errors: dict[str, str] = {}
+        self._skipped: dict[str, tuple[str, str]] = {}
+        """Installed entry points not loaded because of the environment: (reason, fix)."""
         self._loaded = False
         self._lock = threading.RLock()
         self._listeners: list[Any] = []
@@ -100,21 +105,34 @@ class PluginManager:
             if self._loaded:
                 return
             self._loaded = True
-            if os.environ.get(DISABLE_AUTOLOAD_ENV, "").strip() not in ("", "0"):
-                return
-            disabled = {n.strip() for n in os.environ.get(DISABLED_BACKENDS_ENV, "").split(",")}
+            autoload = os.environ.get(DISABLE_AUTOLOAD_ENV, "").strip()
+            disabled_env = os.environ.get(DISABLED_BACKENDS_ENV, "")
+            disabled = {n.strip() for n in disabled_env.split(",")}
             for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-                if ep.name in disabled or ep.name in self._backends:
+                if ep.name in self._backends:
+                    continue
+                if autoload not in ("", "0"):
+                    self._skipped[ep.name] = (
+                        f"{DISABLE_AUTOLOAD_ENV}={autoload}",
+                        f"unset {DISABLE_AUTOLOAD_ENV}, or register the backend by hand with "
+                        "pl.register_backend")
+                    continue
+                if ep.name in disabled:
+                    self._skipped[ep.name] = (
+                        f"{DISABLED_BACKENDS_ENV}={disabled_env}",
+                        f"remove {ep.name!r} from {DISABLED_BACKENDS_ENV}")
                     continue
                 try:
                     plugin = ep.load()
                 except Exception as e:
+                    error = "".join(traceback.format_exception_only(e)).strip()
                     self._errors[ep.name] = (
-                        f"importing {ep.value!r} failed: {type(e).__name__}: {e}\n"
-                        + "".join(traceback.format_exception_only(e)).strip()
+                        f"importing {ep.value!r} failed: {error}. Fix: reinstall or uninstall "
+                        f"the distribution {_dist_name(ep)!r}, or skip it with "
+                        f"{DISABLED_BACKENDS_ENV}={ep.name}."
                     )
                     continue
-                dist = ep.dist.name if ep.dist is not None else ""
+                dist = _dist_name(ep)
                 try:
                     self._add(ep.name, plugin, dist)
                 except PluginLoadError as e:
@@ -138,7 +156,7 @@ class PluginManager:
                 self._notify()
 
     def _add(self, name: str | None, plugin: Any, dist: str) -> Backend:
-        label = name or getattr(plugin, "__name__", repr(plugin))
+        label = name or getattr(plugin, "__name__", None) or type(plugin).__name__
         describe = getattr(plugin, "pallas_describe", None)
         if describe is None:
             raise PluginLoadError(
@@ -155,7 +173,8 @@ class PluginManager:
         if not isinstance(info, BackendInfo):
             raise PluginLoadError(
                 f"backend plugin {label!r}: hook `pallas_describe` must return a "
-                f"pallas_core.BackendInfo, returned {type(info).__name__}."
+                f"pallas_core.BackendInfo, returned {type(info).__name__}. Fix: return "
+                "BackendInfo(name=..., version=..., platforms=(...))."
             )
         if name is not None and info.name != name:
             raise PluginLoadError(
@@ -163,7 +182,11 @@ class PluginManager:
                 "the entry-point name and BackendInfo.name must agree."
             )
         if info.name in self._backends:
-            raise PluginLoadError(f"a backend named {info.name!r} is already registered.")
+            raise PluginLoadError(
+                f"backend plugin {label!r}: a backend named {info.name!r} is already "
+                "registered. Fix: choose another name, or unregister the other first "
+                f"(pallas_core.plugins.manager.unregister({info.name!r}))."
+            )
         if not info.package and dist:
             info = dataclasses.replace(info, package=dist)
         try:
@@ -173,11 +196,13 @@ class PluginManager:
             if self._pm.is_registered(plugin):
                 self._pm.unregister(plugin)
             raise PluginLoadError(
-                f"backend plugin {info.name!r} implements a hook wrongly: {e}"
+                f"backend plugin {info.name!r} implements a hook wrongly: {e}. "
+                f"Fix: {_hook_fix(plugin)}"
             ) from e
         backend = Backend(info, plugin)
         self._backends[info.name] = backend
         self._errors.pop(info.name, None)
+        self._skipped.pop(info.name, None)
         self._notify()
         return backend
 
@@ -199,6 +224,11 @@ class PluginManager:
         self.ensure_loaded()
         return dict(self._errors)
 
+    def skipped(self) -> Mapping[str, str]:
+        """Installed backends not loaded because of the environment, with the variable set."""
+        self.ensure_loaded()
+        return {name: reason for name, (reason, _) in self._skipped.items()}
+
     def get(self, name: str) -> Backend:
         """The backend called ``name``, or a ``BackendNotFoundError`` that says how to get it."""
         backends = self.backends()
@@ -208,6 +238,12 @@ class PluginManager:
         if name in self._errors:
             raise BackendNotFoundError(
                 f"backend {name!r} is installed but failed to load: {self._errors[name]}"
+            )
+        if name in self._skipped:
+            reason, fix = self._skipped[name]
+            raise BackendNotFoundError(
+                f"backend {name!r} is installed but was not loaded because {reason} is set. "
+                f"Fix: {fix}."
             )
         package = KNOWN_PACKAGES.get(name)
         fix = (f"Fix: `pip install {package}`" if package
@@ -231,11 +267,32 @@ class PluginManager:
         for name, b in sorted(self.backends().items()):
             if platform in b.info.default_for:
                 return name
+        skipped = ", ".join(f"{n} ({reason})" for n, reason in sorted(self.skipped().items()))
+        skipped = f" Installed but not loaded: {skipped}." if skipped else ""
         raise BackendNotFoundError(
-            f"no installed backend is the default for platform {platform!r}. Installed: "
-            f"{', '.join(sorted(self.backends())) or 'none'}. Fix: pass backend=NAME, or "
-            "install a backend for this platform (e.g. `pip install pallas-interpret`)."
+            f"no installed backend is the default for platform {platform!r}. Loaded: "
+            f"{', '.join(sorted(self.backends())) or 'none'}.{skipped} Fix: pass "
+            "backend=NAME, install a backend for this platform (e.g. `pip install "
+            "pallas-interpret`), or unset the environment variable that keeps it from loading."
         )
+
+
+def _dist_name(ep: importlib.metadata.EntryPoint) -> str:
+    return ep.dist.name if ep.dist is not None else ""
+
+
+def _hook_fix(plugin: Any) -> str:
+    """How to repair a plugin whose hook implementations pluggy rejected."""
+    specs = sorted(n for n in dir(hookspecs) if n.startswith("pallas_"))
+    unknown = [n for n in dir(plugin) if n.startswith("pallas_") and n not in specs
+               and callable(getattr(plugin, n, None))]
+    hints = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, specs, n=1)
+        hints.append(f"{name!r} is not a pallas hook" + (f" (did you mean {close[0]!r}?)"
+                                                         if close else ""))
+    return "; ".join([*hints, "give each hook the name and parameters of its specification "
+                      f"in pallas_core.hookspecs ({', '.join(specs)})."])
 
 
 manager = PluginManager()

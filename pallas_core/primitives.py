@@ -174,7 +174,10 @@ def load(ref: Any, idx: Any = ..., *, mask: Any = None, other: Any = None) -> ja
     """
     if mask is None:
         if other is not None:
-            raise PallasError("pl.load: `other` was given without `mask`; pass mask= too.")
+            raise PallasError(
+                "pl.load: `other` (the value of masked-off elements) was given without `mask`, "
+                "so it would never be used. Fix: pass mask= too, or drop other=."
+            )
         r, transforms = _ref_and_transforms(ref, idx, "load")
         return _jax.get_p.bind(r, *jax.tree_util.tree_leaves(transforms),  # type: ignore[no-any-return]
                                tree=jax.tree_util.tree_structure(transforms))

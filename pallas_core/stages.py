@@ -9,7 +9,7 @@ from typing import Any
 import jax
 
 from pallas_core import _jax
-from pallas_core.call import pallas_call_p, resolve_backend
+from pallas_core.call import pallas_call_p, resolve_backend, validate
 from pallas_core.errors import UnsupportedError
 from pallas_core.plugins import manager
 from pallas_core.request import KernelCall
@@ -61,7 +61,7 @@ def stages(fn: Callable[..., Any], *args: Any, backend: str | None = None,
     for call in kernel_calls(closed.jaxpr):
         name = (chosen or call.backend
                 or manager.default_for_platform(jax.default_backend()))
-        manager.hook.pallas_validate(call=call, backend=name)
+        validate(call, name)
         found = manager.hook.pallas_stages(call=call, backend=name, target=target)
         if found is None:
             raise UnsupportedError(

@@ -62,7 +62,8 @@ def pallas_describe() -> BackendInfo:
         compiler_params_type=InterpretParams,
         default_for=("cpu",),
         capabilities=frozenset({"atomics", "masked_access", "debug_print", "scratch",
-                                "run_scoped", "mesh", "aliasing", "vmap"}),
+                                "run_scoped", "mesh", "aliasing", "vmap",
+                                "foreign_memory_spaces"}),
         package="pallas-interpret",
     )
 
