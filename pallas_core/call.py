@@ -338,7 +338,19 @@ def _lowering(ctx: Any, *operands: Any, call: KernelCall) -> Sequence[Any]:
             "), or choose another backend (backend='interpret' runs anywhere)."
         )
     request = LoweringRequest(call, backend, platform, ctx, tuple(operands))
-    result = manager.hook.pallas_lower(request=request)
+    try:
+        result = manager.hook.pallas_lower(request=request)
+    except NotImplementedError as e:
+        if isinstance(e, PallasError):
+            raise
+        # JAX's "MLIR translation rule for primitive 'p' not found": a primitive in the
+        # kernel that neither the backend nor any plugin's reference semantics handles.
+        raise UnsupportedError(
+            f"backend {backend!r} cannot lower kernel {call.name!r} ({call.source}): {e}. "
+            "Fix: use only primitives this backend supports, or choose another backend; a "
+            "plugin that adds a primitive must give it reference semantics through its "
+            "`pallas_primitives` hook."
+        ) from e
     if result is None:
         raise LoweringError(
             f"backend {backend!r} did not lower kernel {call.name!r}: its `pallas_lower` hook "

@@ -1,0 +1,41 @@
+"""Testing tools for backend authors: the conformance suite every backend runs on itself.
+
+``from pallas_core.testing import ConformanceSuite`` (needs pytest, from the ``test`` extra:
+``pip install 'pallas-core[test]'``). ``import pallas_core`` never imports this package.
+"""
+
+from __future__ import annotations
+
+try:
+    import pytest  # noqa: F401
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "pallas_core.testing needs pytest. Fix: pip install 'pallas-core[test]'."
+    ) from e
+
+from pallas_core.testing.conformance import (
+    ACCUMULATION,
+    ALIASING,
+    ATOMICS,
+    BLOCKED_GRID,
+    DEBUG_PRINT,
+    ELEMENTWISE,
+    FEATURES,
+    FORI_LOOP,
+    JIT,
+    MASKED_ACCESS,
+    MESH,
+    PROGRAM_ID,
+    RUN_SCOPED,
+    SCRATCH,
+    VMAP,
+    WHEN,
+    ConformanceSuite,
+    feature,
+)
+
+__all__ = [
+    "ACCUMULATION", "ALIASING", "ATOMICS", "BLOCKED_GRID", "DEBUG_PRINT", "ELEMENTWISE",
+    "FEATURES", "FORI_LOOP", "JIT", "MASKED_ACCESS", "MESH", "PROGRAM_ID", "RUN_SCOPED",
+    "SCRATCH", "VMAP", "WHEN", "ConformanceSuite", "feature",
+]

@@ -1,0 +1,523 @@
+"""The conformance suite: backend-independent tests that every backend plugin runs on itself.
+
+A plugin subclasses :class:`ConformanceSuite` in one of its test modules::
+
+    from pallas_core.testing import ATOMICS, ConformanceSuite
+
+    class TestMyBackend(ConformanceSuite):
+        backend = "my_backend"
+        unsupported = frozenset({ATOMICS})
+
+and pytest runs every test of the suite with ``backend="my_backend"``. Each test exercises one
+feature and compares the kernel's result with plain ``jax.numpy`` on random inputs. Features
+are named by the constants of this module (``ELEMENTWISE``, ``PROGRAM_ID``, ``BLOCKED_GRID``,
+``ACCUMULATION``, ``WHEN``, ``FORI_LOOP``, ``SCRATCH``, ``ALIASING``, ``MASKED_ACCESS``,
+``ATOMICS``, ``DEBUG_PRINT``, ``RUN_SCOPED``, ``MESH``, ``JIT``, ``VMAP``); :data:`FEATURES` says
+what each one's tests check.
+
+A feature listed in ``unsupported`` is not passed over in silence: its tests are skipped with a
+reason, and ``test_unsupported_feature_raises[<feature>]`` runs the same tests and requires each
+to raise a :class:`pallas_core.PallasError` (typically ``UnsupportedError``), not to return a
+wrong answer or crash inside JAX. Two tests always run: a kernel using a primitive that no plugin
+defines must raise a ``PallasError`` naming it, and features the backend advertises in
+``BackendInfo.capabilities`` must not be listed in ``unsupported``.
+
+Plugins may add tests of their own to the subclass and tag them with :func:`feature`.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Collection, Mapping
+from typing import Any, ClassVar, TypeVar, cast
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import pallas_core as pl
+from pallas_core import _jax
+from pallas_core.plugins import manager
+
+ELEMENTWISE = "elementwise"
+PROGRAM_ID = "program_id"
+BLOCKED_GRID = "blocked_grid"
+ACCUMULATION = "accumulation"
+WHEN = "when"
+FORI_LOOP = "fori_loop"
+SCRATCH = "scratch"
+ALIASING = "aliasing"
+MASKED_ACCESS = "masked_access"
+ATOMICS = "atomics"
+DEBUG_PRINT = "debug_print"
+RUN_SCOPED = "run_scoped"
+MESH = "mesh"
+JIT = "jit"
+VMAP = "vmap"
+
+FEATURES: Mapping[str, str] = {
+    ELEMENTWISE: "a kernel without a grid: whole arrays in, whole arrays out",
+    PROGRAM_ID: "pl.program_id, pl.num_programs and an iota on a 2-D grid",
+    BLOCKED_GRID: "blocks that do not divide the array: edge blocks padded, cut on write",
+    ACCUMULATION: "an output block revisited along the innermost grid axis (a 3-D matmul)",
+    WHEN: "pl.when on the grid position and on data",
+    FORI_LOOP: "lax.fori_loop in a kernel, with static and grid-dependent trip counts",
+    SCRATCH: "scratch_shapes (pl.ANY(...) and jax.ShapeDtypeStruct) persist across grid steps",
+    ALIASING: "input_output_aliases: blocks the grid never writes keep their input values",
+    MASKED_ACCESS: "pl.load/pl.store with mask=/other=, reaching past the end of a Ref",
+    ATOMICS: "pl.atomic_add (and its result) and pl.atomic_max across grid steps",
+    DEBUG_PRINT: "pl.debug_print prints at every grid step",
+    RUN_SCOPED: "pl.run_scoped allocates a temporary Ref inside the kernel",
+    MESH: "pl.kernel over a pl.Mesh, with lax.axis_index",
+    JIT: "a kernel inside jax.jit, composed with other operations",
+    VMAP: "jax.vmap of a kernel (program_id keeps meaning the kernel's own grid)",
+}
+"""Every feature the suite tests, by name, with what its tests check."""
+
+_FEATURE_ATTR = "pallas_feature"
+_TestFn = TypeVar("_TestFn", bound=Callable[..., None])
+
+# A primitive that no plugin defines: no lowering, no reference semantics.
+_unknown_p = _jax.Primitive("conformance_unknown_primitive")
+_unknown_p.def_abstract_eval(lambda x: x)
+
+
+def feature(name: str) -> Callable[[_TestFn], _TestFn]:
+    """Tags a test method of a :class:`ConformanceSuite` as exercising feature ``name``.
+
+    On a backend that lists ``name`` in ``unsupported`` the test is skipped, and
+    ``test_unsupported_feature_raises[name]`` runs it expecting a ``PallasError`` instead.
+    """
+    if name not in FEATURES:
+        raise ValueError(f"unknown conformance feature {name!r}; known: {sorted(FEATURES)}.")
+
+    def decorate(fn: _TestFn) -> _TestFn:
+        @functools.wraps(fn)
+        def test(self: ConformanceSuite, *args: Any, **kwargs: Any) -> None:
+            if name in self.unsupported:
+                pytest.skip(
+                    f"backend {self.backend!r} declares {name!r} unsupported; "
+                    f"test_unsupported_feature_raises[{name}] checks that it raises a "
+                    "PallasError instead."
+                )
+            fn(self, *args, **kwargs)
+
+        setattr(test, _FEATURE_ATTR, name)
+        return cast(_TestFn, test)
+
+    return decorate
+
+
+def _like(x: Any) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(x.shape, x.dtype)
+
+
+class ConformanceSuite:
+    """Backend-independent tests of pallas semantics; subclass it and set ``backend``.
+
+    Subclass names must start with ``Test`` for pytest to collect them. Each test creates its
+    inputs from a generator seeded with ``seed``, so failures reproduce.
+    """
+
+    backend: ClassVar[str]
+    """The backend under test, as passed to ``pl.pallas_call(..., backend=...)``."""
+    unsupported: ClassVar[Collection[str]] = frozenset()
+    """Features (constants of this module) that the backend rejects with a ``PallasError``."""
+    compiler_params: ClassVar[Any] = None
+    """Passed as ``compiler_params=`` to every kernel (e.g. a checked or debug mode)."""
+    rtol: ClassVar[float] = 1e-5
+    """Relative tolerance of comparisons with ``jax.numpy``."""
+    atol: ClassVar[float] = 1e-5
+    """Absolute tolerance of comparisons with ``jax.numpy``."""
+    seed: ClassVar[int] = 0
+    """Seed of the random inputs."""
+
+    rng: np.random.Generator
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        unknown = sorted(set(cls.unsupported) - set(FEATURES))
+        if unknown:
+            raise ValueError(
+                f"{cls.__name__}.unsupported names unknown conformance features {unknown}; "
+                f"the suite knows {sorted(FEATURES)}. Fix: use the constants of "
+                "pallas_core.testing (e.g. pallas_core.testing.ATOMICS)."
+            )
+
+    def setup_method(self, method: Any) -> None:
+        """Checks that the subclass names a backend; seeds the random inputs."""
+        if not isinstance(getattr(self, "backend", None), str):
+            raise TypeError(
+                f"{type(self).__name__} must set `backend = NAME` (a class attribute) to the "
+                "backend under test."
+            )
+        self.rng = np.random.default_rng(self.seed)
+
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        """Runs ``test_unsupported_feature_raises`` once per feature in ``unsupported``."""
+        if "unsupported_feature" in metafunc.fixturenames:
+            names: list[str | None] = list(sorted(self.unsupported))
+            ids = [str(n) for n in names]
+            metafunc.parametrize("unsupported_feature", names or [None], ids=ids or ["none"])
+
+    # --- helpers for tests -------------------------------------------------------------------
+
+    def pallas_call(self, kernel: Callable[..., None], out_shape: Any,
+                    **kwargs: Any) -> Callable[..., Any]:
+        """``pl.pallas_call`` on the backend under test (with ``compiler_params``)."""
+        if self.compiler_params is not None:
+            kwargs.setdefault("compiler_params", self.compiler_params)
+        return pl.pallas_call(kernel, out_shape, backend=self.backend, **kwargs)
+
+    def random(self, shape: tuple[int, ...], dtype: Any = jnp.float32) -> jax.Array:
+        """Random values: standard normal floats, or integers in [-100, 100)."""
+        if jnp.issubdtype(dtype, jnp.integer):
+            return jnp.asarray(self.rng.integers(-100, 100, shape), dtype)
+        return jnp.asarray(self.rng.standard_normal(shape), dtype)
+
+    def random_ints_as_floats(self, shape: tuple[int, ...], low: int = -4,
+                              high: int = 5) -> jax.Array:
+        """Small whole numbers as float32: sums and products of them are exact in any order."""
+        return jnp.asarray(self.rng.integers(low, high, shape), jnp.float32)
+
+    def assert_close(self, actual: Any, expected: Any, *, what: str = "result",
+                     rtol: float | None = None, atol: float | None = None) -> None:
+        """Fails, naming the backend, unless ``actual`` matches the ``jax.numpy`` result."""
+        np.testing.assert_allclose(
+            np.asarray(actual), np.asarray(expected),
+            rtol=self.rtol if rtol is None else rtol, atol=self.atol if atol is None else atol,
+            err_msg=f"backend {self.backend!r}: {what} differs from plain jax.numpy",
+        )
+
+    @classmethod
+    def feature_tests(cls) -> dict[str, list[Callable[..., None]]]:
+        """The (untagged) test functions of each feature, by feature name."""
+        tests: dict[str, list[Callable[..., None]]] = {}
+        for attr in sorted(dir(cls)):
+            fn = getattr(cls, attr, None)
+            name = getattr(fn, _FEATURE_ATTR, None)
+            if name is not None:
+                tests.setdefault(name, []).append(fn.__wrapped__)  # type: ignore[union-attr]
+        return tests
+
+    # --- the suite's own checks --------------------------------------------------------------
+
+    def test_unsupported_feature_raises(self, unsupported_feature: str | None,
+                                        request: pytest.FixtureRequest) -> None:
+        """An unsupported feature raises a ``PallasError``: never a wrong answer or a crash."""
+        if unsupported_feature is None:
+            pytest.skip(f"backend {self.backend!r} declares every feature supported.")
+        for fn in self.feature_tests().get(unsupported_feature, []):
+            fixtures = list(inspect.signature(fn).parameters)[1:]
+            kwargs = {name: request.getfixturevalue(name) for name in fixtures}
+            self._expect_pallas_error(fn, kwargs, unsupported_feature)
+
+    def _expect_pallas_error(self, fn: Callable[..., None], kwargs: dict[str, Any],
+                             name: str) -> None:
+        where = f"backend {self.backend!r} declares {name!r} unsupported, but {fn.__name__}"
+        try:
+            fn(self, **kwargs)
+        except pl.PallasError:
+            return
+        except AssertionError as e:
+            pytest.fail(f"{where} returned a wrong answer instead of raising a "
+                        f"pallas_core.PallasError (e.g. UnsupportedError):\n{e}")
+        except Exception as e:
+            pytest.fail(f"{where} raised {type(e).__name__}: {e}\nExpected a "
+                        "pallas_core.PallasError (e.g. UnsupportedError) that names the "
+                        "feature and the fix.")
+        pytest.fail(f"{where} passed on it. Fix: remove {name!r} from `unsupported`.")
+
+    def test_unknown_primitive_raises(self) -> None:
+        """A primitive that no plugin defines raises a ``PallasError`` that names it."""
+
+        def kernel(x_ref: Any, o_ref: Any) -> None:
+            o_ref[...] = _unknown_p.bind(x_ref[...])
+
+        x = self.random((8, 128))
+        with pytest.raises(pl.PallasError, match=_unknown_p.name):
+            jax.block_until_ready(self.pallas_call(kernel, _like(x))(x))
+
+    def test_capabilities_agree_with_unsupported(self) -> None:
+        """Features advertised in ``BackendInfo.capabilities`` are not listed as unsupported."""
+        info = manager.get(self.backend).info
+        both = sorted(set(info.capabilities) & set(self.unsupported))
+        if both:
+            pytest.fail(
+                f"backend {self.backend!r} advertises {both} in BackendInfo.capabilities but "
+                "the conformance suite lists them in `unsupported`. Fix: drop them from one."
+            )
+
+    # --- features ----------------------------------------------------------------------------
+
+    @feature(ELEMENTWISE)
+    def test_elementwise_add(self) -> None:
+        """``o = x + y`` on whole arrays, no grid."""
+
+        def kernel(x_ref: Any, y_ref: Any, o_ref: Any) -> None:
+            o_ref[...] = x_ref[...] + y_ref[...]
+
+        x, y = self.random((8, 128)), self.random((8, 128))
+        self.assert_close(self.pallas_call(kernel, _like(x))(x, y), x + y)
+
+    @feature(PROGRAM_ID)
+    def test_program_id_and_iota(self) -> None:
+        """Every block records its grid position, the grid size and a lane iota."""
+
+        def kernel(o_ref: Any) -> None:
+            lanes = lax.broadcasted_iota(jnp.int32, o_ref.shape, 1)
+            o_ref[...] = (1000 * pl.program_id(0) + 100 * pl.program_id(1)
+                          + 10 * pl.num_programs(1) + lanes)
+
+        out = self.pallas_call(
+            kernel, jax.ShapeDtypeStruct((3 * 8, 2 * 16), jnp.int32), grid=(3, 2),
+            out_specs=pl.BlockSpec((8, 16), lambda i, j: (i, j)),
+        )()
+        rows, cols = jnp.arange(24)[:, None], jnp.arange(32)[None, :]
+        self.assert_close(out, 1000 * (rows // 8) + 100 * (cols // 16) + 20 + cols % 16)
+
+    @feature(BLOCKED_GRID)
+    def test_uneven_edge_blocks(self) -> None:
+        """A (50, 70) array in (16, 32) blocks: the last row and column of blocks are partial."""
+
+        def kernel(x_ref: Any, y_ref: Any, o_ref: Any) -> None:
+            o_ref[...] = x_ref[...] * 2.0 + y_ref[...]
+
+        x, y = self.random((50, 70)), self.random((1, 70))
+        out = self.pallas_call(
+            kernel, _like(x), grid=(pl.cdiv(50, 16), pl.cdiv(70, 32)),
+            in_specs=[pl.BlockSpec((16, 32), lambda i, j: (i, j)),
+                      pl.BlockSpec((1, 32), lambda i, j: (0, j))],
+            out_specs=pl.BlockSpec((16, 32), lambda i, j: (i, j)),
+        )(x, y)
+        self.assert_close(out, x * 2.0 + y)
+
+    @feature(ACCUMULATION)
+    def test_revisited_output_matmul(self) -> None:
+        """A matmul on grid (i, j, k): the output block (i, j) accumulates over k."""
+        m, k, n, bm, bk, bn = 32, 48, 24, 16, 16, 8
+
+        def kernel(a_ref: Any, b_ref: Any, o_ref: Any) -> None:
+            acc = jnp.where(pl.program_id(2) == 0, 0.0, o_ref[...])
+            o_ref[...] = acc + jnp.dot(a_ref[...], b_ref[...],
+                                       preferred_element_type=jnp.float32)
+
+        a, b = self.random_ints_as_floats((m, k)), self.random_ints_as_floats((k, n))
+        out = self.pallas_call(
+            kernel, jax.ShapeDtypeStruct((m, n), jnp.float32), grid=(m // bm, n // bn, k // bk),
+            in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
+                      pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))],
+            out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
+        )(a, b)
+        self.assert_close(out, jnp.dot(a, b, precision=lax.Precision.HIGHEST))
+
+    @feature(WHEN)
+    def test_when(self) -> None:
+        """``pl.when`` on the grid position (odd steps negate) and on data (shift by 100)."""
+
+        def kernel(x_ref: Any, o_ref: Any) -> None:
+            o_ref[...] = x_ref[...]
+
+            @pl.when(pl.program_id(0) % 2 == 1)
+            def _negate() -> None:
+                o_ref[...] = -x_ref[...]
+
+            @pl.when(x_ref[0, 0] > 0)
+            def _shift() -> None:
+                o_ref[...] += 100.0
+
+        x = self.random((32, 128))
+        spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+        out = self.pallas_call(kernel, _like(x), grid=(4,), in_specs=[spec], out_specs=spec)(x)
+        blocks = x.reshape(4, 8, 128)
+        sign = jnp.where(jnp.arange(4) % 2 == 1, -1.0, 1.0)[:, None, None]
+        shift = jnp.where(blocks[:, 0, 0] > 0, 100.0, 0.0)[:, None, None]
+        self.assert_close(out, (blocks * sign + shift).reshape(32, 128))
+
+    @feature(FORI_LOOP)
+    def test_fori_loop(self) -> None:
+        """A loop with a static trip count, and one whose trip count is ``program_id + 1``."""
+
+        def kernel(x_ref: Any, o_ref: Any) -> None:
+            scale = (pl.program_id(0) + 1).astype(jnp.float32)
+            zeros = jnp.zeros((16,), jnp.float32)
+            total = lax.fori_loop(0, 8, lambda r, acc: acc + x_ref[r] * scale, zeros)
+            prefix = lax.fori_loop(0, pl.program_id(0) + 1, lambda r, acc: acc + x_ref[r], zeros)
+            o_ref[...] = total + prefix
+
+        x = self.random_ints_as_floats((2, 8, 16))
+        out = self.pallas_call(
+            kernel, jax.ShapeDtypeStruct((2, 16), jnp.float32), grid=(2,),
+            in_specs=[pl.BlockSpec((None, 8, 16), lambda i: (i, 0, 0))],
+            out_specs=pl.BlockSpec((None, 16), lambda i: (i, 0)),
+        )(x)
+        prefix = jnp.stack([x[0, :1].sum(0), x[1, :2].sum(0)])
+        self.assert_close(out, x.sum(1) * jnp.array([[1.0], [2.0]]) + prefix)
+
+    @feature(SCRATCH)
+    def test_scratch_persists_across_steps(self) -> None:
+        """A running sum and a step counter kept in scratch buffers, emitted at every step."""
+
+        def kernel(x_ref: Any, sum_ref: Any, count_ref: Any, acc_ref: Any, n_ref: Any) -> None:
+            first = pl.program_id(0) == 0
+            acc_ref[...] = jnp.where(first, 0.0, acc_ref[...]) + x_ref[...]
+            n_ref[...] = jnp.where(first, 0, n_ref[...]) + 1
+            sum_ref[...] = acc_ref[...]
+            count_ref[...] = n_ref[...]
+
+        x = self.random_ints_as_floats((4, 16))
+        sums, counts = self.pallas_call(
+            kernel, (_like(x), jax.ShapeDtypeStruct((4, 1), jnp.int32)), grid=(4,),
+            in_specs=[pl.BlockSpec((None, 16), lambda i: (i, 0))],
+            out_specs=(pl.BlockSpec((None, 16), lambda i: (i, 0)),
+                       pl.BlockSpec((None, 1), lambda i: (i, 0))),
+            scratch_shapes=[pl.ANY((16,), jnp.float32), jax.ShapeDtypeStruct((1,), jnp.int32)],
+        )(x)
+        self.assert_close(sums, jnp.cumsum(x, axis=0), what="running sum")
+        self.assert_close(counts, jnp.arange(1, 5)[:, None], what="step count")
+
+    @feature(ALIASING)
+    def test_input_output_aliases(self) -> None:
+        """The grid writes blocks 0 and 2 of an aliased output; blocks 1 and 3 keep the input."""
+
+        def kernel(x_ref: Any, o_ref: Any) -> None:
+            o_ref[...] = x_ref[...] * 2.0
+
+        x = self.random((32, 128))
+        spec = pl.BlockSpec((8, 128), lambda i: (2 * i, 0))
+        out = self.pallas_call(kernel, _like(x), grid=(2,), in_specs=[spec], out_specs=spec,
+                               input_output_aliases={0: 0})(x)
+        self.assert_close(out, x.at[0:8].multiply(2.0).at[16:24].multiply(2.0))
+
+    @feature(MASKED_ACCESS)
+    def test_masked_load_store(self) -> None:
+        """Blocks of 4 over a whole-array Ref of 10: the last load reaches 2 elements past it."""
+        n, block = 10, 4
+
+        def kernel(x_ref: Any, o_ref: Any, raw_ref: Any) -> None:
+            start = pl.program_id(0) * block
+            mask = start + lax.broadcasted_iota(jnp.int32, (block,), 0) < n
+            v = pl.load(x_ref, (pl.ds(start, block),), mask=mask, other=-1.0)
+            raw_ref[...] = v
+            pl.store(o_ref, (pl.ds(start, block),), v * 2.0 + 1.0, mask=mask)
+
+        x = self.random((n,))
+        whole = pl.BlockSpec(memory_space=pl.ANY)
+        steps = pl.cdiv(n, block)
+        out, raw = self.pallas_call(
+            kernel, (_like(x), jax.ShapeDtypeStruct((steps * block,), jnp.float32)),
+            grid=(steps,), in_specs=[whole],
+            out_specs=(whole, pl.BlockSpec((block,), lambda i: (i,))),
+        )(x)
+        self.assert_close(out, x * 2.0 + 1.0, what="masked store")
+        self.assert_close(raw, jnp.concatenate([x, jnp.full((2,), -1.0)]),
+                          what="masked load (masked-off lanes must be `other`)")
+
+    @feature(ATOMICS)
+    def test_atomics(self) -> None:
+        """Every grid step atomically adds (and maxes) a row into whole-array outputs.
+
+        The outputs start as aliased inputs (zeros, int32 min). The values returned by
+        ``atomic_add`` are checked in a way that holds in any order of the grid steps.
+        """
+        steps, n = 4, 8
+
+        def kernel(x_ref: Any, k_ref: Any, sum_in: Any, max_in: Any, sum_ref: Any,
+                   max_ref: Any, old_ref: Any) -> None:
+            del sum_in, max_in  # aliased to sum_ref and max_ref
+            old_ref[...] = pl.atomic_add(sum_ref, (pl.ds(0, n),), x_ref[...])
+            pl.atomic_max(max_ref, (pl.ds(0, n),), k_ref[...])
+
+        x = self.random_ints_as_floats((steps, n), low=1, high=10)
+        k = self.random((steps, n), jnp.int32)
+        row = pl.BlockSpec((None, n), lambda i: (i, 0))
+        whole = pl.BlockSpec(memory_space=pl.ANY)
+        sums, maxes, old = self.pallas_call(
+            kernel, (jax.ShapeDtypeStruct((n,), jnp.float32), jax.ShapeDtypeStruct((n,), jnp.int32),
+                     _like(x)),
+            grid=(steps,), in_specs=[row, row, whole, whole], out_specs=(whole, whole, row),
+            input_output_aliases={2: 0, 3: 1},
+        )(x, k, jnp.zeros((n,), jnp.float32), jnp.full((n,), jnp.iinfo(jnp.int32).min))
+        self.assert_close(sums, x.sum(0), what="atomic_add total")
+        self.assert_close(maxes, k.max(0), what="atomic_max result")
+        self.assert_close(old.min(0), jnp.zeros((n,)), what="first value atomic_add returned")
+        self.assert_close((old + x).max(0), x.sum(0), what="last value atomic_add returned")
+
+    @feature(DEBUG_PRINT)
+    def test_debug_print(self, capfd: pytest.CaptureFixture[str]) -> None:
+        """``pl.debug_print`` with a grid-dependent value prints once per grid step."""
+
+        def kernel(x_ref: Any, o_ref: Any) -> None:
+            pl.debug_print("conformance step {}", pl.program_id(0))
+            o_ref[...] = x_ref[...]
+
+        x = self.random((3, 8))
+        spec = pl.BlockSpec((None, 8), lambda i: (i, 0))
+        out = self.pallas_call(kernel, _like(x), grid=(3,), in_specs=[spec], out_specs=spec)(x)
+        jax.block_until_ready(out)
+        jax.effects_barrier()
+        printed = capfd.readouterr().out
+        missing = [s for s in range(3) if f"conformance step {s}" not in printed]
+        if missing:
+            pytest.fail(f"backend {self.backend!r}: pl.debug_print printed nothing for grid "
+                        f"steps {missing}; stdout was:\n{printed}")
+        self.assert_close(out, x)
+
+    @feature(RUN_SCOPED)
+    def test_run_scoped(self) -> None:
+        """A temporary Ref from ``pl.run_scoped`` carries a value within one kernel step."""
+
+        def kernel(x_ref: Any, o_ref: Any) -> None:
+            def body(tmp_ref: Any) -> None:
+                tmp_ref[...] = x_ref[...] * 3.0
+                o_ref[...] = tmp_ref[...] - 1.0
+
+            pl.run_scoped(body, pl.ANY((8, 128), jnp.float32))
+
+        x = self.random((8, 128))
+        self.assert_close(self.pallas_call(kernel, _like(x))(x), x * 3.0 - 1.0)
+
+    @feature(MESH)
+    def test_kernel_on_mesh(self) -> None:
+        """``pl.kernel`` on a mesh of 4: each core writes its quarter of the output."""
+
+        def body(x_ref: Any, o_ref: Any) -> None:
+            i = lax.axis_index("x")
+            o_ref[pl.ds(i * 8, 8)] = x_ref[pl.ds(i * 8, 8)] * 2.0 + i.astype(jnp.float32)
+
+        x = self.random((32,))
+        out = pl.kernel(body, out_type=_like(x), mesh=pl.Mesh(("x",), (4,)),
+                        backend=self.backend, compiler_params=self.compiler_params)(x)
+        self.assert_close(out, x * 2.0 + jnp.repeat(jnp.arange(4.0), 8))
+
+    @feature(JIT)
+    def test_jit(self) -> None:
+        """A blocked kernel inside ``jax.jit``, with other operations around it, called twice."""
+
+        def kernel(x_ref: Any, y_ref: Any, o_ref: Any) -> None:
+            o_ref[...] = x_ref[...] * y_ref[...]
+
+        spec = pl.BlockSpec((16, 128), lambda i: (i, 0))
+        mul = self.pallas_call(kernel, jax.ShapeDtypeStruct((64, 128), jnp.float32), grid=(4,),
+                               in_specs=[spec, spec], out_specs=spec)
+        fn = jax.jit(lambda x, y: jnp.tanh(mul(x + 1.0, y)) * 2.0)
+        for _ in range(2):
+            x, y = self.random((64, 128)), self.random((64, 128))
+            self.assert_close(fn(x, y), jnp.tanh((x + 1.0) * y) * 2.0)
+
+    @feature(VMAP)
+    def test_vmap(self) -> None:
+        """``jax.vmap`` over a batch of 3 (one input unbatched); ``program_id`` is unchanged."""
+
+        def kernel(x_ref: Any, y_ref: Any, o_ref: Any) -> None:
+            o_ref[...] = x_ref[...] + y_ref[...] + pl.program_id(0).astype(jnp.float32)
+
+        spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+        add = self.pallas_call(kernel, jax.ShapeDtypeStruct((16, 128), jnp.float32), grid=(2,),
+                               in_specs=[spec, spec], out_specs=spec)
+        x, y = self.random((3, 16, 128)), self.random((16, 128))
+        step = jnp.repeat(jnp.arange(2.0), 8)[:, None]
+        self.assert_close(jax.vmap(add, in_axes=(0, None))(x, y), x + y + step)

@@ -1,0 +1,325 @@
+"""Bad input raises a PallasError whose message says what was expected, what was found, and
+the fix; plus the happy paths that sit next to those errors (one BlockSpec, ``pl.stages``)."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallas_core as pl
+
+
+def _rand(shape, seed=0):
+    return jax.random.normal(jax.random.key(seed), shape, jnp.float32)
+
+
+def _sds(x):
+    return jax.ShapeDtypeStruct(x.shape, x.dtype)
+
+
+def add_kernel(x_ref, y_ref, o_ref):
+    o_ref[...] = x_ref[...] + y_ref[...]
+
+
+def copy_kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...]
+
+
+def _raises(exc_type, *phrases):
+    """``pytest.raises`` that also checks every phrase appears (regex-escaped) in order."""
+    return pytest.raises(exc_type, match="(?s)" + ".*".join(re.escape(p) for p in phrases))
+
+
+def test_error_classes_form_one_hierarchy():
+    for cls in (pl.BackendNotFoundError, pl.PluginLoadError, pl.UnsupportedError,
+                pl.BlockSpecError, pl.KernelSignatureError, pl.OutOfBoundsError,
+                pl.LoweringError, pl.AutodiffError):
+        assert issubclass(cls, pl.PallasError)
+
+
+# --- backends ------------------------------------------------------------------------------
+
+
+def test_unknown_first_party_backend_names_the_package_and_installed_backends():
+    x = _rand((8, 128))
+    with _raises(pl.BackendNotFoundError, "no backend named 'triton'",
+                 "Installed backends:", "interpret", "pip install pallas-triton"):
+        pl.pallas_call(copy_kernel, _sds(x), backend="triton")(x)
+
+
+def test_unknown_third_party_backend_suggests_spelling_and_lists_installed():
+    with _raises(pl.BackendNotFoundError, "no backend named 'intepret'", "interpret",
+                 "check the spelling"):
+        pl.pallas_call(copy_kernel, jax.ShapeDtypeStruct((8,), jnp.float32),
+                       backend="intepret")
+
+
+def test_backend_must_be_a_string():
+    with _raises(pl.PallasError, "backend= must be a backend name (str)", "found 3"):
+        pl.pallas_call(copy_kernel, jax.ShapeDtypeStruct((8,), jnp.float32), backend=3)
+
+
+# --- block specs and index maps --------------------------------------------------------------
+
+
+def test_block_shape_rank_differs_from_array_rank():
+    x = _rand((256, 4))
+    call = pl.pallas_call(
+        copy_kernel, _sds(x), grid=(2,),
+        in_specs=[pl.BlockSpec((128,), lambda i: (i,))],
+        out_specs=pl.BlockSpec((128, 4), lambda i: (i, 0)))
+    with _raises(pl.BlockSpecError, "input 0 (x_ref)", "shape (256, 4) (rank 2)",
+                 "block_shape (128,) (rank 1)", "Fix: give one block size per array dimension"):
+        call(x)
+
+
+def test_index_map_returns_wrong_number_of_indices():
+    x = _rand((256, 4))
+    call = pl.pallas_call(
+        copy_kernel, _sds(x), grid=(2,),
+        in_specs=[pl.BlockSpec((128, 4), lambda i: (i,))],
+        out_specs=pl.BlockSpec((128, 4), lambda i: (i, 0)))
+    with _raises(pl.BlockSpecError, "index map of input 0 (x_ref)", "returned 1 block indices",
+                 "rank 2", "Fix: return a tuple of 2 block indices"):
+        call(x)
+
+
+@pytest.mark.parametrize(("grid", "index_map", "found"), [
+    ((2,), lambda i, j: (i, 0), "missing 1 required positional argument"),
+    ((2, 1), lambda i: (i, 0), "takes 1 positional argument but 2 were given"),
+])
+def test_index_map_takes_wrong_number_of_grid_indices(grid, index_map, found):
+    x = _rand((256, 4))
+    call = pl.pallas_call(
+        copy_kernel, _sds(x), grid=grid,
+        in_specs=[pl.BlockSpec((128, 4), index_map)],
+        out_specs=pl.BlockSpec((128, 4), lambda *idx: (idx[0], 0)))
+    with _raises(pl.BlockSpecError, "index map of input 0 (x_ref)",
+                 f"{len(grid)} grid indices of grid {grid}", found,
+                 f"Fix: the index map takes one argument per grid axis ({len(grid)})"):
+        call(x)
+
+
+def test_index_map_returning_element_offsets_is_out_of_bounds_with_hint():
+    x = _rand((512, 4))
+    call = pl.pallas_call(
+        copy_kernel, _sds(x), grid=(4,),
+        in_specs=[pl.BlockSpec((128, 4), lambda i: (i * 128, 0))],
+        out_specs=pl.BlockSpec((128, 4), lambda i: (i, 0)))
+    with _raises(pl.OutOfBoundsError, "kernel 'copy_kernel'", "input 0 (x_ref)",
+                 "block index (128, 0)", "grid step (1,)", "has 4 blocks",
+                 "valid indices 0..3", "block indices, not element offsets",
+                 "lambda i: (i, 0)"):
+        call(x)
+
+
+def test_out_of_bounds_output_block_is_reported_on_the_output():
+    x = _rand((256, 4))
+    call = pl.pallas_call(
+        copy_kernel, _sds(x), grid=(2,),
+        in_specs=[pl.BlockSpec((128, 4), lambda i: (i, 0))],
+        out_specs=pl.BlockSpec((128, 4), lambda i: (i + 1, 0)))
+    with _raises(pl.OutOfBoundsError, "output 0 (o_ref)", "block index (2, 0)",
+                 "grid step (1,)", "valid indices 0..1"):
+        call(x)
+
+
+def test_in_specs_count_mismatch():
+    x, y = _rand((256, 4)), _rand((256, 4), 1)
+    call = pl.pallas_call(
+        add_kernel, _sds(x), grid=(2,),
+        in_specs=[pl.BlockSpec((128, 4), lambda i: (i, 0))],
+        out_specs=pl.BlockSpec((128, 4), lambda i: (i, 0)))
+    with _raises(pl.BlockSpecError, "in_specs has 1 BlockSpecs", "there are 2 inputs",
+                 "Fix: give one BlockSpec per operand"):
+        call(x, y)
+
+
+def test_block_shape_must_be_a_tuple():
+    with _raises(pl.BlockSpecError, "block_shape must be a tuple", "found 128",
+                 "block_shape=(128,)"):
+        pl.BlockSpec(128, lambda i: (i,))
+
+
+def test_single_block_spec_stands_for_a_one_input_list():
+    x = _rand((256, 4))
+    spec = pl.BlockSpec((64, 4), lambda i: (i, 0))
+
+    def double(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * 2
+
+    out = pl.pallas_call(double, _sds(x), grid=(4,), in_specs=spec, out_specs=spec)(x)
+    np.testing.assert_allclose(out, x * 2)
+
+
+# --- kernel signature and out_shape -------------------------------------------------------
+
+
+@pytest.mark.parametrize("kernel", [
+    lambda x_ref, o_ref: None,
+    lambda x_ref, y_ref, z_ref, o_ref: None,
+], ids=["too_few", "too_many"])
+def test_kernel_signature_does_not_match_operands(kernel):
+    x, y = _rand((8, 128)), _rand((8, 128), 1)
+    n = kernel.__code__.co_argcount
+    with _raises(pl.KernelSignatureError, f"takes {n} positional parameters",
+                 "passes 3 Refs: input 0, input 1, output 0",
+                 "Fix: the kernel takes one Ref per input, then one per output"):
+        pl.pallas_call(kernel, _sds(x))(x, y)
+
+
+@pytest.mark.parametrize(("out_shape", "phrases"), [
+    ((8, 128), ["out_shape=(8, 128)", "a shape without a dtype",
+                "Fix: out_shape=jax.ShapeDtypeStruct((8, 128), dtype)"]),
+    (jnp.float32, ["a dtype without a shape", "expected a jax.ShapeDtypeStruct",
+                   "Fix: out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype)"]),
+    (np.dtype("float32"), ["a dtype without a shape", "Fix: out_shape=jax.ShapeDtypeStruct"]),
+    (None, ["out_shape=None", "describes no outputs", "expected a jax.ShapeDtypeStruct",
+            "Fix: out_shape=jax.ShapeDtypeStruct"]),
+    ((jax.ShapeDtypeStruct((8,), jnp.float32), "f32"),
+     ["out_shape leaf 1 is 'f32'", "expected a jax.ShapeDtypeStruct", "Fix:"]),
+], ids=["tuple_of_ints", "jnp_dtype", "np_dtype", "none", "string_leaf"])
+def test_wrong_out_shape_types(out_shape, phrases):
+    with _raises(pl.KernelSignatureError, *phrases):
+        pl.pallas_call(copy_kernel, out_shape)
+
+
+def test_kernel_returning_a_value():
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...]
+        return x_ref[...]
+
+    x = _rand((8, 128))
+    with _raises(pl.KernelSignatureError, "kernel 'kernel' returned", "kernels return nothing",
+                 "o_ref[...] = value"):
+        pl.pallas_call(kernel, _sds(x))(x)
+
+
+def test_kernel_capturing_an_array_constant():
+    bias = jnp.arange(128, dtype=jnp.float32)
+
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...] + bias
+
+    x = _rand((8, 128))
+    with _raises(pl.KernelSignatureError, "kernel 'kernel' captures arrays",
+                 "float32[128]", "Kernels may only read their Refs",
+                 "Fix: pass these arrays to the pallas_call as inputs"):
+        pl.pallas_call(kernel, _sds(x))(x)
+
+
+def test_kernel_may_capture_python_scalars():
+    scale = 3.0
+
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * scale
+
+    x = _rand((8, 128))
+    np.testing.assert_allclose(pl.pallas_call(kernel, _sds(x))(x), x * scale)
+
+
+# --- inside the kernel ----------------------------------------------------------------------
+
+
+def test_program_id_axis_out_of_range():
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...] + pl.program_id(1)
+
+    x = _rand((256, 4))
+    spec = pl.BlockSpec((128, 4), lambda i: (i, 0))
+    with _raises(pl.PallasError, "pl.program_id(axis=1)", "grid (2,) has 1 axes",
+                 "Fix: pass an axis in range(1)"):
+        pl.pallas_call(kernel, _sds(x), grid=(2,), in_specs=[spec], out_specs=spec)(x)
+
+
+def test_program_id_outside_a_kernel():
+    with _raises(pl.PallasError, "pl.program_id was called outside a kernel"):
+        pl.program_id(0)
+
+
+def test_load_other_without_mask():
+    def kernel(x_ref, o_ref):
+        o_ref[...] = pl.load(x_ref, ..., other=0.0)
+
+    x = _rand((8, 128))
+    with _raises(pl.PallasError, "pl.load: `other`", "given without `mask`",
+                 "Fix: pass mask= too"):
+        pl.pallas_call(kernel, _sds(x))(x)
+
+
+# --- aliasing ------------------------------------------------------------------------------
+
+
+def test_aliasing_shape_mismatch():
+    x = _rand((16, 128))
+    call = pl.pallas_call(copy_kernel, jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                          input_output_aliases={0: 0})
+    with _raises(pl.PallasError, "input 0 (float32[16, 128]) is aliased to output 0 "
+                 "(float32[8, 128])", "must have the same shape and dtype",
+                 "Fix: make out_shape[0] jax.ShapeDtypeStruct((16, 128), float32)"):
+        call(x)
+
+
+def test_aliasing_dtype_mismatch():
+    x = _rand((8, 128))
+    call = pl.pallas_call(copy_kernel, jax.ShapeDtypeStruct((8, 128), jnp.int32),
+                          input_output_aliases={0: 0})
+    with _raises(pl.PallasError, "float32[8, 128]", "int32[8, 128]", "Fix:"):
+        call(x)
+
+
+def test_aliasing_index_out_of_range():
+    x = _rand((8, 128))
+    call = pl.pallas_call(copy_kernel, _sds(x), input_output_aliases={1: 0})
+    with _raises(pl.PallasError, "input_output_aliases has {1: 0}", "1 inputs and 1 outputs",
+                 "Fix: map an input index in range(1)"):
+        call(x)
+
+
+# --- autodiff -------------------------------------------------------------------------------
+
+
+def test_grad_without_custom_vjp_names_the_fix():
+    def square(x):
+        def kernel(x_ref, o_ref):
+            o_ref[...] = x_ref[...] ** 2
+        return pl.pallas_call(kernel, _sds(x), name="square")(x)
+
+    x = _rand((8, 128))
+    with _raises(pl.AutodiffError, "pallas_call kernel 'square'", "test_errors.py",
+                 "no automatic derivative", "jax.custom_vjp"):
+        jax.grad(lambda x: square(x).sum())(x)
+
+
+# --- pl.stages ------------------------------------------------------------------------------
+
+
+def test_stages_returns_named_text_stages_without_running(capfd):
+    def noisy_double(x_ref, o_ref):
+        pl.debug_print("ran the kernel {}", pl.program_id(0))
+        o_ref[...] = x_ref[...] * 2
+
+    def fn(x, y):
+        spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+        a = pl.pallas_call(noisy_double, _sds(x), grid=(2,), in_specs=[spec],
+                           out_specs=spec)(x)
+        return pl.pallas_call(add_kernel, _sds(x), name="my_add")(a, y)
+
+    x, y = _rand((16, 128)), _rand((16, 128), 1)
+    stages = pl.stages(fn, x, y, backend="interpret")
+    assert [s.name for s in stages] == ["noisy_double", "my_add"]
+    for s in stages:
+        assert s.backend == "interpret"
+        assert isinstance(s["jaxpr"], str)
+        assert isinstance(s["stablehlo"], str)
+    assert "program_id" in stages[0]["jaxpr"]
+    assert "func.func" in stages[1]["stablehlo"]
+    assert "ran the kernel" not in capfd.readouterr().out
+
+    # The same function does print when it runs: the check above is not vacuous.
+    jax.block_until_ready(fn(x, y))
+    assert "ran the kernel" in capfd.readouterr().out
