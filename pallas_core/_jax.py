@@ -7,6 +7,7 @@ Plugins import these names from ``pallas_core._jax`` rather than from ``jax._src
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -38,6 +39,10 @@ __all__ = [
     "TransformedRef",
     "Var",
 ]
+
+# Frames inside pallas_core are internal, like JAX's own: source lines attached to a kernel's
+# equations (and filtered tracebacks) point at the user's code.
+source_info_util.register_exclusion(os.path.dirname(os.path.abspath(__file__)))
 
 JAX_VERSION: tuple[int, ...] = tuple(int(p) for p in jax.__version__.split(".")[:3])
 

@@ -16,11 +16,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_core import _jax
+from pallas_core import _jax, reference
 from pallas_core.grid_mapping import BlockMapping
 from pallas_core.request import KernelCall
 from pallas_core.semantics import ReferenceContext, uninitialized
-from pallas_interpret import evaluator
 
 
 def _padded_shape(bm: BlockMapping) -> tuple[int, ...]:
@@ -56,7 +55,7 @@ def _write_block(buf: Any, bm: BlockMapping, starts: Sequence[Any], block: Any) 
     return lax.dynamic_update_slice(buf, block.reshape(bm.full_block_shape), starts)
 
 
-def run(call: KernelCall, args: Sequence[Any], rules: evaluator.EvaluateRules,
+def run(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
         checked: bool = False) -> list[Any]:
     """The outputs of ``call`` on ``args``, computed step by step."""
     gm = call.grid_mapping
@@ -78,7 +77,7 @@ def run(call: KernelCall, args: Sequence[Any], rules: evaluator.EvaluateRules,
         out_starts = [_starts(bm, ids) for bm in gm.outputs]
         blocks = [_read_block(x, bm, s) for x, bm, s in zip(ins, gm.inputs, in_starts)]
         blocks += [_read_block(o, bm, s) for o, bm, s in zip(outs, gm.outputs, out_starts)]
-        results = evaluator.evaluate(kernel, [*blocks, *scratch], ctx, rules)
+        results = reference.evaluate(kernel, [*blocks, *scratch], ctx, rules)
         new_outs = [_write_block(o, bm, s, b) for o, bm, s, b in
                     zip(outs, gm.outputs, out_starts, results[n_in:n_in + n_out])]
         return new_outs, list(results[n_in + n_out:])
@@ -92,6 +91,6 @@ def run(call: KernelCall, args: Sequence[Any], rules: evaluator.EvaluateRules,
             else o for o, bm in zip(outs, gm.outputs)]
 
 
-def run_jitted(call: KernelCall, rules: evaluator.EvaluateRules) -> Any:
+def run_jitted(call: KernelCall, rules: reference.Rules) -> Any:
     """A jitted function of the call's inputs (for inspection stages)."""
     return jax.jit(lambda *args: run(call, args, rules))

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import jax
 
-from pallas_core import _jax
+from pallas_core import _jax, reference
 from pallas_core.hookspecs import hookimpl
-from pallas_core.plugins import BackendInfo, manager
+from pallas_core.plugins import BackendInfo
 from pallas_core.request import KernelCall, LoweringRequest
 from pallas_core.spec import CompilerParams
-from pallas_interpret import evaluator, grid
+from pallas_interpret import grid
 
 NAME = "interpret"
 __version__ = "0.1.0"
@@ -32,20 +31,6 @@ class InterpretParams(CompilerParams):
     checked: bool = False
 
 
-@functools.cache
-def _rules() -> evaluator.EvaluateRules:
-    """Evaluate rules of every primitive any loaded plugin defines; discharge rules go to JAX."""
-    rules: dict[Any, Any] = {}
-    for group in manager.hook.pallas_primitives():
-        for sem in group:
-            if sem.evaluate is not None:
-                rules[sem.primitive] = sem.evaluate
-            else:
-                _jax.register_discharge_rule(sem.primitive)(sem.discharge)
-    return rules
-
-
-manager.add_listener(_rules.cache_clear)
 
 
 def _checked(call: KernelCall) -> bool:
@@ -72,7 +57,7 @@ def pallas_describe() -> BackendInfo:
 def pallas_lower(request: LoweringRequest) -> Any:
     if request.backend != NAME:
         return None
-    call, rules, checked = request.call, _rules(), _checked(request.call)
+    call, rules, checked = request.call, reference.semantics_rules(), _checked(request.call)
     return request.lower_jax(lambda *args: grid.run(call, args, rules, checked))
 
 
@@ -80,7 +65,7 @@ def pallas_lower(request: LoweringRequest) -> Any:
 def pallas_stages(call: KernelCall, backend: str, target: str | None) -> Mapping[str, Any] | None:
     if backend != NAME:
         return None
-    rules = _rules()
+    rules = reference.semantics_rules()
     avals = [jax.ShapeDtypeStruct(bm.array_shape, bm.dtype) for bm in call.grid_mapping.inputs]
     lowered = grid.run_jitted(call, rules).trace(*avals).lower(lowering_platforms=("cpu",))
     return {

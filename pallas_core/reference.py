@@ -1,0 +1,169 @@
+"""Evaluating a kernel with the reference semantics of its primitives.
+
+Backends that run kernels as plain JAX (the interpreter, or a third party's XLA backend) share
+this machinery: :func:`semantics_rules` gathers the ``evaluate`` rules of every loaded plugin
+(and hands their discharge rules to JAX), and :func:`eval_jaxpr` evaluates a *discharged*
+kernel jaxpr with those rules applied at every depth: inside the bodies of ``cond``, ``while``,
+``scan`` and nested calls, which are re-traced with the rules applied. Values that are known
+at trace time (e.g. a constant ``program_id``) are folded, so a ``pl.when`` on them picks its
+branch statically.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+from jax import lax
+
+from pallas_core import _jax
+from pallas_core.errors import UnsupportedError
+from pallas_core.plugins import manager
+from pallas_core.semantics import ReferenceContext
+
+Rules = Mapping[Any, Callable[..., Any]]
+"""Primitive -> ``evaluate`` rule ``(ctx, *args, **params) -> output(s)``."""
+
+
+@functools.cache
+def semantics_rules() -> Rules:
+    """``evaluate`` rules of every loaded plugin's primitives; discharge rules go to JAX."""
+    rules: dict[Any, Any] = {}
+    for group in manager.hook.pallas_primitives():
+        for sem in group:
+            if sem.evaluate is not None:
+                rules[sem.primitive] = sem.evaluate
+            else:
+                _jax.register_discharge_rule(sem.primitive)(sem.discharge)
+    return rules
+
+
+manager.add_listener(semantics_rules.cache_clear)
+
+
+def sub_jaxprs(params: Mapping[str, Any]) -> list[Any]:
+    """The jaxprs among an equation's parameters (e.g. the branches of a ``cond``)."""
+    found = []
+    for value in params.values():
+        for v in value if isinstance(value, (tuple, list)) else (value,):
+            if isinstance(v, _jax.ClosedJaxpr):
+                found.append(v.jaxpr)
+            elif isinstance(v, _jax.Jaxpr):
+                found.append(v)
+    return found
+
+
+def find_eqn(jaxpr: Any, primitives: Any) -> Any | None:
+    """The first equation of ``jaxpr`` (nested jaxprs included) applying one of ``primitives``."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive in primitives:
+            return eqn
+        for sub in sub_jaxprs(eqn.params):
+            found = find_eqn(sub, primitives)
+            if found is not None:
+                return found
+    return None
+
+
+def evaluate(closed: Any, args: Sequence[Any], ctx: ReferenceContext, rules: Rules) -> list[Any]:
+    """Evaluates the closed jaxpr ``closed`` on ``args`` at the grid step ``ctx``."""
+    return eval_jaxpr(closed.jaxpr, closed.consts, args, ctx, rules)
+
+
+def eval_jaxpr(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], ctx: ReferenceContext,
+               rules: Rules) -> list[Any]:
+    """Like ``jax.core.eval_jaxpr``, with ``rules`` applied at every depth."""
+    env: dict[Any, Any] = dict(zip(jaxpr.constvars, consts))
+    env.update(zip(jaxpr.invars, args))
+
+    def read(v: Any) -> Any:
+        return v.val if isinstance(v, _jax.Literal) else env[v]
+
+    for eqn in jaxpr.eqns:
+        with _jax.user_context(eqn):
+            outs = _eval_eqn(eqn, [read(v) for v in eqn.invars], ctx, rules)
+        env.update(zip(eqn.outvars, outs if eqn.primitive.multiple_results else [outs]))
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _eval_eqn(eqn: Any, invals: list[Any], ctx: ReferenceContext, rules: Rules) -> Any:
+    prim, params = eqn.primitive, eqn.params
+    if prim in rules:
+        return rules[prim](ctx, *invals, **params)
+    subs = sub_jaxprs(params)
+    static_branch = prim is _jax.cond_p and not isinstance(invals[0], jax.core.Tracer)
+    if static_branch or (subs and any(find_eqn(s, rules) is not None for s in subs)):
+        handler = _CONTROL_FLOW.get(prim)
+        if handler is None:
+            raise UnsupportedError(
+                f"{prim.name!r} around grid-dependent primitives (such as program_id) cannot be "
+                "evaluated by the reference semantics. Fix: compute those values outside it and "
+                "pass them in."
+            )
+        return handler(invals, params, ctx, rules)
+    static = not any(isinstance(x, jax.core.Tracer) for x in invals)
+    if static and not subs and not eqn.effects and all(v.aval.shape == () for v in eqn.outvars):
+        with jax.ensure_compile_time_eval():  # scalar arithmetic on a constant grid step
+            return prim.bind(*invals, **params)
+    return prim.bind(*invals, **prim.get_bind_params(params))
+
+
+def _fn(sub: Any, ctx: ReferenceContext, rules: Rules) -> Callable[..., list[Any]]:
+    if isinstance(sub, _jax.ClosedJaxpr):
+        return lambda *args: eval_jaxpr(sub.jaxpr, sub.consts, args, ctx, rules)
+    return lambda *args: eval_jaxpr(sub, (), args, ctx, rules)
+
+
+def _cond(invals: list[Any], params: Mapping[str, Any], ctx: ReferenceContext,
+          rules: Rules) -> Any:
+    index, *ops = invals
+    branches = [_fn(b, ctx, rules) for b in params["branches"]]
+    if not isinstance(index, jax.core.Tracer):  # decided at trace time
+        return branches[min(max(int(index), 0), len(branches) - 1)](*ops)
+    return lax.switch(index, branches, *ops)
+
+
+def _while(invals: list[Any], params: Mapping[str, Any], ctx: ReferenceContext,
+           rules: Rules) -> Any:
+    nc, nb = params["cond_nconsts"], params["body_nconsts"]
+    cconsts, bconsts, init = invals[:nc], invals[nc:nc + nb], invals[nc + nb:]
+    cond_fn = _fn(params["cond_jaxpr"], ctx, rules)
+    body_fn = _fn(params["body_jaxpr"], ctx, rules)
+    return lax.while_loop(lambda c: cond_fn(*cconsts, *c)[0],
+                          lambda c: body_fn(*bconsts, *c), list(init))
+
+
+def _scan(invals: list[Any], params: Mapping[str, Any], ctx: ReferenceContext,
+          rules: Rules) -> Any:
+    nc, ncarry = params["num_consts"], params["num_carry"]
+    consts, init, xs = invals[:nc], invals[nc:nc + ncarry], invals[nc + ncarry:]
+    body = _fn(params["jaxpr"], ctx, rules)
+
+    def step(carry: list[Any], x: list[Any]) -> tuple[list[Any], list[Any]]:
+        out = body(*consts, *carry, *x)
+        return out[:ncarry], out[ncarry:]
+
+    carry, ys = lax.scan(step, list(init), list(xs), length=params["length"],
+                         reverse=params["reverse"], unroll=params["unroll"])
+    return [*carry, *ys]
+
+
+def _inline(key: str) -> Callable[..., Any]:
+    def handler(invals: list[Any], params: Mapping[str, Any], ctx: ReferenceContext,
+                rules: Rules) -> Any:
+        return _fn(params[key], ctx, rules)(*invals)
+    return handler
+
+
+_CONTROL_FLOW: dict[Any, Callable[..., Any]] = {
+    _jax.cond_p: _cond,
+    _jax.while_p: _while,
+    _jax.scan_p: _scan,
+    _jax.jit_p: _inline("jaxpr"),
+    _jax.closed_call_p: _inline("call_jaxpr"),
+    _jax.custom_jvp_call_p: _inline("call_jaxpr"),
+    _jax.custom_vjp_call_p: _inline("call_jaxpr"),
+}
+"""Primitives whose bodies are evaluated here (with the rules) instead of bound as they are."""

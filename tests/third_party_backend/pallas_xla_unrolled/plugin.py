@@ -1,0 +1,156 @@
+"""Hook implementations of the ``xla_unrolled`` backend (entry point ``xla_unrolled``).
+
+Every hook that receives a backend name answers only for ``xla_unrolled``. ``LOWER_CALLS``
+counts the kernels this plugin lowered, so that a test can prove the backend was used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+
+import pallas_core as pl
+from pallas_core import _jax, reference
+from pallas_core import primitives as prims
+from pallas_core.errors import unsupported
+from pallas_core.hookspecs import hookimpl
+from pallas_xla_unrolled import unrolled
+
+NAME = "xla_unrolled"
+__version__ = "0.1.0"
+
+LOWER_CALLS = 0
+"""How many kernels ``pallas_lower`` has lowered for this backend in this process."""
+
+CAPABILITIES = frozenset(
+    {"aliasing", "debug_print", "masked_access", "mesh", "run_scoped", "scratch", "vmap"})
+"""What this backend runs; atomics are missing on purpose (they raise ``UnsupportedError``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class XlaUnrolledParams(pl.CompilerParams):
+    """Compiler parameters of ``xla_unrolled``; passing them as ``compiler_params=`` selects it.
+
+    ``max_steps``: the largest grid, in steps (vmap's batch axes included), that the backend
+    unrolls. Each step is a copy of the kernel in the XLA program, so big grids compile slowly.
+    """
+
+    BACKEND: ClassVar[str] = NAME
+    max_steps: int = 64
+
+    def __post_init__(self) -> None:
+        steps = self.max_steps
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise pl.PallasError(
+                f"XlaUnrolledParams(max_steps={steps!r}): expected a positive int, found "
+                f"{type(steps).__name__} {steps!r}. Fix: pass e.g. max_steps=128."
+            )
+
+
+# --- a primitive of this plugin, with its reference semantics -------------------------------
+
+step_index_p = _jax.Primitive("xla_unrolled_step_index")
+step_index_p.def_abstract_eval(lambda: _jax.ShapedArray((), jnp.int32))
+
+
+def step_index() -> jax.Array:
+    """The number of grid steps that run before the current one (row-major order), as int32.
+
+    On ``xla_unrolled`` it is a constant of each unrolled step; the interpreter runs it through
+    the reference semantics this plugin registers, without importing this package.
+    """
+    return step_index_p.bind()  # type: ignore[no-any-return]
+
+
+def _step_index_semantics(ctx: pl.ReferenceContext) -> Any:
+    index: Any = 0
+    for axis, size in enumerate(ctx.grid[ctx.num_batch_axes:]):
+        index = index * size + ctx.program_id(axis)
+    return jnp.asarray(index, jnp.int32)
+
+
+# --- what the backend can run ---------------------------------------------------------------
+
+_ATOMICS = frozenset({prims.atomic_rmw_p, prims.atomic_cas_p})
+
+
+def check(call: pl.KernelCall) -> None:
+    """Raises ``UnsupportedError`` for what this backend cannot run: atomics and huge grids."""
+    params = call.compiler_params
+    if not isinstance(params, XlaUnrolledParams):
+        params = XlaUnrolledParams()
+    grid, steps = call.grid_mapping.grid, call.grid_mapping.num_steps
+    if steps > params.max_steps:
+        raise unsupported(
+            f"kernel {call.name!r} ({call.source}) has grid {grid} = {steps} steps, more than "
+            f"max_steps={params.max_steps}; unrolling it", NAME,
+            "Fix: use bigger blocks (a smaller grid), raise the limit with compiler_params="
+            f"pallas_xla_unrolled.CompilerParams(max_steps={steps}), or pass "
+            "backend='interpret'.",
+        )
+    eqn = reference.find_eqn(call.jaxpr.jaxpr, _ATOMICS)
+    if eqn is not None:
+        raise unsupported(
+            f"{eqn.primitive.name} (pl.atomic_* in kernel {call.name!r}, {call.source})",
+            NAME,
+            "Fix: accumulate into an output block that the grid revisits (o_ref[...] += x), "
+            "or pass backend='interpret'.",
+        )
+
+
+
+
+# --- hooks ----------------------------------------------------------------------------------
+
+
+@hookimpl
+def pallas_describe() -> pl.BackendInfo:
+    """Names the backend: it lowers for every platform XLA runs on, never by default."""
+    return pl.BackendInfo(
+        name=NAME,
+        version=__version__,
+        platforms=("cpu", "cuda", "rocm", "tpu"),
+        compiler_params_type=XlaUnrolledParams,
+        capabilities=CAPABILITIES,
+        package="pallas-xla-unrolled",
+    )
+
+
+@hookimpl
+def pallas_validate(call: pl.KernelCall, backend: str) -> None:
+    """Rejects atomics and grids over ``max_steps`` before anything is lowered."""
+    if backend == NAME:
+        check(call)
+
+
+@hookimpl
+def pallas_lower(request: pl.LoweringRequest) -> Sequence[Any] | None:
+    """Inlines the unrolled kernel into the program being lowered."""
+    global LOWER_CALLS
+    if request.backend != NAME:
+        return None
+    check(request.call)  # again: vmap adds grid steps after validation
+    LOWER_CALLS += 1
+    call, rules = request.call, reference.semantics_rules()
+    return request.lower_jax(lambda *args: unrolled.run(call, args, rules))
+
+
+@hookimpl
+def pallas_primitives() -> Sequence[pl.PrimitiveSemantics]:
+    """``step_index`` and its reference semantics, for every backend that interprets."""
+    return (pl.PrimitiveSemantics(step_index_p, evaluate=_step_index_semantics),)
+
+
+@hookimpl
+def pallas_stages(call: pl.KernelCall, backend: str,
+                  target: str | None) -> Mapping[str, Any] | None:
+    """One stage, ``unrolled_jaxpr``: the kernel with its grid unrolled, as plain JAX."""
+    if backend != NAME:
+        return None
+    avals = [jax.ShapeDtypeStruct(bm.array_shape, bm.dtype) for bm in call.grid_mapping.inputs]
+    rules = reference.semantics_rules()
+    return {"unrolled_jaxpr": str(jax.make_jaxpr(lambda *a: unrolled.run(call, a, rules))(*avals))}
