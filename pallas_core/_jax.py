@@ -7,6 +7,7 @@ Plugins import these names from ``pallas_core._jax`` rather than from ``jax._src
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -76,7 +77,23 @@ get_ref_and_transforms = state_primitives.get_ref_and_transforms
 transform_array = state_discharge.transform_array
 transform_swap_array = state_discharge.transform_swap_array
 run_state = state_discharge.run_state
-register_discharge_rule = state_discharge.register_discharge_rule
+
+
+def register_discharge_rule(prim: Primitive) -> Callable[[Callable[..., Any]], Any]:
+    """Decorator registering ``rule(in_avals, out_avals, *args, **params)`` for ``prim``.
+
+    The rule returns ``(new values of Ref operands or None, outputs)``. JAX 0.11 passes a
+    context object in place of the two aval lists; this adapts it.
+    """
+    def register(rule: Callable[..., Any]) -> Any:
+        if hasattr(state_discharge, "DischargeContext"):
+            def adapted(ctx: Any, *args: Any, **params: Any) -> Any:
+                return rule(ctx.in_avals, ctx.out_avals, *args, **params)
+            state_discharge.register_discharge_rule(prim)(adapted)
+        else:
+            state_discharge.register_discharge_rule(prim)(rule)
+        return rule
+    return register
 
 # --- structured primitives the interpreter walks into ------------------------------------
 cond_p = cond_p
@@ -115,6 +132,32 @@ def lower_fun(fun: Callable[..., Any], multiple_results: bool = True) -> Callabl
             return rule(ctx, *args, **params)
 
     return lowered
+
+
+def scan_parts(
+    params: Any, operands: Sequence[Any]
+) -> tuple[list[Any], list[Any], list[Any], Callable[[Sequence[Any]], tuple[list[Any], list[Any]]]]:
+    """Splits a ``scan`` equation's operands into ``(consts, carry, xs)``.
+
+    Also returns a function splitting one body evaluation's outputs into ``(carry, ys)``.
+    The body jaxpr takes ``(*consts, *carry, *xs)``; the equation returns ``[*carry, *ys]``.
+    JAX 0.11 describes the split with forwarding trees, JAX 0.10 with counts.
+    """
+    if "ft_in" in params:
+        consts, carry, xs = params["ft_in"].update(list(operands)).unpack()
+
+        def split_out(outs: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+            c, ys = params["ft_out"].update(list(outs)).unpack()
+            return list(c), list(ys)
+
+        return list(consts), list(carry), list(xs), split_out
+    nc, ncarry = params["num_consts"], params["num_carry"]
+
+    def split_counts(outs: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+        return list(outs[:ncarry]), list(outs[ncarry:])
+
+    return (list(operands[:nc]), list(operands[nc:nc + ncarry]), list(operands[nc + ncarry:]),
+            split_counts)
 
 
 def ref_type_of(ref: Any) -> Any:
@@ -166,7 +209,15 @@ def discharge_state(closed_jaxpr: ClosedJaxpr, *,
     (``lax.axis_index`` under ``pl.kernel``) must be given in ``axis_sizes``.
     """
     with core.extend_axis_env_nd(list(axis_sizes)):
+        if _DISCHARGE_STRIPS_MEMORY_SPACE:
+            # JAX 0.11 keeps a Ref's memory space on its discharged value unless told not to;
+            # the values here are plain arrays (memory spaces are the backends' business).
+            return state_discharge.discharge_state(closed_jaxpr, strip_memory_space=True)
         return state_discharge.discharge_state(closed_jaxpr)
+
+
+_DISCHARGE_STRIPS_MEMORY_SPACE = (
+    "strip_memory_space" in inspect.signature(state_discharge.discharge_state).parameters)
 
 
 def input_effects_by_position(jaxpr: Jaxpr, num_inputs: int) -> set[Any]:

@@ -137,13 +137,11 @@ def _while(invals: list[Any], params: Mapping[str, Any], ctx: ReferenceContext,
 
 def _scan(invals: list[Any], params: Mapping[str, Any], ctx: ReferenceContext,
           rules: Rules) -> Any:
-    nc, ncarry = params["num_consts"], params["num_carry"]
-    consts, init, xs = invals[:nc], invals[nc:nc + ncarry], invals[nc + ncarry:]
+    consts, init, xs, split_out = _jax.scan_parts(params, invals)
     body = _fn(params["jaxpr"], ctx, rules)
 
     def step(carry: list[Any], x: list[Any]) -> tuple[list[Any], list[Any]]:
-        out = body(*consts, *carry, *x)
-        return out[:ncarry], out[ncarry:]
+        return split_out(body(*consts, *carry, *x))
 
     carry, ys = lax.scan(step, list(init), list(xs), length=params["length"],
                          reverse=params["reverse"], unroll=params["unroll"])
