@@ -212,7 +212,8 @@ def discharge_state(closed_jaxpr: ClosedJaxpr, *,
         if _DISCHARGE_STRIPS_MEMORY_SPACE:
             # JAX 0.11 keeps a Ref's memory space on its discharged value unless told not to;
             # the values here are plain arrays (memory spaces are the backends' business).
-            return state_discharge.discharge_state(closed_jaxpr, strip_memory_space=True)
+            return state_discharge.discharge_state(  # type: ignore[call-arg]
+                closed_jaxpr, strip_memory_space=True)
         return state_discharge.discharge_state(closed_jaxpr)
 
 
