@@ -57,6 +57,7 @@ ShapedArray = core.ShapedArray
 AbstractValue = core.AbstractValue
 Effect = effects.Effect
 typeof = core.typeof
+Tracer = core.Tracer
 eval_jaxpr = core.eval_jaxpr
 eval_context = core.eval_context
 """Evaluates eagerly, outside whatever trace (jit, shard_map, ...) is current."""

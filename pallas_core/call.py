@@ -151,7 +151,7 @@ def trace_kernel(kernel: Callable[..., Any], gm: gmap.GridMapping, in_tree: Any,
     with prims.kernel_trace_context(ctx):
         jaxpr, _, consts = _jax.trace_to_jaxpr(flat_kernel, avals, name=kernel_name,
                                                axis_sizes=gm.axis_env)
-    bad = [c for c in consts if np.shape(c) != () or isinstance(c, jax.core.Tracer)]
+    bad = [c for c in consts if np.shape(c) != () or isinstance(c, _jax.Tracer)]
     if bad:
         shapes = ", ".join(f"{jnp.dtype(getattr(c, 'dtype', float))}{list(np.shape(c))}"
                            for c in bad)

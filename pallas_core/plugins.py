@@ -253,6 +253,16 @@ class PluginManager:
             "one of the installed backends."
         )
 
+    def memory_spaces(self, name: str) -> tuple[Any, ...]:
+        """The memory spaces backend ``name`` defines (its ``pallas_memory_spaces`` hook)."""
+        hook = getattr(self.get(name).plugin, "pallas_memory_spaces", None)
+        return tuple(hook()) if hook is not None else ()
+
+    def meshes(self, name: str) -> Mapping[str, Any]:
+        """Mesh constructors of backend ``name`` (its ``pallas_meshes`` hook)."""
+        hook = getattr(self.get(name).plugin, "pallas_meshes", None)
+        return dict(hook()) if hook is not None else {}
+
     def backend_for_params(self, params: Any) -> str | None:
         """The backend whose ``CompilerParams`` type ``params`` is an instance of."""
         for name, b in self.backends().items():

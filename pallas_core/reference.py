@@ -93,7 +93,7 @@ def _eval_eqn(eqn: Any, invals: list[Any], ctx: ReferenceContext, rules: Rules) 
     if prim in rules:
         return rules[prim](ctx, *invals, **params)
     subs = sub_jaxprs(params)
-    static_branch = prim is _jax.cond_p and not isinstance(invals[0], jax.core.Tracer)
+    static_branch = prim is _jax.cond_p and not isinstance(invals[0], _jax.Tracer)
     if static_branch or (subs and any(find_eqn(s, rules) is not None for s in subs)):
         handler = _CONTROL_FLOW.get(prim)
         if handler is None:
@@ -103,7 +103,7 @@ def _eval_eqn(eqn: Any, invals: list[Any], ctx: ReferenceContext, rules: Rules) 
                 "pass them in."
             )
         return handler(invals, params, ctx, rules)
-    static = not any(isinstance(x, jax.core.Tracer) for x in invals)
+    static = not any(isinstance(x, _jax.Tracer) for x in invals)
     if static and not subs and not eqn.effects and all(v.aval.shape == () for v in eqn.outvars):
         with jax.ensure_compile_time_eval():  # scalar arithmetic on a constant grid step
             return prim.bind(*invals, **params)
@@ -120,7 +120,7 @@ def _cond(invals: list[Any], params: Mapping[str, Any], ctx: ReferenceContext,
           rules: Rules) -> Any:
     index, *ops = invals
     branches = [_fn(b, ctx, rules) for b in params["branches"]]
-    if not isinstance(index, jax.core.Tracer):  # decided at trace time
+    if not isinstance(index, _jax.Tracer):  # decided at trace time
         return branches[min(max(int(index), 0), len(branches) - 1)](*ops)
     return lax.switch(index, branches, *ops)
 

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -397,3 +397,29 @@ def test_unregistered_backend_is_gone(jnp_backend):
     with pytest.raises(pl.BackendNotFoundError, match="no backend named 'jnp_add'"):
         _add(jnp.ones(8), jnp.ones(8), backend="jnp_add")
     pl.register_backend(jnp_backend)  # the fixture unregisters it again
+
+
+def test_memory_spaces_and_meshes_of_a_backend_are_listed() -> None:
+    """``manager.memory_spaces``/``meshes`` read a backend's hooks; absent hooks give empties."""
+    space = pl.MemorySpace("SCRATCHPAD", backend="spaces_demo")
+
+    class SpacesDemo:
+        @hookimpl
+        def pallas_describe(self) -> pl.BackendInfo:
+            return pl.BackendInfo(name="spaces_demo", version="0", platforms=("cpu",))
+
+        @hookimpl
+        def pallas_memory_spaces(self) -> list[pl.MemorySpace]:
+            return [space]
+
+        @hookimpl
+        def pallas_meshes(self) -> dict[str, Any]:
+            return {"line": lambda n: pl.Mesh(("x",), (n,), backend="spaces_demo")}
+
+    plugins.manager.register(SpacesDemo())
+    try:
+        assert plugins.manager.memory_spaces("spaces_demo") == (space,)
+        assert plugins.manager.meshes("spaces_demo")["line"](4).shape == {"x": 4}
+        assert plugins.manager.memory_spaces("interpret") == ()
+    finally:
+        plugins.manager.unregister("spaces_demo")
