@@ -7,8 +7,10 @@ Plugins import these names from ``pallas_core._jax`` rather than from ``jax._src
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -67,6 +69,12 @@ AbstractRef = state_types.AbstractRef
 TransformedRef = state_types.TransformedRef
 ReadEffect = state_types.ReadEffect
 WriteEffect = state_types.WriteEffect
+
+
+def is_ref_effect(effect: Any) -> bool:
+    """Whether ``effect`` is a read, write or accumulation of a Ref (not an outside effect)."""
+    return isinstance(effect, state_types.RefEffect)
+
 NDIndexer = state_indexing.NDIndexer
 Slice = state_indexing.Slice
 ds = state_indexing.ds
@@ -220,6 +228,42 @@ def discharge_state(closed_jaxpr: ClosedJaxpr, *,
 
 _DISCHARGE_STRIPS_MEMORY_SPACE = (
     "strip_memory_space" in inspect.signature(state_discharge.discharge_state).parameters)
+
+
+@contextlib.contextmanager
+def discharge_rules_wrapped(
+    wrap: Callable[[Primitive, Callable[..., Any]], Callable[..., Any]],
+    prims: Sequence[Primitive],
+) -> Any:
+    """Within the block, the discharge rule of each of ``prims`` is ``wrap(prim, rule)``.
+
+    ``rule`` and the wrapped rule use the ``(in_avals, out_avals, *args, **params)`` form of
+    :func:`register_discharge_rule`. Used by the interpreter's checked mode to add checks
+    around JAX's own rules for reads and writes.
+    """
+    with _RULES_LOCK:
+        saved = {p: state_discharge._discharge_rules[p] for p in prims}
+        try:
+            for p, original in saved.items():
+                plain = _plain_rule(original)
+                register_discharge_rule(p)(wrap(p, plain))
+            yield
+        finally:
+            state_discharge._discharge_rules.update(saved)
+
+
+_RULES_LOCK = threading.RLock()
+
+
+def _plain_rule(rule: Callable[..., Any]) -> Callable[..., Any]:
+    if not hasattr(state_discharge, "DischargeContext"):
+        return rule
+
+    def plain(in_avals: Any, out_avals: Any, *args: Any, **params: Any) -> Any:
+        ctx = state_discharge.DischargeContext(in_avals, out_avals,  # type: ignore[attr-defined]
+                                               [True] * len(in_avals), True)
+        return rule(ctx, *args, **params)
+    return plain
 
 
 def input_effects_by_position(jaxpr: Jaxpr, num_inputs: int) -> set[Any]:

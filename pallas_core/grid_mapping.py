@@ -7,6 +7,7 @@ block shape, index map (as a closed jaxpr of the grid indices) and memory space.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from collections.abc import Sequence
 from typing import Any
@@ -185,22 +186,47 @@ def check_index_maps_in_bounds(gm: GridMapping, kernel_name: str) -> None:
     Evaluated ahead of time on every grid point (index maps are pure functions of the grid
     indices); grids larger than ``MAX_STATIC_CHECK_POINTS`` are not checked here.
     """
-    if gm.num_steps == 0 or gm.num_steps > MAX_STATIC_CHECK_POINTS:
+    tables = block_index_tables(gm)
+    if tables is None:
         return
-    points = np.array(list(itertools.product(*map(range, gm.grid))), np.int32).reshape(
-        gm.num_steps, len(gm.grid))
+    points, per_operand = tables
+    for bm, block_idx in zip(gm.block_mappings, per_operand):
+        if bm.is_whole_array or not bm.array_shape:
+            continue
+        _raise_if_out_of_bounds(bm, block_idx, points, kernel_name)
+
+
+def grid_points(grid: Sequence[int]) -> np.ndarray:
+    """Every point of ``grid`` in lexicographic order, as an ``(num_steps, len(grid))`` array."""
+    n = int(np.prod(grid, dtype=np.int64))
+    return np.array(list(itertools.product(*map(range, grid))), np.int32).reshape(n, len(grid))
+
+
+@functools.lru_cache(maxsize=128)
+def block_index_tables(gm: GridMapping) -> tuple[np.ndarray, list[np.ndarray]] | None:
+    """Every operand's block indices on every grid point, evaluated ahead of time.
+
+    Returns ``(points, tables)``: ``points`` as :func:`grid_points`, and per operand an
+    ``(num_steps, ndim)`` int array. ``None`` for empty grids and grids larger than
+    ``MAX_STATIC_CHECK_POINTS``.
+    """
+    if gm.num_steps == 0 or gm.num_steps > MAX_STATIC_CHECK_POINTS:
+        return None
+    points = grid_points(gm.grid)
+    tables = []
     # Concrete evaluation, even when pallas_call is traced (jit, shard_map, vmap, ...).
     with _jax.eval_context(), jax.ensure_compile_time_eval():
+        cols = [jnp.asarray(points[:, k]) for k in range(len(gm.grid))]
         for bm in gm.block_mappings:
-            if bm.is_whole_array or not bm.array_shape:
+            if not bm.array_shape:
+                tables.append(np.zeros((gm.num_steps, 0), np.int64))
                 continue
-            cols = [jnp.asarray(points[:, k]) for k in range(len(gm.grid))]
             if gm.grid:
                 idx = jax.vmap(bm.block_indices)(*cols)
             else:
                 idx = [jnp.reshape(v, (1,)) for v in bm.block_indices()]
-            _raise_if_out_of_bounds(bm, np.stack([np.asarray(i) for i in idx], 1), points,
-                                    kernel_name)
+            tables.append(np.stack([np.asarray(i, np.int64) for i in idx], 1))
+    return points, tables
 
 
 def _raise_if_out_of_bounds(bm: BlockMapping, block_idx: np.ndarray, points: np.ndarray,

@@ -28,6 +28,16 @@ Rules = Mapping[Any, Callable[..., Any]]
 
 
 @functools.cache
+def registered_primitives() -> frozenset[Any]:
+    """Every primitive to which a loaded plugin (or the core) gives reference semantics."""
+    return frozenset(sem.primitive for group in manager.hook.pallas_primitives()
+                     for sem in group)
+
+
+manager.add_listener(registered_primitives.cache_clear)
+
+
+@functools.cache
 def semantics_rules() -> Rules:
     """``evaluate`` rules of every loaded plugin's primitives; discharge rules go to JAX."""
     rules: dict[Any, Any] = {}

@@ -6,7 +6,8 @@ semantics that each plugin registers, so results here are what every backend mus
 
 from __future__ import annotations
 
-from pallas_interpret.plugin import InterpretParams, __version__
+from pallas_interpret.params import InterpretParams
+from pallas_interpret.plugin import __version__
 
 CompilerParams = InterpretParams
 

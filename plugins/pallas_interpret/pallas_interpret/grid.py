@@ -3,7 +3,8 @@
 Each step fetches every operand's block through its index map, evaluates the discharged
 kernel on the blocks, and writes the output blocks back. Edge blocks are padded on read and
 cut off on write; outputs that are revisited accumulate because each step reads the current
-contents of its output block; scratch buffers persist across steps.
+contents of its output block; scratch buffers persist across steps. Where it is proven safe,
+:mod:`pallas_interpret.fast` runs the same computation batched instead.
 """
 
 from __future__ import annotations
@@ -14,12 +15,15 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
-from pallas_core import _jax, reference
+from pallas_core import reference
 from pallas_core.grid_mapping import BlockMapping
 from pallas_core.request import KernelCall
 from pallas_core.semantics import ReferenceContext, uninitialized
+from pallas_interpret import checks, fast
+from pallas_interpret.params import InterpretParams
 
 
 def _padded_shape(bm: BlockMapping) -> tuple[int, ...]:
@@ -56,10 +60,35 @@ def _write_block(buf: Any, bm: BlockMapping, starts: Sequence[Any], block: Any) 
 
 
 def run(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
-        checked: bool = False) -> list[Any]:
-    """The outputs of ``call`` on ``args``, computed step by step."""
+        params: InterpretParams | None = None) -> list[Any]:
+    """The outputs of ``call`` on ``args``: batched where that is proven safe and allowed by
+    ``params``, else step by step."""
+    params = params or InterpretParams()
+    if params.fast and not params.checked and params.shuffle_seed is None:
+        plan = fast.plan(call)
+        if plan is not None:
+            return fast.run(call, args, plan, rules)
+    return run_exact(call, args, rules, params)
+
+
+def _shuffled_order(grid: tuple[int, ...], axes: Sequence[int], seed: int) -> list[Any]:
+    """Per grid axis, a permutation of its indices (identity for axes not in ``axes``)."""
+    rng = np.random.default_rng(seed)
+    return [jnp.asarray(rng.permutation(n) if a in axes else np.arange(n), jnp.int32)
+            for a, n in enumerate(grid)]
+
+
+def run_exact(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
+              params: InterpretParams | None = None) -> list[Any]:
+    """The outputs of ``call`` on ``args``, one grid step after another."""
+    params = params or InterpretParams()
+    checked = params.checked
     gm = call.grid_mapping
-    kernel = _jax.discharge_state(call.jaxpr, axis_sizes=gm.axis_env)
+    parallel = params.resolved_parallel_axes(gm.user_grid, call.compiler_params)
+    parallel = tuple(a + gm.num_batch_axes for a in parallel) + tuple(range(gm.num_batch_axes))
+    if checked:
+        checks.check_races(call, parallel)
+    kernel = checks.discharge(call, checked)
     ins = [_pad(x, bm, checked) for x, bm in zip(args, gm.inputs)]
     aliased = {o: i for i, o in call.input_output_aliases}
     outs = [_pad(args[aliased[k]], bm, checked) if k in aliased
@@ -68,10 +97,14 @@ def run(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
     scratch = [uninitialized(a.inner_aval.shape, a.inner_aval.dtype, checked)
                for a in gm.scratch_avals]
     n_in, n_out = gm.num_inputs, gm.num_outputs
+    order = (None if params.shuffle_seed is None
+             else _shuffled_order(gm.grid, parallel, params.shuffle_seed))
 
     def step(k: Any, carry: tuple[list[Any], list[Any]]) -> tuple[list[Any], list[Any]]:
         outs, scratch = carry
         ids = _unravel(k, gm.grid)
+        if order is not None:
+            ids = tuple(perm[i] for perm, i in zip(order, ids))
         ctx = ReferenceContext(ids, gm.grid, gm.num_batch_axes, gm.grid_names, checked)
         in_starts = [_starts(bm, ids) for bm in gm.inputs]
         out_starts = [_starts(bm, ids) for bm in gm.outputs]
@@ -91,6 +124,7 @@ def run(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
             else o for o, bm in zip(outs, gm.outputs)]
 
 
-def run_jitted(call: KernelCall, rules: reference.Rules) -> Any:
+def run_jitted(call: KernelCall, rules: reference.Rules,
+               params: InterpretParams | None = None) -> Any:
     """A jitted function of the call's inputs (for inspection stages)."""
-    return jax.jit(lambda *args: run(call, args, rules))
+    return jax.jit(lambda *args: run(call, args, rules, params))

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 import jax
 
@@ -12,30 +11,15 @@ from pallas_core import _jax, reference
 from pallas_core.hookspecs import hookimpl
 from pallas_core.plugins import BackendInfo
 from pallas_core.request import KernelCall, LoweringRequest
-from pallas_core.spec import CompilerParams
 from pallas_interpret import grid
+from pallas_interpret.params import NAME, InterpretParams
 
-NAME = "interpret"
 __version__ = "0.1.0"
 
 
-@dataclasses.dataclass(frozen=True)
-class InterpretParams(CompilerParams):
-    """Compiler parameters of the interpreter; passing them selects it.
-
-    ``checked``: poison uninitialised memory (NaN for floats, the minimum for integers) so
-    reads of it show.
-    """
-
-    BACKEND: ClassVar[str] = NAME
-    checked: bool = False
-
-
-
-
-def _checked(call: KernelCall) -> bool:
+def _params(call: KernelCall) -> InterpretParams:
     params = call.compiler_params
-    return bool(isinstance(params, InterpretParams) and params.checked)
+    return params if isinstance(params, InterpretParams) else InterpretParams()
 
 
 @hookimpl
@@ -57,8 +41,8 @@ def pallas_describe() -> BackendInfo:
 def pallas_lower(request: LoweringRequest) -> Any:
     if request.backend != NAME:
         return None
-    call, rules, checked = request.call, reference.semantics_rules(), _checked(request.call)
-    return request.lower_jax(lambda *args: grid.run(call, args, rules, checked))
+    call, rules, params = request.call, reference.semantics_rules(), _params(request.call)
+    return request.lower_jax(lambda *args: grid.run(call, args, rules, params))
 
 
 @hookimpl
