@@ -255,18 +255,29 @@ def _make_grid_mapping(spec: GridSpec, args: Sequence[Any], outs: Sequence[Any],
                        grid_names: tuple[str, ...] | None) -> gmap.GridMapping:
     grid = tuple(spec.grid)  # type: ignore[arg-type]
     scratch = gmap.scratch_avals(spec.scratch_shapes)
-    in_specs = gmap.flatten_specs(spec.in_specs, len(args), "in_specs", kernel_name)
+    in_specs = gmap.flatten_specs(spec.in_specs, len(args) - spec.num_scalar_prefetch,
+                                  "in_specs", kernel_name)
     out_specs = gmap.flatten_specs(spec.out_specs, len(outs), "out_specs", kernel_name)
     # Operands are named in messages by position and, when it fits, by kernel parameter.
-    origins = [f"input {i}" for i in range(len(args))] + [
+    origins = [f"scalar prefetch {i}" if i < spec.num_scalar_prefetch else f"input {i}"
+               for i in range(len(args))] + [
         f"output {i}" for i in range(len(outs))]
     params = _ref_param_names(kernel, len(origins) + len(scratch))
     if params is not None:
         origins = [f"{o} ({p})" for o, p in zip(origins, params)]
-    mappings = [gmap.make_block_mapping(s, x, grid, origin, kernel_name) for s, x, origin in
-                zip([*in_specs, *out_specs], [*args, *outs], origins)]
+    n_pf = spec.num_scalar_prefetch
+    if n_pf > len(args):
+        raise PallasError(
+            f"pallas_call of kernel {kernel_name!r}: num_scalar_prefetch={n_pf} but only "
+            f"{len(args)} operands were passed. Fix: pass the scalar-prefetch arrays first.")
+    pf_avals = [_jax.make_ref_aval(x.shape, x.dtype) for x in args[:n_pf]]
+    mappings = [gmap.make_block_mapping(None, x, grid, origin, kernel_name, pf_avals)
+                for x, origin in zip(args[:n_pf], origins)]
+    mappings += [gmap.make_block_mapping(s, x, grid, origin, kernel_name, pf_avals)
+                 for s, x, origin in zip([*in_specs, *out_specs], [*args[n_pf:], *outs],
+                                         origins[n_pf:])]
     return gmap.GridMapping(grid, tuple(mappings), len(args), len(outs), scratch, 0,
-                            grid_names)
+                            grid_names, n_pf)
 
 
 def _check_aliases(aliases: Sequence[tuple[int, int]], args: Sequence[Any],
@@ -383,16 +394,23 @@ def _batch(axis_data: Any, args: Sequence[Any], dims: Sequence[Any], *,
         return list(outs), [None] * len(outs)
     args = [jnp.moveaxis(a, d, 0) if d is not None else a for a, d in zip(args, dims)]
     batched = [d is not None for d in dims]
+    if any(batched[:gm.num_scalar_prefetch]):
+        raise UnsupportedError(
+            f"jax.vmap over a scalar-prefetch operand of kernel {call.name!r} is not supported: "
+            "index maps read those operands whole. Fix: vmap over the other operands only "
+            "(in_axes=None for the scalar-prefetch arrays), or loop over the batch.")
     # An aliased input must be batched like the output it becomes.
     for i, _ in call.input_output_aliases:
         if not batched[i]:
             args[i] = jnp.broadcast_to(args[i], (size, *args[i].shape))
             batched[i] = True
-    mappings = [_batch_block_mapping(bm, b, gm.grid, size) for bm, b in
+    pf_avals = [_jax.make_ref_aval(bm.array_shape, bm.dtype)
+                for bm in gm.block_mappings[:gm.num_scalar_prefetch]]
+    mappings = [_batch_block_mapping(bm, b, gm.grid, size, pf_avals) for bm, b in
                 zip(gm.block_mappings, [*batched, *([True] * gm.num_outputs)])]
     new_gm = gmap.GridMapping(
         (size, *gm.grid), tuple(mappings), gm.num_inputs, gm.num_outputs, gm.scratch_avals,
-        gm.num_batch_axes + 1, gm.grid_names)
+        gm.num_batch_axes + 1, gm.grid_names, gm.num_scalar_prefetch)
     new_call = call.replace(
         grid_mapping=new_gm,
         out_avals=tuple(_jax.ShapedArray((size, *a.shape), a.dtype) for a in call.out_avals))
@@ -401,8 +419,8 @@ def _batch(axis_data: Any, args: Sequence[Any], dims: Sequence[Any], *,
 
 
 def _batch_block_mapping(bm: gmap.BlockMapping, batched: bool, grid: tuple[int, ...],
-                         size: int) -> gmap.BlockMapping:
-    avals = [_jax.ShapedArray((), jnp.int32)] * (len(grid) + 1)
+                         size: int, pf_avals: Sequence[Any]) -> gmap.BlockMapping:
+    avals = [_jax.ShapedArray((), jnp.int32)] * (len(grid) + 1) + list(pf_avals)
 
     def index_map(b: Any, *idx: Any) -> list[Any]:
         inner = bm.block_indices(*idx)
@@ -411,9 +429,10 @@ def _batch_block_mapping(bm: gmap.BlockMapping, batched: bool, grid: tuple[int, 
     jaxpr, _, consts = _jax.trace_to_jaxpr(index_map, avals, name="index_map")
     if not batched:
         return gmap.BlockMapping(bm.origin, bm.array_shape, bm.dtype, bm.block_shape,
-                                 _close(jaxpr, consts), bm.memory_space)
+                                 _close(jaxpr, consts), bm.memory_space, len(pf_avals))
     return gmap.BlockMapping(bm.origin, (size, *bm.array_shape), bm.dtype,
-                             (None, *bm.block_shape), _close(jaxpr, consts), bm.memory_space)
+                             (None, *bm.block_shape), _close(jaxpr, consts), bm.memory_space,
+                             len(pf_avals))
 
 
 _jax.register_batching_rule(pallas_call_p, _batch)

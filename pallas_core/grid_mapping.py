@@ -35,8 +35,11 @@ class BlockMapping:
     block_shape: tuple[int | None, ...]
     """Per array dimension the block size; ``None`` marks a squeezed dimension (size 1)."""
     index_map: Any
-    """Closed jaxpr: ``len(grid)`` int32 scalars -> one int32 block index per dimension."""
+    """Closed jaxpr: ``len(grid)`` int32 scalars (then one Ref per scalar-prefetch operand)
+    -> one int32 block index per dimension."""
     memory_space: MemorySpace | None = None
+    num_prefetch: int = 0
+    """How many scalar-prefetch Refs the index map takes after the grid indices."""
 
     @property
     def ref_shape(self) -> tuple[int, ...]:
@@ -53,9 +56,18 @@ class BlockMapping:
         """The kernel sees the whole array (memory space ``ANY``, no blocking)."""
         return self.memory_space is ANY
 
-    def block_indices(self, *grid_indices: Any) -> list[Any]:
-        """Evaluates the index map (traceable)."""
-        return _jax.eval_jaxpr(self.index_map.jaxpr, self.index_map.consts, *grid_indices)
+    def block_indices(self, *args: Any) -> list[Any]:
+        """Evaluates the index map on grid indices (then scalar-prefetch Refs or arrays)."""
+        prefetch = args[len(args) - self.num_prefetch:] if self.num_prefetch else ()
+        if prefetch and not isinstance(_jax.typeof(prefetch[0]), _jax.AbstractRef):
+            pure = _discharged_index_map(self.index_map)
+            return _jax.eval_jaxpr(pure.jaxpr, pure.consts, *args)[:len(self.array_shape)]
+        return _jax.eval_jaxpr(self.index_map.jaxpr, self.index_map.consts, *args)
+
+
+@functools.lru_cache(maxsize=256)
+def _discharged_index_map(index_map: Any) -> Any:
+    return _jax.discharge_state(index_map)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +86,9 @@ class GridMapping:
     ``i + num_batch_axes`` of ``grid``."""
     grid_names: tuple[str, ...] | None = None
     """Mesh axis names of the user grid when launched through ``pl.kernel``."""
+    num_scalar_prefetch: int = 0
+    """The first inputs are scalar-prefetch operands: passed whole to the kernel and to every
+    index map, so index maps depend on data (no ahead-of-time evaluation)."""
 
     @property
     def user_grid(self) -> tuple[int, ...]:
@@ -124,13 +139,13 @@ def _normalize_block_shape(spec: BlockSpec, shape: tuple[int, ...], origin: str,
 
 
 def _trace_index_map(spec: BlockSpec, grid: tuple[int, ...], shape: tuple[int, ...],
-                     origin: str, kernel_name: str) -> Any:
+                     origin: str, kernel_name: str, prefetch_avals: Sequence[Any] = ()) -> Any:
     ndim = len(shape)
     fn = spec.index_map
     if fn is None:
         def fn(*_: Any) -> tuple[int, ...]:
             return (0,) * ndim
-    avals = [_jax.ShapedArray((), jnp.int32)] * len(grid)
+    avals = [_jax.ShapedArray((), jnp.int32)] * len(grid) + list(prefetch_avals)
 
     def flat(*idx: Any) -> list[Any]:
         try:
@@ -139,8 +154,10 @@ def _trace_index_map(spec: BlockSpec, grid: tuple[int, ...], shape: tuple[int, .
             if "positional argument" in str(e):
                 raise BlockSpecError(
                     f"In kernel {kernel_name!r}, the index map of {origin} could not be called "
-                    f"with the {len(grid)} grid indices of grid {grid}: {e}. Fix: the index map "
-                    f"takes one argument per grid axis ({len(grid)})."
+                    f"with the {len(grid)} grid indices of grid {grid}"
+                    f"{f' and {len(prefetch_avals)} scalar-prefetch Refs' if prefetch_avals else ''}"
+                    f": {e}. Fix: the index map takes one argument per grid axis ({len(grid)})"
+                    f"{', then one per scalar-prefetch operand' if prefetch_avals else ''}."
                 ) from e
             raise
         out = out if isinstance(out, (tuple, list)) else (out,)
@@ -158,7 +175,7 @@ def _trace_index_map(spec: BlockSpec, grid: tuple[int, ...], shape: tuple[int, .
 
 
 def make_block_mapping(spec: Any, x: Any, grid: tuple[int, ...], origin: str,
-                       kernel_name: str) -> BlockMapping:
+                       kernel_name: str, prefetch_avals: Sequence[Any] = ()) -> BlockMapping:
     """Normalises one operand's BlockSpec against its shape and the grid."""
     shape = tuple(x.shape)
     if spec is None or spec is no_block_spec:
@@ -176,8 +193,9 @@ def make_block_mapping(spec: Any, x: Any, grid: tuple[int, ...], origin: str,
         block: tuple[int | None, ...] = shape
     else:
         block = _normalize_block_shape(spec, shape, origin, kernel_name)
-    index_map = _trace_index_map(spec, grid, shape, origin, kernel_name)
-    return BlockMapping(origin, shape, np.dtype(x.dtype), block, index_map, spec.memory_space)
+    index_map = _trace_index_map(spec, grid, shape, origin, kernel_name, prefetch_avals)
+    return BlockMapping(origin, shape, np.dtype(x.dtype), block, index_map, spec.memory_space,
+                        len(prefetch_avals))
 
 
 def check_index_maps_in_bounds(gm: GridMapping, kernel_name: str) -> None:
@@ -207,10 +225,10 @@ def block_index_tables(gm: GridMapping) -> tuple[np.ndarray, list[np.ndarray]] |
     """Every operand's block indices on every grid point, evaluated ahead of time.
 
     Returns ``(points, tables)``: ``points`` as :func:`grid_points`, and per operand an
-    ``(num_steps, ndim)`` int array. ``None`` for empty grids and grids larger than
-    ``MAX_STATIC_CHECK_POINTS``.
+    ``(num_steps, ndim)`` int array. ``None`` for empty grids, grids larger than
+    ``MAX_STATIC_CHECK_POINTS`` and index maps that read scalar-prefetch operands.
     """
-    if gm.num_steps == 0 or gm.num_steps > MAX_STATIC_CHECK_POINTS:
+    if gm.num_steps == 0 or gm.num_steps > MAX_STATIC_CHECK_POINTS or gm.num_scalar_prefetch:
         return None
     points = grid_points(gm.grid)
     tables = []

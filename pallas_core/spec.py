@@ -122,7 +122,10 @@ class GridSpec:
     in_specs: Any = no_block_spec
     out_specs: Any = no_block_spec
     scratch_shapes: Any = ()
-    num_scalar_prefetch: ClassVar[int] = 0
+    num_scalar_prefetch: int = 0
+    """The first ``num_scalar_prefetch`` operands are small integer arrays passed whole to the
+    kernel (as its leading Refs) and to every index map (after the grid indices), so that
+    blocks can be chosen by data: ``index_map(i, j, idx_ref) -> (idx_ref[i], j)``."""
 
     def __post_init__(self) -> None:
         grid = (self.grid,) if isinstance(self.grid, int) else tuple(self.grid)
@@ -133,6 +136,10 @@ class GridSpec:
                     "Fix: compute the grid with Python ints, e.g. pl.cdiv(n, block)."
                 )
         object.__setattr__(self, "grid", tuple(int(g) for g in grid))
+        if not isinstance(self.num_scalar_prefetch, int) or self.num_scalar_prefetch < 0:
+            raise BlockSpecError(
+                f"GridSpec.num_scalar_prefetch must be a non-negative int, found "
+                f"{self.num_scalar_prefetch!r}.")
         if isinstance(self.in_specs, list):
             object.__setattr__(self, "in_specs", tuple(self.in_specs))
         if isinstance(self.out_specs, list):

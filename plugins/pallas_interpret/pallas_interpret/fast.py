@@ -131,9 +131,11 @@ class _Operand:
     (``(b_d)``). ``vmap`` then maps the count axes where they lie, so no data is transposed.
     """
 
-    def __init__(self, bm: BlockMapping, dims: Sequence[tuple[str, int]], p: Plan) -> None:
+    def __init__(self, bm: BlockMapping, dims: Sequence[tuple[str, int]], p: Plan,
+                 grid: Sequence[int]) -> None:
         self.bm = bm
         self.dims = dims
+        self.grid = grid  # a parallel dimension's view spans grid[axis] blocks, not all blocks
         self.seq_pos = {a: i for i, a in enumerate(p.sequential)}
         # Level (position in p.parallel) of each dimension that follows a parallel axis.
         self.level_of_dim = {d: p.parallel.index(v) for d, (kind, v) in enumerate(dims)
@@ -155,23 +157,23 @@ class _Operand:
                                      if lv < level and ps < view_pos[level])
 
     def _starts_sizes(self, s_ids: Sequence[Any]) -> tuple[list[Any], list[int]]:
-        counts, block = _counts(self.bm), self.bm.full_block_shape
+        block = self.bm.full_block_shape
         starts: list[Any] = []
         sizes: list[int] = []
         for d, (kind, v) in enumerate(self.dims):
             if d in self.level_of_dim:
                 starts += [0, 0]
-                sizes += [counts[d], block[d]]
+                sizes += [self.grid[v], block[d]]
             else:
                 starts += [v if kind == "const" else s_ids[self.seq_pos[v]], 0]
                 sizes += [1, block[d]]
         return starts, sizes
 
     def _view_shape(self) -> list[int]:
-        counts, block = _counts(self.bm), self.bm.full_block_shape
+        block = self.bm.full_block_shape
         shape: list[int] = []
-        for d in range(len(self.dims)):
-            shape += [counts[d], block[d]] if d in self.level_of_dim else [block[d]]
+        for d, (_, v) in enumerate(self.dims):
+            shape += [self.grid[v], block[d]] if d in self.level_of_dim else [block[d]]
         return shape
 
     def read(self, xb: Any, s_ids: Sequence[Any]) -> Any:
@@ -187,7 +189,7 @@ def run(call: KernelCall, args: Sequence[Any], p: Plan, rules: reference.Rules) 
     """The outputs of ``call`` on ``args``, parallel axes batched, sequential axes looped."""
     gm = call.grid_mapping
     kernel = _jax.discharge_state(call.jaxpr, axis_sizes=gm.axis_env)
-    ops = [_Operand(bm, dims, p) for bm, dims in zip(gm.block_mappings, p.dims)]
+    ops = [_Operand(bm, dims, p, gm.grid) for bm, dims in zip(gm.block_mappings, p.dims)]
     ins = [_to_blocked(x, bm) for x, bm in zip(args, gm.inputs)]
     outs = [_to_blocked(uninitialized(bm.array_shape, bm.dtype), bm) for bm in gm.outputs]
     n_in, n_out, n_par = gm.num_inputs, gm.num_outputs, len(p.parallel)

@@ -46,8 +46,8 @@ def _unravel(step: Any, grid: Sequence[int]) -> tuple[Any, ...]:
     return tuple(reversed(ids))
 
 
-def _starts(bm: BlockMapping, ids: Sequence[Any]) -> list[Any]:
-    return [i * b for i, b in zip(bm.block_indices(*ids), bm.full_block_shape)]
+def _starts(bm: BlockMapping, ids: Sequence[Any], prefetch: Sequence[Any] = ()) -> list[Any]:
+    return [i * b for i, b in zip(bm.block_indices(*ids, *prefetch), bm.full_block_shape)]
 
 
 def _read_block(buf: Any, bm: BlockMapping, starts: Sequence[Any]) -> Any:
@@ -97,6 +97,7 @@ def run_exact(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
     scratch = [uninitialized(a.inner_aval.shape, a.inner_aval.dtype, checked)
                for a in gm.scratch_avals]
     n_in, n_out = gm.num_inputs, gm.num_outputs
+    prefetch = list(args[:gm.num_scalar_prefetch])
     order = (None if params.shuffle_seed is None
              else _shuffled_order(gm.grid, parallel, params.shuffle_seed))
 
@@ -106,8 +107,8 @@ def run_exact(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
         if order is not None:
             ids = tuple(perm[i] for perm, i in zip(order, ids))
         ctx = ReferenceContext(ids, gm.grid, gm.num_batch_axes, gm.grid_names, checked)
-        in_starts = [_starts(bm, ids) for bm in gm.inputs]
-        out_starts = [_starts(bm, ids) for bm in gm.outputs]
+        in_starts = [_starts(bm, ids, prefetch) for bm in gm.inputs]
+        out_starts = [_starts(bm, ids, prefetch) for bm in gm.outputs]
         blocks = [_read_block(x, bm, s) for x, bm, s in zip(ins, gm.inputs, in_starts)]
         blocks += [_read_block(o, bm, s) for o, bm, s in zip(outs, gm.outputs, out_starts)]
         results = reference.evaluate(kernel, [*blocks, *scratch], ctx, rules)
