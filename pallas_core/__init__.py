@@ -15,6 +15,7 @@ from pallas_core.errors import (
     BackendNotFoundError,
     BlockSpecError,
     KernelSignatureError,
+    KernelTraceError,
     LoweringError,
     OutOfBoundsError,
     PallasError,
@@ -70,7 +71,8 @@ __version__ = "0.1.0"
 __all__ = [
     "ANY", "AutodiffError", "Backend", "BackendInfo", "BackendNotFoundError", "BlockMapping",
     "BlockSpec", "BlockSpecError", "CompilerParams", "CostEstimate", "GridMapping", "GridSpec",
-    "KernelCall", "KernelSignatureError", "KernelStages", "LoweringError", "LoweringRequest",
+    "KernelCall", "KernelSignatureError", "KernelStages", "KernelTraceError", "LoweringError",
+    "LoweringRequest",
     "MemoryRef", "MemorySpace", "Mesh", "OutOfBoundsError", "PallasError", "PluginLoadError",
     "PrimitiveSemantics", "ReferenceContext", "Slice", "Squeezed", "UnsupportedError",
     "atomic_add", "atomic_and", "atomic_cas", "atomic_max", "atomic_min", "atomic_or",

@@ -71,6 +71,9 @@ ReadEffect = state_types.ReadEffect
 WriteEffect = state_types.WriteEffect
 
 
+internal_mutable_array_effect = core.internal_mutable_array_effect
+
+
 def is_ref_effect(effect: Any) -> bool:
     """Whether ``effect`` is a read, write or accumulation of a Ref (not an outside effect)."""
     return isinstance(effect, state_types.RefEffect)
@@ -167,6 +170,17 @@ def scan_parts(
 
     return (list(operands[:nc]), list(operands[nc:nc + ncarry]), list(operands[nc + ncarry:]),
             split_counts)
+
+
+def register_dce_rule(prim: Primitive,
+                      keep: Callable[[Any], bool]) -> None:
+    """Dead-code elimination for ``prim``: an equation whose outputs are all unused is dropped
+    unless ``keep(eqn.params)``; otherwise it is kept whole."""
+    def rule(used_outputs: list[bool], eqn: Any) -> tuple[list[bool], Any]:
+        if any(used_outputs) or keep(eqn.params):
+            return [True] * len(eqn.invars), eqn
+        return [False] * len(eqn.invars), None
+    pe.dce_rules[prim] = rule
 
 
 def ref_type_of(ref: Any) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -17,6 +18,7 @@ from pallas_core import primitives as prims
 from pallas_core.errors import (
     AutodiffError,
     KernelSignatureError,
+    KernelTraceError,
     LoweringError,
     PallasError,
     UnsupportedError,
@@ -46,16 +48,22 @@ def resolve_backend(backend: str | None, compiler_params: Any, interpret: Any) -
                 return manager.get(keys[0]).info.name
         else:
             name = manager.backend_for_params(compiler_params)
-            if name is not None:
-                return manager.get(name).info.name
+            if name is None:
+                raise PallasError(
+                    f"compiler_params of type {type(compiler_params).__name__} belong to no "
+                    f"installed backend (installed: {', '.join(sorted(manager.backends()))}). "
+                    "Fix: pass the CompilerParams class of the backend you mean (e.g. "
+                    "pallas_interpret.CompilerParams), or install the backend they belong to.")
+            return manager.get(name).info.name
     if interpret:
         return manager.get("interpret").info.name
     return None
 
 
 def _freeze_params(params: Any) -> Any:
+    """Params as the backend will read them: mappings become read-only, objects stay."""
     if isinstance(params, Mapping):
-        return tuple(sorted((k, _freeze_params(v)) for k, v in params.items()))
+        return types.MappingProxyType({k: _freeze_params(v) for k, v in params.items()})
     return params
 
 
@@ -95,6 +103,14 @@ def _is_dtype(x: Any) -> bool:
     return isinstance(getattr(x, "dtype", None), np.dtype) and not hasattr(x, "shape")
 
 
+def _top_level_names(args: Sequence[Any], out_shape: Any, n_scratch: int) -> list[str]:
+    """One name per kernel parameter: top-level inputs (pytrees count once), outputs, scratch."""
+    names = [f"input {i}" for i in range(len(args))]
+    n_out = len(out_shape) if isinstance(out_shape, tuple) else 1
+    names += [f"output {i}" for i in range(n_out)]
+    return names + [f"scratch {i}" for i in range(n_scratch)]
+
+
 def _check_kernel_signature(kernel: Callable[..., Any], names: Sequence[str],
                             kernel_name: str) -> None:
     try:
@@ -128,7 +144,7 @@ def _kernel_name(kernel: Any, name: str | None) -> str:
 
 
 def trace_kernel(kernel: Callable[..., Any], gm: gmap.GridMapping, in_tree: Any, out_tree: Any,
-                 kernel_name: str, arg_names: Sequence[str]) -> Any:
+                 kernel_name: str) -> Any:
     """Traces the kernel body on Refs of its blocks into a closed jaxpr."""
     block_avals = [_jax.make_ref_aval(bm.ref_shape, bm.dtype, bm.memory_space)
                    for bm in gm.block_mappings]
@@ -139,7 +155,15 @@ def trace_kernel(kernel: Callable[..., Any], gm: gmap.GridMapping, in_tree: Any,
         ins = jax.tree_util.tree_unflatten(in_tree, refs[:n_in])
         outs = jax.tree_util.tree_unflatten(out_tree, refs[n_in:n_in + n_out])
         outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
-        result = kernel(*ins, *outs, *refs[n_in + n_out:])
+        try:
+            result = kernel(*ins, *outs, *refs[n_in + n_out:])
+        except PallasError:
+            raise
+        except (ValueError, TypeError, IndexError) as e:
+            raise KernelTraceError(
+                f"kernel {kernel_name!r} ({_source_of(kernel)}) failed while being traced: "
+                f"{type(e).__name__}: {e}"
+            ) from e
         if result is not None:
             raise KernelSignatureError(
                 f"kernel {kernel_name!r} returned {type(result).__name__}; kernels return "
@@ -195,6 +219,13 @@ def pallas_call(
     """
     del metadata
     kernel_name = _kernel_name(kernel, name)
+    if cost_estimate is not None and not isinstance(cost_estimate, CostEstimate):
+        raise PallasError(
+            f"pallas_call of kernel {kernel_name!r}: cost_estimate must be a pl.CostEstimate, "
+            f"found {type(cost_estimate).__name__}. Fix: pl.CostEstimate(flops=..., "
+            "transcendentals=..., bytes_accessed=...).")
+    if isinstance(out_shape, list):
+        out_shape = tuple(out_shape)
     if grid_spec is None:
         grid_spec = GridSpec(grid, in_specs, out_specs, scratch_shapes)
     elif grid != () or in_specs is not no_block_spec or out_specs is not no_block_spec:
@@ -203,7 +234,7 @@ def pallas_call(
             "/out_specs=. Fix: put everything in the GridSpec, or drop grid_spec=."
         )
     out_leaves, out_tree = _out_shape_leaves(out_shape, kernel_name)
-    aliases = tuple(sorted((int(i), int(o)) for i, o in (input_output_aliases or {}).items()))
+    aliases = _normalize_aliases(input_output_aliases, kernel_name)
     chosen = resolve_backend(backend, compiler_params, interpret)
 
     @functools.wraps(kernel)
@@ -212,14 +243,14 @@ def pallas_call(
         for i, a in enumerate(flat_args):
             if not hasattr(a, "shape") or not hasattr(a, "dtype"):
                 flat_args[i] = jnp.asarray(a)
-        gm = _make_grid_mapping(grid_spec, flat_args, out_leaves, kernel, kernel_name,
-                                _grid_names)
-        names = [bm.origin for bm in gm.block_mappings] + [
-            f"scratch {i}" for i in range(len(gm.scratch_avals))]
+        spec_tree = jax.tree_util.tree_structure(args[grid_spec.num_scalar_prefetch:])
+        gm = _make_grid_mapping(grid_spec, flat_args, spec_tree, out_leaves, out_tree, kernel,
+                                kernel_name, _grid_names)
+        names = _top_level_names(args, out_shape, len(gm.scratch_avals))
         _check_kernel_signature(kernel, names, kernel_name)
         _check_aliases(aliases, flat_args, out_leaves, kernel_name)
         gmap.check_index_maps_in_bounds(gm, kernel_name)
-        jaxpr = trace_kernel(kernel, gm, in_tree, out_tree, kernel_name, names)
+        jaxpr = trace_kernel(kernel, gm, in_tree, out_tree, kernel_name)
         call = KernelCall(
             name=kernel_name, jaxpr=jaxpr, grid_mapping=gm,
             out_avals=tuple(_jax.ShapedArray(o.shape, o.dtype) for o in out_leaves),
@@ -235,7 +266,25 @@ def pallas_call(
         outs = pallas_call_p.bind(*flat_args, call=call)
         return jax.tree_util.tree_unflatten(out_tree, outs)
 
-    return wrapped
+    # Compiled once per argument shapes when called outside jit; inlined inside jit.
+    return jax.jit(wrapped, inline=True)
+
+
+def _normalize_aliases(aliases: Mapping[Any, Any] | None,
+                       kernel_name: str) -> tuple[tuple[int, int], ...]:
+    pairs = []
+    for i, o in (aliases or {}).items():
+        if not isinstance(i, (int, np.integer)) or not isinstance(o, (int, np.integer)):
+            raise PallasError(
+                f"pallas_call of kernel {kernel_name!r}: input_output_aliases={aliases!r} must "
+                "map input positions (ints) to output positions (ints). Fix: e.g. {0: 0}.")
+        pairs.append((int(i), int(o)))
+    outs = [o for _, o in pairs]
+    if len(set(outs)) != len(outs):
+        raise PallasError(
+            f"pallas_call of kernel {kernel_name!r}: input_output_aliases={aliases!r} aliases "
+            "several inputs to one output. Fix: alias each output to at most one input.")
+    return tuple(sorted(pairs))
 
 
 def _ref_param_names(kernel: Callable[..., Any], count: int) -> list[str] | None:
@@ -250,14 +299,13 @@ def _ref_param_names(kernel: Callable[..., Any], count: int) -> list[str] | None
     return [p.name for p in params]
 
 
-def _make_grid_mapping(spec: GridSpec, args: Sequence[Any], outs: Sequence[Any],
-                       kernel: Callable[..., Any], kernel_name: str,
-                       grid_names: tuple[str, ...] | None) -> gmap.GridMapping:
+def _make_grid_mapping(spec: GridSpec, args: Sequence[Any], spec_tree: Any,
+                       outs: Sequence[Any], out_tree: Any, kernel: Callable[..., Any],
+                       kernel_name: str, grid_names: tuple[str, ...] | None) -> gmap.GridMapping:
     grid = tuple(spec.grid)  # type: ignore[arg-type]
     scratch = gmap.scratch_avals(spec.scratch_shapes)
-    in_specs = gmap.flatten_specs(spec.in_specs, len(args) - spec.num_scalar_prefetch,
-                                  "in_specs", kernel_name)
-    out_specs = gmap.flatten_specs(spec.out_specs, len(outs), "out_specs", kernel_name)
+    in_specs = gmap.flatten_specs(spec.in_specs, spec_tree, "in_specs", kernel_name)
+    out_specs = gmap.flatten_specs(spec.out_specs, out_tree, "out_specs", kernel_name)
     # Operands are named in messages by position and, when it fits, by kernel parameter.
     origins = [f"scalar prefetch {i}" if i < spec.num_scalar_prefetch else f"input {i}"
                for i in range(len(args))] + [
@@ -371,6 +419,16 @@ def _lowering(ctx: Any, *operands: Any, call: KernelCall) -> Sequence[Any]:
 
 
 _jax.register_lowering(pallas_call_p, _lowering)
+
+
+def _has_side_effects(params: Mapping[str, Any]) -> bool:
+    """A kernel that prints must run even when nobody reads its outputs."""
+    effects = params["call"].jaxpr.jaxpr.effects
+    return any(not (_jax.is_ref_effect(e) or e is _jax.internal_mutable_array_effect)
+               for e in effects)
+
+
+_jax.register_dce_rule(pallas_call_p, _has_side_effects)
 
 
 def _jvp(primals: Any, tangents: Any, *, call: KernelCall) -> Any:

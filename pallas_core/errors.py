@@ -30,6 +30,10 @@ class KernelSignatureError(PallasError, TypeError):
     """The kernel's parameters do not match the operands, outputs and scratch buffers."""
 
 
+class KernelTraceError(PallasError, ValueError):
+    """The kernel body raised while being traced (a shape mismatch, a bad index, ...)."""
+
+
 class OutOfBoundsError(PallasError, IndexError):
     """An index map returned a block index outside its array."""
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -147,6 +146,9 @@ def _trace_index_map(spec: BlockSpec, grid: tuple[int, ...], shape: tuple[int, .
             return (0,) * ndim
     avals = [_jax.ShapedArray((), jnp.int32)] * len(grid) + list(prefetch_avals)
 
+    pf_args = f" and {len(prefetch_avals)} scalar-prefetch Refs" if prefetch_avals else ""
+    pf_fix = ", then one per scalar-prefetch operand" if prefetch_avals else ""
+
     def flat(*idx: Any) -> list[Any]:
         try:
             out = fn(*idx)
@@ -154,13 +156,19 @@ def _trace_index_map(spec: BlockSpec, grid: tuple[int, ...], shape: tuple[int, .
             if "positional argument" in str(e):
                 raise BlockSpecError(
                     f"In kernel {kernel_name!r}, the index map of {origin} could not be called "
-                    f"with the {len(grid)} grid indices of grid {grid}"
-                    f"{f' and {len(prefetch_avals)} scalar-prefetch Refs' if prefetch_avals else ''}"
-                    f": {e}. Fix: the index map takes one argument per grid axis ({len(grid)})"
-                    f"{', then one per scalar-prefetch operand' if prefetch_avals else ''}."
+                    f"with the {len(grid)} grid indices of grid {grid}{pf_args}: {e}. Fix: the "
+                    f"index map takes one argument per grid axis ({len(grid)}){pf_fix}."
                 ) from e
             raise
         out = out if isinstance(out, (tuple, list)) else (out,)
+        for o in out:
+            dtype = getattr(o, "dtype", None)
+            if o is None or isinstance(o, float) or jnp.ndim(o) != 0 or (
+                    dtype is not None and not jnp.issubdtype(dtype, jnp.integer)):
+                raise BlockSpecError(
+                    f"In kernel {kernel_name!r}, the index map of {origin} returned {o!r}; "
+                    "expected one integer scalar per array dimension (a block index). Fix: "
+                    "return ints or int32 scalars, e.g. lambda i, j: (i, j).")
         if len(out) != ndim:
             raise BlockSpecError(
                 f"In kernel {kernel_name!r}, the index map of {origin} returned {len(out)} "
@@ -217,7 +225,7 @@ def check_index_maps_in_bounds(gm: GridMapping, kernel_name: str) -> None:
 def grid_points(grid: Sequence[int]) -> np.ndarray:
     """Every point of ``grid`` in lexicographic order, as an ``(num_steps, len(grid))`` array."""
     n = int(np.prod(grid, dtype=np.int64))
-    return np.array(list(itertools.product(*map(range, grid))), np.int32).reshape(n, len(grid))
+    return np.indices(tuple(grid), dtype=np.int32).reshape(len(grid), n).T
 
 
 @functools.lru_cache(maxsize=128)
@@ -271,21 +279,49 @@ def _raise_if_out_of_bounds(bm: BlockMapping, block_idx: np.ndarray, points: np.
     )
 
 
-def flatten_specs(specs: Any, n: int, what: str, kernel_name: str) -> list[Any]:
-    """Flattens ``in_specs``/``out_specs`` to one spec per operand leaf."""
+def _is_spec_leaf(s: Any) -> bool:
+    return s is None or isinstance(s, BlockSpec)
+
+
+def flatten_specs(specs: Any, tree: Any, what: str, kernel_name: str) -> list[Any]:
+    """One spec per operand leaf, with ``specs`` matching the operands' structure ``tree``.
+
+    A lone BlockSpec stands for a one-operand list; lists and tuples are interchangeable.
+    """
+    n = tree.num_leaves
     if specs is no_block_spec or specs is None:
         return [None] * n
     if isinstance(specs, BlockSpec):
-        specs = (specs,)  # a lone BlockSpec stands for a one-operand list
-    leaves = jax.tree_util.tree_leaves(
-        specs, is_leaf=lambda s: s is None or isinstance(s, BlockSpec))
-    if len(leaves) != n:
+        if n == 1:
+            return [specs]
+        specs = (specs,)
+    if n == 1 and tree.num_nodes == 1 and isinstance(specs, (list, tuple)) and len(specs) == 1:
+        specs = specs[0]  # [spec] for a lone operand
+    operands = "inputs" if what == "in_specs" else "outputs"
+    leaves, spec_tree = jax.tree_util.tree_flatten(_tuples(specs), is_leaf=_is_spec_leaf)
+    operand_tree = jax.tree_util.tree_structure(
+        _tuples(jax.tree_util.tree_unflatten(tree, ["x"] * n)))
+    if spec_tree != operand_tree:  # type: ignore[operator]
         raise BlockSpecError(
-            f"In kernel {kernel_name!r}, {what} has {len(leaves)} BlockSpecs but there are {n} "
-            f"{'inputs' if what == 'in_specs' else 'outputs'}. Fix: give one BlockSpec per "
-            "operand, in order."
+            f"In kernel {kernel_name!r}, {what} has {len(leaves)} BlockSpecs in the structure "
+            f"{_describe(spec_tree)} but there are {n} {operands} in the structure "
+            f"{_describe(tree)}. Fix: give one BlockSpec per operand, nested like the "
+            f"{operands}."
         )
     return leaves
+
+
+def _tuples(tree: Any) -> Any:
+    """``tree`` with every list turned into a tuple (specs may use either)."""
+    if isinstance(tree, (list, tuple)):
+        return tuple(_tuples(t) for t in tree)
+    if isinstance(tree, dict):
+        return {k: _tuples(v) for k, v in tree.items()}
+    return tree
+
+
+def _describe(tree: Any) -> str:
+    return str(jax.tree_util.tree_unflatten(tree, ["*"] * tree.num_leaves)).replace("'", "")
 
 
 def scratch_avals(scratch_shapes: Sequence[Any]) -> tuple[Any, ...]:

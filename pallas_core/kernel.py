@@ -58,16 +58,10 @@ def kernel(
 
     def decorate(fn: Callable[..., None]) -> Callable[..., Any]:
         def call(*args: Any) -> Any:
-            n_in = len(jax.tree_util.tree_leaves(args))
-            n_out = len(jax.tree_util.tree_leaves(out))
-            return pallas_call(
-                fn, out, grid=mesh.axis_sizes,
-                in_specs=[BlockSpec(memory_space=ANY)] * n_in,
-                out_specs=[BlockSpec(memory_space=ANY)] * n_out,
-                scratch_shapes=scratch, compiler_params=compiler_params, interpret=interpret,
-                cost_estimate=cost_estimate, debug=debug, name=name or fn.__name__,
-                backend=backend or mesh.backend, _grid_names=mesh.axis_names,
-            )(*args)
+            return _mesh_call(fn, out, mesh, args, scratch_shapes=scratch,
+                              compiler_params=compiler_params, interpret=interpret,
+                              cost_estimate=cost_estimate, debug=debug, name=name,
+                              backend=backend)
 
         return call
 
@@ -124,17 +118,26 @@ def core_map(
             env = [next(outs) if r else c for c, r in zip(consts, is_ref)]
             _jax.eval_jaxpr(jaxpr, env)
 
-        results = pallas_call(
-            body, [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in values],
-            grid=mesh.axis_sizes,
-            in_specs=[BlockSpec(memory_space=ANY)] * len(refs),
-            out_specs=[BlockSpec(memory_space=ANY)] * len(refs),
+        body.__name__ = name or fn.__name__
+        results = _mesh_call(
+            body, tuple(jax.ShapeDtypeStruct(v.shape, v.dtype) for v in values), mesh, values,
             input_output_aliases={i: i for i in range(len(refs))},
             compiler_params=compiler_params, interpret=interpret, debug=debug,
-            cost_estimate=cost_estimate, name=name or fn.__name__,
-            backend=backend or mesh.backend, _grid_names=mesh.axis_names,
-        )(*values)
+            cost_estimate=cost_estimate, name=name, backend=backend)
         for r, v in zip(refs, results):
             r[...] = v
 
     return decorate
+
+
+def _mesh_call(fn: Callable[..., None], out: Any, mesh: Mesh, args: Any, *,
+               name: str | None, backend: str | None, **kwargs: Any) -> Any:
+    """``fn`` as a ``pallas_call`` over the mesh, every operand whole (memory space ANY)."""
+    def whole(tree: Any) -> Any:
+        return jax.tree_util.tree_map(lambda _: BlockSpec(memory_space=ANY), tree)
+
+    return pallas_call(
+        fn, out, grid=mesh.axis_sizes, in_specs=whole(tuple(args)), out_specs=whole(out),
+        name=name or fn.__name__, backend=backend or mesh.backend,
+        _grid_names=mesh.axis_names, **kwargs,
+    )(*args)

@@ -107,7 +107,9 @@ def debug_print(fmt: str, *args: Any) -> None:
     """Prints ``fmt`` with ``{}`` placeholders replaced by ``args`` (scalars or arrays)."""
     if not isinstance(fmt, str):
         raise PallasError(f"pl.debug_print expects a format string first, found {fmt!r}.")
-    if fmt.count("{}") != len(args) and args:
+    if args and "{}" not in fmt:
+        fmt = fmt + " {}" * len(args)  # values appended, as Triton's print does
+    if fmt.count("{}") != len(args):
         raise PallasError(
             f"pl.debug_print format {fmt!r} has {fmt.count('{}')} '{{}}' placeholders but "
             f"{len(args)} values were given. Fix: use one '{{}}' per value."
@@ -290,6 +292,8 @@ run_scoped_p.multiple_results = True
 @run_scoped_p.def_effectful_abstract_eval
 def _run_scoped_abstract_eval(*refs: Any, jaxpr: Any, scoped: tuple[MemoryRef, ...]) -> Any:
     effects = _jax.input_effects_by_position(jaxpr.jaxpr, len(refs))
+    # It allocates Refs of its own: discharge must reach it even when it touches no outer Ref.
+    effects.add(_jax.internal_mutable_array_effect)
     return [v.aval for v in jaxpr.jaxpr.outvars], effects
 
 
@@ -364,6 +368,14 @@ def loop(lower: Any, upper: Any, *, init_carry: Any = None, step: Any = 1,
     Without ``init_carry`` the body is ``body(i)``; with it, ``body(i, carry) -> carry`` and
     the decorator returns the final carry.
     """
+    for what, v in (("lower", lower), ("upper", upper), ("step", step)):
+        dtype = getattr(v, "dtype", None)
+        if isinstance(v, (float, bool)) or (dtype is not None
+                                            and not jnp.issubdtype(dtype, jnp.integer)):
+            raise PallasError(f"pl.loop needs integer bounds and step; {what}={v!r}. Fix: "
+                              "use ints or integer arrays.")
+    if isinstance(step, int) and step == 0:
+        raise PallasError("pl.loop(step=0) would never end. Fix: use a non-zero step.")
     num = cdiv(upper - lower, step)
 
     def decorator(body: Callable[..., Any]) -> Any:

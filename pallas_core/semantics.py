@@ -14,8 +14,10 @@ evaluate rules. It never imports the plugin that defined a primitive.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -185,10 +187,23 @@ def uninitialized(shape: Sequence[int], dtype: Any, checked: bool = False) -> An
     return jnp.zeros(tuple(shape), dtype)
 
 
+_POISON_SCOPED = contextvars.ContextVar("pallas_poison_scoped", default=False)
+
+
+@contextlib.contextmanager
+def poisoned_allocations() -> Iterator[None]:
+    """Within the block, discharged ``run_scoped`` buffers start poisoned (checked mode)."""
+    token = _POISON_SCOPED.set(True)
+    try:
+        yield
+    finally:
+        _POISON_SCOPED.reset(token)
+
+
 def _run_scoped_discharge(in_avals: Any, out_avals: Any, *args: Any, jaxpr: Any,
                           scoped: tuple[Any, ...]) -> Any:
     discharged = _jax.discharge_state(jaxpr)
-    fresh = [uninitialized(t.shape, t.dtype) for t in scoped]
+    fresh = [uninitialized(t.shape, t.dtype, _POISON_SCOPED.get()) for t in scoped]
     res = _jax.eval_jaxpr(discharged.jaxpr, discharged.consts, *args, *fresh)
     n_out = len(out_avals)
     outs, finals = res[:n_out], iter(res[n_out:])

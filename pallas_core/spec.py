@@ -12,7 +12,6 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
-import jax
 import numpy as np
 
 from pallas_core.errors import BlockSpecError
@@ -20,9 +19,7 @@ from pallas_core.errors import BlockSpecError
 
 def cdiv(a: Any, b: Any) -> Any:
     """Ceiling division: the number of blocks of size ``b`` that cover ``a``."""
-    if isinstance(a, int) and isinstance(b, int):
-        return -(-a // b)
-    return (a + b - 1) // b
+    return -(-a // b)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +95,10 @@ class BlockSpec:
                     "for a 1-D block."
                 )
             object.__setattr__(self, "block_shape", tuple(self.block_shape))
+        if self.memory_space is not None and not isinstance(self.memory_space, MemorySpace):
+            raise BlockSpecError(
+                f"BlockSpec.memory_space must be a pl.MemorySpace (e.g. pl.ANY, or a backend's "
+                f"such as pltpu.VMEM), found {self.memory_space!r}.")
         if self.index_map is not None and not callable(self.index_map):
             raise BlockSpecError(
                 f"BlockSpec.index_map must be callable, found {self.index_map!r}. "
@@ -128,9 +129,11 @@ class GridSpec:
     blocks can be chosen by data: ``index_map(i, j, idx_ref) -> (idx_ref[i], j)``."""
 
     def __post_init__(self) -> None:
+        if self.grid is None:
+            object.__setattr__(self, "grid", ())
         grid = (self.grid,) if isinstance(self.grid, int) else tuple(self.grid)
         for g in grid:
-            if not isinstance(g, (int, np.integer)) or g < 0:
+            if not isinstance(g, (int, np.integer)) or isinstance(g, bool) or g < 0:
                 raise BlockSpecError(
                     f"grid sizes must be non-negative ints, found grid={self.grid!r}. "
                     "Fix: compute the grid with Python ints, e.g. pl.cdiv(n, block)."
@@ -180,6 +183,14 @@ class Mesh:
     backend: str | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "axis_names", tuple(self.axis_names))
+        object.__setattr__(self, "axis_sizes", tuple(self.axis_sizes))
+        if not all(isinstance(n, str) for n in self.axis_names) or not all(
+                isinstance(s, (int, np.integer)) and not isinstance(s, bool) and s > 0
+                for s in self.axis_sizes):
+            raise BlockSpecError(
+                f"Mesh needs string axis names and positive int sizes, found "
+                f"axis_names={self.axis_names!r}, axis_sizes={self.axis_sizes!r}.")
         if len(self.axis_names) != len(self.axis_sizes):
             raise BlockSpecError(
                 f"Mesh has {len(self.axis_names)} axis names but {len(self.axis_sizes)} sizes; "
@@ -192,6 +203,3 @@ class Mesh:
         return dict(zip(self.axis_names, self.axis_sizes))
 
 
-def shape_dtype_of(x: Any) -> jax.ShapeDtypeStruct:
-    """``jax.ShapeDtypeStruct`` of an array-like or shape-dtype description."""
-    return jax.ShapeDtypeStruct(tuple(x.shape), x.dtype)

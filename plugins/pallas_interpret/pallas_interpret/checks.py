@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_core import _jax
+from pallas_core import _jax, semantics
 from pallas_core import grid_mapping as gmap
 from pallas_core import primitives as prims
 from pallas_core.errors import OutOfBoundsError, PallasError
@@ -116,7 +116,8 @@ def discharge(call: KernelCall, checked: bool) -> Any:
         return checked_rule
 
     fresh = _jax.ClosedJaxpr(call.jaxpr.jaxpr, call.jaxpr.consts)  # not the cached discharge
-    with _jax.discharge_rules_wrapped(wrap, [_jax.get_p, _jax.swap_p]):
+    with (_jax.discharge_rules_wrapped(wrap, [_jax.get_p, _jax.swap_p]),
+          semantics.poisoned_allocations()):
         return _jax.discharge_state(fresh, axis_sizes=gm.axis_env)
 
 

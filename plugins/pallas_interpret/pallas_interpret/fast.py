@@ -7,9 +7,10 @@ that differ along the axis never touch the same output block. Those axes run as 
 lexicographic order. The result is the same as stepping through the grid one point at a time.
 
 Whenever safety cannot be proven, ``plan`` returns ``None`` and the exact path runs instead:
-scratch buffers (they carry state from one step to the next), aliased outputs, atomics, prints
-and other side effects, primitives a plugin added (their semantics may have effects), index
-maps that are not a grid index or a constant in every dimension, and grids too large to check.
+scratch buffers (they carry state from one step to the next), aliased outputs, writes to input
+blocks, atomics, prints and other side effects, primitives a plugin added (their semantics may
+have effects), index maps that are not a grid index or a constant in every dimension (or that
+read scalar-prefetch operands), and grids too large to check.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def plan(call: KernelCall) -> Plan | None:
     gm = call.grid_mapping
     if gm.num_steps <= 1 or gm.scratch_avals or call.input_output_aliases:
         return None
-    if not _batchable_kernel(call.jaxpr):
+    if not _batchable_kernel(call):
         return None
     tables = gmap.block_index_tables(gm)
     if tables is None:
@@ -78,11 +79,18 @@ def plan(call: KernelCall) -> Plan | None:
     return Plan(parallel, sequential, tuple(dims))
 
 
-def _batchable_kernel(closed: Any) -> bool:
-    if any(not _jax.is_ref_effect(e) for e in closed.jaxpr.effects):
-        return False
+def _batchable_kernel(call: KernelCall) -> bool:
+    closed = call.jaxpr
+    if any(not (_jax.is_ref_effect(e) or e is _jax.internal_mutable_array_effect)
+           for e in closed.jaxpr.effects):
+        return False  # prints, callbacks: their order would change
     unsafe = reference.registered_primitives() - _BATCHABLE
-    return reference.find_eqn(closed.jaxpr, unsafe) is None
+    if reference.find_eqn(closed.jaxpr, unsafe) is not None:
+        return False
+    # A write to an input block stays visible to the next step that reads the same block.
+    discharged = _jax.discharge_state(closed, axis_sizes=call.grid_mapping.axis_env).jaxpr
+    n_in = call.grid_mapping.num_inputs
+    return all(o is i for o, i in zip(discharged.outvars[:n_in], discharged.invars[:n_in]))
 
 
 def _classify(table: np.ndarray, points: np.ndarray) -> tuple[tuple[str, int], ...] | None:

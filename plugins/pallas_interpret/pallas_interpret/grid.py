@@ -101,26 +101,38 @@ def run_exact(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
     order = (None if params.shuffle_seed is None
              else _shuffled_order(gm.grid, parallel, params.shuffle_seed))
 
-    def step(k: Any, carry: tuple[list[Any], list[Any]]) -> tuple[list[Any], list[Any]]:
-        outs, scratch = carry
+    # Inputs the kernel writes: the write stays visible to later steps that read the block.
+    written = [k for k in range(n_in)
+               if kernel.jaxpr.outvars[k] is not kernel.jaxpr.invars[k]]
+
+    def step(k: Any, carry: tuple[list[Any], list[Any], list[Any]]
+             ) -> tuple[list[Any], list[Any], list[Any]]:
+        outs, scratch, written_ins = carry
+        bufs = list(ins)
+        for j, buf in zip(written, written_ins):
+            bufs[j] = buf
         ids = _unravel(k, gm.grid)
         if order is not None:
             ids = tuple(perm[i] for perm, i in zip(order, ids))
         ctx = ReferenceContext(ids, gm.grid, gm.num_batch_axes, gm.grid_names, checked)
         in_starts = [_starts(bm, ids, prefetch) for bm in gm.inputs]
         out_starts = [_starts(bm, ids, prefetch) for bm in gm.outputs]
-        blocks = [_read_block(x, bm, s) for x, bm, s in zip(ins, gm.inputs, in_starts)]
+        blocks = [_read_block(x, bm, s) for x, bm, s in zip(bufs, gm.inputs, in_starts)]
         blocks += [_read_block(o, bm, s) for o, bm, s in zip(outs, gm.outputs, out_starts)]
         results = reference.evaluate(kernel, [*blocks, *scratch], ctx, rules)
         new_outs = [_write_block(o, bm, s, b) for o, bm, s, b in
                     zip(outs, gm.outputs, out_starts, results[n_in:n_in + n_out])]
-        return new_outs, list(results[n_in + n_out:])
+        new_ins = [_write_block(bufs[j], gm.inputs[j], in_starts[j], results[j])
+                   for j in written]
+        return new_outs, list(results[n_in + n_out:]), new_ins
 
     num_steps = math.prod(gm.grid)
+    carry = (outs, scratch, [ins[j] for j in written])
     if num_steps == 1:
-        outs, scratch = step(jnp.int32(0), (outs, scratch))
+        carry = step(jnp.int32(0), carry)
     elif num_steps > 1:
-        outs, scratch = lax.fori_loop(0, num_steps, step, (outs, scratch))
+        carry = lax.fori_loop(0, num_steps, step, carry)
+    outs = carry[0]
     return [lax.slice(o, (0,) * o.ndim, bm.array_shape) if tuple(o.shape) != bm.array_shape
             else o for o, bm in zip(outs, gm.outputs)]
 

@@ -35,6 +35,13 @@ class InterpretParams(CompilerParams):
     shuffle_seed: int | None = None
 
     def __post_init__(self) -> None:
+        for field in ("checked", "fast"):
+            if not isinstance(getattr(self, field), bool):
+                raise PallasError(f"InterpretParams({field}={getattr(self, field)!r}): expected "
+                                  "True or False.")
+        if self.shuffle_seed is not None and not isinstance(self.shuffle_seed, int):
+            raise PallasError(f"InterpretParams(shuffle_seed={self.shuffle_seed!r}): expected an "
+                              "int or None.")
         axes = self.parallel_axes
         if not (axes is None or axes == "all" or (isinstance(axes, tuple) and all(
                 isinstance(a, int) and a >= 0 for a in axes))):
