@@ -39,24 +39,19 @@ __all__ = [
     "Primitive",
     "ShapedArray",
     "Slice",
-    "TransformedRef",
-    "Var",
 ]
 
 # Frames inside pallas_core are internal, like JAX's own: source lines attached to a kernel's
 # equations (and filtered tracebacks) point at the user's code.
 source_info_util.register_exclusion(os.path.dirname(os.path.abspath(__file__)))
 
-JAX_VERSION: tuple[int, ...] = tuple(int(p) for p in jax.__version__.split(".")[:3])
 
 # --- core types -------------------------------------------------------------------------
 Primitive = core.Primitive
 Jaxpr = core.Jaxpr
 ClosedJaxpr = core.ClosedJaxpr
 Literal = core.Literal
-Var = core.Var
 ShapedArray = core.ShapedArray
-AbstractValue = core.AbstractValue
 Effect = effects.Effect
 typeof = core.typeof
 Tracer = core.Tracer
@@ -66,7 +61,6 @@ eval_context = core.eval_context
 
 # --- refs and indexing ------------------------------------------------------------------
 AbstractRef = state_types.AbstractRef
-TransformedRef = state_types.TransformedRef
 ReadEffect = state_types.ReadEffect
 WriteEffect = state_types.WriteEffect
 
@@ -83,8 +77,6 @@ Slice = state_indexing.Slice
 ds = state_indexing.ds
 get_p = state_primitives.get_p
 swap_p = state_primitives.swap_p
-addupdate_p = state_primitives.addupdate_p
-broadcast_to = state_primitives.broadcast_to
 get_ref_and_transforms = state_primitives.get_ref_and_transforms
 transform_array = state_discharge.transform_array
 transform_swap_array = state_discharge.transform_swap_array
@@ -107,18 +99,12 @@ def register_discharge_rule(prim: Primitive) -> Callable[[Callable[..., Any]], A
         return rule
     return register
 
-# --- structured primitives the interpreter walks into ------------------------------------
-cond_p = cond_p
-while_p = while_p
-scan_p = scan_p
-jit_p = jit_p
+# --- structured primitives the reference evaluator walks into (imported above) -----------
 closed_call_p = core.closed_call_p
-custom_jvp_call_p = custom_jvp_call_p
-custom_vjp_call_p = custom_vjp_call_p
-axis_index_p = axis_index_p
+__all__ += ["axis_index_p", "closed_call_p", "cond_p", "custom_jvp_call_p", "custom_vjp_call_p",
+            "jit_p", "scan_p", "while_p"]
 
 # --- transformations and lowering -------------------------------------------------------
-primitive_batchers = batching.primitive_batchers
 
 
 def register_batching_rule(prim: Primitive, rule: Callable[..., Any]) -> None:
@@ -126,8 +112,6 @@ def register_batching_rule(prim: Primitive, rule: Callable[..., Any]) -> None:
     batching.fancy_primitive_batchers[prim] = rule
 primitive_jvps = ad.primitive_jvps
 register_lowering = mlir.register_lowering
-LoweringRuleContext = mlir.LoweringRuleContext
-ir = mlir.ir
 
 
 def lower_fun(fun: Callable[..., Any], multiple_results: bool = True) -> Callable[..., Any]:
@@ -302,23 +286,11 @@ def convert_constvars(jaxpr: Jaxpr) -> Jaxpr:
     return pe.convert_constvars_jaxpr(jaxpr)
 
 
-def dce(jaxpr: Jaxpr) -> Jaxpr:
-    """Dead-code eliminates a jaxpr, keeping all outputs and effectful equations."""
-    jaxpr, _ = pe.dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars), instantiate=True)
-    return jaxpr
-
 
 def user_context(eqn: Any) -> Any:
     """Context that attributes errors raised while evaluating ``eqn`` to its source."""
     return source_info_util.user_context(eqn.source_info.traceback)
 
-
-def source_line(eqn: Any) -> str:
-    """``file:line`` of the user code that produced ``eqn``, or ``'<unknown>'``."""
-    frame = source_info_util.user_frame(eqn.source_info.traceback)
-    if frame is None:
-        return "<unknown>"
-    return f"{frame.file_name}:{frame.start_line}"
 
 
 def varying_axes(aval: Any) -> frozenset[Any]:

@@ -267,8 +267,11 @@ def _raise_if_out_of_bounds(bm: BlockMapping, block_idx: np.ndarray, points: np.
     n_blocks = tuple(int(-(-s // b)) for s, b in zip(shape, block))
     hint = ""
     if any(block_idx[step, d] >= block[d] > 1 for d in range(len(block))):
+        rest = ["0"] * (len(block) - 1)
+        good = f"({', '.join(['i', *rest])}{',' if not rest else ''})"
+        bad_map = f"({', '.join(['i * block_size', *rest])}{',' if not rest else ''})"
         hint = (" Index maps return block indices, not element offsets: write "
-                "lambda i: (i, 0), not lambda i: (i * block_size, 0).")
+                f"lambda i: {good}, not lambda i: {bad_map}.")
     raise OutOfBoundsError(
         f"In kernel {kernel_name!r}, the index map of {bm.origin} returned block index "
         f"{tuple(int(v) for v in block_idx[step])} at grid step "

@@ -172,7 +172,8 @@ def _broadcast_like(x: Any, aval: Any, what: str, fn: str) -> jax.Array:
 def load(ref: Any, idx: Any = ..., *, mask: Any = None, other: Any = None) -> jax.Array:
     """Reads ``ref[idx]``; where ``mask`` is False the result is ``other`` (or undefined).
 
-    Masked lanes are never read, so a masked load may reach past the end of ``ref``.
+    Masked lanes are never read, so a masked load whose start is computed at run time may reach
+    past the end of ``ref`` (a start known at trace time must lie inside it).
     """
     if mask is None:
         if other is not None:

@@ -8,10 +8,10 @@ from typing import Any
 
 import jax
 
-from pallas_core import _jax
 from pallas_core.call import pallas_call_p, resolve_backend, validate
 from pallas_core.errors import UnsupportedError
 from pallas_core.plugins import manager
+from pallas_core.reference import sub_jaxprs
 from pallas_core.request import KernelCall
 
 
@@ -27,15 +27,6 @@ class KernelStages:
         return self.stages[stage]
 
 
-def _sub_jaxprs(value: Any) -> Iterator[Any]:
-    if isinstance(value, _jax.ClosedJaxpr):
-        yield value.jaxpr
-    elif isinstance(value, _jax.Jaxpr):
-        yield value
-    elif isinstance(value, (tuple, list)):
-        for v in value:
-            yield from _sub_jaxprs(v)
-
 
 def kernel_calls(jaxpr: Any) -> Iterator[KernelCall]:
     """Every ``pallas_call`` in ``jaxpr``, nested jaxprs included, in program order."""
@@ -43,9 +34,8 @@ def kernel_calls(jaxpr: Any) -> Iterator[KernelCall]:
         if eqn.primitive is pallas_call_p:
             yield eqn.params["call"]
             continue
-        for value in eqn.params.values():
-            for sub in _sub_jaxprs(value):
-                yield from kernel_calls(sub)
+        for sub in sub_jaxprs(eqn.params):
+            yield from kernel_calls(sub)
 
 
 def stages(fn: Callable[..., Any], *args: Any, backend: str | None = None,
