@@ -323,3 +323,101 @@ def test_stages_returns_named_text_stages_without_running(capfd):
     # The same function does print when it runs: the check above is not vacuous.
     jax.block_until_ready(fn(x, y))
     assert "ran the kernel" in capfd.readouterr().out
+
+
+# --- more bad input: each raises a PallasError that says what to do ------------------------
+
+
+def test_index_map_returning_a_float_is_refused():
+    x = _rand((16,))
+    call = pl.pallas_call(copy_kernel, _sds(x), grid=(2,),
+                          in_specs=[pl.BlockSpec((8,), lambda i: (i * 1.0,))],
+                          out_specs=pl.BlockSpec((8,), lambda i: (i,)))
+    with _raises(pl.BlockSpecError, "index map of input 0", "expected one integer scalar",
+                 "Fix"):
+        call(x)
+
+
+def test_index_map_returning_none_is_refused():
+    x = _rand((16,))
+    call = pl.pallas_call(copy_kernel, _sds(x), grid=(2,),
+                          in_specs=[pl.BlockSpec((8,), lambda i: (None,))],
+                          out_specs=pl.BlockSpec((8,), lambda i: (i,)))
+    with _raises(pl.BlockSpecError, "returned None", "integer scalar"):
+        call(x)
+
+
+def test_compiler_params_of_no_installed_backend():
+    class OrphanParams:
+        pass
+
+    with _raises(pl.PallasError, "OrphanParams belong to no installed backend", "interpret",
+                 "Fix"):
+        pl.pallas_call(copy_kernel, jax.ShapeDtypeStruct((8,), jnp.float32),
+                       compiler_params=OrphanParams())
+
+
+@pytest.mark.parametrize("aliases,phrase", [({"0": 0}, "must map input positions"),
+                                            ({0: 0, 1: 0}, "several inputs to one output")])
+def test_bad_input_output_aliases(aliases, phrase):
+    with _raises(pl.PallasError, phrase, "Fix"):
+        pl.pallas_call(add_kernel, jax.ShapeDtypeStruct((8,), jnp.float32),
+                       input_output_aliases=aliases)
+
+
+@pytest.mark.parametrize("grid", [(True,), (2.0,), (-1,)])
+def test_bad_grid(grid):
+    with _raises(pl.BlockSpecError, "grid sizes must be non-negative ints", "Fix"):
+        pl.pallas_call(copy_kernel, jax.ShapeDtypeStruct((8,), jnp.float32), grid=grid)
+
+
+def test_grid_none_means_no_grid():
+    x = _rand((8,))
+    out = pl.pallas_call(copy_kernel, _sds(x), grid=None)(x)
+    np.testing.assert_allclose(out, x)
+
+
+def test_bad_mesh_and_memory_space_and_cost_estimate():
+    with _raises(pl.BlockSpecError, "Mesh needs string axis names and positive int sizes"):
+        pl.Mesh(("x",), ("a",))
+    with _raises(pl.BlockSpecError, "memory_space must be a pl.MemorySpace", "'vmem'"):
+        pl.BlockSpec((8,), lambda i: (i,), memory_space="vmem")
+    with _raises(pl.PallasError, "cost_estimate must be a pl.CostEstimate", "dict", "Fix"):
+        pl.pallas_call(copy_kernel, jax.ShapeDtypeStruct((8,), jnp.float32),
+                       cost_estimate={"flops": 1})
+
+
+@pytest.mark.parametrize("kwargs,phrase", [({"step": 0}, "never end"),
+                                           ({"step": 1.5}, "integer bounds")])
+def test_bad_loop(kwargs, phrase):
+    def kernel(o_ref):
+        pl.loop(0, 4, **kwargs)(lambda i: None)
+        o_ref[...] = jnp.zeros(4)
+
+    with _raises(pl.PallasError, phrase, "Fix"):
+        pl.pallas_call(kernel, jax.ShapeDtypeStruct((4,), jnp.float32))()
+
+
+def test_mistake_inside_the_kernel_body_is_a_pallas_error_naming_the_kernel():
+    def kernel(x_ref, o_ref):
+        o_ref[...] = jnp.ones((3, 3))  # the block is (8,)
+
+    x = _rand((8,))
+    with _raises(pl.KernelTraceError, "kernel 'kernel'", "failed while being traced"):
+        pl.pallas_call(kernel, _sds(x))(x)
+
+
+def test_debug_print_placeholder_count():
+    def kernel(o_ref):
+        pl.debug_print("a {} b {}", 1)
+        o_ref[...] = jnp.zeros(4)
+
+    with _raises(pl.PallasError, "2 '{}' placeholders", "1 values", "Fix"):
+        pl.pallas_call(kernel, jax.ShapeDtypeStruct((4,), jnp.float32))()
+
+
+def test_interpret_params_are_validated():
+    from pallas_interpret import InterpretParams
+
+    with _raises(pl.PallasError, "InterpretParams(checked='no')", "True or False"):
+        InterpretParams(checked="no")
