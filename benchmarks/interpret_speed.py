@@ -117,10 +117,16 @@ CASES: dict[str, tuple[Callable[..., Any], Callable[..., Any], list[tuple[int, .
 # --- timing ---------------------------------------------------------------------------------
 
 
-def _time_first(fn: Callable[..., Any], args: list[jax.Array]) -> float:
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    return time.perf_counter() - start
+def _time_first(make: Callable[[], Callable[..., Any]], args: list[jax.Array],
+                repeats: int) -> float:
+    """Median over fresh functions of the first call: trace, compile and run."""
+    times = []
+    for _ in range(repeats):
+        fn = make()
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def _median(fn: Callable[..., Any], args: list[jax.Array], warmup: int, repeats: int) -> float:
@@ -134,21 +140,24 @@ def _median(fn: Callable[..., Any], args: list[jax.Array], warmup: int, repeats:
     return statistics.median(times)
 
 
-def run(warmup: int, repeats: int, anchor_repeats: int) -> dict[str, Any]:
+def run(warmup: int, repeats: int, anchor_repeats: int, first_repeats: int) -> dict[str, Any]:
     """Times every case three ways; returns the figures."""
     rng = np.random.default_rng(0)
     results: dict[str, Any] = {}
     for name, (kernel, reference, shapes) in CASES.items():
         args = [jnp.asarray(rng.standard_normal(s), jnp.float32) for s in shapes]
-        ways = {
-            "pallas_core": jax.jit(functools.partial(kernel, our_pl, backend="interpret")),
-            "jax_pallas_interpret": jax.jit(functools.partial(kernel, jax_pl, interpret=True)),
-            "jnp": jax.jit(reference),
+        makers: dict[str, Callable[[], Callable[..., Any]]] = {
+            "pallas_core": lambda k=kernel: jax.jit(
+                functools.partial(k, our_pl, backend="interpret")),
+            "jax_pallas_interpret": lambda k=kernel: jax.jit(
+                functools.partial(k, jax_pl, interpret=True)),
+            "jnp": lambda r=reference: jax.jit(lambda *a: r(*a)),
         }
         row: dict[str, Any] = {}
-        want = np.asarray(ways["jnp"](*args))
-        for way, fn in ways.items():
-            first = _time_first(fn, args)
+        want = np.asarray(makers["jnp"]()(*args))
+        for way, make in makers.items():
+            first = _time_first(make, args, first_repeats)
+            fn = make()
             got = np.asarray(fn(*args))
             np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3, err_msg=f"{name}/{way}")
             reps = anchor_repeats if way == "jax_pallas_interpret" else repeats
@@ -169,6 +178,11 @@ def run(warmup: int, repeats: int, anchor_repeats: int) -> dict[str, Any]:
     }
     print(f"geometric mean: ours/jnp {gm['ours_over_jnp']:.2f} (goal <= 1.5), "
           f"anchor/ours {gm['anchor_over_ours']:.2f} (goal >= 5)")
+    firsts = {way: sum(r[way]["first_call_s"] for r in results.values())
+              for way in ("pallas_core", "jax_pallas_interpret")}
+    print(f"first calls, all four kernels: ours {firsts['pallas_core']:.2f} s, anchor "
+          f"{firsts['jax_pallas_interpret']:.2f} s")
+    gm["first_call_total_s"] = firsts
     return {"cases": results, "geomean": gm}
 
 
@@ -179,11 +193,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--anchor-repeats", type=int, default=5,
                         help="repeats for jax.experimental.pallas interpret (slow)")
+    parser.add_argument("--first-repeats", type=int, default=3,
+                        help="fresh first calls (trace + compile + run) per way; median")
     parser.add_argument("--json", help="write the figures to this file")
     args = parser.parse_args()
     print(f"jax {jax.__version__}, {platform.machine()}, {platform.processor() or ''} "
           f"{jax.device_count()} CPU device(s)")
-    figures = run(args.warmup, args.repeats, args.anchor_repeats)
+    figures = run(args.warmup, args.repeats, args.anchor_repeats, args.first_repeats)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(figures, f, indent=2)
