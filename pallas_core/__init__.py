@@ -26,6 +26,7 @@ from pallas_core.grid_mapping import BlockMapping, GridMapping
 from pallas_core.kernel import core_map, kernel
 from pallas_core.plugins import Backend, BackendInfo, register_backend
 from pallas_core.primitives import (
+    DeviceIdType,
     atomic_add,
     atomic_and,
     atomic_cas,
@@ -44,6 +45,9 @@ from pallas_core.primitives import (
     num_programs,
     program_id,
     run_scoped,
+    semaphore_read,
+    semaphore_signal,
+    semaphore_wait,
     store,
     swap,
     when,
@@ -69,15 +73,16 @@ from pallas_core.stages import KernelStages, stages
 __version__ = "0.1.0"
 
 __all__ = [
-    "ANY", "AutodiffError", "Backend", "BackendInfo", "BackendNotFoundError", "BlockMapping",
-    "BlockSpec", "BlockSpecError", "CompilerParams", "CostEstimate", "GridMapping", "GridSpec",
-    "KernelCall", "KernelSignatureError", "KernelStages", "KernelTraceError", "LoweringError",
-    "LoweringRequest",
-    "MemoryRef", "MemorySpace", "Mesh", "OutOfBoundsError", "PallasError", "PluginLoadError",
-    "PrimitiveSemantics", "ReferenceContext", "Slice", "Squeezed", "UnsupportedError",
-    "atomic_add", "atomic_and", "atomic_cas", "atomic_max", "atomic_min", "atomic_or",
-    "atomic_xchg", "atomic_xor", "broadcast_to", "cdiv", "core_map", "debug_print", "ds",
-    "dslice", "empty", "empty_like", "kernel", "load", "loop", "multiple_of", "no_block_spec",
-    "num_programs", "pallas_call", "pallas_call_p", "program_id", "register_backend",
-    "run_scoped", "run_state", "squeezed", "stages", "store", "swap", "when",
+    "ANY", "atomic_add", "atomic_and", "atomic_cas", "atomic_max", "atomic_min", "atomic_or",
+    "atomic_xchg", "atomic_xor", "AutodiffError", "Backend", "BackendInfo",
+    "BackendNotFoundError", "BlockMapping", "BlockSpec", "BlockSpecError", "broadcast_to",
+    "cdiv", "CompilerParams", "core_map", "CostEstimate", "debug_print", "DeviceIdType", "ds",
+    "dslice", "empty", "empty_like", "GridMapping", "GridSpec", "kernel", "KernelCall",
+    "KernelSignatureError", "KernelStages", "KernelTraceError", "load", "loop",
+    "LoweringError", "LoweringRequest", "MemoryRef", "MemorySpace", "Mesh", "multiple_of",
+    "no_block_spec", "num_programs", "OutOfBoundsError", "pallas_call", "pallas_call_p",
+    "PallasError", "PluginLoadError", "PrimitiveSemantics", "program_id", "ReferenceContext",
+    "register_backend", "run_scoped", "run_state", "semaphore_read", "semaphore_signal",
+    "semaphore_wait", "Slice", "Squeezed", "squeezed", "stages", "store", "swap",
+    "UnsupportedError", "when",
 ]

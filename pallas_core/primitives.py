@@ -284,6 +284,81 @@ def atomic_cas(ref: Any, cmp: Any, val: Any) -> jax.Array:
     return atomic_cas_p.bind(r, cmp, val, *flat, tree=tree)  # type: ignore[no-any-return]
 
 
+# --- semaphores ----------------------------------------------------------------------------
+#
+# A semaphore is an int32 Ref (a backend keeps it in its semaphore memory space, e.g. TPU's
+# SEMAPHORE). Signals add to it, waits block until it reaches a value and subtract it.
+
+
+class DeviceIdType(enum.Enum):
+    """How ``device_id`` names a device: by mesh coordinates or by logical index."""
+
+    MESH = "mesh"
+    LOGICAL = "logical"
+
+
+semaphore_signal_p = _jax.Primitive("semaphore_signal")
+semaphore_signal_p.multiple_results = True
+
+
+@semaphore_signal_p.def_effectful_abstract_eval
+def _semaphore_signal_abstract_eval(sem: Any, *args: Any, tree: Any, has_device_id: bool,
+                                    device_id_type: DeviceIdType) -> Any:
+    return [], {_jax.ReadEffect(0), _jax.WriteEffect(0)}
+
+
+semaphore_wait_p = _jax.Primitive("semaphore_wait")
+semaphore_wait_p.multiple_results = True
+
+
+@semaphore_wait_p.def_effectful_abstract_eval
+def _semaphore_wait_abstract_eval(sem: Any, *args: Any, tree: Any, decrement: bool) -> Any:
+    return [], {_jax.ReadEffect(0), _jax.WriteEffect(0)}
+
+
+semaphore_read_p = _jax.Primitive("semaphore_read")
+
+
+@semaphore_read_p.def_effectful_abstract_eval
+def _semaphore_read_abstract_eval(sem: Any, *args: Any, tree: Any) -> Any:
+    return _jax.ShapedArray((), jnp.int32), {_jax.ReadEffect(0)}
+
+
+def _semaphore_access(sem: Any, fn: str) -> tuple[Any, list[Any], Any]:
+    ref, flat, tree, aval = _flat_access(sem, ..., fn)
+    if aval.shape != () or aval.dtype != jnp.int32:
+        raise PallasError(
+            f"pl.{fn} needs one semaphore: an int32 Ref of shape () (index an array of "
+            f"semaphores with .at[i]), found {aval.dtype}{list(aval.shape)}."
+        )
+    return ref, flat, tree
+
+
+def semaphore_signal(sem: Any, inc: Any = 1, *, device_id: Any = None,
+                     device_id_type: DeviceIdType = DeviceIdType.MESH) -> None:
+    """Adds ``inc`` to a semaphore (on device ``device_id`` when given)."""
+    ref, flat, tree = _semaphore_access(sem, "semaphore_signal")
+    args = [*flat, jnp.asarray(inc, jnp.int32)]
+    if device_id is not None:
+        ids = device_id if isinstance(device_id, (tuple, list)) else (device_id,)
+        args += [jnp.asarray(i, jnp.int32) for i in ids]
+    semaphore_signal_p.bind(ref, *args, tree=tree, has_device_id=device_id is not None,
+                            device_id_type=device_id_type)
+
+
+def semaphore_wait(sem: Any, value: Any = 1, *, decrement: bool = True) -> None:
+    """Blocks until the semaphore reaches ``value``; then subtracts it (if ``decrement``)."""
+    ref, flat, tree = _semaphore_access(sem, "semaphore_wait")
+    semaphore_wait_p.bind(ref, *flat, jnp.asarray(value, jnp.int32), tree=tree,
+                          decrement=decrement)
+
+
+def semaphore_read(sem: Any) -> jax.Array:
+    """The current value of a semaphore."""
+    ref, flat, tree = _semaphore_access(sem, "semaphore_read")
+    return semaphore_read_p.bind(ref, *flat, tree=tree)  # type: ignore[no-any-return]
+
+
 # --- scoped allocation ---------------------------------------------------------------------
 
 run_scoped_p = _jax.Primitive("run_scoped")

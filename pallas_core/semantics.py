@@ -26,7 +26,7 @@ from jax import lax
 
 from pallas_core import _jax
 from pallas_core import primitives as prims
-from pallas_core.errors import PallasError
+from pallas_core.errors import PallasError, UnsupportedError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,6 +177,47 @@ def _atomic_cas_discharge(in_avals: Any, out_avals: Any, x: Any, cmp: Any, val: 
     return (new_x, None, None) + (None,) * len(flat), old
 
 
+def _semaphore_signal_discharge(in_avals: Any, out_avals: Any, sem: Any, *args: Any, tree: Any,
+                                has_device_id: bool, device_id_type: Any) -> Any:
+    if has_device_id:
+        raise UnsupportedError(
+            "pl.semaphore_signal(device_id=...) signals another device; the reference "
+            "semantics run one device's kernel at a time and cannot. Fix: test remote signals "
+            "on the hardware, or signal locally in the interpreter.")
+    n = tree.num_leaves
+    flat, inc = args[:n], args[n]
+    _, new = _read_modify_write(sem, flat, tree, lambda old: old + inc)
+    return (new,) + (None,) * len(args), []
+
+
+def _semaphore_wait_discharge(in_avals: Any, out_avals: Any, sem: Any, *args: Any, tree: Any,
+                              decrement: bool) -> Any:
+    n = tree.num_leaves
+    flat, value = args[:n], args[n]
+    old = _jax.transform_array(sem, jax.tree_util.tree_unflatten(tree, flat))
+    if _CHECKED.get():
+        # Steps run one at a time here, so a wait that finds too few signals waits forever.
+        jax.debug.callback(_report_deadlock, old, value)
+    if not decrement:
+        return (None,) * (len(args) + 1), []
+    _, new = _read_modify_write(sem, flat, tree, lambda cur: cur - value)
+    return (new,) + (None,) * len(args), []
+
+
+def _report_deadlock(count: Any, value: Any) -> None:
+    if int(count) < int(value):
+        raise PallasError(
+            f"deadlock: pl.semaphore_wait for {int(value)} on a semaphore at {int(count)}, and "
+            "no step still to run can signal it. Fix: signal the semaphore (or start the copy "
+            "that signals it) before waiting on it.")
+
+
+def _semaphore_read_discharge(in_avals: Any, out_avals: Any, sem: Any, *flat: Any,
+                              tree: Any) -> Any:
+    value = _jax.transform_array(sem, jax.tree_util.tree_unflatten(tree, flat))
+    return (None,) * (len(flat) + 1), value
+
+
 def uninitialized(shape: Sequence[int], dtype: Any, checked: bool = False) -> Any:
     """The contents of memory nobody has written: zeros, or poison in checked mode."""
     dtype = jnp.dtype(dtype)
@@ -187,23 +228,24 @@ def uninitialized(shape: Sequence[int], dtype: Any, checked: bool = False) -> An
     return jnp.zeros(tuple(shape), dtype)
 
 
-_POISON_SCOPED = contextvars.ContextVar("pallas_poison_scoped", default=False)
+_CHECKED = contextvars.ContextVar("pallas_reference_checked", default=False)
 
 
 @contextlib.contextmanager
-def poisoned_allocations() -> Iterator[None]:
-    """Within the block, discharged ``run_scoped`` buffers start poisoned (checked mode)."""
-    token = _POISON_SCOPED.set(True)
+def checked_discharge() -> Iterator[None]:
+    """Within the block, discharge rules apply checked-mode semantics: ``run_scoped`` buffers
+    start poisoned, and semaphore waits that would block forever are reported."""
+    token = _CHECKED.set(True)
     try:
         yield
     finally:
-        _POISON_SCOPED.reset(token)
+        _CHECKED.reset(token)
 
 
 def _run_scoped_discharge(in_avals: Any, out_avals: Any, *args: Any, jaxpr: Any,
                           scoped: tuple[Any, ...]) -> Any:
     discharged = _jax.discharge_state(jaxpr)
-    fresh = [uninitialized(t.shape, t.dtype, _POISON_SCOPED.get()) for t in scoped]
+    fresh = [uninitialized(t.shape, t.dtype, _CHECKED.get()) for t in scoped]
     res = _jax.eval_jaxpr(discharged.jaxpr, discharged.consts, *args, *fresh)
     n_out = len(out_avals)
     outs, finals = res[:n_out], iter(res[n_out:])
@@ -221,5 +263,8 @@ CORE_SEMANTICS: tuple[PrimitiveSemantics, ...] = (
     PrimitiveSemantics(prims.atomic_rmw_p, discharge=_atomic_rmw_discharge),
     PrimitiveSemantics(prims.atomic_cas_p, discharge=_atomic_cas_discharge),
     PrimitiveSemantics(prims.run_scoped_p, discharge=_run_scoped_discharge),
+    PrimitiveSemantics(prims.semaphore_signal_p, discharge=_semaphore_signal_discharge),
+    PrimitiveSemantics(prims.semaphore_wait_p, discharge=_semaphore_wait_discharge),
+    PrimitiveSemantics(prims.semaphore_read_p, discharge=_semaphore_read_discharge),
 )
 """Reference semantics of the core's own primitives (the core registers them like a plugin)."""

@@ -117,7 +117,7 @@ def discharge(call: KernelCall, checked: bool) -> Any:
 
     fresh = _jax.ClosedJaxpr(call.jaxpr.jaxpr, call.jaxpr.consts)  # not the cached discharge
     with (_jax.discharge_rules_wrapped(wrap, [_jax.get_p, _jax.swap_p]),
-          semantics.poisoned_allocations()):
+          semantics.checked_discharge()):
         return _jax.discharge_state(fresh, axis_sizes=gm.axis_env)
 
 
