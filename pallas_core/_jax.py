@@ -124,10 +124,23 @@ def lower_fun(fun: Callable[..., Any], multiple_results: bool = True) -> Callabl
     rule = mlir.lower_fun(fun, multiple_results=multiple_results)
 
     def lowered(ctx: Any, *args: Any, **params: Any) -> Any:
-        with _config._check_vma(False):
+        with _config._check_vma(False), core.extend_axis_env_nd(list(manual_axes(ctx))):
             return rule(ctx, *args, **params)
 
     return lowered
+
+
+def manual_axes(ctx: Any) -> tuple[tuple[str, int], ...]:
+    """``(name, size)`` of the mesh axes a lowering runs under ``shard_map`` over (else empty).
+
+    Collectives over them (``lax.all_gather``, ``lax.axis_index``) work inside ``lower_fun``.
+    """
+    axis_context = ctx.module_context.axis_context
+    manual = getattr(axis_context, "manual_axes", None)
+    mesh = getattr(axis_context, "mesh", None)
+    if not manual or mesh is None:
+        return ()
+    return tuple((n, int(mesh.shape[n])) for n in mesh.axis_names if n in manual)
 
 
 def scan_parts(

@@ -89,13 +89,13 @@ class PluginManager:
         return self._pm.hook
 
     def _register_core(self) -> None:
-        from pallas_core import semantics
+        from pallas_core import copies, semantics
 
         class CorePlugin:
             @staticmethod
             @hookspecs.hookimpl
             def pallas_primitives() -> Any:
-                return semantics.CORE_SEMANTICS
+                return semantics.CORE_SEMANTICS + copies.SEMANTICS
 
         self._pm.register(CorePlugin(), name="pallas_core")
 

@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pallas_core import _jax
+from pallas_core import _jax, semantics
 from pallas_core.grid_mapping import GridMapping
 from pallas_core.spec import CostEstimate
 
@@ -51,6 +51,18 @@ class LoweringRequest:
     operands: tuple[Any, ...]
     """The MLIR values of the call's inputs."""
 
+    @property
+    def device_axes(self) -> tuple[tuple[str, int], ...]:
+        """``(name, size)`` of the ``shard_map`` mesh axes the kernel runs under (else empty)."""
+        return _jax.manual_axes(self.ctx)
+
     def lower_jax(self, fn: Callable[..., Sequence[Any]]) -> Sequence[Any]:
-        """Inlines ``fn(*inputs) -> outputs`` (plain JAX) into the program being lowered."""
-        return _jax.lower_fun(fn, multiple_results=True)(self.ctx, *self.operands)  # type: ignore[no-any-return]
+        """Inlines ``fn(*inputs) -> outputs`` (plain JAX) into the program being lowered.
+
+        Under ``shard_map`` the mesh axes are in scope while ``fn`` is traced, and the reference
+        semantics of cross-device primitives (remote copies and signals) use them.
+        """
+        def traced(*args: Any) -> Sequence[Any]:
+            with semantics.device_axes(self.device_axes):
+                return fn(*args)
+        return _jax.lower_fun(traced, multiple_results=True)(self.ctx, *self.operands)  # type: ignore[no-any-return]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -72,12 +73,15 @@ def _program_id(ctx: ReferenceContext, *, axis: int) -> Any:
 def _axis_index(ctx: ReferenceContext, *, axis_name: Any) -> Any:
     names = ctx.grid_names or ()
     name = axis_name[0] if isinstance(axis_name, tuple) and len(axis_name) == 1 else axis_name
-    if name not in names:
-        raise PallasError(
-            f"jax.lax.axis_index({name!r}) inside a kernel, but the kernel's mesh axes are "
-            f"{names}. Fix: use one of the mesh's axis names."
-        )
-    return ctx.program_id(names.index(name))
+    if name in names:
+        return ctx.program_id(names.index(name))
+    devices = tuple(n for n, _ in _DEVICE_AXES.get())
+    if name in devices:  # the device's position under shard_map, not a core of the kernel
+        return lax.axis_index(name)
+    raise PallasError(
+        f"jax.lax.axis_index({name!r}) inside a kernel, but the kernel's mesh axes are {names}"
+        f" and the shard_map axes around it are {devices}. Fix: use one of those axis names."
+    )
 
 
 def _debug_print(ctx: ReferenceContext, *args: Any, fmt: str) -> list[Any]:
@@ -177,17 +181,92 @@ def _atomic_cas_discharge(in_avals: Any, out_avals: Any, x: Any, cmp: Any, val: 
     return (new_x, None, None) + (None,) * len(flat), old
 
 
+# --- devices under shard_map ---------------------------------------------------------------
+
+_DEVICE_AXES: contextvars.ContextVar[tuple[tuple[str, int], ...]] = contextvars.ContextVar(
+    "pallas_reference_device_axes", default=())
+
+
+@contextlib.contextmanager
+def device_axes(axes: tuple[tuple[str, int], ...]) -> Iterator[None]:
+    """Within the block, cross-device primitives exchange data over these mesh axes."""
+    token = _DEVICE_AXES.set(tuple(axes))
+    try:
+        yield
+    finally:
+        _DEVICE_AXES.reset(token)
+
+
+def _require_devices(what: str) -> tuple[tuple[str, int], ...]:
+    axes = _DEVICE_AXES.get()
+    if not axes:
+        raise UnsupportedError(
+            f"{what} addresses another device, but the kernel does not run under shard_map, "
+            "so there is no other device. Fix: call the kernel inside jax.shard_map over the "
+            "devices it exchanges data with.")
+    return axes
+
+
+def my_device_index() -> Any:
+    """This device's logical index (row-major over the ``shard_map`` mesh axes)."""
+    axes = _require_devices("a cross-device primitive")
+    index = jnp.int32(0)
+    for name, size in axes:
+        index = index * size + lax.axis_index(name)
+    return index
+
+
+def device_index(device_id: Sequence[Any], mesh_coordinates: bool) -> Any:
+    """The logical index of the device ``device_id`` names.
+
+    With ``mesh_coordinates`` the ids are coordinates along the ``shard_map`` mesh axes (one id
+    for a one-axis mesh); otherwise ``device_id`` is already a logical index.
+    """
+    axes = _require_devices("device_id")
+    if not mesh_coordinates:
+        return jnp.asarray(device_id[0], jnp.int32)
+    if len(device_id) != len(axes):
+        raise PallasError(
+            f"device_id {tuple(device_id)} has {len(device_id)} coordinates but the kernel runs "
+            f"over the mesh axes {tuple(n for n, _ in axes)}. Fix: give one coordinate per "
+            "axis, or use DeviceIdType.LOGICAL with a single index.")
+    index = jnp.int32(0)
+    for (_, size), coord in zip(axes, device_id):
+        index = index * size + jnp.asarray(coord, jnp.int32)
+    return index
+
+
+def exchange(value: Any, target: Any) -> tuple[Any, Any]:
+    """Every device sends ``value`` to device ``target``; returns what this device received
+    (``value``'s shape; zeros if nothing) and how many devices sent to it."""
+    axes = _require_devices("a remote copy")
+    names = tuple(n for n, _ in axes)
+    values = lax.all_gather(value, names, tiled=False).reshape((-1, *jnp.shape(value)))
+    targets = lax.all_gather(target, names, tiled=False).reshape(-1)
+    to_me = targets == my_device_index()
+    count = jnp.sum(to_me.astype(jnp.int32))
+    sender = jnp.argmax(to_me)  # the first device sending here; several is a race
+    received = jnp.where(count > 0, values[sender], jnp.zeros_like(value))
+    return received, count
+
+
 def _semaphore_signal_discharge(in_avals: Any, out_avals: Any, sem: Any, *args: Any, tree: Any,
                                 has_device_id: bool, device_id_type: Any) -> Any:
-    if has_device_id:
-        raise UnsupportedError(
-            "pl.semaphore_signal(device_id=...) signals another device; the reference "
-            "semantics run one device's kernel at a time and cannot. Fix: test remote signals "
-            "on the hardware, or signal locally in the interpreter.")
     n = tree.num_leaves
     flat, inc = args[:n], args[n]
+    if has_device_id:
+        target = device_index(args[n + 1:], device_id_type.value == "mesh")
+        inc = _sum_from_senders(inc, target)  # what the devices signalling this one add up to
     _, new = _read_modify_write(sem, flat, tree, lambda old: old + inc)
     return (new,) + (None,) * len(args), []
+
+
+def _sum_from_senders(inc: Any, target: Any) -> Any:
+    axes = _require_devices("a remote signal")
+    names = tuple(n for n, _ in axes)
+    incs = lax.all_gather(inc, names, tiled=False).reshape(-1)
+    targets = lax.all_gather(target, names, tiled=False).reshape(-1)
+    return jnp.sum(jnp.where(targets == my_device_index(), incs, 0))
 
 
 def _semaphore_wait_discharge(in_avals: Any, out_avals: Any, sem: Any, *args: Any, tree: Any,
@@ -195,19 +274,24 @@ def _semaphore_wait_discharge(in_avals: Any, out_avals: Any, sem: Any, *args: An
     n = tree.num_leaves
     flat, value = args[:n], args[n]
     old = _jax.transform_array(sem, jax.tree_util.tree_unflatten(tree, flat))
-    if _CHECKED.get():
-        # Steps run one at a time here, so a wait that finds too few signals waits forever.
-        jax.debug.callback(_report_deadlock, old, value)
+    check_wait(old, value, "pl.semaphore_wait")
     if not decrement:
         return (None,) * (len(args) + 1), []
     _, new = _read_modify_write(sem, flat, tree, lambda cur: cur - value)
     return (new,) + (None,) * len(args), []
 
 
-def _report_deadlock(count: Any, value: Any) -> None:
+def check_wait(count: Any, value: Any, what: str) -> None:
+    """In checked mode, reports a wait for ``value`` on a semaphore at ``count`` that can never
+    finish: steps run one at a time here, so no later step can signal it first."""
+    if _CHECKED.get():
+        jax.debug.callback(functools.partial(_report_deadlock, what=what), count, value)
+
+
+def _report_deadlock(count: Any, value: Any, *, what: str) -> None:
     if int(count) < int(value):
         raise PallasError(
-            f"deadlock: pl.semaphore_wait for {int(value)} on a semaphore at {int(count)}, and "
+            f"deadlock: {what} waits for {int(value)} on a semaphore at {int(count)}, and "
             "no step still to run can signal it. Fix: signal the semaphore (or start the copy "
             "that signals it) before waiting on it.")
 
@@ -245,7 +329,8 @@ def checked_discharge() -> Iterator[None]:
 def _run_scoped_discharge(in_avals: Any, out_avals: Any, *args: Any, jaxpr: Any,
                           scoped: tuple[Any, ...]) -> Any:
     discharged = _jax.discharge_state(jaxpr)
-    fresh = [uninitialized(t.shape, t.dtype, _CHECKED.get()) for t in scoped]
+    fresh = [jnp.zeros(t.shape, t.dtype) if getattr(t.memory_space, "zeroed", False)
+             else uninitialized(t.shape, t.dtype, _CHECKED.get()) for t in scoped]
     res = _jax.eval_jaxpr(discharged.jaxpr, discharged.consts, *args, *fresh)
     n_out = len(out_avals)
     outs, finals = res[:n_out], iter(res[n_out:])

@@ -33,6 +33,8 @@ class MemorySpace:
     name: str
     backend: str | None = None
     """The backend that defines this space; ``None`` for the core's own spaces."""
+    zeroed: bool = False
+    """Buffers here start at zero (semaphores do); others start undefined."""
 
     ANY: ClassVar[MemorySpace]
 

@@ -61,7 +61,7 @@ def test_checked_mode_reports_a_wait_that_can_never_finish() -> None:
         pl.semaphore_wait(sems.at[0])  # nobody signals semaphore 0
         o_ref[...] = sems[...]
 
-    with pytest.raises(Exception, match=r"deadlock: pl.semaphore_wait for 1 on a semaphore "
+    with pytest.raises(Exception, match=r"deadlock: pl.semaphore_wait waits for 1 on a semaphore "
                                         r"at 0.*Fix"):
         _counts(kernel, checked=True)
 

@@ -94,7 +94,9 @@ def run_exact(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
     outs = [_pad(args[aliased[k]], bm, checked) if k in aliased
             else uninitialized(_padded_shape(bm), bm.dtype, checked)
             for k, bm in enumerate(gm.outputs)]
-    scratch = [uninitialized(a.inner_aval.shape, a.inner_aval.dtype, checked)
+    scratch = [jnp.zeros(a.inner_aval.shape, a.inner_aval.dtype)
+               if getattr(a.memory_space, "zeroed", False)
+               else uninitialized(a.inner_aval.shape, a.inner_aval.dtype, checked)
                for a in gm.scratch_avals]
     n_in, n_out = gm.num_inputs, gm.num_outputs
     prefetch = list(args[:gm.num_scalar_prefetch])

@@ -1,0 +1,212 @@
+"""Asynchronous copies between Refs, local or to another device, completed through semaphores.
+
+This is the machinery that backends with DMA engines build on (``pltpu.async_copy``,
+``pltpu.make_async_remote_copy`` re-export it): the primitives ``copy_start_p`` and
+``copy_wait_p``, the descriptor :class:`AsyncCopy`, and their reference semantics, so that the
+interpreter runs such kernels and a backend only lowers the two primitives.
+
+Reference semantics:
+
+* a local copy completes on ``wait``: ``start`` counts it on its semaphore, ``wait`` moves the
+  data (as read then) and takes the count back, so reading the destination before ``wait``
+  sees its old contents;
+* a remote copy (``device_id`` given) runs under ``shard_map``: at ``start`` every device sends
+  its source to the device it names; the receiver's destination is written and its receive
+  semaphore counts the arrival; the sender's send semaphore counts the departure. ``wait_recv``
+  and ``wait_send`` take the counts back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from pallas_core import _jax, semantics
+from pallas_core.errors import PallasError
+from pallas_core.primitives import DeviceIdType, _ref_and_transforms
+
+copy_start_p = _jax.Primitive("copy_start")
+copy_start_p.multiple_results = True
+copy_wait_p = _jax.Primitive("copy_wait")
+copy_wait_p.multiple_results = True
+
+_SRC, _DST, _SEM, _SEND = 0, 1, 2, 3
+
+
+def _ref_effects(*avals: Any, roles: tuple[int, ...], **_: Any) -> Any:
+    n_refs = max(roles) + 1
+    return [], {e for i in range(n_refs) for e in (_jax.ReadEffect(i), _jax.WriteEffect(i))}
+
+
+copy_start_p.def_effectful_abstract_eval(_ref_effects)
+copy_wait_p.def_effectful_abstract_eval(_ref_effects)
+
+
+def _split(ref_view: Any, fn: str) -> tuple[Any, tuple[Any, ...]]:
+    return _ref_and_transforms(ref_view, None, fn)
+
+
+def _bind(prim: Any, views: list[Any], extra: list[Any], fn: str, **params: Any) -> None:
+    """Binds ``prim`` on the distinct Refs behind ``views`` (two views of one Ref, such as two
+    semaphores of one array, share an operand); ``roles[k]`` is view ``k``'s operand."""
+    refs: list[Any] = []
+    roles = []
+    for ref in (_split(v, fn)[0] for v in views):
+        index = next((i for i, r in enumerate(refs) if r is ref), None)
+        if index is None:
+            refs.append(ref)
+            index = len(refs) - 1
+        roles.append(index)
+    flat, tree = jax.tree_util.tree_flatten(tuple(_split(v, fn)[1] for v in views))
+    prim.bind(*refs, *flat, *extra, tree=tree, roles=tuple(roles), **params)
+
+
+@dataclasses.dataclass(frozen=True)
+class AsyncCopy:
+    """A copy from ``src`` to ``dst`` signalled on semaphores; ``start()`` then ``wait()``.
+
+    Local copies use ``sem``. Remote copies (``device_id`` given) use ``send_sem`` on the
+    sending device and ``sem`` (the receive semaphore) on the receiving one.
+    """
+
+    src: Any
+    dst: Any
+    sem: Any
+    send_sem: Any = None
+    device_id: Any = None
+    device_id_type: DeviceIdType = DeviceIdType.MESH
+
+    def _check(self) -> None:
+        (src, src_t), (dst, dst_t) = _split(self.src, "async_copy"), _split(self.dst, "async_copy")
+        src_aval = _jax.shape_after_transforms(_jax.ref_type_of(src), src_t)
+        dst_aval = _jax.shape_after_transforms(_jax.ref_type_of(dst), dst_t)
+        if src_aval.shape != dst_aval.shape or src_aval.dtype != dst_aval.dtype:
+            raise PallasError(
+                f"async copy from {src_aval.dtype}{list(src_aval.shape)} to "
+                f"{dst_aval.dtype}{list(dst_aval.shape)}: source and destination must have the "
+                "same shape and dtype. Fix: slice them to match (ref.at[...]).")
+
+    @property
+    def is_remote(self) -> bool:
+        return self.device_id is not None
+
+    def start(self) -> None:
+        """Starts the copy."""
+        self._check()
+        views = [self.src, self.dst, self.sem]
+        ids: list[Any] = []
+        if self.is_remote:
+            views.append(self.send_sem)
+            dev = self.device_id if isinstance(self.device_id, (tuple, list)) else (
+                self.device_id,)
+            ids = [jnp.asarray(d, jnp.int32) for d in dev]
+        _bind(copy_start_p, views, ids, "async_copy.start", remote=self.is_remote,
+              device_id_type=self.device_id_type)
+
+    def wait(self) -> None:
+        """Waits for a local copy, or for the arrival of a remote one (``wait_recv``)."""
+        self._wait("recv" if self.is_remote else "local")
+
+    def wait_recv(self) -> None:
+        """Waits until the data sent to this device has arrived."""
+        self._wait("recv")
+
+    def wait_send(self) -> None:
+        """Waits until this device's source has been sent (it may be overwritten after)."""
+        if not self.is_remote:
+            raise PallasError("wait_send() is for remote copies. Fix: use wait().")
+        self._wait("send")
+
+    def _wait(self, kind: str) -> None:
+        sem = self.send_sem if kind == "send" else self.sem
+        _bind(copy_wait_p, [self.src, self.dst, sem], [], "async_copy.wait", kind=kind)
+
+
+def make_async_copy(src: Any, dst: Any, sem: Any) -> AsyncCopy:
+    """A local copy from ``src`` to ``dst`` signalled on ``sem`` (not started)."""
+    return AsyncCopy(src, dst, sem)
+
+
+def async_copy(src: Any, dst: Any, sem: Any) -> AsyncCopy:
+    """Starts a local copy from ``src`` to ``dst``; ``.wait()`` on the result completes it."""
+    copy = make_async_copy(src, dst, sem)
+    copy.start()
+    return copy
+
+
+def make_async_remote_copy(src: Any, dst: Any, send_sem: Any, recv_sem: Any, device_id: Any,
+                           device_id_type: DeviceIdType = DeviceIdType.MESH) -> AsyncCopy:
+    """A copy of ``src`` here into ``dst`` on device ``device_id`` (not started)."""
+    return AsyncCopy(src, dst, recv_sem, send_sem, device_id, device_id_type)
+
+
+def sync_copy(src: Any, dst: Any) -> None:
+    """Copies ``src`` into ``dst`` now."""
+    src_ref, src_t = _split(src, "sync_copy")
+    dst_ref, dst_t = _split(dst, "sync_copy")
+    value = _jax.get_p.bind(src_ref, *jax.tree_util.tree_leaves(src_t),
+                            tree=jax.tree_util.tree_structure(src_t))
+    _jax.swap_p.bind(dst_ref, value, *jax.tree_util.tree_leaves(dst_t),
+                     tree=jax.tree_util.tree_structure(dst_t))
+
+
+# --- reference semantics ---------------------------------------------------------------------
+
+
+class _Roles:
+    """The current values of the distinct Refs of one copy, read and written by role."""
+
+    def __init__(self, args: Any, tree: Any, roles: tuple[int, ...]) -> None:
+        self.n_refs = max(roles) + 1
+        self.values = list(args[:self.n_refs])
+        self.transforms = jax.tree_util.tree_unflatten(
+            tree, args[self.n_refs:self.n_refs + tree.num_leaves])
+        self.roles = roles
+        self.rest = args[self.n_refs + tree.num_leaves:]
+        self.n_args = len(args)
+
+    def read(self, role: int) -> Any:
+        return _jax.transform_array(self.values[self.roles[role]], self.transforms[role])
+
+    def write(self, role: int, value: Any) -> None:
+        ref = self.roles[role]
+        self.values[ref] = _jax.transform_swap_array(self.values[ref], self.transforms[role],
+                                                     value)[1]
+
+    def new_values(self) -> list[Any]:
+        return [*self.values, *([None] * (self.n_args - self.n_refs))]
+
+
+def _copy_start_discharge(in_avals: Any, out_avals: Any, *args: Any, tree: Any,
+                          roles: tuple[int, ...], remote: bool,
+                          device_id_type: DeviceIdType) -> Any:
+    state = _Roles(args, tree, roles)
+    if not remote:
+        state.write(_SEM, state.read(_SEM) + 1)
+        return state.new_values(), []
+    target = semantics.device_index(state.rest, device_id_type is DeviceIdType.MESH)
+    received, arrivals = semantics.exchange(state.read(_SRC), target)
+    state.write(_DST, jnp.where(arrivals > 0, received, state.read(_DST)))
+    state.write(_SEM, state.read(_SEM) + arrivals)
+    state.write(_SEND, state.read(_SEND) + 1)
+    return state.new_values(), []
+
+
+def _copy_wait_discharge(in_avals: Any, out_avals: Any, *args: Any, tree: Any,
+                         roles: tuple[int, ...], kind: str) -> Any:
+    state = _Roles(args, tree, roles)
+    count = state.read(_SEM)
+    semantics.check_wait(count, 1, f"the {kind} semaphore of an async copy")
+    state.write(_SEM, count - 1)
+    if kind == "local":
+        state.write(_DST, state.read(_SRC))
+    return state.new_values(), []
+
+
+SEMANTICS: tuple[semantics.PrimitiveSemantics, ...] = (
+    semantics.PrimitiveSemantics(copy_start_p, discharge=_copy_start_discharge),
+    semantics.PrimitiveSemantics(copy_wait_p, discharge=_copy_wait_discharge),
+)
