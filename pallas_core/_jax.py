@@ -169,15 +169,13 @@ def scan_parts(
             split_counts)
 
 
-def register_dce_rule(prim: Primitive,
-                      keep: Callable[[Any], bool]) -> None:
-    """Dead-code elimination for ``prim``: an equation whose outputs are all unused is dropped
-    unless ``keep(eqn.params)``; otherwise it is kept whole."""
-    def rule(used_outputs: list[bool], eqn: Any) -> tuple[list[bool], Any]:
-        if any(used_outputs) or keep(eqn.params):
-            return [True] * len(eqn.invars), eqn
-        return [False] * len(eqn.invars), None
-    pe.dce_rules[prim] = rule
+def register_side_effect(effect_type: type) -> None:
+    """Lets equations carrying an (unordered) effect of ``effect_type`` be lowered, and appear
+    in loops, conditionals, custom derivatives and remat; such equations are never removed as
+    dead code."""
+    for allowed in (effects.lowerable_effects, effects.control_flow_allowed_effects,
+                    effects.custom_derivatives_allowed_effects, effects.remat_allowed_effects):
+        allowed.add_type(effect_type)
 
 
 def ref_type_of(ref: Any) -> Any:

@@ -369,9 +369,15 @@ def validate(call: KernelCall, backend: str) -> None:
 # --- the primitive -------------------------------------------------------------------------
 
 
-@pallas_call_p.def_abstract_eval
-def _abstract_eval(*avals: Any, call: KernelCall) -> list[Any]:
-    return [_jax.with_varying_axes(a, avals) for a in call.out_avals]
+@pallas_call_p.def_effectful_abstract_eval
+def _abstract_eval(*avals: Any, call: KernelCall) -> tuple[list[Any], set[Any]]:
+    # A kernel that prints must run even when nobody reads its outputs.
+    effects = {prims.debug_print_effect} if _prints(call) else set()
+    return [_jax.with_varying_axes(a, avals) for a in call.out_avals], effects
+
+
+def _prints(call: KernelCall) -> bool:
+    return prims.debug_print_effect in call.jaxpr.jaxpr.effects
 
 
 def _lowering(ctx: Any, *operands: Any, call: KernelCall) -> Sequence[Any]:
@@ -421,14 +427,7 @@ def _lowering(ctx: Any, *operands: Any, call: KernelCall) -> Sequence[Any]:
 _jax.register_lowering(pallas_call_p, _lowering)
 
 
-def _has_side_effects(params: Mapping[str, Any]) -> bool:
-    """A kernel that prints must run even when nobody reads its outputs."""
-    effects = params["call"].jaxpr.jaxpr.effects
-    return any(not (_jax.is_ref_effect(e) or e is _jax.internal_mutable_array_effect)
-               for e in effects)
 
-
-_jax.register_dce_rule(pallas_call_p, _has_side_effects)
 
 
 def _jvp(primals: Any, tangents: Any, *, call: KernelCall) -> Any:
