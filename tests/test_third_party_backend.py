@@ -22,7 +22,7 @@ import pytest
 
 import pallas_core as pl
 from pallas_core.plugins import ENTRY_POINT_GROUP, manager
-from pallas_core.testing import ATOMICS, ConformanceSuite
+from pallas_core.testing import ATOMICS, SCALAR_PREFETCH, ConformanceSuite
 
 NAME = "xla_unrolled"
 INSTALL = "pip install --no-deps -e tests/third_party_backend"
@@ -184,4 +184,4 @@ class TestXlaUnrolled(ConformanceSuite):
     """The conformance suite on the third-party backend; it declares atomics unsupported."""
 
     backend = NAME
-    unsupported = frozenset({ATOMICS})
+    unsupported = frozenset({ATOMICS, SCALAR_PREFETCH})

@@ -16,6 +16,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 from pallas_core.testing.conformance import (
     ACCUMULATION,
     ALIASING,
+    ASYNC_COPY,
     ATOMICS,
     BLOCKED_GRID,
     DEBUG_PRINT,
@@ -27,7 +28,9 @@ from pallas_core.testing.conformance import (
     MESH,
     PROGRAM_ID,
     RUN_SCOPED,
+    SCALAR_PREFETCH,
     SCRATCH,
+    SEMAPHORES,
     VMAP,
     WHEN,
     ConformanceSuite,
@@ -35,7 +38,8 @@ from pallas_core.testing.conformance import (
 )
 
 __all__ = [
-    "ACCUMULATION", "ALIASING", "ATOMICS", "BLOCKED_GRID", "DEBUG_PRINT", "ELEMENTWISE",
-    "FEATURES", "FORI_LOOP", "JIT", "MASKED_ACCESS", "MESH", "PROGRAM_ID", "RUN_SCOPED",
-    "SCRATCH", "VMAP", "WHEN", "ConformanceSuite", "feature",
+    "ACCUMULATION", "ALIASING", "ASYNC_COPY", "ATOMICS", "BLOCKED_GRID", "DEBUG_PRINT",
+    "ELEMENTWISE", "FEATURES", "FORI_LOOP", "JIT", "MASKED_ACCESS", "MESH", "PROGRAM_ID",
+    "RUN_SCOPED", "SCALAR_PREFETCH", "SCRATCH", "SEMAPHORES", "VMAP", "WHEN",
+    "ConformanceSuite", "feature",
 ]

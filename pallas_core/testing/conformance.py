@@ -12,7 +12,8 @@ and pytest runs every test of the suite with ``backend="my_backend"``. Each test
 feature and compares the kernel's result with plain ``jax.numpy`` on random inputs. Features
 are named by the constants of this module (``ELEMENTWISE``, ``PROGRAM_ID``, ``BLOCKED_GRID``,
 ``ACCUMULATION``, ``WHEN``, ``FORI_LOOP``, ``SCRATCH``, ``ALIASING``, ``MASKED_ACCESS``,
-``ATOMICS``, ``DEBUG_PRINT``, ``RUN_SCOPED``, ``MESH``, ``JIT``, ``VMAP``); :data:`FEATURES` says
+``ATOMICS``, ``DEBUG_PRINT``, ``RUN_SCOPED``, ``MESH``, ``JIT``, ``VMAP``,
+``SCALAR_PREFETCH``, ``SEMAPHORES``, ``ASYNC_COPY``); :data:`FEATURES` says
 what each one's tests check.
 
 A feature listed in ``unsupported`` is not passed over in silence: its tests are skipped with a
@@ -57,6 +58,9 @@ RUN_SCOPED = "run_scoped"
 MESH = "mesh"
 JIT = "jit"
 VMAP = "vmap"
+SCALAR_PREFETCH = "scalar_prefetch"
+SEMAPHORES = "semaphores"
+ASYNC_COPY = "async_copy"
 
 FEATURES: Mapping[str, str] = {
     ELEMENTWISE: "a kernel without a grid: whole arrays in, whole arrays out",
@@ -74,6 +78,9 @@ FEATURES: Mapping[str, str] = {
     MESH: "pl.kernel over a pl.Mesh, with lax.axis_index",
     JIT: "a kernel inside jax.jit, composed with other operations",
     VMAP: "jax.vmap of a kernel (program_id keeps meaning the kernel's own grid)",
+    SCALAR_PREFETCH: "GridSpec(num_scalar_prefetch=1): index maps choose blocks by data",
+    SEMAPHORES: "pl.semaphore_signal/wait/read on semaphores that persist across grid steps",
+    ASYNC_COPY: "pallas_core.copies: a local async copy, started then waited on",
 }
 """Every feature the suite tests, by name, with what its tests check."""
 
@@ -521,3 +528,54 @@ class ConformanceSuite:
         x, y = self.random((3, 16, 128)), self.random((16, 128))
         step = jnp.repeat(jnp.arange(2.0), 8)[:, None]
         self.assert_close(jax.vmap(add, in_axes=(0, None))(x, y), x + y + step)
+
+    @feature(SCALAR_PREFETCH)
+    def test_scalar_prefetch(self) -> None:
+        """Output block ``i`` is input block ``idx[i]`` plus ``idx[i]``: blocks chosen by data."""
+
+        def kernel(idx_ref: Any, x_ref: Any, o_ref: Any) -> None:
+            o_ref[...] = x_ref[...] + idx_ref[pl.program_id(0)].astype(jnp.float32)
+
+        x = self.random((6, 8, 128))
+        idx = jnp.asarray(self.rng.integers(0, 6, 4), jnp.int32)
+        grid_spec = pl.GridSpec(
+            grid=(4,), num_scalar_prefetch=1,
+            in_specs=[pl.BlockSpec((None, 8, 128), lambda i, idx_ref: (idx_ref[i], 0, 0))],
+            out_specs=pl.BlockSpec((None, 8, 128), lambda i, idx_ref: (i, 0, 0)))
+        out = self.pallas_call(kernel, jax.ShapeDtypeStruct((4, 8, 128), jnp.float32),
+                               grid_spec=grid_spec)(idx, x)
+        self.assert_close(out, x[idx] + idx[:, None, None].astype(jnp.float32))
+
+    @feature(SEMAPHORES)
+    def test_semaphores(self) -> None:
+        """Signals add, waits subtract, reads see the count; semaphores start at zero."""
+        sem_space = pl.MemorySpace("semaphore", zeroed=True)
+
+        def kernel(x_ref: Any, o_ref: Any, sems: Any) -> None:
+            i = pl.program_id(0)
+            pl.semaphore_signal(sems.at[0], i + 2)
+            pl.semaphore_wait(sems.at[0], 1)
+            o_ref[...] = x_ref[...] + pl.semaphore_read(sems.at[0]).astype(jnp.float32)
+
+        x = self.random((4, 128))
+        spec = pl.BlockSpec((None, 128), lambda i: (i, 0))
+        out = self.pallas_call(kernel, _like(x), grid=(4,), in_specs=[spec], out_specs=spec,
+                               scratch_shapes=[sem_space((1,), jnp.int32)])(x)
+        counts = jnp.cumsum(jnp.arange(4) + 1).astype(jnp.float32)  # sum of (i + 2 - 1)
+        self.assert_close(out, x + counts[:, None])
+
+    @feature(ASYNC_COPY)
+    def test_async_copy(self) -> None:
+        """A local copy from the input to a scratch buffer, started then waited on."""
+        from pallas_core import copies
+
+        sem_space = pl.MemorySpace("semaphore", zeroed=True)
+
+        def kernel(x_ref: Any, o_ref: Any, buf: Any, sems: Any) -> None:
+            copies.async_copy(x_ref, buf, sems.at[0]).wait()
+            o_ref[...] = buf[...] * 2.0
+
+        x = self.random((8, 128))
+        out = self.pallas_call(kernel, _like(x), scratch_shapes=[
+            pl.ANY((8, 128), jnp.float32), sem_space((1,), jnp.int32)])(x)
+        self.assert_close(out, x * 2.0)

@@ -79,7 +79,9 @@ _ATOMICS = frozenset({prims.atomic_rmw_p, prims.atomic_cas_p})
 
 
 def check(call: pl.KernelCall) -> None:
-    """Raises ``UnsupportedError`` for what this backend cannot run: atomics and huge grids."""
+    """Raises ``UnsupportedError`` for what this backend cannot run: atomics, huge grids, and
+    index maps that read scalar-prefetch operands (blocks are cut at offsets fixed at trace
+    time)."""
     params = call.compiler_params
     if not isinstance(params, XlaUnrolledParams):
         params = XlaUnrolledParams()
@@ -92,6 +94,11 @@ def check(call: pl.KernelCall) -> None:
             f"pallas_xla_unrolled.CompilerParams(max_steps={steps}), or pass "
             "backend='interpret'.",
         )
+    if call.grid_mapping.num_scalar_prefetch:
+        raise unsupported(
+            f"scalar prefetch (kernel {call.name!r}, {call.source})", NAME,
+            "Fix: pass the indices as an ordinary input and index inside the kernel, or pass "
+            "backend='interpret'.")
     eqn = reference.find_eqn(call.jaxpr.jaxpr, _ATOMICS)
     if eqn is not None:
         raise unsupported(
@@ -122,7 +129,7 @@ def pallas_describe() -> pl.BackendInfo:
 
 @hookimpl
 def pallas_validate(call: pl.KernelCall, backend: str) -> None:
-    """Rejects atomics and grids over ``max_steps`` before anything is lowered."""
+    """Rejects atomics, scalar prefetch and grids over ``max_steps`` before lowering."""
     if backend == NAME:
         check(call)
 
