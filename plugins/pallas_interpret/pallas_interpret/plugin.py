@@ -32,7 +32,8 @@ def pallas_describe() -> BackendInfo:
         default_for=("cpu",),
         capabilities=frozenset({"atomics", "masked_access", "debug_print", "scratch",
                                 "run_scoped", "mesh", "aliasing", "vmap",
-                                "foreign_memory_spaces"}),
+                                "foreign_memory_spaces", "scalar_prefetch", "semaphores",
+                                "async_copy", "remote_copy", "checked_mode"}),
         package="pallas-interpret",
     )
 
