@@ -130,6 +130,36 @@ def lower_fun(fun: Callable[..., Any], multiple_results: bool = True) -> Callabl
     return lowered
 
 
+def emit_custom_call(ctx: Any, target: str, operands: Sequence[Any], out_avals: Sequence[Any], *,
+                     backend_config: dict[str, Any], api_version: int = 4,
+                     operand_output_aliases: dict[int, int] | None = None) -> list[Any]:
+    """Emits a row-major ``stablehlo.custom_call`` into the program being lowered.
+
+    ``backend_config`` maps names to Python values (``str``, ``bytes``, ``bool``, ``int``);
+    with ``api_version=4`` they become the call's ``mhlo.backend_config`` dictionary.
+    """
+    def attr(v: Any) -> Any:
+        if isinstance(v, bool):
+            return mlir.ir.BoolAttr.get(v)
+        if isinstance(v, int):
+            return mlir.ir.IntegerAttr.get(mlir.ir.IntegerType.get_signless(32), v)
+        return mlir.ir.StringAttr.get(v)
+
+    in_avals = ctx.avals_in
+    call = mlir.custom_call(
+        target,
+        result_types=[mlir.ir.RankedTensorType.get(a.shape, mlir.dtype_to_ir_type(a.dtype))
+                      for a in out_avals],
+        operands=list(operands),
+        backend_config={k: attr(v) for k, v in backend_config.items()},
+        api_version=api_version,
+        operand_output_aliases=operand_output_aliases,
+        operand_layouts=[list(reversed(range(len(a.shape)))) for a in in_avals],
+        result_layouts=[list(reversed(range(len(a.shape)))) for a in out_avals],
+    )
+    return list(call.results)
+
+
 def manual_axes(ctx: Any) -> tuple[tuple[str, int], ...]:
     """``(name, size)`` of the mesh axes a lowering runs under ``shard_map`` over (else empty).
 
@@ -302,6 +332,14 @@ def user_context(eqn: Any) -> Any:
     """Context that attributes errors raised while evaluating ``eqn`` to its source."""
     return source_info_util.user_context(eqn.source_info.traceback)
 
+
+
+def source_line(eqn: Any) -> str:
+    """``file:line`` of the user code that produced ``eqn``, or ``'<unknown>'``."""
+    frame = source_info_util.user_frame(eqn.source_info.traceback)
+    if frame is None:
+        return "<unknown>"
+    return f"{frame.file_name}:{frame.start_line}"
 
 
 def varying_axes(aval: Any) -> frozenset[Any]:

@@ -1,0 +1,16 @@
+"""The Triton backend of pallas: kernels compiled by Triton, run by JAX on NVIDIA GPUs.
+
+Kernels are lowered to Triton IR (the ``tt`` dialect, built with jaxlib's MLIR bindings) and
+emitted as XLA's Triton custom call, which compiles them for the GPU they run on.
+``pl.stages(fn, *args, backend="triton", target="sm_90")`` compiles the same IR through the
+``triton`` package to ``ttgir``, ``llir``, ``ptx`` and ``cubin`` on any machine.
+"""
+
+from __future__ import annotations
+
+from pallas_triton.params import TritonParams
+from pallas_triton.plugin import __version__
+
+CompilerParams = TritonParams
+
+__all__ = ["CompilerParams", "TritonParams", "__version__"]

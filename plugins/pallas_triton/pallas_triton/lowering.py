@@ -1,0 +1,705 @@
+"""Lowering of a traced kernel (a :class:`pallas_core.KernelCall`) to one Triton ``tt.func``.
+
+The kernel takes one ``!tt.ptr`` per input and per output (whole arrays in global memory).
+The grid is folded into Triton's X axis and unfolded again with div/mod, so any number of grid
+axes works. Each block Ref of the kernel becomes a :class:`BlockRef`: the array's base pointer
+and the element offset of the block's start in every dimension (from the index map, evaluated
+in the kernel). Reading or writing a Ref computes a tensor of pointers and, for edge blocks and
+user masks, a mask.
+
+Rules are registered per primitive in ``RULES``; a primitive without a rule raises an
+``UnsupportedError`` naming it, the kernel and the source line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax import lax
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import arith, scf
+from jaxlib.mlir.dialects import math as mmath
+from jaxlib.triton import dialect as tt
+
+from pallas_core import _jax
+from pallas_core import primitives as prims
+from pallas_core.errors import PallasError, UnsupportedError
+from pallas_core.grid_mapping import BlockMapping
+from pallas_core.request import KernelCall
+from pallas_triton import ir as tir
+
+
+@dataclasses.dataclass
+class BlockRef:
+    """A kernel Ref: a block of an array in global memory."""
+
+    ptr: ir.Value
+    bm: BlockMapping
+    starts: list[ir.Value]
+    """Element offset (i32 scalar) of the block's first element, per array dimension."""
+
+
+@dataclasses.dataclass
+class Lowering:
+    """The state of lowering one kernel."""
+
+    call: KernelCall
+    program_ids: list[ir.Value]
+    location: str = "<unknown>"
+    """The user's source line of the equation being lowered (of the innermost one known)."""
+
+    def fail(self, what: str, eqn: Any = None) -> UnsupportedError:
+        return UnsupportedError(
+            f"{what} is not supported by the 'triton' backend (kernel {self.call.name!r} at "
+            f"{self.location}). Fix: rewrite that part of the kernel, or run it with "
+            "backend='interpret'.")
+
+
+Rule = Callable[..., Any]
+RULES: dict[Any, Rule] = {}
+
+
+def rule(*primitives: Any) -> Callable[[Rule], Rule]:
+    """Registers a lowering rule ``(lowering, eqn, *in_values) -> out value(s)``."""
+    def register(fn: Rule) -> Rule:
+        for p in primitives:
+            RULES[p] = fn
+        return fn
+    return register
+
+
+# --- the kernel function ---------------------------------------------------------------------
+
+
+def lower_kernel(call: KernelCall) -> tuple[ir.Module, str]:
+    """The Triton module of ``call`` (in a fresh MLIR context) and its function's name."""
+    gm = call.grid_mapping
+    name = "".join(c if c.isalnum() or c == "_" else "_" for c in call.name) or "kernel"
+    ctx = tir.new_context()
+    with ctx, ir.Location.unknown():
+        module = ir.Module.create()
+        arg_types = [tir.pointer(bm.dtype) for bm in gm.block_mappings]
+        i32 = ir.IntegerType.get_signless(32)
+        with ir.InsertionPoint(module.body):
+            fn = tt.FuncOp(name, ir.TypeAttr.get(ir.FunctionType.get(arg_types, [])),
+                           sym_visibility="public")
+            fn.arg_attrs = ir.ArrayAttr.get(
+                [ir.DictAttr.get({"tt.divisibility": ir.IntegerAttr.get(i32, 16)})
+                 for _ in arg_types])
+            entry = fn.body.blocks.append(*arg_types)
+        with ir.InsertionPoint(entry):
+            pid = tt.GetProgramIdOp(tt.ProgramIDDim.X).result
+            ids = _unravel(pid, gm.grid)
+            lowering = Lowering(call, ids)
+            refs = []
+            for ptr, bm in zip(entry.arguments, gm.block_mappings):
+                block_idx = _eval_index_map(lowering, bm, ids)
+                starts = [arith.MulIOp(i, tir.i32(b)).result
+                          for i, b in zip(block_idx, bm.full_block_shape)]
+                refs.append(BlockRef(ptr, bm, starts))
+            lower_jaxpr(lowering, call.jaxpr.jaxpr, call.jaxpr.consts, refs)
+            tt.ReturnOp([])
+        if not module.operation.verify():
+            raise PallasError(f"the Triton module of kernel {call.name!r} does not verify")
+    return module, name
+
+
+def module_text(module: ir.Module) -> str:
+    """The module as TTIR text (what the ``ttir`` stage shows)."""
+    with module.context:
+        return module.operation.get_asm(enable_debug_info=False)  # type: ignore[no-any-return]
+
+
+def module_bytecode(module: ir.Module) -> bytes:
+    """The module as MLIR bytecode (what XLA's Triton call reads)."""
+    buf = io.BytesIO()
+    with module.context:
+        module.operation.write_bytecode(buf)
+    return buf.getvalue()
+
+
+def _unravel(pid: ir.Value, grid: Sequence[int]) -> list[ir.Value]:
+    ids: list[ir.Value] = []
+    rest = pid
+    for size in reversed(grid):
+        ids.append(arith.RemSIOp(rest, tir.i32(size)).result)
+        rest = arith.DivSIOp(rest, tir.i32(size)).result
+    return list(reversed(ids))
+
+
+def _eval_index_map(lowering: Lowering, bm: BlockMapping, ids: list[ir.Value]) -> list[ir.Value]:
+    jaxpr = bm.index_map
+    return lower_jaxpr(lowering, jaxpr.jaxpr, jaxpr.consts, ids)
+
+
+# --- evaluating a jaxpr into Triton IR -------------------------------------------------------
+
+
+def lower_jaxpr(lowering: Lowering, jaxpr: Any, consts: Sequence[Any],
+                args: Sequence[Any]) -> list[Any]:
+    """Emits ``jaxpr`` at the current insertion point; returns its outputs' values."""
+    env: dict[Any, Any] = {}
+
+    def read(v: Any) -> Any:
+        if isinstance(v, _jax.Literal):
+            return _literal(v.val, v.aval)
+        return env[v]
+
+    for v, c in zip(jaxpr.constvars, consts):
+        env[v] = _literal(c, v.aval)
+    for v, a in zip(jaxpr.invars, args):
+        env[v] = a
+    for eqn in jaxpr.eqns:
+        line = _jax.source_line(eqn)
+        if line != "<unknown>":
+            lowering.location = line
+        fn = RULES.get(eqn.primitive)
+        if fn is None:
+            raise lowering.fail(f"the primitive {eqn.primitive.name!r}", eqn)
+        outs = fn(lowering, eqn, *[read(v) for v in eqn.invars])
+        if eqn.primitive.multiple_results:
+            for v, o in zip(eqn.outvars, outs):
+                env[v] = o
+        else:
+            env[eqn.outvars[0]] = outs
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _literal(value: Any, aval: Any) -> ir.Value:
+    arr = np.asarray(value)
+    if arr.shape and not (arr == arr.reshape(-1)[0]).all():
+        raise UnsupportedError("a non-uniform array constant in a Triton kernel")
+    first = arr.reshape(-1)[0] if arr.size else 0
+    return tir.constant(first, aval.dtype, aval.shape)
+
+
+def _aval_in(eqn: Any, i: int) -> Any:
+    return eqn.invars[i].aval
+
+
+def _aval_out(eqn: Any, i: int = 0) -> Any:
+    return eqn.outvars[i].aval
+
+
+def _bcast(eqn: Any, *vals: ir.Value) -> list[ir.Value]:
+    shape = _aval_out(eqn).shape
+    return [tir.broadcast_to(v, shape) for v in vals]
+
+
+# --- elementwise arithmetic ------------------------------------------------------------------
+
+
+def _binary(float_op: Any, signed_op: Any, unsigned_op: Any = None) -> Rule:
+    def lower(lowering: Lowering, eqn: Any, x: ir.Value, y: ir.Value) -> ir.Value:
+        x, y = _bcast(eqn, x, y)
+        dtype = _aval_in(eqn, 0).dtype
+        if tir.is_float(dtype):
+            op = float_op
+        else:
+            op = unsigned_op if (unsigned_op and tir.is_unsigned(dtype)) else signed_op
+        if op is None:
+            raise lowering.fail(f"{eqn.primitive.name} on {dtype}", eqn)
+        return op(x, y).result
+    return lower
+
+
+rule(lax.add_p)(_binary(arith.AddFOp, arith.AddIOp))
+rule(lax.sub_p)(_binary(arith.SubFOp, arith.SubIOp))
+rule(lax.mul_p)(_binary(arith.MulFOp, arith.MulIOp))
+rule(lax.div_p)(_binary(arith.DivFOp, arith.DivSIOp, arith.DivUIOp))
+rule(lax.rem_p)(_binary(arith.RemFOp, arith.RemSIOp, arith.RemUIOp))
+rule(lax.max_p)(_binary(arith.MaximumFOp, arith.MaxSIOp, arith.MaxUIOp))
+rule(lax.min_p)(_binary(arith.MinimumFOp, arith.MinSIOp, arith.MinUIOp))
+rule(lax.and_p)(_binary(None, arith.AndIOp))
+rule(lax.or_p)(_binary(None, arith.OrIOp))
+rule(lax.xor_p)(_binary(None, arith.XOrIOp))
+
+
+def _unary_math(op: Any) -> Rule:
+    def lower(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
+        if not tir.is_float(_aval_in(eqn, 0).dtype):
+            raise lowering.fail(f"{eqn.primitive.name} on {_aval_in(eqn, 0).dtype}", eqn)
+        return op(x).result
+    return lower
+
+
+rule(lax.exp_p)(_unary_math(mmath.ExpOp))
+rule(lax.exp2_p)(_unary_math(mmath.Exp2Op))
+rule(lax.log_p)(_unary_math(mmath.LogOp))
+rule(lax.sqrt_p)(_unary_math(mmath.SqrtOp))
+rule(lax.rsqrt_p)(_unary_math(mmath.RsqrtOp))
+rule(lax.sin_p)(_unary_math(mmath.SinOp))
+rule(lax.cos_p)(_unary_math(mmath.CosOp))
+rule(lax.floor_p)(_unary_math(mmath.FloorOp))
+rule(lax.ceil_p)(_unary_math(mmath.CeilOp))
+rule(lax.erf_p)(_unary_math(mmath.ErfOp))
+
+
+@rule(lax.tanh_p)
+def _tanh(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
+    """``sign(x) * (1 - e) / (1 + e)`` with ``e = exp(-2|x|)``: Triton has no ``math.tanh``."""
+    aval = _aval_in(eqn, 0)
+    if not tir.is_float(aval.dtype):
+        raise lowering.fail(f"tanh on {aval.dtype}", eqn)
+    one = tir.constant(1.0, aval.dtype, aval.shape)
+    minus_two = tir.constant(-2.0, aval.dtype, aval.shape)
+    e = mmath.ExpOp(arith.MulFOp(minus_two, mmath.AbsFOp(x).result).result).result
+    t = arith.DivFOp(arith.SubFOp(one, e).result, arith.AddFOp(one, e).result).result
+    negative = arith.CmpFOp(arith.CmpFPredicate.OLT, x,
+                            tir.constant(0.0, aval.dtype, aval.shape)).result
+    return arith.SelectOp(negative, arith.NegFOp(t).result, t).result
+
+
+@rule(lax.neg_p)
+def _neg(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
+    if tir.is_float(_aval_in(eqn, 0).dtype):
+        return arith.NegFOp(x).result
+    zero = tir.constant(0, _aval_in(eqn, 0).dtype, _aval_in(eqn, 0).shape)
+    return arith.SubIOp(zero, x).result
+
+
+@rule(lax.abs_p)
+def _abs(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
+    if tir.is_float(_aval_in(eqn, 0).dtype):
+        return mmath.AbsFOp(x).result
+    return mmath.AbsIOp(x).result
+
+
+@rule(lax.logistic_p)
+def _logistic(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
+    aval = _aval_in(eqn, 0)
+    one = tir.constant(1.0, aval.dtype, aval.shape)
+    return arith.DivFOp(one, arith.AddFOp(one, mmath.ExpOp(arith.NegFOp(x).result).result)
+                        .result).result
+
+
+@rule(lax.integer_pow_p)
+def _integer_pow(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
+    power = eqn.params["y"]
+    if power < 1:
+        raise lowering.fail(f"integer_pow with exponent {power}", eqn)
+    mul = arith.MulFOp if tir.is_float(_aval_in(eqn, 0).dtype) else arith.MulIOp
+    out = x
+    for _ in range(power - 1):
+        out = mul(out, x).result
+    return out
+
+
+@rule(lax.not_p)
+def _not(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
+    aval = _aval_in(eqn, 0)
+    ones = tir.constant(1 if aval.dtype == np.bool_ else -1, aval.dtype, aval.shape)
+    return arith.XOrIOp(x, ones).result
+
+
+_FLOAT_CMP = {lax.eq_p: arith.CmpFPredicate.OEQ, lax.ne_p: arith.CmpFPredicate.UNE,
+              lax.lt_p: arith.CmpFPredicate.OLT, lax.le_p: arith.CmpFPredicate.OLE,
+              lax.gt_p: arith.CmpFPredicate.OGT, lax.ge_p: arith.CmpFPredicate.OGE}
+_SIGNED_CMP = {lax.eq_p: arith.CmpIPredicate.eq, lax.ne_p: arith.CmpIPredicate.ne,
+               lax.lt_p: arith.CmpIPredicate.slt, lax.le_p: arith.CmpIPredicate.sle,
+               lax.gt_p: arith.CmpIPredicate.sgt, lax.ge_p: arith.CmpIPredicate.sge}
+_UNSIGNED_CMP = {lax.eq_p: arith.CmpIPredicate.eq, lax.ne_p: arith.CmpIPredicate.ne,
+                 lax.lt_p: arith.CmpIPredicate.ult, lax.le_p: arith.CmpIPredicate.ule,
+                 lax.gt_p: arith.CmpIPredicate.ugt, lax.ge_p: arith.CmpIPredicate.uge}
+
+
+@rule(*_FLOAT_CMP)
+def _compare(lowering: Lowering, eqn: Any, x: ir.Value, y: ir.Value) -> ir.Value:
+    shape = _aval_out(eqn).shape
+    x, y = tir.broadcast_to(x, shape), tir.broadcast_to(y, shape)
+    dtype = _aval_in(eqn, 0).dtype
+    if tir.is_float(dtype):
+        return arith.CmpFOp(_FLOAT_CMP[eqn.primitive], x, y).result
+    table = _UNSIGNED_CMP if tir.is_unsigned(dtype) else _SIGNED_CMP
+    return arith.CmpIOp(table[eqn.primitive], x, y).result
+
+
+@rule(lax.select_n_p)
+def _select_n(lowering: Lowering, eqn: Any, which: ir.Value, *cases: ir.Value) -> ir.Value:
+    if len(cases) != 2 or _aval_in(eqn, 0).dtype != np.bool_:
+        raise lowering.fail("select_n with more than two cases or an integer selector", eqn)
+    which, on_false, on_true = _bcast(eqn, which, *cases)
+    return arith.SelectOp(which, on_true, on_false).result
+
+
+@rule(lax.convert_element_type_p)
+def _convert(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
+    return convert(x, _aval_in(eqn, 0).dtype, _aval_out(eqn).dtype, _aval_out(eqn).shape)
+
+
+def convert(x: ir.Value, src: Any, dst: Any, shape: Sequence[int]) -> ir.Value:
+    """``x`` (of dtype ``src``) converted to ``dst`` as ``lax.convert_element_type`` does."""
+    out_type = tir.value_type(shape, dst)
+    if np.dtype(src) == np.dtype(dst):
+        return x
+    if dst == np.bool_:
+        zero = tir.constant(0, src, shape)
+        if tir.is_float(src):
+            return arith.CmpFOp(arith.CmpFPredicate.UNE, x, zero).result
+        return arith.CmpIOp(arith.CmpIPredicate.ne, x, zero).result
+    sbits, dbits = np.dtype(src).itemsize * 8, np.dtype(dst).itemsize * 8
+    if tir.is_float(src) and tir.is_float(dst):
+        op = arith.ExtFOp if dbits > sbits else arith.TruncFOp
+        return op(out_type, x).result
+    if tir.is_float(src):
+        op = arith.FPToUIOp if tir.is_unsigned(dst) else arith.FPToSIOp
+        return op(out_type, x).result
+    if tir.is_float(dst):
+        op = arith.UIToFPOp if tir.is_unsigned(src) else arith.SIToFPOp
+        return op(out_type, x).result
+    if src == np.bool_ or dbits > sbits:
+        op = arith.ExtUIOp if tir.is_unsigned(src) else arith.ExtSIOp
+        return op(out_type, x).result
+    if dbits < sbits:
+        return arith.TruncIOp(out_type, x).result
+    return x  # same width, signedness only
+
+
+# --- shapes ------------------------------------------------------------------------------------
+
+
+@rule(lax.iota_p)
+def _iota(lowering: Lowering, eqn: Any, *_: Any) -> ir.Value:
+    aval, dim = _aval_out(eqn), eqn.params["dimension"]
+    if np.dtype(aval.dtype) != np.int32:
+        raise lowering.fail(f"iota of {aval.dtype} (use int32)", eqn)
+    line = tir.expand_to_rank(tir.arange(aval.shape[dim]), dim, len(aval.shape))
+    return tir.broadcast_to(line, aval.shape)
+
+
+@rule(lax.broadcast_in_dim_p)
+def _broadcast_in_dim(lowering: Lowering, eqn: Any, x: ir.Value, *dyn: ir.Value) -> ir.Value:
+    shape, dims = eqn.params["shape"], eqn.params["broadcast_dimensions"]
+    if not tir.shape_of(x):
+        return tir.splat(x, shape) if shape else x
+    for axis in range(len(shape)):  # insert size-1 dims where x has none
+        if axis not in dims:
+            x = tt.ExpandDimsOp(x, axis).result
+    return tir.broadcast_to(x, shape)
+
+
+
+@rule(lax.reshape_p)
+def _reshape(lowering: Lowering, eqn: Any, x: ir.Value, *_: Any) -> ir.Value:
+    out = _aval_out(eqn)
+    if not out.shape or not tir.shape_of(x):
+        raise lowering.fail("reshape to or from a scalar", eqn)
+    return tt.ReshapeOp(tir.value_type(out.shape, out.dtype), x).result
+
+
+@rule(lax.squeeze_p)
+def _squeeze(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
+    out = _aval_out(eqn)
+    if not out.shape:
+        raise lowering.fail("squeezing a tensor to a scalar", eqn)
+    return tt.ReshapeOp(tir.value_type(out.shape, out.dtype), x).result
+
+
+@rule(lax.transpose_p)
+def _transpose(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
+    return tt.TransOp(x, list(eqn.params["permutation"])).result
+
+
+# --- dot and reductions ---------------------------------------------------------------------
+
+
+@rule(lax.dot_general_p)
+def _dot(lowering: Lowering, eqn: Any, a: ir.Value, b: ir.Value) -> ir.Value:
+    (ca, cb), (ba, bb) = eqn.params["dimension_numbers"]
+    a_aval, b_aval, out = _aval_in(eqn, 0), _aval_in(eqn, 1), _aval_out(eqn)
+    if ba or bb or len(a_aval.shape) != 2 or len(b_aval.shape) != 2:
+        raise lowering.fail("dot_general other than a 2-D matrix product", eqn)
+    if tuple(ca) == (0,):
+        a = tt.TransOp(a, [1, 0]).result
+    if tuple(cb) == (1,):
+        b = tt.TransOp(b, [1, 0]).result
+    acc_dtype = np.float32 if tir.is_float(out.dtype) else np.int32
+    m, n = out.shape
+    acc = tir.constant(0, acc_dtype, (m, n))
+    precision = eqn.params.get("precision")
+    ieee = precision is not None and "HIGHEST" in str(precision)
+    input_precision = tt.InputPrecision.IEEE if ieee or not tir.is_float(a_aval.dtype) \
+        else tt.InputPrecision.TF32
+    if np.dtype(a_aval.dtype).itemsize < 4 and tir.is_float(a_aval.dtype):
+        input_precision = tt.InputPrecision.IEEE  # bf16/f16 inputs: tensor cores either way
+    res = tt.DotOp(a, b, acc, inputPrecision=input_precision, maxNumImpreciseAcc=0).result
+    return convert(res, acc_dtype, out.dtype, out.shape)
+
+
+def _combiner(prim: Any, dtype: Any) -> Any:
+    f = tir.is_float(dtype)
+    if prim is lax.reduce_sum_p:
+        return arith.AddFOp if f else arith.AddIOp
+    if prim is lax.reduce_max_p:
+        return arith.MaximumFOp if f else (arith.MaxUIOp if tir.is_unsigned(dtype)
+                                           else arith.MaxSIOp)
+    return arith.MinimumFOp if f else (arith.MinUIOp if tir.is_unsigned(dtype)
+                                       else arith.MinSIOp)
+
+
+@rule(lax.reduce_sum_p, lax.reduce_max_p, lax.reduce_min_p)
+def _reduce(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
+    dtype = _aval_in(eqn, 0).dtype
+    combine = _combiner(eqn.primitive, dtype)
+    elt = tir.element_type(dtype)
+    for axis in sorted(eqn.params["axes"], reverse=True):
+        red = tt.ReduceOp([x], axis)
+        body = red.regions[0].blocks.append(elt, elt)
+        with ir.InsertionPoint(body):
+            tt.ReduceReturnOp([combine(*body.arguments).result])
+        x = red.result[0] if isinstance(red.result, list) else red.results[0]
+    return x
+
+
+# --- control flow ----------------------------------------------------------------------------
+
+
+@rule(_jax.jit_p, _jax.closed_call_p, _jax.custom_jvp_call_p, _jax.custom_vjp_call_p)
+def _inline(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
+    sub = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
+    if isinstance(sub, _jax.ClosedJaxpr):
+        return lower_jaxpr(lowering, sub.jaxpr, sub.consts, args)
+    return lower_jaxpr(lowering, sub, (), args)
+
+
+def _result_types(avals: Sequence[Any]) -> list[ir.Type]:
+    return [tir.value_type(a.shape, a.dtype) for a in avals]
+
+
+@rule(_jax.cond_p)
+def _cond(lowering: Lowering, eqn: Any, index: ir.Value, *ops: Any) -> list[Any]:
+    branches = eqn.params["branches"]
+    if len(branches) != 2:
+        raise lowering.fail("lax.switch with more than two branches", eqn)
+    if ir.IntegerType(index.type).width != 1:
+        index = arith.CmpIOp(arith.CmpIPredicate.ne, index, tir.i32(0)).result
+    out_avals = [v.aval for v in eqn.outvars]
+    if_op = scf.IfOp(index, _result_types(out_avals), has_else=True)
+    for block, branch in ((if_op.then_block, branches[1]), (if_op.else_block, branches[0])):
+        with ir.InsertionPoint(block):
+            outs = lower_jaxpr(lowering, branch.jaxpr, branch.consts, ops)
+            scf.YieldOp(outs)
+    return list(if_op.results)
+
+
+@rule(_jax.scan_p)
+def _scan(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
+    consts, init, xs, split_out = _jax.scan_parts(eqn.params, args)
+    if xs or eqn.params["reverse"]:
+        raise lowering.fail("lax.scan over arrays (only fori_loop-style loops)", eqn)
+    body = eqn.params["jaxpr"]
+    lower_b, upper, step = tir.i32(0), tir.i32(eqn.params["length"]), tir.i32(1)
+    loop = scf.ForOp(lower_b, upper, step, list(init))
+    with ir.InsertionPoint(loop.body):
+        carry = list(loop.inner_iter_args)
+        outs = lower_jaxpr(lowering, body.jaxpr, body.consts, [*consts, *carry])
+        new_carry, ys = split_out(outs)
+        if ys:
+            raise lowering.fail("lax.scan with stacked outputs", eqn)
+        scf.YieldOp(new_carry)
+    return list(loop.results)
+
+
+@rule(_jax.while_p)
+def _while(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
+    nc, nb = eqn.params["cond_nconsts"], eqn.params["body_nconsts"]
+    cconsts, bconsts, init = args[:nc], args[nc:nc + nb], args[nc + nb:]
+    types = [a.type for a in init]
+    loop = scf.WhileOp(types, list(init))
+    before = loop.before.blocks.append(*types)
+    with ir.InsertionPoint(before):
+        cj = eqn.params["cond_jaxpr"]
+        (pred,) = lower_jaxpr(lowering, cj.jaxpr, cj.consts, [*cconsts, *before.arguments])
+        scf.ConditionOp(pred, list(before.arguments))
+    after = loop.after.blocks.append(*types)
+    with ir.InsertionPoint(after):
+        bj = eqn.params["body_jaxpr"]
+        outs = lower_jaxpr(lowering, bj.jaxpr, bj.consts, [*bconsts, *after.arguments])
+        scf.YieldOp(outs)
+    return list(loop.results)
+
+
+# --- grid position and hints -----------------------------------------------------------------
+
+
+@rule(prims.program_id_p)
+def _program_id(lowering: Lowering, eqn: Any) -> ir.Value:
+    axis = eqn.params["axis"]
+    return lowering.program_ids[lowering.call.grid_mapping.num_batch_axes + axis]
+
+
+@rule(prims.multiple_of_p)
+def _multiple_of(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
+    return x
+
+
+# --- memory ----------------------------------------------------------------------------------
+
+
+def _pointers(lowering: Lowering, eqn: Any, ref: BlockRef, transforms: Sequence[Any]
+              ) -> tuple[ir.Value, ir.Value | None, tuple[int, ...]]:
+    """Pointers to the elements ``ref[transforms]`` names, the in-bounds mask, the shape."""
+    bm = ref.bm
+    if len(transforms) > 1 or (transforms and not isinstance(transforms[0], _jax.NDIndexer)):
+        raise lowering.fail("Ref transforms other than indexing", eqn)
+    kept_dims = [d for d, b in enumerate(bm.block_shape) if b is not None]
+    indices: list[Any] = [None] * len(bm.array_shape)
+    if transforms:
+        for d, idx in zip(kept_dims, transforms[0].indices):
+            indices[d] = idx
+    # Per array dimension: (offset scalar or 1-D tensor, is_range).
+    parts: list[tuple[ir.Value, bool]] = []
+    for d, b in enumerate(bm.block_shape):
+        idx = indices[d]
+        if b is None:
+            parts.append((ref.starts[d], False))
+        elif idx is None:
+            parts.append((_range_from(ref.starts[d], 0, b, 1), True))
+        elif isinstance(idx, _jax.Slice):
+            if not isinstance(idx.size, int):
+                raise lowering.fail("a pl.ds slice of dynamic size", eqn)
+            start = _as_i32(lowering, eqn, idx.start)
+            begin = arith.AddIOp(ref.starts[d], start).result
+            parts.append((_range_from(begin, 0, idx.size, idx.stride), True))
+        else:
+            if tir.shape_of(_as_i32(lowering, eqn, idx)):
+                raise lowering.fail("indexing a Ref with an array (gather)", eqn)
+            parts.append((arith.AddIOp(ref.starts[d], _as_i32(lowering, eqn, idx)).result, False))
+    ranges = [i for i, (_, r) in enumerate(parts) if r]
+    shape = tuple(tir.shape_of(parts[i][0])[0] for i in ranges)
+    rank = len(shape)
+    strides = [math.prod(bm.array_shape[d + 1:]) for d in range(len(bm.array_shape))]
+    offset: ir.Value = tir.i32(0)
+    offset = tir.broadcast_to(offset, shape)
+    mask: ir.Value | None = None
+    for d, (part, is_range) in enumerate(parts):
+        if is_range:
+            part = tir.broadcast_to(tir.expand_to_rank(part, ranges.index(d), rank), shape)
+        else:
+            part = tir.broadcast_to(part, shape)
+        scaled = arith.MulIOp(part, tir.broadcast_to(tir.i32(strides[d]), shape)).result
+        offset = arith.AddIOp(offset, scaled).result
+        in_bounds = arith.CmpIOp(arith.CmpIPredicate.slt, part,
+                                 tir.broadcast_to(tir.i32(bm.array_shape[d]), shape)).result
+        mask = in_bounds if mask is None else arith.AndIOp(mask, in_bounds).result
+    ptr_type = ir.RankedTensorType.get(list(shape), ref.ptr.type) if shape else ref.ptr.type
+    base = tir.splat(ref.ptr, shape) if shape else ref.ptr
+    return tt.AddPtrOp(ptr_type, base, offset).result, mask, shape
+
+
+def _range_from(start: ir.Value, first: int, size: int, stride: int) -> ir.Value:
+    r = tir.arange(size)
+    if stride != 1:
+        r = arith.MulIOp(r, tir.splat(tir.i32(stride), [size])).result
+    return arith.AddIOp(tir.splat(start, [size]), r).result
+
+
+def _as_i32(lowering: Lowering, eqn: Any, v: Any) -> ir.Value:
+    if isinstance(v, ir.Value):
+        return v
+    return tir.i32(int(v))
+
+
+def _transforms(eqn: Any, args: Sequence[Any]) -> Sequence[Any]:
+    tree = eqn.params["tree"]
+    return jax.tree_util.tree_unflatten(tree, args[:tree.num_leaves])  # type: ignore[no-any-return]
+
+
+def _and(a: ir.Value | None, b: ir.Value | None) -> ir.Value | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return arith.AndIOp(a, b).result
+
+
+@rule(_jax.get_p)
+def _get(lowering: Lowering, eqn: Any, ref: BlockRef, *args: Any) -> ir.Value:
+    ptrs, mask, shape = _pointers(lowering, eqn, ref, _transforms(eqn, args))
+    dtype = _aval_out(eqn).dtype
+    if mask is None:
+        return tt.LoadOp(ptrs).result
+    return tt.LoadOp(ptrs, mask=mask, other=tir.constant(0, dtype, shape)).result
+
+
+@rule(prims.masked_load_p)
+def _masked_load(lowering: Lowering, eqn: Any, ref: BlockRef, *args: Any) -> ir.Value:
+    n = eqn.params["tree"].num_leaves
+    ptrs, mask, shape = _pointers(lowering, eqn, ref, _transforms(eqn, args))
+    dtype = _aval_out(eqn).dtype
+    mask = _and(mask, tir.broadcast_to(args[n], shape))
+    other = (tir.broadcast_to(args[n + 1], shape) if eqn.params["has_other"]
+             else tir.constant(0, dtype, shape))
+    return tt.LoadOp(ptrs, mask=mask, other=other).result
+
+
+def _store(ptrs: ir.Value, value: ir.Value, mask: ir.Value | None, shape: tuple[int, ...]
+           ) -> None:
+    tt.StoreOp(ptrs, tir.broadcast_to(value, shape), mask=mask)
+
+
+@rule(_jax.swap_p)
+def _swap(lowering: Lowering, eqn: Any, ref: BlockRef, value: ir.Value, *args: Any) -> ir.Value:
+    ptrs, mask, shape = _pointers(lowering, eqn, ref, _transforms(eqn, args))
+    dtype = _aval_out(eqn).dtype
+    old = (tt.LoadOp(ptrs).result if mask is None else
+           tt.LoadOp(ptrs, mask=mask, other=tir.constant(0, dtype, shape)).result)
+    _store(ptrs, value, mask, shape)
+    return old
+
+
+@rule(prims.masked_swap_p)
+def _masked_swap(lowering: Lowering, eqn: Any, ref: BlockRef, value: ir.Value,
+                 *args: Any) -> ir.Value:
+    n = eqn.params["tree"].num_leaves
+    ptrs, mask, shape = _pointers(lowering, eqn, ref, _transforms(eqn, args))
+    dtype = _aval_out(eqn).dtype
+    mask = _and(mask, tir.broadcast_to(args[n], shape))
+    old = tt.LoadOp(ptrs, mask=mask, other=tir.constant(0, dtype, shape)).result
+    _store(ptrs, value, mask, shape)
+    return old
+
+
+_RMW = {
+    prims.AtomicOp.ADD: (tt.RMWOp.FADD, tt.RMWOp.ADD, tt.RMWOp.ADD),
+    prims.AtomicOp.MAX: (tt.RMWOp.MAX, tt.RMWOp.MAX, tt.RMWOp.UMAX),
+    prims.AtomicOp.MIN: (tt.RMWOp.MIN, tt.RMWOp.MIN, tt.RMWOp.UMIN),
+    prims.AtomicOp.AND: (None, tt.RMWOp.AND, tt.RMWOp.AND),
+    prims.AtomicOp.OR: (None, tt.RMWOp.OR, tt.RMWOp.OR),
+    prims.AtomicOp.XOR: (None, tt.RMWOp.XOR, tt.RMWOp.XOR),
+    prims.AtomicOp.XCHG: (tt.RMWOp.XCHG, tt.RMWOp.XCHG, tt.RMWOp.XCHG),
+}
+
+
+@rule(prims.atomic_rmw_p)
+def _atomic(lowering: Lowering, eqn: Any, ref: BlockRef, value: ir.Value, *args: Any) -> ir.Value:
+    n, op = eqn.params["tree"].num_leaves, eqn.params["op"]
+    ptrs, mask, shape = _pointers(lowering, eqn, ref, _transforms(eqn, args))
+    if eqn.params["has_mask"]:
+        mask = _and(mask, tir.broadcast_to(args[n], shape))
+    dtype = _aval_out(eqn).dtype
+    kinds = _RMW[op]
+    kind = kinds[0] if tir.is_float(dtype) else (kinds[2] if tir.is_unsigned(dtype)
+                                                   else kinds[1])
+    if kind is None:
+        raise lowering.fail(f"atomic_{op.value} on {dtype}", eqn)
+    result = tir.value_type(shape, dtype)
+    return tt.AtomicRMWOp(result, kind, ptrs, tir.broadcast_to(value, shape),
+                          tt.MemSemantic.ACQUIRE_RELEASE, tt.MemSyncScope.GPU,
+                          mask=mask).result
+
+
+@rule(prims.atomic_cas_p)
+def _atomic_cas(lowering: Lowering, eqn: Any, ref: BlockRef, cmp: ir.Value, value: ir.Value,
+                *args: Any) -> ir.Value:
+    ptrs, _, shape = _pointers(lowering, eqn, ref, _transforms(eqn, args))
+    result = tir.value_type(shape, _aval_out(eqn).dtype)
+    return tt.AtomicCASOp(result, ptrs, tir.broadcast_to(cmp, shape),
+                          tir.broadcast_to(value, shape), tt.MemSemantic.ACQUIRE_RELEASE,
+                          tt.MemSyncScope.GPU).result

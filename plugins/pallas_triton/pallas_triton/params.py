@@ -1,0 +1,34 @@
+"""The Triton backend's compiler parameters."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+from pallas_core.errors import PallasError
+from pallas_core.spec import CompilerParams
+
+NAME = "triton"
+
+
+@dataclasses.dataclass(frozen=True)
+class TritonParams(CompilerParams):
+    """Compiler parameters of the Triton backend; passing them selects it.
+
+    ``num_warps``: warps per program (a power of two, 1 to 32). ``num_stages``: software
+    pipelining depth of loops. ``debug``: let Triton keep device-side assertions.
+    """
+
+    BACKEND: ClassVar[str] = NAME
+    num_warps: int = 4
+    num_stages: int = 3
+    debug: bool = False
+
+    def __post_init__(self) -> None:
+        w = self.num_warps
+        if not isinstance(w, int) or w < 1 or w > 32 or w & (w - 1):
+            raise PallasError(f"TritonParams(num_warps={w!r}): expected a power of two from 1 "
+                              "to 32. Fix: e.g. num_warps=4.")
+        if not isinstance(self.num_stages, int) or self.num_stages < 1:
+            raise PallasError(f"TritonParams(num_stages={self.num_stages!r}): expected a "
+                              "positive int. Fix: e.g. num_stages=3.")

@@ -1,0 +1,69 @@
+"""Hook implementations of the Triton backend (entry point ``triton``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pallas_core import _jax
+from pallas_core.hookspecs import hookimpl
+from pallas_core.plugins import BackendInfo
+from pallas_core.request import KernelCall, LoweringRequest
+from pallas_triton import compile as triton_compile
+from pallas_triton import lowering, validation
+from pallas_triton.params import NAME, TritonParams
+
+__version__ = "0.1.0"
+
+# XLA's own Triton call: it compiles the kernel's Triton IR for the GPU it runs on.
+CUSTOM_CALL_TARGET = "__gpu$xla.gpu.triton"
+
+
+def params_of(call: KernelCall) -> TritonParams:
+    params = call.compiler_params
+    return params if isinstance(params, TritonParams) else TritonParams()
+
+
+@hookimpl
+def pallas_describe() -> BackendInfo:
+    return BackendInfo(
+        name=NAME, version=__version__, platforms=("cuda",), compiler_params_type=TritonParams,
+        default_for=("cuda",), package="pallas-triton",
+        capabilities=frozenset({"masked_access", "atomics", "aliasing", "vmap"}),
+    )
+
+
+@hookimpl
+def pallas_validate(call: KernelCall, backend: str) -> None:
+    if backend == NAME:
+        validation.check(call)
+
+
+@hookimpl
+def pallas_lower(request: LoweringRequest) -> Any:
+    if request.backend != NAME:
+        return None
+    call = request.call
+    module, name = lowering.lower_kernel(call)
+    params = params_of(call)
+    config = {
+        "name": name, "ir": lowering.module_bytecode(module),
+        "num_stages": params.num_stages, "num_warps": params.num_warps,
+        "grid_x": call.grid_mapping.num_steps, "grid_y": 1, "grid_z": 1,
+        "debug": params.debug,
+    }
+    return _jax.emit_custom_call(
+        request.ctx, CUSTOM_CALL_TARGET, request.operands, call.out_avals,
+        backend_config=config,
+        operand_output_aliases=dict(call.input_output_aliases) or None)
+
+
+@hookimpl
+def pallas_stages(call: KernelCall, backend: str, target: str | None) -> Mapping[str, Any] | None:
+    if backend != NAME:
+        return None
+    module, _ = lowering.lower_kernel(call)
+    ttir = lowering.module_text(module)
+    params = params_of(call)
+    compiled = triton_compile.compile_stages(ttir, target, params.num_warps, params.num_stages)
+    return {"ttir": ttir, **{k: v for k, v in compiled.items() if k != "ttir"}}

@@ -1,0 +1,52 @@
+"""What a kernel must satisfy before it is lowered for Triton, with the fix in each message."""
+
+from __future__ import annotations
+
+from pallas_core import reference
+from pallas_core.errors import BlockSpecError, UnsupportedError
+from pallas_core.request import KernelCall
+
+MAX_PROGRAMS = 2**31 - 1
+
+
+def check(call: KernelCall) -> None:
+    """Raises a ``PallasError`` for what the Triton backend cannot lower."""
+    gm = call.grid_mapping
+    where = f"kernel {call.name!r} ({call.source})"
+    if gm.scratch_avals:
+        raise UnsupportedError(
+            f"scratch_shapes ({where}) are not supported by the 'triton' backend: Triton has "
+            "no scratch memory. Fix: keep temporaries in values (loop carries), or pass "
+            "backend='interpret'.")
+    if gm.num_scalar_prefetch:
+        raise UnsupportedError(
+            f"scalar prefetch ({where}) is not supported by the 'triton' backend. Fix: pass "
+            "the indices as an ordinary input and load them in the kernel.")
+    if gm.num_steps > MAX_PROGRAMS:
+        raise UnsupportedError(f"{where} has {gm.num_steps} grid steps, more than Triton's "
+                               f"{MAX_PROGRAMS}. Fix: use bigger blocks.")
+    for bm in gm.block_mappings:
+        if bm.is_whole_array:
+            continue  # accessed through pl.ds slices, each checked when it is lowered
+        for size in bm.ref_shape:
+            if size & (size - 1):
+                padded = tuple(1 << (s - 1).bit_length() for s in bm.ref_shape)
+                raise BlockSpecError(
+                    f"{where}: {bm.origin} has block shape {bm.ref_shape}, but Triton blocks "
+                    f"must have power-of-two sizes. Fix: use block_shape {padded} (edge blocks "
+                    "are masked, so the array need not be padded), or a power-of-two divisor.")
+    unknown = reference.registered_primitives() - _LOWERED
+    eqn = reference.find_eqn(call.jaxpr.jaxpr, unknown)
+    if eqn is not None:
+        raise UnsupportedError(
+            f"the primitive {eqn.primitive.name!r} ({where}) is not supported by the 'triton' "
+            "backend. Fix: rewrite that part of the kernel, or pass backend='interpret'.")
+
+
+def _lowered() -> frozenset[object]:
+    from pallas_triton.lowering import RULES
+
+    return frozenset(RULES)
+
+
+_LOWERED = _lowered()
