@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from pallas_triton.params import TritonParams
 from pallas_triton.plugin import __version__
+from pallas_triton.primitives import (
+    approx_tanh,
+    debug_barrier,
+    elementwise_inline_asm,
+    max_contiguous,
+)
 
 CompilerParams = TritonParams
 
-__all__ = ["CompilerParams", "TritonParams", "__version__"]
+__all__ = ["CompilerParams", "TritonParams", "__version__", "approx_tanh", "debug_barrier",
+           "elementwise_inline_asm", "max_contiguous"]

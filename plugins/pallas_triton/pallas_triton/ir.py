@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 from jaxlib.mlir import ir
+from jaxlib.mlir._mlir_libs import _jax_mlir_ext
 from jaxlib.mlir.dialects import arith
 from jaxlib.triton import dialect as tt
 
@@ -19,9 +20,14 @@ from pallas_core.errors import UnsupportedError
 
 
 def new_context() -> ir.Context:
-    """A fresh MLIR context with the Triton dialect (and those it depends on) loaded."""
+    """A fresh MLIR context with the Triton dialect, and the upstream dialects jaxlib ships
+    (``gpu`` for barriers), loaded."""
     ctx = ir.Context()
     tt.register_dialect(ctx)
+    registry = ir.DialectRegistry()
+    _jax_mlir_ext.register_dialects(registry)
+    ctx.append_dialect_registry(registry)
+    ctx.load_all_available_dialects()
     return ctx
 
 

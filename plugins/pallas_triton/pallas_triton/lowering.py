@@ -23,7 +23,7 @@ import jax
 import numpy as np
 from jax import lax
 from jaxlib.mlir import ir
-from jaxlib.mlir.dialects import arith, scf
+from jaxlib.mlir.dialects import arith, gpu, scf
 from jaxlib.mlir.dialects import math as mmath
 from jaxlib.triton import dialect as tt
 
@@ -33,6 +33,7 @@ from pallas_core.errors import PallasError, UnsupportedError
 from pallas_core.grid_mapping import BlockMapping
 from pallas_core.request import KernelCall
 from pallas_triton import ir as tir
+from pallas_triton import primitives as tprims
 
 
 @dataclasses.dataclass
@@ -703,3 +704,53 @@ def _atomic_cas(lowering: Lowering, eqn: Any, ref: BlockRef, cmp: ir.Value, valu
     return tt.AtomicCASOp(result, ptrs, tir.broadcast_to(cmp, shape),
                           tir.broadcast_to(value, shape), tt.MemSemantic.ACQUIRE_RELEASE,
                           tt.MemSyncScope.GPU).result
+
+
+# --- printing and the Triton-only primitives -------------------------------------------------
+
+
+@rule(prims.debug_print_p)
+def _debug_print(lowering: Lowering, eqn: Any, *args: ir.Value) -> list[Any]:
+    fmt = eqn.params["fmt"]
+    parts = fmt.split("{}")
+    if any(p.strip() for p in parts[1:]):
+        raise lowering.fail(f"pl.debug_print({fmt!r}) with values other than at the end "
+                            "(Triton prints a prefix, then the values)", eqn)
+    signed = [0 if tir.is_unsigned(v.aval.dtype) else 1 for v in eqn.invars]
+    tt.PrintOp(parts[0], False, list(args), signed)
+    return []
+
+
+@rule(tprims.approx_tanh_p)
+def _approx_tanh(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
+    aval = _aval_in(eqn, 0)
+    if np.dtype(aval.dtype) != np.float32:
+        x32 = convert(x, aval.dtype, np.float32, aval.shape)
+        return convert(_tanh_asm(x32, aval.shape), np.float32, aval.dtype, aval.shape)
+    return _tanh_asm(x, aval.shape)
+
+
+def _tanh_asm(x: ir.Value, shape: Sequence[int]) -> ir.Value:
+    result = tir.value_type(shape, np.float32)
+    op = tt.ElementwiseInlineAsmOp([result], "tanh.approx.f32 $0, $1;", "=r,r", True, 1, [x])
+    return op.results[0]
+
+
+@rule(tprims.inline_asm_p)
+def _inline_asm(lowering: Lowering, eqn: Any, *args: ir.Value) -> list[Any]:
+    shape = _aval_out(eqn).shape
+    types = [tir.value_type(s.shape, s.dtype) for s in eqn.params["result_shape_dtypes"]]
+    op = tt.ElementwiseInlineAsmOp(types, eqn.params["asm"], eqn.params["constraints"], True,
+                                   eqn.params["pack"], [tir.broadcast_to(a, shape) for a in args])
+    return list(op.results)
+
+
+@rule(tprims.max_contiguous_p)
+def _max_contiguous(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
+    return x  # a hint only; Triton's own analysis sees aranges directly
+
+
+@rule(tprims.debug_barrier_p)
+def _debug_barrier(lowering: Lowering, eqn: Any) -> list[Any]:
+    gpu.BarrierOp()
+    return []

@@ -10,7 +10,7 @@ from pallas_core.hookspecs import hookimpl
 from pallas_core.plugins import BackendInfo
 from pallas_core.request import KernelCall, LoweringRequest
 from pallas_triton import compile as triton_compile
-from pallas_triton import lowering, validation
+from pallas_triton import lowering, primitives, validation
 from pallas_triton.params import NAME, TritonParams
 
 __version__ = "0.1.0"
@@ -29,8 +29,13 @@ def pallas_describe() -> BackendInfo:
     return BackendInfo(
         name=NAME, version=__version__, platforms=("cuda",), compiler_params_type=TritonParams,
         default_for=("cuda",), package="pallas-triton",
-        capabilities=frozenset({"masked_access", "atomics", "aliasing", "vmap"}),
+        capabilities=frozenset({"masked_access", "atomics", "aliasing", "vmap", "debug_print"}),
     )
+
+
+@hookimpl
+def pallas_primitives() -> Any:
+    return primitives.SEMANTICS
 
 
 @hookimpl
