@@ -569,9 +569,18 @@ def _pointers(lowering: Lowering, eqn: Any, ref: BlockRef, transforms: Sequence[
             begin = arith.AddIOp(ref.starts[d], start).result
             parts.append((_range_from(begin, 0, idx.size, idx.stride), True))
         else:
-            if tir.shape_of(_as_i32(lowering, eqn, idx)):
-                raise lowering.fail("indexing a Ref with an array (gather)", eqn)
-            parts.append((arith.AddIOp(ref.starts[d], _as_i32(lowering, eqn, idx)).result, False))
+            index = _as_i32(lowering, eqn, idx)
+            index_shape = tir.shape_of(index)
+            if len(index_shape) > 1:
+                raise lowering.fail("indexing a Ref with a multi-dimensional index array", eqn)
+            if index_shape:  # a gather along this dimension
+                parts.append((arith.AddIOp(tir.splat(ref.starts[d], index_shape),
+                                           index).result, True))
+            else:
+                parts.append((arith.AddIOp(ref.starts[d], index).result, False))
+    if sum(1 for i in (indices or []) if i is not None and not isinstance(i, _jax.Slice)
+           and tir.shape_of(_as_i32(lowering, eqn, i))) > 1:
+        raise lowering.fail("indexing a Ref with more than one index array", eqn)
     ranges = [i for i, (_, r) in enumerate(parts) if r]
     shape = tuple(tir.shape_of(parts[i][0])[0] for i in ranges)
     rank = len(shape)
@@ -602,9 +611,13 @@ def _range_from(start: ir.Value, first: int, size: int, stride: int) -> ir.Value
 
 
 def _as_i32(lowering: Lowering, eqn: Any, v: Any) -> ir.Value:
-    if isinstance(v, ir.Value):
+    """An index as int32 (Python ints become constants; other integer widths are cast)."""
+    if not isinstance(v, ir.Value):
+        return tir.i32(int(v))
+    width = ir.IntegerType(tir.element_of(v.type)).width
+    if width == 32:
         return v
-    return tir.i32(int(v))
+    return convert(v, np.dtype(f"int{width}"), np.int32, tir.shape_of(v))
 
 
 def _transforms(eqn: Any, args: Sequence[Any]) -> Sequence[Any]:

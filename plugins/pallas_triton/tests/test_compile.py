@@ -118,6 +118,14 @@ def _triton_only(x: jax.Array) -> jax.Array:
     return pl.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
 
 
+def _gather_rows(x: jax.Array, idx: jax.Array) -> jax.Array:
+    def kernel(x_ref: Any, idx_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = x_ref[idx_ref[...], :] * 2.0
+
+    return pl.pallas_call(kernel, jax.ShapeDtypeStruct((idx.shape[0], x.shape[1]), x.dtype))(
+        x, idx)
+
+
 def _attention_args() -> tuple[jax.Array, ...]:
     return tuple(_rand((256, 64), seed=s) for s in range(3))
 
@@ -151,6 +159,8 @@ CASES: dict[str, tuple[Callable[..., Any], Callable[[], tuple[jax.Array, ...]]]]
     "while_loop_and_print": (_while_and_print, lambda: (_rand((128,)) * 10.0,)),
     "triton_only_primitives": (_triton_only, lambda: (_rand((16, 128)),)),
     "masked_load_store": (_masked_copy, lambda: (_rand((1000,)),)),
+    "gather_rows": (_gather_rows,
+                    lambda: (_rand((64, 32)), jnp.array([3, 7, 0, 63, 5, 5, 9, 1], jnp.int32))),
     "atomics": (_atomic_sum, lambda: (_rand((4, 128)),)),
 }
 
@@ -194,6 +204,8 @@ def test_interpreter_and_jnp_agree_on_the_kernels_written_here() -> None:
     np.testing.assert_allclose(_while_and_print(w), w * np.repeat(counts, 64), rtol=1e-6)
     t = _rand((16, 128))
     np.testing.assert_allclose(_triton_only(t), 2 * jnp.tanh(t), rtol=1e-6)
+    table, idx = CASES["gather_rows"][1]()
+    np.testing.assert_allclose(_gather_rows(table, idx), table[idx] * 2.0, rtol=1e-6)
 
 
 def test_triton_inline_asm_without_reference_is_refused_by_the_interpreter() -> None:
