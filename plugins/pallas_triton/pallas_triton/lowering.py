@@ -30,7 +30,7 @@ from jaxlib.triton import dialect as tt
 from pallas_core import _jax
 from pallas_core import primitives as prims
 from pallas_core.errors import PallasError, UnsupportedError
-from pallas_core.grid_mapping import BlockMapping
+from pallas_core.grid_mapping import BlockMapping, block_index_tables
 from pallas_core.request import KernelCall
 from pallas_triton import ir as tir
 from pallas_triton import primitives as tprims
@@ -95,20 +95,59 @@ def lower_kernel(call: KernelCall) -> tuple[ir.Module, str]:
                  for _ in arg_types])
             entry = fn.body.blocks.append(*arg_types)
         with ir.InsertionPoint(entry):
+            parallel, sequential = grid_axes(call)
             pid = tt.GetProgramIdOp(tt.ProgramIDDim.X).result
-            ids = _unravel(pid, gm.grid)
-            lowering = Lowering(call, ids)
-            refs = []
-            for ptr, bm in zip(entry.arguments, gm.block_mappings):
-                block_idx = _eval_index_map(lowering, bm, ids)
-                starts = [arith.MulIOp(i, tir.i32(b)).result
-                          for i, b in zip(block_idx, bm.full_block_shape)]
-                refs.append(BlockRef(ptr, bm, starts))
-            lower_jaxpr(lowering, call.jaxpr.jaxpr, call.jaxpr.consts, refs)
+            par_ids = _unravel(pid, [gm.grid[a] for a in parallel])
+            if not sequential:
+                _lower_step(call, entry.arguments, dict(zip(parallel, par_ids)))
+            else:
+                # Steps along these axes share output blocks: one program runs them in order.
+                n = math.prod(gm.grid[a] for a in sequential)
+                loop = scf.ForOp(tir.i32(0), tir.i32(n), tir.i32(1), [])
+                with ir.InsertionPoint(loop.body):
+                    seq_ids = _unravel(loop.induction_variable,
+                                       [gm.grid[a] for a in sequential])
+                    ids = {**dict(zip(parallel, par_ids)), **dict(zip(sequential, seq_ids))}
+                    _lower_step(call, entry.arguments, ids)
+                    gpu.BarrierOp()  # this step's stores are visible to the next step's loads
+                    scf.YieldOp([])
             tt.ReturnOp([])
         if not module.operation.verify():
             raise PallasError(f"the Triton module of kernel {call.name!r} does not verify")
     return module, name
+
+
+def grid_axes(call: KernelCall) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The grid axes run as parallel programs, and those run in order inside each program.
+
+    An axis is parallel when every output has a dimension whose block index is that grid index:
+    programs differing along it never share an output block. The others (a matmul's K axis)
+    revisit output blocks, which on a GPU would race if they were separate programs.
+    """
+    gm = call.grid_mapping
+    tables = block_index_tables(gm)
+    if tables is None:
+        return tuple(range(len(gm.grid))), ()
+    points, per_operand = tables
+    parallel = []
+    for a in range(len(gm.grid)):
+        if all(any((table[:, d] == points[:, a]).all() for d in range(table.shape[1]))
+               for table in per_operand[gm.num_inputs:]):
+            parallel.append(a)
+    return tuple(parallel), tuple(a for a in range(len(gm.grid)) if a not in parallel)
+
+
+def _lower_step(call: KernelCall, pointers: Sequence[ir.Value], ids: dict[int, ir.Value]) -> None:
+    gm = call.grid_mapping
+    ordered = [ids[a] for a in range(len(gm.grid))]
+    lowering = Lowering(call, ordered)
+    refs = []
+    for ptr, bm in zip(pointers, gm.block_mappings):
+        block_idx = _eval_index_map(lowering, bm, ordered)
+        starts = [arith.MulIOp(i, tir.i32(b)).result
+                  for i, b in zip(block_idx, bm.full_block_shape)]
+        refs.append(BlockRef(ptr, bm, starts))
+    lower_jaxpr(lowering, call.jaxpr.jaxpr, call.jaxpr.consts, refs)
 
 
 def module_text(module: ir.Module) -> str:
@@ -244,17 +283,30 @@ rule(lax.erf_p)(_unary_math(mmath.ErfOp))
 
 @rule(lax.tanh_p)
 def _tanh(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
-    """``sign(x) * (1 - e) / (1 + e)`` with ``e = exp(-2|x|)``: Triton has no ``math.tanh``."""
+    """``sign(x) * (1 - e) / (1 + e)`` with ``e = exp(-2|x|)`` (a Pade approximant near 0):
+    Triton has no ``math.tanh``."""
     aval = _aval_in(eqn, 0)
     if not tir.is_float(aval.dtype):
         raise lowering.fail(f"tanh on {aval.dtype}", eqn)
-    one = tir.constant(1.0, aval.dtype, aval.shape)
-    minus_two = tir.constant(-2.0, aval.dtype, aval.shape)
-    e = mmath.ExpOp(arith.MulFOp(minus_two, mmath.AbsFOp(x).result).result).result
-    t = arith.DivFOp(arith.SubFOp(one, e).result, arith.AddFOp(one, e).result).result
-    negative = arith.CmpFOp(arith.CmpFPredicate.OLT, x,
-                            tir.constant(0.0, aval.dtype, aval.shape)).result
-    return arith.SelectOp(negative, arith.NegFOp(t).result, t).result
+    def c(v: float) -> ir.Value:
+        return tir.constant(v, aval.dtype, aval.shape)
+
+    def poly(coeffs: Sequence[float], z: ir.Value) -> ir.Value:
+        acc = c(coeffs[0])
+        for k in coeffs[1:]:
+            acc = arith.AddFOp(arith.MulFOp(acc, z).result, c(k)).result
+        return acc
+
+    e = mmath.ExpOp(arith.MulFOp(c(-2.0), mmath.AbsFOp(x).result).result).result
+    t = arith.DivFOp(arith.SubFOp(c(1.0), e).result, arith.AddFOp(c(1.0), e).result).result
+    negative = arith.CmpFOp(arith.CmpFPredicate.OLT, x, c(0.0)).result
+    far = arith.SelectOp(negative, arith.NegFOp(t).result, t).result
+    # Near zero 1 - e cancels: a [7/6] Pade approximant, accurate to float32 for |x| < 0.5.
+    x2 = arith.MulFOp(x, x).result
+    near = arith.DivFOp(arith.MulFOp(x, poly([1.0, 378.0, 17325.0, 135135.0], x2)).result,
+                        poly([28.0, 3150.0, 62370.0, 135135.0], x2)).result
+    small = arith.CmpFOp(arith.CmpFPredicate.OLT, mmath.AbsFOp(x).result, c(0.5)).result
+    return arith.SelectOp(small, near, far).result
 
 
 @rule(lax.neg_p)
@@ -346,6 +398,8 @@ def convert(x: ir.Value, src: Any, dst: Any, shape: Sequence[int]) -> ir.Value:
         return arith.CmpIOp(arith.CmpIPredicate.ne, x, zero).result
     sbits, dbits = np.dtype(src).itemsize * 8, np.dtype(dst).itemsize * 8
     if tir.is_float(src) and tir.is_float(dst):
+        if dbits == sbits:  # float16 <-> bfloat16: through float32
+            return convert(convert(x, src, np.float32, shape), np.float32, dst, shape)
         op = arith.ExtFOp if dbits > sbits else arith.TruncFOp
         return op(out_type, x).result
     if tir.is_float(src):
@@ -423,10 +477,13 @@ def _dot(lowering: Lowering, eqn: Any, a: ir.Value, b: ir.Value) -> ir.Value:
     acc_dtype = np.float32 if tir.is_float(out.dtype) else np.int32
     m, n = out.shape
     acc = tir.constant(0, acc_dtype, (m, n))
-    precision = eqn.params.get("precision")
-    ieee = precision is not None and "HIGHEST" in str(precision)
-    input_precision = tt.InputPrecision.IEEE if ieee or not tir.is_float(a_aval.dtype) \
-        else tt.InputPrecision.TF32
+    precision = str(eqn.params.get("precision"))
+    if not tir.is_float(a_aval.dtype) or "HIGHEST" in precision or "F32_F32_F32" in precision:
+        input_precision = tt.InputPrecision.IEEE
+    elif "TF32_TF32_F32_X3" in precision:
+        input_precision = tt.InputPrecision.TF32x3
+    else:
+        input_precision = tt.InputPrecision.TF32
     if np.dtype(a_aval.dtype).itemsize < 4 and tir.is_float(a_aval.dtype):
         input_precision = tt.InputPrecision.IEEE  # bf16/f16 inputs: tensor cores either way
     res = tt.DotOp(a, b, acc, inputPrecision=input_precision, maxNumImpreciseAcc=0).result
@@ -595,7 +652,8 @@ def _pointers(lowering: Lowering, eqn: Any, ref: BlockRef, transforms: Sequence[
             part = tir.broadcast_to(part, shape)
         scaled = arith.MulIOp(part, tir.broadcast_to(tir.i32(strides[d]), shape)).result
         offset = arith.AddIOp(offset, scaled).result
-        in_bounds = arith.CmpIOp(arith.CmpIPredicate.slt, part,
+        # Unsigned: a negative index is out of bounds too.
+        in_bounds = arith.CmpIOp(arith.CmpIPredicate.ult, part,
                                  tir.broadcast_to(tir.i32(bm.array_shape[d]), shape)).result
         mask = in_bounds if mask is None else arith.AndIOp(mask, in_bounds).result
     ptr_type = ir.RankedTensorType.get(list(shape), ref.ptr.type) if shape else ref.ptr.type
@@ -682,8 +740,9 @@ def _masked_swap(lowering: Lowering, eqn: Any, ref: BlockRef, value: ir.Value,
 
 _RMW = {
     prims.AtomicOp.ADD: (tt.RMWOp.FADD, tt.RMWOp.ADD, tt.RMWOp.ADD),
-    prims.AtomicOp.MAX: (tt.RMWOp.MAX, tt.RMWOp.MAX, tt.RMWOp.UMAX),
-    prims.AtomicOp.MIN: (tt.RMWOp.MIN, tt.RMWOp.MIN, tt.RMWOp.UMIN),
+    # Float max/min would need Triton's sign-split integer trick; refused for now.
+    prims.AtomicOp.MAX: (None, tt.RMWOp.MAX, tt.RMWOp.UMAX),
+    prims.AtomicOp.MIN: (None, tt.RMWOp.MIN, tt.RMWOp.UMIN),
     prims.AtomicOp.AND: (None, tt.RMWOp.AND, tt.RMWOp.AND),
     prims.AtomicOp.OR: (None, tt.RMWOp.OR, tt.RMWOp.OR),
     prims.AtomicOp.XOR: (None, tt.RMWOp.XOR, tt.RMWOp.XOR),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -51,10 +52,12 @@ def pallas_lower(request: LoweringRequest) -> Any:
     call = request.call
     module, name = lowering.lower_kernel(call)
     params = params_of(call)
+    parallel, _ = lowering.grid_axes(call)
+    programs = math.prod(call.grid_mapping.grid[a] for a in parallel)
     config = {
         "name": name, "ir": lowering.module_bytecode(module),
         "num_stages": params.num_stages, "num_warps": params.num_warps,
-        "grid_x": call.grid_mapping.num_steps, "grid_y": 1, "grid_z": 1,
+        "grid_x": programs, "grid_y": 1, "grid_z": 1,
         "debug": params.debug,
     }
     return _jax.emit_custom_call(

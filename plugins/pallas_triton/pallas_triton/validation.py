@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
 from pallas_core import reference
 from pallas_core.errors import BlockSpecError, UnsupportedError
 from pallas_core.request import KernelCall
@@ -26,6 +30,16 @@ def check(call: KernelCall) -> None:
         raise UnsupportedError(f"{where} has {gm.num_steps} grid steps, more than Triton's "
                                f"{MAX_PROGRAMS}. Fix: use bigger blocks.")
     for bm in gm.block_mappings:
+        if np.dtype(bm.dtype) == np.bool_:
+            raise UnsupportedError(
+                f"{where}: {bm.origin} is a boolean array, which the 'triton' backend does not "
+                "load or store yet. Fix: pass it as int8 (x.astype(jnp.int8)) and compare "
+                "with 0 in the kernel.")
+        if math.prod(bm.array_shape) >= 2**31:
+            raise UnsupportedError(
+                f"{where}: {bm.origin} has {math.prod(bm.array_shape)} elements; the 'triton' "
+                "backend addresses arrays with 32-bit offsets (fewer than 2**31 elements). "
+                "Fix: split the array.")
         if bm.is_whole_array:
             continue  # accessed through pl.ds slices, each checked when it is lowered
         for size in bm.ref_shape:

@@ -81,3 +81,47 @@ def test_bad_target_is_explained() -> None:
     fn = pl.pallas_call(_copy, jax.ShapeDtypeStruct(x.shape, x.dtype), backend="triton")
     with pytest.raises(pl.PallasError, match=r"target 'hopper'.*sm_XY.*Fix"):
         pl.stages(fn, x, backend="triton", target="hopper")
+
+
+def test_revisited_output_blocks_run_in_order_inside_one_program() -> None:
+    """The K axis of a 3-D-grid matmul becomes a loop in each program, not parallel programs
+    racing on one output block."""
+    from pallas_triton import lowering
+
+    from examples import matmul_3d_grid
+    from pallas_core.stages import kernel_calls
+
+    x = jnp.ones((128, 128), jnp.bfloat16)
+    fn = jax.jit(lambda a, b: matmul_3d_grid.matmul(a, b, block_m=64, block_n=64, block_k=32))
+    text = _lower(fn, x, x)
+    assert "grid_x = 4 : i32" in text  # (128/64) * (128/64) programs; K loops inside
+    calls = list(kernel_calls(jax.make_jaxpr(fn)(x, x).jaxpr))
+    assert lowering.grid_axes(calls[0]) == ((0, 1), (2,))
+    (stages,) = pl.stages(fn, x, x, backend="triton", target="sm_90")
+    assert "scf.for" in stages["ttir"]
+
+
+def test_float_atomic_max_is_refused() -> None:
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        pl.atomic_max(o_ref, (pl.ds(0, 128),), x_ref[...])
+
+    whole = pl.BlockSpec(memory_space=pl.ANY)
+    fn = pl.pallas_call(kernel, jax.ShapeDtypeStruct((128,), jnp.float32), in_specs=[whole],
+                        out_specs=whole, backend="triton")
+    with pytest.raises(pl.UnsupportedError, match=r"atomic_max on float32.*Fix"):
+        _lower(fn, jnp.ones(128))
+
+
+def test_boolean_arrays_are_refused_with_the_fix() -> None:
+    fn = pl.pallas_call(_copy, jax.ShapeDtypeStruct((128,), jnp.bool_), backend="triton")
+    with pytest.raises(pl.UnsupportedError, match=r"boolean array.*Fix: pass it as int8"):
+        fn(jnp.ones(128, jnp.bool_))
+
+
+def test_float16_to_bfloat16_cast_compiles() -> None:
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = x_ref[...].astype(jnp.bfloat16)
+
+    fn = pl.pallas_call(kernel, jax.ShapeDtypeStruct((128,), jnp.bfloat16), backend="triton")
+    (stages,) = pl.stages(fn, jnp.ones(128, jnp.float16), backend="triton", target="sm_90")
+    assert stages["cubin"]
