@@ -58,7 +58,9 @@ def is_unsigned(dtype: Any) -> bool:
 
 
 def pointer(dtype: Any) -> ir.Type:
-    """``!tt.ptr`` to elements of ``dtype`` in global memory."""
+    """``!tt.ptr`` to elements of ``dtype`` in global memory (booleans are stored as bytes)."""
+    if np.dtype(dtype) == np.bool_:
+        return tt.PointerType.get(ir.IntegerType.get_signless(8), 1)
     return tt.PointerType.get(element_type(dtype), 1)
 
 

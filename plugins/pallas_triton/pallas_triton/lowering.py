@@ -691,38 +691,49 @@ def _and(a: ir.Value | None, b: ir.Value | None) -> ir.Value | None:
     return arith.AndIOp(a, b).result
 
 
+def _load(ptrs: ir.Value, mask: ir.Value | None, other: ir.Value | None, dtype: Any,
+          shape: tuple[int, ...]) -> ir.Value:
+    """Loads; booleans live in memory as bytes (as XLA stores them) and are compared with 0."""
+    if np.dtype(dtype) != np.bool_:
+        if mask is None:
+            return tt.LoadOp(ptrs).result
+        other = other if other is not None else tir.constant(0, dtype, shape)
+        return tt.LoadOp(ptrs, mask=mask, other=other).result
+    if other is not None:
+        other = convert(other, np.bool_, np.int8, shape)
+    raw = _load(ptrs, mask, other, np.int8, shape)
+    return arith.CmpIOp(arith.CmpIPredicate.ne, raw, tir.constant(0, np.int8, shape)).result
+
+
+def _store(ptrs: ir.Value, value: ir.Value, mask: ir.Value | None, dtype: Any,
+           shape: tuple[int, ...]) -> None:
+    value = tir.broadcast_to(value, shape)
+    if np.dtype(dtype) == np.bool_:
+        value = convert(value, np.bool_, np.int8, shape)
+    tt.StoreOp(ptrs, value, mask=mask)
+
+
 @rule(_jax.get_p)
 def _get(lowering: Lowering, eqn: Any, ref: BlockRef, *args: Any) -> ir.Value:
     ptrs, mask, shape = _pointers(lowering, eqn, ref, _transforms(eqn, args))
-    dtype = _aval_out(eqn).dtype
-    if mask is None:
-        return tt.LoadOp(ptrs).result
-    return tt.LoadOp(ptrs, mask=mask, other=tir.constant(0, dtype, shape)).result
+    return _load(ptrs, mask, None, _aval_out(eqn).dtype, shape)
 
 
 @rule(prims.masked_load_p)
 def _masked_load(lowering: Lowering, eqn: Any, ref: BlockRef, *args: Any) -> ir.Value:
     n = eqn.params["tree"].num_leaves
     ptrs, mask, shape = _pointers(lowering, eqn, ref, _transforms(eqn, args))
-    dtype = _aval_out(eqn).dtype
     mask = _and(mask, tir.broadcast_to(args[n], shape))
-    other = (tir.broadcast_to(args[n + 1], shape) if eqn.params["has_other"]
-             else tir.constant(0, dtype, shape))
-    return tt.LoadOp(ptrs, mask=mask, other=other).result
-
-
-def _store(ptrs: ir.Value, value: ir.Value, mask: ir.Value | None, shape: tuple[int, ...]
-           ) -> None:
-    tt.StoreOp(ptrs, tir.broadcast_to(value, shape), mask=mask)
+    other = tir.broadcast_to(args[n + 1], shape) if eqn.params["has_other"] else None
+    return _load(ptrs, mask, other, _aval_out(eqn).dtype, shape)
 
 
 @rule(_jax.swap_p)
 def _swap(lowering: Lowering, eqn: Any, ref: BlockRef, value: ir.Value, *args: Any) -> ir.Value:
     ptrs, mask, shape = _pointers(lowering, eqn, ref, _transforms(eqn, args))
     dtype = _aval_out(eqn).dtype
-    old = (tt.LoadOp(ptrs).result if mask is None else
-           tt.LoadOp(ptrs, mask=mask, other=tir.constant(0, dtype, shape)).result)
-    _store(ptrs, value, mask, shape)
+    old = _load(ptrs, mask, None, dtype, shape)
+    _store(ptrs, value, mask, dtype, shape)
     return old
 
 
@@ -733,8 +744,8 @@ def _masked_swap(lowering: Lowering, eqn: Any, ref: BlockRef, value: ir.Value,
     ptrs, mask, shape = _pointers(lowering, eqn, ref, _transforms(eqn, args))
     dtype = _aval_out(eqn).dtype
     mask = _and(mask, tir.broadcast_to(args[n], shape))
-    old = tt.LoadOp(ptrs, mask=mask, other=tir.constant(0, dtype, shape)).result
-    _store(ptrs, value, mask, shape)
+    old = _load(ptrs, mask, None, dtype, shape)
+    _store(ptrs, value, mask, dtype, shape)
     return old
 
 

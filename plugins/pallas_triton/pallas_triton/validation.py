@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from pallas_core import reference
 from pallas_core.errors import BlockSpecError, UnsupportedError
 from pallas_core.request import KernelCall
@@ -30,11 +28,6 @@ def check(call: KernelCall) -> None:
         raise UnsupportedError(f"{where} has {gm.num_steps} grid steps, more than Triton's "
                                f"{MAX_PROGRAMS}. Fix: use bigger blocks.")
     for bm in gm.block_mappings:
-        if np.dtype(bm.dtype) == np.bool_:
-            raise UnsupportedError(
-                f"{where}: {bm.origin} is a boolean array, which the 'triton' backend does not "
-                "load or store yet. Fix: pass it as int8 (x.astype(jnp.int8)) and compare "
-                "with 0 in the kernel.")
         if math.prod(bm.array_shape) >= 2**31:
             raise UnsupportedError(
                 f"{where}: {bm.origin} has {math.prod(bm.array_shape)} elements; the 'triton' "

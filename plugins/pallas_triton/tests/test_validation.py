@@ -6,6 +6,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import pallas_core as pl
@@ -112,10 +113,22 @@ def test_float_atomic_max_is_refused() -> None:
         _lower(fn, jnp.ones(128))
 
 
-def test_boolean_arrays_are_refused_with_the_fix() -> None:
-    fn = pl.pallas_call(_copy, jax.ShapeDtypeStruct((128,), jnp.bool_), backend="triton")
-    with pytest.raises(pl.UnsupportedError, match=r"boolean array.*Fix: pass it as int8"):
-        fn(jnp.ones(128, jnp.bool_))
+def test_boolean_arrays_are_bytes_in_memory() -> None:
+    """Booleans load as bytes compared with 0 and store as 0/1 bytes (XLA's layout)."""
+    def kernel(m_ref: Any, x_ref: Any, o_ref: Any, keep_ref: Any) -> None:
+        o_ref[...] = jnp.where(m_ref[...], x_ref[...], -1.0)
+        keep_ref[...] = x_ref[...] > 0.0
+
+    x = jax.random.normal(jax.random.key(0), (128,))
+    m = x > 0.5
+    out_shape = (jax.ShapeDtypeStruct((128,), jnp.float32),
+                 jax.ShapeDtypeStruct((128,), jnp.bool_))
+    (stages,) = pl.stages(pl.pallas_call(kernel, out_shape), m, x, backend="triton",
+                          target="sm_80")
+    assert "!tt.ptr<i8>" in stages["ttir"] and stages["cubin"]
+    out, keep = pl.pallas_call(kernel, out_shape)(m, x)  # the interpreter, against jnp
+    np.testing.assert_allclose(out, jnp.where(m, x, -1.0))
+    np.testing.assert_array_equal(keep, x > 0.0)
 
 
 def test_float16_to_bfloat16_cast_compiles() -> None:
