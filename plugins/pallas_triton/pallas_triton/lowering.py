@@ -751,7 +751,7 @@ def _masked_swap(lowering: Lowering, eqn: Any, ref: BlockRef, value: ir.Value,
 
 _RMW = {
     prims.AtomicOp.ADD: (tt.RMWOp.FADD, tt.RMWOp.ADD, tt.RMWOp.ADD),
-    # Float max/min would need Triton's sign-split integer trick; refused for now.
+    # Float max/min: see _float_atomic_max_min.
     prims.AtomicOp.MAX: (None, tt.RMWOp.MAX, tt.RMWOp.UMAX),
     prims.AtomicOp.MIN: (None, tt.RMWOp.MIN, tt.RMWOp.UMIN),
     prims.AtomicOp.AND: (None, tt.RMWOp.AND, tt.RMWOp.AND),
@@ -768,15 +768,47 @@ def _atomic(lowering: Lowering, eqn: Any, ref: BlockRef, value: ir.Value, *args:
     if eqn.params["has_mask"]:
         mask = _and(mask, tir.broadcast_to(args[n], shape))
     dtype = _aval_out(eqn).dtype
+    value = tir.broadcast_to(value, shape)
+    if tir.is_float(dtype) and op in (prims.AtomicOp.MAX, prims.AtomicOp.MIN):
+        if np.dtype(dtype) != np.float32:
+            raise lowering.fail(f"atomic_{op.value} on {dtype} (float32 only)", eqn)
+        return _float_atomic_max_min(ptrs, value, mask, shape, op is prims.AtomicOp.MAX)
     kinds = _RMW[op]
     kind = kinds[0] if tir.is_float(dtype) else (kinds[2] if tir.is_unsigned(dtype)
                                                    else kinds[1])
     if kind is None:
         raise lowering.fail(f"atomic_{op.value} on {dtype}", eqn)
-    result = tir.value_type(shape, dtype)
-    return tt.AtomicRMWOp(result, kind, ptrs, tir.broadcast_to(value, shape),
-                          tt.MemSemantic.ACQUIRE_RELEASE, tt.MemSyncScope.GPU,
-                          mask=mask).result
+    return _rmw(kind, ptrs, value, mask, tir.value_type(shape, dtype))
+
+
+def _rmw(kind: Any, ptrs: ir.Value, value: ir.Value, mask: ir.Value | None,
+         result: ir.Type) -> ir.Value:
+    return tt.AtomicRMWOp(result, kind, ptrs, value, tt.MemSemantic.ACQUIRE_RELEASE,
+                          tt.MemSyncScope.GPU, mask=mask).result
+
+
+def _float_atomic_max_min(ptrs: ir.Value, value: ir.Value, mask: ir.Value | None,
+                          shape: tuple[int, ...], is_max: bool) -> ir.Value:
+    """Float32 max/min through integer atomics on the bit patterns.
+
+    Non-negative floats order like their bits as signed ints, negative floats in reverse of
+    their bits as unsigned ints: max takes a signed-int max for non-negative values and an
+    unsigned-int min for negative ones (min the other way round); the old value comes from
+    whichever ran.
+    """
+    i32 = tir.value_type(shape, np.int32)
+    int_ptrs = tt.BitcastOp(ir.RankedTensorType.get(
+        list(shape), tir.pointer(np.int32)) if shape else tir.pointer(np.int32), ptrs).result
+    bits = tt.BitcastOp(i32, value).result
+    non_negative = arith.CmpIOp(arith.CmpIPredicate.sge, bits,
+                                tir.constant(0, np.int32, shape)).result
+    negative = arith.XOrIOp(non_negative, tir.constant(1, np.bool_, shape)).result
+    signed_kind, unsigned_kind = ((tt.RMWOp.MAX, tt.RMWOp.UMIN) if is_max
+                                  else (tt.RMWOp.MIN, tt.RMWOp.UMAX))
+    old_pos = _rmw(signed_kind, int_ptrs, bits, _and(mask, non_negative), i32)
+    old_neg = _rmw(unsigned_kind, int_ptrs, bits, _and(mask, negative), i32)
+    old = arith.SelectOp(non_negative, old_pos, old_neg).result
+    return tt.BitcastOp(tir.value_type(shape, np.float32), old).result
 
 
 @rule(prims.atomic_cas_p)

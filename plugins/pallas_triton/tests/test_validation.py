@@ -102,15 +102,32 @@ def test_revisited_output_blocks_run_in_order_inside_one_program() -> None:
     assert "scf.for" in stages["ttir"]
 
 
-def test_float_atomic_max_is_refused() -> None:
+@pytest.mark.parametrize("atomic", [pl.atomic_max, pl.atomic_min])
+def test_float_atomic_max_min_use_integer_atomics_on_the_bits(atomic: Any) -> None:
+    """Float compares of the bit patterns would be wrong for negatives (PTX atom.max.s32 on
+    float bits); signed max/min for non-negatives and unsigned min/max for negatives are not."""
     def kernel(x_ref: Any, o_ref: Any) -> None:
-        pl.atomic_max(o_ref, (pl.ds(0, 128),), x_ref[...])
+        atomic(o_ref, (pl.ds(0, 128),), x_ref[...])
 
     whole = pl.BlockSpec(memory_space=pl.ANY)
     fn = pl.pallas_call(kernel, jax.ShapeDtypeStruct((128,), jnp.float32), in_specs=[whole],
                         out_specs=whole, backend="triton")
-    with pytest.raises(pl.UnsupportedError, match=r"atomic_max on float32.*Fix"):
-        _lower(fn, jnp.ones(128))
+    (stages,) = pl.stages(fn, jnp.ones(128), backend="triton", target="sm_90")
+    ttir = stages["ttir"]
+    signed, unsigned = ("max", "umin") if atomic is pl.atomic_max else ("min", "umax")
+    assert f"tt.atomic_rmw {signed}" in ttir and f"tt.atomic_rmw {unsigned}" in ttir
+    assert "fmax" not in ttir and stages["cubin"]
+
+
+def test_float16_atomic_max_is_refused() -> None:
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        pl.atomic_max(o_ref, (pl.ds(0, 128),), x_ref[...])
+
+    whole = pl.BlockSpec(memory_space=pl.ANY)
+    fn = pl.pallas_call(kernel, jax.ShapeDtypeStruct((128,), jnp.float16), in_specs=[whole],
+                        out_specs=whole, backend="triton")
+    with pytest.raises(pl.UnsupportedError, match=r"atomic_max on float16.*Fix"):
+        _lower(fn, jnp.ones(128, jnp.float16))
 
 
 def test_boolean_arrays_are_bytes_in_memory() -> None:
