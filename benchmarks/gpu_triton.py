@@ -13,8 +13,6 @@ import argparse
 import functools
 import json
 import math
-import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as jax_pl
+from timing import median_seconds
 
 import pallas_core as our_pl
 
@@ -139,22 +138,11 @@ CASES: dict[str, tuple[Callable[..., Any], Callable[..., Any], list[tuple[tuple[
 }
 
 
-def _median_time(fn: Callable[..., Any], args: list[jax.Array], warmup: int,
-                 repeats: int) -> float:
-    for _ in range(warmup):
-        jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
 
 def copy_bandwidth(warmup: int, repeats: int) -> float:
     """Device-to-device bandwidth in bytes/s: read and write 2^28 float32 (a negation)."""
     x = jnp.ones((1 << 28,), F32)
-    t = _median_time(jax.jit(lambda a: -a), [x], warmup, repeats)
+    t = median_seconds(jax.jit(lambda a: -a), [x], warmup, repeats)
     return 2 * x.size * 4 / t
 
 
@@ -174,7 +162,7 @@ def run(warmup: int, repeats: int) -> dict[str, Any]:
         for way, fn in ways.items():
             got = np.asarray(fn(*args), np.float32)
             np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=f"{name}/{way}")
-            row[way] = _median_time(fn, args, warmup, repeats)
+            row[way] = median_seconds(fn, args, warmup, repeats)
         row["ours_over_jax_pallas"] = row["jax_pallas_triton"] / row["pallas_core_triton"]
         row["ours_over_jnp"] = row["jnp"] / row["pallas_core_triton"]
         moved = sum(a.size * a.dtype.itemsize for a in args) * (1 + 1 / len(args))

@@ -18,7 +18,6 @@ import json
 import math
 import platform
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as jax_pl
+from timing import call_seconds, median_seconds
 
 import pallas_core as our_pl
 
@@ -120,24 +120,7 @@ CASES: dict[str, tuple[Callable[..., Any], Callable[..., Any], list[tuple[int, .
 def _time_first(make: Callable[[], Callable[..., Any]], args: list[jax.Array],
                 repeats: int) -> float:
     """Median over fresh functions of the first call: trace, compile and run."""
-    times = []
-    for _ in range(repeats):
-        fn = make()
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def _median(fn: Callable[..., Any], args: list[jax.Array], warmup: int, repeats: int) -> float:
-    for _ in range(warmup):
-        jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(call_seconds(make(), args) for _ in range(repeats))
 
 
 def run(warmup: int, repeats: int, anchor_repeats: int, first_repeats: int) -> dict[str, Any]:
@@ -161,7 +144,7 @@ def run(warmup: int, repeats: int, anchor_repeats: int, first_repeats: int) -> d
             got = np.asarray(fn(*args))
             np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3, err_msg=f"{name}/{way}")
             reps = anchor_repeats if way == "jax_pallas_interpret" else repeats
-            row[way] = {"first_call_s": first, "median_s": _median(fn, args, warmup, reps)}
+            row[way] = {"first_call_s": first, "median_s": median_seconds(fn, args, warmup, reps)}
         row["ours_over_jnp"] = row["pallas_core"]["median_s"] / row["jnp"]["median_s"]
         row["anchor_over_ours"] = (row["jax_pallas_interpret"]["median_s"]
                                    / row["pallas_core"]["median_s"])

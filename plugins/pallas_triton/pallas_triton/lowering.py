@@ -618,13 +618,13 @@ def _pointers(lowering: Lowering, eqn: Any, ref: BlockRef, transforms: Sequence[
         if b is None:
             parts.append((ref.starts[d], False))
         elif idx is None:
-            parts.append((_range_from(ref.starts[d], 0, b, 1), True))
+            parts.append((_range_from(ref.starts[d], b, 1), True))
         elif isinstance(idx, _jax.Slice):
             if not isinstance(idx.size, int):
                 raise lowering.fail("a pl.ds slice of dynamic size", eqn)
             start = _as_i32(lowering, eqn, idx.start)
             begin = arith.AddIOp(ref.starts[d], start).result
-            parts.append((_range_from(begin, 0, idx.size, idx.stride), True))
+            parts.append((_range_from(begin, idx.size, idx.stride), True))
         else:
             index = _as_i32(lowering, eqn, idx)
             index_shape = tir.shape_of(index)
@@ -661,7 +661,7 @@ def _pointers(lowering: Lowering, eqn: Any, ref: BlockRef, transforms: Sequence[
     return tt.AddPtrOp(ptr_type, base, offset).result, mask, shape
 
 
-def _range_from(start: ir.Value, first: int, size: int, stride: int) -> ir.Value:
+def _range_from(start: ir.Value, size: int, stride: int) -> ir.Value:
     r = tir.arange(size)
     if stride != 1:
         r = arith.MulIOp(r, tir.splat(tir.i32(stride), [size])).result
