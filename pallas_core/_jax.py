@@ -131,12 +131,16 @@ def lower_fun(fun: Callable[..., Any], multiple_results: bool = True) -> Callabl
 
 
 def emit_custom_call(ctx: Any, target: str, operands: Sequence[Any], out_avals: Sequence[Any], *,
-                     backend_config: dict[str, Any], api_version: int = 4,
-                     operand_output_aliases: dict[int, int] | None = None) -> list[Any]:
+                     backend_config: dict[str, Any] | str | bytes, api_version: int = 4,
+                     operand_output_aliases: dict[int, int] | None = None,
+                     extra_attributes: dict[str, Any] | None = None,
+                     has_side_effect: bool = False) -> list[Any]:
     """Emits a row-major ``stablehlo.custom_call`` into the program being lowered.
 
-    ``backend_config`` maps names to Python values (``str``, ``bytes``, ``bool``, ``int``);
-    with ``api_version=4`` they become the call's ``mhlo.backend_config`` dictionary.
+    A dict ``backend_config`` maps names to Python values (``str``, ``bytes``, ``bool``,
+    ``int``) and becomes the ``mhlo.backend_config`` dictionary (``api_version=4``); a string
+    or bytes is passed as it is (``api_version=1``). ``extra_attributes`` (Python values too)
+    are set on the call.
     """
     def attr(v: Any) -> Any:
         if isinstance(v, bool):
@@ -146,13 +150,17 @@ def emit_custom_call(ctx: Any, target: str, operands: Sequence[Any], out_avals: 
         return mlir.ir.StringAttr.get(v)
 
     in_avals = ctx.avals_in
+    config = ({k: attr(v) for k, v in backend_config.items()}
+              if isinstance(backend_config, dict) else backend_config)
     call = mlir.custom_call(
         target,
         result_types=[mlir.ir.RankedTensorType.get(a.shape, mlir.dtype_to_ir_type(a.dtype))
                       for a in out_avals],
         operands=list(operands),
-        backend_config={k: attr(v) for k, v in backend_config.items()},
+        backend_config=config,
         api_version=api_version,
+        has_side_effect=has_side_effect,
+        extra_attributes={k: attr(v) for k, v in (extra_attributes or {}).items()},
         operand_output_aliases=operand_output_aliases,
         operand_layouts=[list(reversed(range(len(a.shape)))) for a in in_avals],
         result_layouts=[list(reversed(range(len(a.shape)))) for a in out_avals],

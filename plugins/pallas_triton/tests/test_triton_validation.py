@@ -44,8 +44,8 @@ def test_primitive_without_a_rule_names_itself_and_the_line() -> None:
 
     x = jnp.ones((128,))
     fn = pl.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype), backend="triton")
-    with pytest.raises(pl.UnsupportedError, match=r"cumsum.*'triton' backend.*test_validation"
-                                                   r"\.py:\d+.*Fix"):
+    with pytest.raises(pl.UnsupportedError,
+                       match=r"cumsum.*'triton' backend.*test_triton_validation\.py:\d+.*Fix"):
         _lower(fn, x)
 
 

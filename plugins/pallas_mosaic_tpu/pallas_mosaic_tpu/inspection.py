@@ -1,0 +1,115 @@
+"""Reading Mosaic kernels back out of lowered programs, to compare them with other producers.
+
+``kernels(stablehlo_text)`` finds every ``tpu_custom_call`` and decodes its module;
+``summary(module)`` gives the attributes a TPU runtime acts on (grid, dimension semantics,
+windows, scalar prefetch, scratch); ``block_indices(module, window, ids, prefetch)`` evaluates a
+window's index map at one grid point. Together they let a test check this backend against what
+``jax.experimental.pallas`` emits for the same kernel, whatever the text of the index maps.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from jaxlib.mlir import ir
+
+from pallas_mosaic_tpu import ir as mir
+
+_CALL = re.compile(r'custom_call @tpu_custom_call\(.*?backend_config = "((?:[^"\\]|\\.)*)"')
+
+
+def kernels(stablehlo_text: str) -> list[tuple[dict[str, Any], ir.Module]]:
+    """``(backend config without body, module)`` of every ``tpu_custom_call`` in the text."""
+    found = []
+    for match in _CALL.finditer(stablehlo_text):
+        raw = re.sub(r"\\([0-9A-Fa-f]{2})", lambda m: chr(int(m.group(1), 16)), match.group(1))
+        config = json.loads(raw)
+        body = config["custom_call_config"].pop("body")
+        found.append((config, mir.deserialize(body.encode("ascii"))))
+    return found
+
+
+def _kernel_func(module: ir.Module) -> Any:
+    for op in module.body.operations:
+        if "window_params" in op.attributes or "dimension_semantics" in op.attributes:
+            return op
+    raise ValueError("no Mosaic kernel function in the module")
+
+
+def summary(module: ir.Module) -> dict[str, Any]:
+    """What the runtime acts on: grid, semantics, prefetch and scratch counts, windows."""
+    fn = _kernel_func(module)
+    attrs = fn.attributes
+
+    def get(name: str) -> Any:
+        return attrs[name] if name in attrs else None  # noqa: SIM401 - no .get on attributes
+
+    bounds = get("iteration_bounds")
+    windows = []
+    if get("window_params") is not None:
+        for w in ir.ArrayAttr(attrs["window_params"]):
+            d = ir.DictAttr(w)
+            windows.append({
+                "window_bounds": (tuple(ir.DenseI64ArrayAttr(d["window_bounds"]))
+                                  if "window_bounds" in d else None),
+                "transform": (ir.FlatSymbolRefAttr(d["transform_indices"]).value
+                              if "transform_indices" in d else None),
+            })
+    return {
+        "iteration_bounds": tuple(ir.DenseI64ArrayAttr(bounds)) if bounds is not None else (),
+        "dimension_semantics": tuple(re.sub(r".*<(.*)>", r"\1", str(s))
+                                     for s in ir.ArrayAttr(attrs["dimension_semantics"])),
+        "scalar_prefetch": ir.IntegerAttr(attrs["scalar_prefetch"]).value,
+        "scratch_operands": ir.IntegerAttr(attrs["scratch_operands"]).value,
+        "windows": windows,
+    }
+
+
+_CMP = {0: np.equal, 1: np.not_equal, 2: np.less, 3: np.less_equal, 4: np.greater,
+        5: np.greater_equal, 6: np.less, 7: np.less_equal, 8: np.greater,
+        9: np.greater_equal}
+
+
+def block_indices(module: ir.Module, transform: str, ids: Sequence[int],
+                  prefetch: Sequence[np.ndarray] = ()) -> tuple[int, ...]:
+    """Evaluates the index-map function ``transform`` at grid point ``ids``."""
+    fn = next(op for op in module.body.operations
+              if "sym_name" in op.attributes
+              and ir.StringAttr(op.attributes["sym_name"]).value == transform)
+    block = fn.regions[0].blocks[0]
+    env: dict[Any, Any] = {}
+    for arg, value in zip(block.arguments, [*ids, *prefetch]):
+        env[arg] = value
+    for op in block.operations:
+        name = op.operation.name
+        ins = [env[v] for v in op.operands]
+        if name == "func.return":
+            return tuple(int(v) for v in ins)
+        env[op.results[0]] = _eval(name, op, ins)
+    raise ValueError(f"{transform} has no return")
+
+
+def _eval(name: str, op: Any, ins: list[Any]) -> Any:
+    if name == "arith.constant":
+        return ir.IntegerAttr(op.attributes["value"]).value
+    if name in ("arith.index_cast", "arith.extui", "arith.extsi", "arith.trunci"):
+        return ins[0]
+    if name == "memref.load":
+        return int(ins[0][tuple(int(i) for i in ins[1:])])
+    if name == "arith.select":
+        return ins[1] if ins[0] else ins[2]
+    if name == "arith.cmpi":
+        return bool(_CMP[ir.IntegerAttr(op.attributes["predicate"]).value](ins[0], ins[1]))
+    a, b = ins
+    ops = {"arith.addi": lambda: a + b, "arith.subi": lambda: a - b, "arith.muli": lambda: a * b,
+           "arith.divsi": lambda: int(a / b), "arith.remsi": lambda: int(np.fmod(a, b)),
+           "arith.floordivsi": lambda: a // b, "arith.maxsi": lambda: max(a, b),
+           "arith.minsi": lambda: min(a, b), "arith.andi": lambda: a & b,
+           "arith.ori": lambda: a | b, "arith.xori": lambda: a ^ b}
+    if name not in ops:
+        raise NotImplementedError(f"evaluating {name} in an index map")
+    return ops[name]()

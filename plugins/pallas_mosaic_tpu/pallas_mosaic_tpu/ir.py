@@ -1,0 +1,132 @@
+"""jaxlib's MLIR bindings with the Mosaic ``tpu`` dialect: contexts, types, serialisation."""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from jaxlib.mlir import ir, passmanager
+from jaxlib.mlir._mlir_libs import _jax_mlir_ext
+from jaxlib.mlir.dialects import arith, vector
+from jaxlib.mosaic.python import tpu
+
+# The Mosaic format version written when no TPU says which it reads (what JAX writes on CPU).
+SERDE_VERSION = 11
+
+
+def new_context() -> ir.Context:
+    """A fresh context with the upstream dialects jaxlib ships and Mosaic's ``tpu`` dialect."""
+    registry = ir.DialectRegistry()
+    _jax_mlir_ext.register_dialects(registry)
+    ctx = ir.Context()
+    ctx.append_dialect_registry(registry)
+    ctx.load_all_available_dialects()
+    tpu.register_dialect(ctx)
+    return ctx
+
+
+def serialize(module: ir.Module) -> bytes:
+    """The module in Mosaic's stable serialised form (MLIR bytecode), as TPU runtimes read it."""
+    with module.context:
+        copy = ir.Module.parse(module.operation.get_asm(binary=True))
+        module.context.allow_unregistered_dialects = True
+        try:
+            passmanager.PassManager.parse(
+                f"builtin.module(mosaic-serde{{serialize=true target-version={SERDE_VERSION}}})"
+            ).run(copy.operation)
+            buf = io.BytesIO()
+            copy.operation.write_bytecode(buf, desired_version=0)
+        finally:
+            module.context.allow_unregistered_dialects = False
+    return buf.getvalue()
+
+
+def deserialize(body: bytes) -> ir.Module:
+    """A serialised Mosaic module (base64 of the bytecode, or the bytecode) parsed and verified
+    in a fresh context."""
+    if not body.startswith(b"ML\xefR"):
+        body = base64.b64decode(body)
+    ctx = new_context()
+    with ctx, ir.Location.unknown():
+        ctx.allow_unregistered_dialects = True
+        module = ir.Module.parse(body)
+        passmanager.PassManager.parse(
+            "builtin.module(mosaic-serde{serialize=false})").run(module.operation)
+        ctx.allow_unregistered_dialects = False
+        module.operation.verify()
+    return module
+
+
+def element_type(dtype: Any) -> ir.Type:
+    """The MLIR element type of a dtype (booleans are ``i1`` in values)."""
+    dt = np.dtype(dtype)
+    if dt == np.bool_:
+        return ir.IntegerType.get_signless(1)
+    if dt.kind in "iu":
+        return ir.IntegerType.get_signless(dt.itemsize * 8)
+    if dt.name == "bfloat16":
+        return ir.BF16Type.get()
+    return {2: ir.F16Type.get, 4: ir.F32Type.get, 8: ir.F64Type.get}[dt.itemsize]()
+
+
+def is_float(dtype: Any) -> bool:
+    return np.dtype(dtype).kind == "f" or np.dtype(dtype).name == "bfloat16"
+
+
+def is_unsigned(dtype: Any) -> bool:
+    return np.dtype(dtype).kind == "u" or np.dtype(dtype) == np.bool_
+
+
+def value_type(shape: Sequence[int], dtype: Any) -> ir.Type:
+    """A scalar for shape ``()``, else a vector."""
+    elt = element_type(dtype)
+    return ir.VectorType.get(list(shape), elt) if shape else elt
+
+
+def memory_space(name: str) -> ir.Attribute:
+    return ir.Attribute.parse(f"#tpu.memory_space<{name}>")
+
+
+def memref(shape: Sequence[int], dtype: Any, space: str) -> ir.Type:
+    elt = element_type(np.int32 if np.dtype(dtype) == np.bool_ else dtype)
+    return ir.MemRefType.get(list(shape), elt, memory_space=memory_space(space))
+
+
+def shape_of(v: ir.Value) -> tuple[int, ...]:
+    if v.type.typeid == ir.VectorType.static_typeid:
+        return tuple(ir.VectorType(v.type).shape)
+    return ()
+
+
+def constant(value: Any, dtype: Any, shape: Sequence[int] = ()) -> ir.Value:
+    """A constant scalar, or a splat vector of ``shape``."""
+    elt = element_type(dtype)
+    if shape:
+        attr: ir.Attribute = ir.DenseElementsAttr.get_splat(
+            ir.VectorType.get(list(shape), elt),
+            ir.FloatAttr.get(elt, float(value)) if is_float(dtype)
+            else ir.IntegerAttr.get(elt, int(value)))
+        return arith.ConstantOp(ir.VectorType.get(list(shape), elt), attr).result
+    attr = ir.FloatAttr.get(elt, float(value)) if is_float(dtype) else ir.IntegerAttr.get(
+        elt, int(value))
+    return arith.ConstantOp(elt, attr).result
+
+
+def index(v: ir.Value | int) -> ir.Value:
+    """``v`` (an i32 scalar or a Python int) as an MLIR ``index``."""
+    if isinstance(v, int):
+        return arith.ConstantOp(ir.IndexType.get(), ir.IntegerAttr.get(ir.IndexType.get(),
+                                                                        v)).result
+    return arith.IndexCastOp(ir.IndexType.get(), v).result
+
+
+def broadcast_to(v: ir.Value, shape: Sequence[int]) -> ir.Value:
+    """A scalar splat to, or a vector (dims 1 or equal) broadcast to, ``shape``."""
+    shape = tuple(shape)
+    if shape_of(v) == shape or not shape:
+        return v
+    elt = v.type if not shape_of(v) else ir.VectorType(v.type).element_type
+    return vector.BroadcastOp(ir.VectorType.get(list(shape), elt), v).result

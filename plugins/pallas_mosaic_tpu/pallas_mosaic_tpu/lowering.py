@@ -1,0 +1,484 @@
+"""Lowering of a traced kernel (a :class:`pallas_core.KernelCall`) to a Mosaic TPU module.
+
+The module holds the kernel ``func.func`` and one ``transform_<i>`` function per windowed
+operand (its index map). The kernel takes the grid indices (``i32``), the scalar-prefetch
+operands (SMEM), one memref per input and output block (VMEM; whole arrays for ``ANY``), then
+the scratch buffers. Attributes on the kernel carry what the TPU runtime pipelines: the
+``iteration_bounds`` (grid), ``dimension_semantics``, ``window_params`` (block shapes and index
+maps), ``scalar_prefetch`` and ``scratch_operands``.
+
+This first version lowers elementwise math, casts, ``iota``, ``where``, broadcasts,
+reductions, 2-D ``jnp.dot`` on the MXU, ``pl.when``/``cond``, ``fori_loop``, ``program_id``
+and reads/writes of whole blocks or static/dynamic slices of them. Anything else raises an
+``UnsupportedError`` naming the primitive and the kernel's source line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax import lax
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import arith, func, memref, scf, vector
+from jaxlib.mlir.dialects import math as mmath
+from jaxlib.mosaic.python import tpu
+
+from pallas_core import _jax
+from pallas_core import primitives as prims
+from pallas_core.errors import PallasError, UnsupportedError
+from pallas_core.grid_mapping import BlockMapping
+from pallas_core.request import KernelCall
+from pallas_mosaic_tpu import ir as mir
+from pallas_mosaic_tpu.params import SMEM, TPUCompilerParams
+
+
+@dataclasses.dataclass
+class Lowering:
+    """The state of lowering one kernel."""
+
+    call: KernelCall
+    program_ids: Sequence[ir.Value]
+    location: str = "<unknown>"
+
+    def fail(self, what: str) -> UnsupportedError:
+        return UnsupportedError(
+            f"{what} is not supported by the 'mosaic_tpu' backend yet (kernel "
+            f"{self.call.name!r} at {self.location}). Fix: rewrite that part of the kernel, or "
+            "run it with backend='interpret'.")
+
+
+Rule = Callable[..., Any]
+RULES: dict[Any, Rule] = {}
+
+
+def rule(*primitives: Any) -> Callable[[Rule], Rule]:
+    """Registers a lowering rule ``(lowering, eqn, *in_values) -> out value(s)``."""
+    def register(fn: Rule) -> Rule:
+        for p in primitives:
+            RULES[p] = fn
+        return fn
+    return register
+
+
+def _space(bm: BlockMapping, prefetch: bool) -> str:
+    if prefetch or bm.memory_space is SMEM:
+        return "smem"
+    return "any" if bm.is_whole_array else "vmem"
+
+
+def lower_kernel(call: KernelCall) -> tuple[ir.Module, str]:
+    """The Mosaic module of ``call`` (in a fresh context) and its kernel function's name."""
+    gm = call.grid_mapping
+    name = "".join(c if c.isalnum() or c == "_" else "_" for c in call.name) or "kernel"
+    n_pf = gm.num_scalar_prefetch
+    ctx = mir.new_context()
+    with ctx, ir.Location.unknown():
+        module = ir.Module.create()
+        i32 = ir.IntegerType.get_signless(32)
+        grid_types = [i32] * len(gm.grid)
+        operand_types = []
+        for k, bm in enumerate(gm.block_mappings):
+            space = _space(bm, k < n_pf)
+            shape = bm.array_shape if space in ("smem", "any") else bm.ref_shape
+            operand_types.append(mir.memref(shape, bm.dtype, space))
+        scratch_types = [mir.memref(a.inner_aval.shape, a.inner_aval.dtype,
+                                    "smem" if a.memory_space is SMEM else "vmem")
+                         for a in gm.scratch_avals]
+        windows = []
+        with ir.InsertionPoint(module.body):
+            kernel = func.FuncOp(name, (grid_types + operand_types + scratch_types, []))
+            for j, bm in enumerate(gm.block_mappings[n_pf:]):
+                if _space(bm, False) != "vmem":
+                    windows.append(ir.DictAttr.get({}))
+                    continue
+                _transform(call, bm, f"transform_{j}", grid_types + operand_types[:n_pf])
+                windows.append(ir.DictAttr.get({
+                    "transform_indices": ir.FlatSymbolRefAttr.get(f"transform_{j}"),
+                    "window_bounds": ir.DenseI64ArrayAttr.get(list(bm.full_block_shape)),
+                }))
+        _set_attributes(kernel, call, windows)
+        entry = kernel.add_entry_block()
+        with ir.InsertionPoint(entry):
+            args = list(entry.arguments)
+            lowering = Lowering(call, args[:len(gm.grid)])
+            lower_jaxpr(lowering, call.jaxpr.jaxpr, call.jaxpr.consts, args[len(gm.grid):])
+            func.ReturnOp([])
+        if not module.operation.verify():
+            raise PallasError(f"the Mosaic module of kernel {call.name!r} does not verify")
+    return module, name
+
+
+def _transform(call: KernelCall, bm: BlockMapping, name: str, arg_types: list[ir.Type]) -> None:
+    i32 = ir.IntegerType.get_signless(32)
+    fn = func.FuncOp(name, (arg_types, [i32] * len(bm.array_shape)))
+    entry = fn.add_entry_block()
+    with ir.InsertionPoint(entry):
+        lowering = Lowering(call, [])
+        outs = lower_jaxpr(lowering, bm.index_map.jaxpr, bm.index_map.consts,
+                           list(entry.arguments))
+        func.ReturnOp([o if not isinstance(o, int) else mir.constant(o, np.int32) for o in outs])
+
+
+def _set_attributes(kernel: Any, call: KernelCall, windows: list[ir.Attribute]) -> None:
+    gm = call.grid_mapping
+    params = call.compiler_params
+    semantics = list(getattr(params, "dimension_semantics", None) or ())
+    if isinstance(params, TPUCompilerParams) and semantics and len(semantics) != len(
+            gm.user_grid):
+        raise PallasError(
+            f"kernel {call.name!r}: dimension_semantics has {len(semantics)} entries but the "
+            f"grid {gm.user_grid} has {len(gm.user_grid)} axes. Fix: give one per grid axis.")
+    names = ["parallel"] * gm.num_batch_axes + [s.value for s in semantics] + [
+        "arbitrary"] * (len(gm.user_grid) - len(semantics))
+    attrs = kernel.attributes
+    attrs["dimension_semantics"] = ir.ArrayAttr.get(
+        [ir.Attribute.parse(f"#tpu.dimension_semantics<{n}>") for n in names])
+    if gm.grid:
+        attrs["iteration_bounds"] = ir.DenseI64ArrayAttr.get(list(gm.grid))
+        attrs["window_params"] = ir.ArrayAttr.get(windows)
+    i64 = ir.IntegerType.get_signless(64)
+    attrs["scalar_prefetch"] = ir.IntegerAttr.get(i64, gm.num_scalar_prefetch)
+    attrs["scratch_operands"] = ir.IntegerAttr.get(i64, len(gm.scratch_avals))
+    attrs["tpu.core_type"] = ir.Attribute.parse("#tpu.core_type<tc>")
+
+
+def module_text(module: ir.Module) -> str:
+    with module.context:
+        return module.operation.get_asm(enable_debug_info=False)  # type: ignore[no-any-return]
+
+
+# --- evaluating a jaxpr into Mosaic IR --------------------------------------------------------
+
+
+def lower_jaxpr(lowering: Lowering, jaxpr: Any, consts: Sequence[Any],
+                args: Sequence[Any]) -> list[Any]:
+    """Emits ``jaxpr`` at the current insertion point; returns its outputs' values."""
+    env: dict[Any, Any] = {}
+
+    def read(v: Any) -> Any:
+        if isinstance(v, _jax.Literal):
+            return _literal(v.val, v.aval)
+        return env[v]
+
+    for v, c in zip(jaxpr.constvars, consts):
+        env[v] = _literal(c, v.aval)
+    env.update(zip(jaxpr.invars, args))
+    for eqn in jaxpr.eqns:
+        line = _jax.source_line(eqn)
+        if line != "<unknown>":
+            lowering.location = line
+        fn = RULES.get(eqn.primitive)
+        if fn is None:
+            raise lowering.fail(f"the primitive {eqn.primitive.name!r}")
+        outs = fn(lowering, eqn, *[read(v) for v in eqn.invars])
+        if eqn.primitive.multiple_results:
+            env.update(zip(eqn.outvars, outs))
+        else:
+            env[eqn.outvars[0]] = outs
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _literal(value: Any, aval: Any) -> ir.Value:
+    arr = np.asarray(value)
+    if arr.size and not (arr == arr.reshape(-1)[0]).all():
+        raise UnsupportedError("a non-uniform array constant in a Mosaic kernel")
+    return mir.constant(arr.reshape(-1)[0] if arr.size else 0, aval.dtype, aval.shape)
+
+
+def _in(eqn: Any, i: int = 0) -> Any:
+    return eqn.invars[i].aval
+
+
+def _out(eqn: Any) -> Any:
+    return eqn.outvars[0].aval
+
+
+def _binary(float_op: Any, signed_op: Any, unsigned_op: Any = None) -> Rule:
+    def lower(lowering: Lowering, eqn: Any, x: ir.Value, y: ir.Value) -> ir.Value:
+        shape, dtype = _out(eqn).shape, _in(eqn).dtype
+        x, y = mir.broadcast_to(x, shape), mir.broadcast_to(y, shape)
+        op = float_op if mir.is_float(dtype) else (
+            unsigned_op if unsigned_op and mir.is_unsigned(dtype) else signed_op)
+        if op is None:
+            raise lowering.fail(f"{eqn.primitive.name} on {dtype}")
+        return op(x, y).result
+    return lower
+
+
+rule(lax.add_p)(_binary(arith.AddFOp, arith.AddIOp))
+rule(lax.sub_p)(_binary(arith.SubFOp, arith.SubIOp))
+rule(lax.mul_p)(_binary(arith.MulFOp, arith.MulIOp))
+rule(lax.div_p)(_binary(arith.DivFOp, arith.DivSIOp, arith.DivUIOp))
+rule(lax.rem_p)(_binary(arith.RemFOp, arith.RemSIOp, arith.RemUIOp))
+rule(lax.max_p)(_binary(arith.MaximumFOp, arith.MaxSIOp, arith.MaxUIOp))
+rule(lax.min_p)(_binary(arith.MinimumFOp, arith.MinSIOp, arith.MinUIOp))
+rule(lax.and_p)(_binary(None, arith.AndIOp))
+rule(lax.or_p)(_binary(None, arith.OrIOp))
+
+
+def _unary(op: Any) -> Rule:
+    def lower(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
+        return op(x).result
+    return lower
+
+
+for _p, _op in ((lax.exp_p, mmath.ExpOp), (lax.log_p, mmath.LogOp), (lax.tanh_p, mmath.TanhOp),
+                (lax.sqrt_p, mmath.SqrtOp), (lax.rsqrt_p, mmath.RsqrtOp),
+                (lax.neg_p, arith.NegFOp), (lax.abs_p, mmath.AbsFOp)):
+    rule(_p)(_unary(_op))
+
+
+@rule(lax.logistic_p)
+def _logistic(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
+    one = mir.constant(1.0, _in(eqn).dtype, _in(eqn).shape)
+    return arith.DivFOp(one, arith.AddFOp(one, mmath.ExpOp(arith.NegFOp(x).result).result)
+                        .result).result
+
+
+@rule(lax.integer_pow_p)
+def _integer_pow(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
+    mul = arith.MulFOp if mir.is_float(_in(eqn).dtype) else arith.MulIOp
+    out = x
+    for _ in range(eqn.params["y"] - 1):
+        out = mul(out, x).result
+    return out
+
+
+_CMP = {lax.eq_p: ("OEQ", "eq", "eq"), lax.ne_p: ("UNE", "ne", "ne"),
+        lax.lt_p: ("OLT", "slt", "ult"), lax.le_p: ("OLE", "sle", "ule"),
+        lax.gt_p: ("OGT", "sgt", "ugt"), lax.ge_p: ("OGE", "sge", "uge")}
+
+
+@rule(*_CMP)
+def _compare(lowering: Lowering, eqn: Any, x: ir.Value, y: ir.Value) -> ir.Value:
+    shape, dtype = _out(eqn).shape, _in(eqn).dtype
+    x, y = mir.broadcast_to(x, shape), mir.broadcast_to(y, shape)
+    f, s, u = _CMP[eqn.primitive]
+    if mir.is_float(dtype):
+        return arith.CmpFOp(getattr(arith.CmpFPredicate, f), x, y).result
+    return arith.CmpIOp(getattr(arith.CmpIPredicate, u if mir.is_unsigned(dtype) else s),
+                        x, y).result
+
+
+@rule(lax.select_n_p)
+def _select_n(lowering: Lowering, eqn: Any, which: ir.Value, *cases: ir.Value) -> ir.Value:
+    if len(cases) != 2 or _in(eqn).dtype != np.bool_:
+        raise lowering.fail("select_n with more than two cases or an integer selector")
+    shape = _out(eqn).shape
+    which, on_false, on_true = (mir.broadcast_to(v, shape) for v in (which, *cases))
+    return arith.SelectOp(which, on_true, on_false).result
+
+
+@rule(lax.convert_element_type_p)
+def _convert(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
+    src, dst, shape = _in(eqn).dtype, _out(eqn).dtype, _out(eqn).shape
+    out = mir.value_type(shape, dst)
+    if np.dtype(src) == np.dtype(dst):
+        return x
+    sbits, dbits = np.dtype(src).itemsize, np.dtype(dst).itemsize
+    if mir.is_float(src) and mir.is_float(dst):
+        return (arith.ExtFOp if dbits > sbits else arith.TruncFOp)(out, x).result
+    if mir.is_float(src):
+        return (arith.FPToUIOp if mir.is_unsigned(dst) else arith.FPToSIOp)(out, x).result
+    if mir.is_float(dst):
+        return (arith.UIToFPOp if mir.is_unsigned(src) else arith.SIToFPOp)(out, x).result
+    if dbits > sbits:
+        return (arith.ExtUIOp if mir.is_unsigned(src) else arith.ExtSIOp)(out, x).result
+    return arith.TruncIOp(out, x).result if dbits < sbits else x
+
+
+@rule(lax.iota_p)
+def _iota(lowering: Lowering, eqn: Any, *_: Any) -> ir.Value:
+    aval = _out(eqn)
+    return tpu.IotaOp(mir.value_type(aval.shape, aval.dtype),
+                      dimensions=[eqn.params["dimension"]]).result
+
+
+@rule(lax.broadcast_in_dim_p)
+def _broadcast_in_dim(lowering: Lowering, eqn: Any, x: ir.Value, *_: Any) -> ir.Value:
+    shape, dims = eqn.params["shape"], eqn.params["broadcast_dimensions"]
+    if mir.shape_of(x):
+        expanded = [1] * len(shape)
+        for src_axis, dst_axis in enumerate(dims):
+            expanded[dst_axis] = mir.shape_of(x)[src_axis]
+        x = vector.ShapeCastOp(mir.value_type(expanded, _in(eqn).dtype), x).result
+    return mir.broadcast_to(x, shape)
+
+
+@rule(lax.reshape_p, lax.squeeze_p)
+def _reshape(lowering: Lowering, eqn: Any, x: ir.Value, *_: Any) -> ir.Value:
+    out = _out(eqn)
+    if not out.shape or not mir.shape_of(x):
+        raise lowering.fail("reshaping to or from a scalar")
+    return vector.ShapeCastOp(mir.value_type(out.shape, out.dtype), x).result
+
+
+@rule(lax.transpose_p)
+def _transpose(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
+    out = _out(eqn)
+    return vector.TransposeOp(mir.value_type(out.shape, out.dtype), x,
+                              list(eqn.params["permutation"])).result
+
+
+@rule(lax.dot_general_p)
+def _dot(lowering: Lowering, eqn: Any, a: ir.Value, b: ir.Value) -> ir.Value:
+    (ca, cb), (ba, bb) = eqn.params["dimension_numbers"]
+    if ba or bb or len(_in(eqn, 0).shape) != 2 or len(_in(eqn, 1).shape) != 2:
+        raise lowering.fail("dot_general other than a 2-D matrix product")
+    out = _out(eqn)
+    numbers = ir.Attribute.parse(
+        f"#tpu.dot_dimension_numbers<[{ca[0]}], [{cb[0]}], [{1 - ca[0]}], [{1 - cb[0]}], "
+        f"[0, {1 - ca[0]}, 1, {1 - cb[0]}], [], []>")
+    acc = mir.constant(0, out.dtype, out.shape)
+    return tpu.MatmulOp(mir.value_type(out.shape, out.dtype), a, b, acc,
+                        transpose_lhs_hint=False, dimension_numbers=numbers).result
+
+
+_KINDS = {lax.reduce_sum_p: ("add", "add"), lax.reduce_max_p: ("maximumf", "maxsi"),
+          lax.reduce_min_p: ("minimumf", "minsi")}
+_INITS = {lax.reduce_sum_p: 0.0, lax.reduce_max_p: -np.inf, lax.reduce_min_p: np.inf}
+
+
+@rule(*_KINDS)
+def _reduce(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
+    dtype, out = _in(eqn).dtype, _out(eqn)
+    fkind, ikind = _KINDS[eqn.primitive]
+    kind = ir.Attribute.parse(f"#vector.kind<{fkind if mir.is_float(dtype) else ikind}>")
+    init = _INITS[eqn.primitive]
+    if not mir.is_float(dtype) and np.isinf(init):
+        info = np.iinfo(dtype)
+        init = info.min if init < 0 else info.max
+    acc = mir.constant(init, dtype, out.shape)
+    return vector.MultiDimReductionOp(kind, x, acc, list(eqn.params["axes"])).result
+
+
+@rule(_jax.jit_p, _jax.closed_call_p, _jax.custom_jvp_call_p, _jax.custom_vjp_call_p)
+def _inline(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
+    sub = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
+    if isinstance(sub, _jax.ClosedJaxpr):
+        return lower_jaxpr(lowering, sub.jaxpr, sub.consts, args)
+    return lower_jaxpr(lowering, sub, (), args)
+
+
+@rule(_jax.cond_p)
+def _cond(lowering: Lowering, eqn: Any, index: ir.Value, *ops: Any) -> list[Any]:
+    branches = eqn.params["branches"]
+    if len(branches) != 2:
+        raise lowering.fail("lax.switch with more than two branches")
+    if ir.IntegerType(index.type).width != 1:
+        index = arith.CmpIOp(arith.CmpIPredicate.ne, index, mir.constant(0, np.int32)).result
+    types = [mir.value_type(v.aval.shape, v.aval.dtype) for v in eqn.outvars]
+    if_op = scf.IfOp(index, types, has_else=True)
+    for block, branch in ((if_op.then_block, branches[1]), (if_op.else_block, branches[0])):
+        with ir.InsertionPoint(block):
+            scf.YieldOp(lower_jaxpr(lowering, branch.jaxpr, branch.consts, ops))
+    return list(if_op.results)
+
+
+@rule(_jax.scan_p)
+def _scan(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
+    consts, init, xs, split_out = _jax.scan_parts(eqn.params, args)
+    if xs or eqn.params["reverse"]:
+        raise lowering.fail("lax.scan over arrays (only fori_loop-style loops)")
+    body = eqn.params["jaxpr"]
+    loop = scf.ForOp(mir.constant(0, np.int32), mir.constant(eqn.params["length"], np.int32),
+                     mir.constant(1, np.int32), list(init))
+    with ir.InsertionPoint(loop.body):
+        carry, ys = split_out(lower_jaxpr(lowering, body.jaxpr, body.consts,
+                                          [*consts, *loop.inner_iter_args]))
+        if ys:
+            raise lowering.fail("lax.scan with stacked outputs")
+        scf.YieldOp(carry)
+    return list(loop.results)
+
+
+@rule(prims.program_id_p)
+def _program_id(lowering: Lowering, eqn: Any) -> ir.Value:
+    gm = lowering.call.grid_mapping
+    return lowering.program_ids[gm.num_batch_axes + eqn.params["axis"]]
+
+
+@rule(prims.multiple_of_p)
+def _multiple_of(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
+    return x
+
+
+# --- Refs ------------------------------------------------------------------------------------
+
+
+def _indices(lowering: Lowering, ref: ir.Value, transforms: Sequence[Any]
+             ) -> tuple[list[ir.Value], list[int], list[int]]:
+    """Start indices, sizes, and which dimensions an integer index drops."""
+    shape = list(ir.MemRefType(ref.type).shape)
+    if not transforms:
+        return [mir.index(0) for _ in shape], shape, []
+    if len(transforms) > 1 or not isinstance(transforms[0], _jax.NDIndexer):
+        raise lowering.fail("Ref transforms other than indexing")
+    starts, sizes, dropped = [], [], []
+    for d, idx in enumerate(transforms[0].indices):
+        if isinstance(idx, _jax.Slice):
+            if idx.stride != 1 or not isinstance(idx.size, int):
+                raise lowering.fail("strided or dynamically sized slices of a Ref")
+            starts.append(mir.index(idx.start))
+            sizes.append(idx.size)
+        else:
+            if isinstance(idx, ir.Value) and mir.shape_of(idx):
+                raise lowering.fail("indexing a Ref with an array (gather)")
+            starts.append(mir.index(idx))
+            sizes.append(1)
+            dropped.append(d)
+    return starts, sizes, dropped
+
+
+def _is_smem(ref: ir.Value) -> bool:
+    return "smem" in str(ir.MemRefType(ref.type).memory_space)
+
+
+def _read(lowering: Lowering, eqn: Any, ref: ir.Value, transforms: Sequence[Any]) -> ir.Value:
+    starts, sizes, dropped = _indices(lowering, ref, transforms)
+    out = _out(eqn)
+    if _is_smem(ref):
+        if any(s != 1 for s in sizes):
+            raise lowering.fail("vector reads from SMEM")
+        return memref.LoadOp(ref, starts).result
+    full = vector.LoadOp(mir.value_type(sizes, out.dtype), ref, starts).result
+    if dropped:
+        if not out.shape:
+            raise lowering.fail("reading a single element of a VMEM Ref")
+        return vector.ShapeCastOp(mir.value_type(out.shape, out.dtype), full).result
+    return full
+
+
+def _write(lowering: Lowering, eqn: Any, ref: ir.Value, value: ir.Value,
+           transforms: Sequence[Any]) -> None:
+    starts, sizes, _ = _indices(lowering, ref, transforms)
+    dtype = _in(eqn, 1).dtype
+    if _is_smem(ref):
+        memref.StoreOp(value, ref, starts)
+        return
+    value = mir.broadcast_to(value, [s for s in sizes if s != 1] or sizes)
+    if list(mir.shape_of(value)) != sizes:
+        value = vector.ShapeCastOp(mir.value_type(sizes, dtype), value).result
+    tpu.VectorStoreOp(value, ref, starts, strides=[])
+
+
+def _transforms(eqn: Any, args: Sequence[Any]) -> Sequence[Any]:
+    tree = eqn.params["tree"]
+    return jax.tree_util.tree_unflatten(tree, args[:tree.num_leaves])  # type: ignore[no-any-return]
+
+
+@rule(_jax.get_p)
+def _get(lowering: Lowering, eqn: Any, ref: ir.Value, *args: Any) -> ir.Value:
+    return _read(lowering, eqn, ref, _transforms(eqn, args))
+
+
+@rule(_jax.swap_p)
+def _swap(lowering: Lowering, eqn: Any, ref: ir.Value, value: ir.Value, *args: Any) -> ir.Value:
+    transforms = _transforms(eqn, args)
+    old = _read(lowering, eqn, ref, transforms)
+    _write(lowering, eqn, ref, value, transforms)
+    return old

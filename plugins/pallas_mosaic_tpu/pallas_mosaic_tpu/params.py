@@ -1,0 +1,73 @@
+"""The Mosaic TPU backend's compiler parameters, memory spaces and grid specs."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from pallas_core.errors import PallasError
+from pallas_core.spec import CompilerParams as _CompilerParams
+from pallas_core.spec import GridSpec, MemorySpace
+
+NAME = "mosaic_tpu"
+
+
+class GridDimensionSemantics(enum.Enum):
+    """Whether the steps along a grid axis may run in parallel (on several cores)."""
+
+    PARALLEL = "parallel"
+    ARBITRARY = "arbitrary"
+    CORE_PARALLEL = "core_parallel"
+
+
+PARALLEL = GridDimensionSemantics.PARALLEL
+ARBITRARY = GridDimensionSemantics.ARBITRARY
+CORE_PARALLEL = GridDimensionSemantics.CORE_PARALLEL
+
+HBM = MemorySpace("HBM", backend=NAME)
+VMEM = MemorySpace("VMEM", backend=NAME)
+SMEM = MemorySpace("SMEM", backend=NAME)
+SEMAPHORE = MemorySpace("SEMAPHORE", backend=NAME, zeroed=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class TPUCompilerParams(_CompilerParams):
+    """Compiler parameters of the Mosaic TPU backend; passing them selects it.
+
+    ``dimension_semantics``: per grid axis, ``PARALLEL`` (or ``"parallel"``), ``ARBITRARY``
+    or ``CORE_PARALLEL``; unset axes are arbitrary (sequential). ``vmem_limit_bytes``: the
+    scoped VMEM the kernel may use.
+    """
+
+    BACKEND: ClassVar[str] = NAME
+    dimension_semantics: Sequence[Any] | None = None
+    vmem_limit_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.dimension_semantics is not None:
+            try:
+                sem = tuple(GridDimensionSemantics(getattr(s, "value", s))
+                            for s in self.dimension_semantics)
+            except ValueError as e:
+                raise PallasError(
+                    f"CompilerParams(dimension_semantics={self.dimension_semantics!r}): each "
+                    "entry must be PARALLEL, ARBITRARY or CORE_PARALLEL (or their names). Fix: "
+                    "e.g. dimension_semantics=(pltpu.PARALLEL, pltpu.ARBITRARY).") from e
+            object.__setattr__(self, "dimension_semantics", sem)
+        limit = self.vmem_limit_bytes
+        if limit is not None and (not isinstance(limit, int) or limit <= 0):
+            raise PallasError(f"CompilerParams(vmem_limit_bytes={limit!r}): expected a positive "
+                              "int. Fix: e.g. vmem_limit_bytes=32 * 2**20.")
+
+
+def PrefetchScalarGridSpec(num_scalar_prefetch: int, grid: Any = (), in_specs: Any = None,
+                           out_specs: Any = None, scratch_shapes: Any = ()) -> GridSpec:
+    """A grid spec whose first ``num_scalar_prefetch`` operands go to SMEM, whole, and are
+    passed to every index map (as in ``jax.experimental.pallas.tpu``)."""
+    from pallas_core.spec import no_block_spec
+
+    return GridSpec(grid, no_block_spec if in_specs is None else in_specs,
+                    no_block_spec if out_specs is None else out_specs, scratch_shapes,
+                    num_scalar_prefetch=num_scalar_prefetch)

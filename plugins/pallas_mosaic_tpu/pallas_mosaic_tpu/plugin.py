@@ -1,0 +1,77 @@
+"""Hook implementations of the Mosaic TPU backend (entry point ``mosaic_tpu``)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from pallas_core import _jax
+from pallas_core.hookspecs import hookimpl
+from pallas_core.plugins import BackendInfo
+from pallas_core.request import KernelCall, LoweringRequest
+from pallas_core.spec import ANY
+from pallas_mosaic_tpu import ir as mir
+from pallas_mosaic_tpu import lowering, validation
+from pallas_mosaic_tpu.params import HBM, NAME, SEMAPHORE, SMEM, VMEM, TPUCompilerParams
+
+__version__ = "0.1.0"
+CUSTOM_CALL_TARGET = "tpu_custom_call"
+
+
+def backend_config(call: KernelCall, body: bytes) -> str:
+    """The JSON configuration of the ``tpu_custom_call`` (key order as TPU runtimes expect)."""
+    config: dict[str, Any] = {"body": base64.b64encode(body).decode("ascii")}
+    if call.cost_estimate is not None:
+        ce = call.cost_estimate
+        config["cost_estimate"] = {"bytes_accessed": ce.bytes_accessed, "flops": ce.flops,
+                                   "remote_bytes_transferred": ce.remote_bytes_transferred,
+                                   "transcendentals": ce.transcendentals}
+    config["serialization_format"] = 1
+    config["needs_layout_passes"] = True
+    full: dict[str, Any] = {"custom_call_config": config}
+    params = call.compiler_params
+    if isinstance(params, TPUCompilerParams) and params.vmem_limit_bytes is not None:
+        full["scoped_memory_configs"] = [
+            {"memory_space": 1, "offset": 0, "size": params.vmem_limit_bytes}]
+    return json.dumps(full)
+
+
+@hookimpl
+def pallas_describe() -> BackendInfo:
+    return BackendInfo(name=NAME, version=__version__, platforms=("tpu",),
+                       compiler_params_type=TPUCompilerParams, default_for=("tpu",),
+                       package="pallas-mosaic-tpu", capabilities=frozenset({"scalar_prefetch"}))
+
+
+@hookimpl
+def pallas_memory_spaces() -> Any:
+    return (VMEM, ANY, HBM, SMEM, SEMAPHORE)
+
+
+@hookimpl
+def pallas_validate(call: KernelCall, backend: str) -> None:
+    if backend == NAME:
+        validation.check(call)
+
+
+@hookimpl
+def pallas_lower(request: LoweringRequest) -> Any:
+    if request.backend != NAME:
+        return None
+    call = request.call
+    module, name = lowering.lower_kernel(call)
+    return _jax.emit_custom_call(
+        request.ctx, CUSTOM_CALL_TARGET, request.operands, call.out_avals,
+        backend_config=backend_config(call, mir.serialize(module)), api_version=1,
+        extra_attributes={"kernel_name": name},
+        operand_output_aliases=dict(call.input_output_aliases) or None)
+
+
+@hookimpl
+def pallas_stages(call: KernelCall, backend: str, target: str | None) -> Mapping[str, Any] | None:
+    if backend != NAME:
+        return None
+    module, _ = lowering.lower_kernel(call)
+    return {"mosaic": lowering.module_text(module)}
