@@ -375,7 +375,10 @@ def _run_scoped_abstract_eval(*refs: Any, jaxpr: Any, scoped: tuple[MemoryRef, .
 
 
 def scratch_aval(ty: Any) -> Any:
-    """The Ref aval of a scratch description (``MemoryRef`` or ``ShapeDtypeStruct``)."""
+    """The Ref aval of a scratch description (``MemoryRef``, ``ShapeDtypeStruct``, or an object
+    with a ``memory_ref()`` method, such as a backend's semaphore type)."""
+    if callable(getattr(ty, "memory_ref", None)):
+        ty = ty.memory_ref()
     if isinstance(ty, MemoryRef):
         return _jax.make_ref_aval(ty.shape, ty.dtype, ty.memory_space)
     if hasattr(ty, "shape") and hasattr(ty, "dtype"):
@@ -387,6 +390,8 @@ def scratch_aval(ty: Any) -> Any:
 
 
 def _as_memory_ref(ty: Any) -> MemoryRef:
+    if callable(getattr(ty, "memory_ref", None)):
+        ty = ty.memory_ref()
     if isinstance(ty, MemoryRef):
         return ty
     scratch_aval(ty)  # validates

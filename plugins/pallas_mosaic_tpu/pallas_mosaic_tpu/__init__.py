@@ -7,10 +7,12 @@ Lowering needs no TPU: ``jax.jit(f).trace(*a).lower(lowering_platforms=("tpu",))
 
 from __future__ import annotations
 
+from pallas_core.copies import async_copy, make_async_copy, make_async_remote_copy, sync_copy
 from pallas_core.spec import ANY
 from pallas_mosaic_tpu.params import (
     ARBITRARY,
     CORE_PARALLEL,
+    DMA_SEMAPHORE,
     HBM,
     PARALLEL,
     SEMAPHORE,
@@ -18,12 +20,14 @@ from pallas_mosaic_tpu.params import (
     VMEM,
     GridDimensionSemantics,
     PrefetchScalarGridSpec,
+    SemaphoreType,
     TPUCompilerParams,
 )
 from pallas_mosaic_tpu.plugin import __version__
 
 CompilerParams = TPUCompilerParams
 
-__all__ = ["ANY", "ARBITRARY", "CORE_PARALLEL", "CompilerParams", "GridDimensionSemantics",
-           "HBM", "PARALLEL", "PrefetchScalarGridSpec", "SEMAPHORE", "SMEM",
-           "TPUCompilerParams", "VMEM", "__version__"]
+__all__ = ["ANY", "ARBITRARY", "CORE_PARALLEL", "CompilerParams", "DMA_SEMAPHORE",
+           "GridDimensionSemantics", "HBM", "PARALLEL", "PrefetchScalarGridSpec", "SEMAPHORE",
+           "SMEM", "SemaphoreType", "TPUCompilerParams", "VMEM", "__version__", "async_copy",
+           "make_async_copy", "make_async_remote_copy", "sync_copy"]

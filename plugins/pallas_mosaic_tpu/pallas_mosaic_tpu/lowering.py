@@ -27,13 +27,13 @@ from jaxlib.mlir.dialects import arith, func, memref, scf, vector
 from jaxlib.mlir.dialects import math as mmath
 from jaxlib.mosaic.python import tpu
 
-from pallas_core import _jax
+from pallas_core import _jax, copies
 from pallas_core import primitives as prims
 from pallas_core.errors import PallasError, UnsupportedError
 from pallas_core.grid_mapping import BlockMapping
 from pallas_core.request import KernelCall
 from pallas_mosaic_tpu import ir as mir
-from pallas_mosaic_tpu.params import SMEM, TPUCompilerParams
+from pallas_mosaic_tpu.params import DMA_SEMAPHORE, SEMAPHORE, SMEM, TPUCompilerParams
 
 
 @dataclasses.dataclass
@@ -70,6 +70,15 @@ def _space(bm: BlockMapping, prefetch: bool) -> str:
     return "any" if bm.is_whole_array else "vmem"
 
 
+def _scratch_type(shape: Sequence[int], dtype: Any, space: Any) -> ir.Type:
+    """The memref of a scratch buffer (or semaphores) in its memory space."""
+    if space is SEMAPHORE or space is DMA_SEMAPHORE:
+        kind = "dma_semaphore" if space is DMA_SEMAPHORE else "semaphore"
+        return ir.MemRefType.get(list(shape), ir.Type.parse(f"!tpu.{kind}"),
+                                 memory_space=mir.memory_space("semaphore_mem"))
+    return mir.memref(shape, dtype, "smem" if space is SMEM else "vmem")
+
+
 def lower_kernel(call: KernelCall) -> tuple[ir.Module, str]:
     """The Mosaic module of ``call`` (in a fresh context) and its kernel function's name."""
     gm = call.grid_mapping
@@ -85,8 +94,7 @@ def lower_kernel(call: KernelCall) -> tuple[ir.Module, str]:
             space = _space(bm, k < n_pf)
             shape = bm.array_shape if space in ("smem", "any") else bm.ref_shape
             operand_types.append(mir.memref(shape, bm.dtype, space))
-        scratch_types = [mir.memref(a.inner_aval.shape, a.inner_aval.dtype,
-                                    "smem" if a.memory_space is SMEM else "vmem")
+        scratch_types = [_scratch_type(a.inner_aval.shape, a.inner_aval.dtype, a.memory_space)
                          for a in gm.scratch_avals]
         windows = []
         with ir.InsertionPoint(module.body):
@@ -482,3 +490,110 @@ def _swap(lowering: Lowering, eqn: Any, ref: ir.Value, value: ir.Value, *args: A
     old = _read(lowering, eqn, ref, transforms)
     _write(lowering, eqn, ref, value, transforms)
     return old
+
+
+# --- scoped allocation, semaphores, DMA -------------------------------------------------------
+
+
+@rule(prims.run_scoped_p)
+def _run_scoped(lowering: Lowering, eqn: Any, *outer: Any) -> list[Any]:
+    if eqn.outvars:
+        raise lowering.fail("pl.run_scoped returning values")
+    region = tpu.RegionOp([])
+    block = region.body
+    with ir.InsertionPoint(block):
+        scoped = []
+        for t in eqn.params["scoped"]:
+            ty = _scratch_type(t.shape, t.dtype, t.memory_space)
+            if t.memory_space in (SEMAPHORE, DMA_SEMAPHORE):
+                scoped.append(tpu.AllocaSemaphoreOp(ty).result)
+            else:
+                scoped.append(memref.AllocaOp(ty, [], []).result)
+        body = eqn.params["jaxpr"]
+        lower_jaxpr(lowering, body.jaxpr, body.consts, [*outer, *scoped])
+        tpu.YieldOp([])
+    return []
+
+
+def _view(lowering: Lowering, ref: ir.Value, transforms: Sequence[Any]) -> ir.Value:
+    """``ref.at[...]`` as a memref: a slice, with integer-indexed dimensions squeezed out."""
+    if not transforms:
+        return ref
+    if len(transforms) > 1 or not isinstance(transforms[0], _jax.NDIndexer):
+        raise lowering.fail("Ref transforms other than indexing")
+    ref_type = ir.MemRefType(ref.type)
+    starts, sizes, dropped = [], [], []
+    for d, idx in enumerate(transforms[0].indices):
+        if isinstance(idx, _jax.Slice):
+            if idx.stride != 1 or not isinstance(idx.size, int):
+                raise lowering.fail("strided or dynamically sized views of a Ref")
+            start, size = idx.start, idx.size
+        else:
+            start, size = idx, 1
+            dropped.append(d)
+        starts.append(start if isinstance(start, ir.Value) else mir.constant(start, np.int32))
+        sizes.append(size)
+    if sizes == list(ref_type.shape) and not dropped:
+        return ref
+    sliced = tpu.MemRefSliceOp(ir.MemRefType.get(sizes, ref_type.element_type,
+                                                 memory_space=ref_type.memory_space),
+                               ref, starts, []).result
+    if not dropped:
+        return sliced
+    kept = [s for d, s in enumerate(sizes) if d not in dropped]
+    return tpu.MemRefSqueezeOp(ir.MemRefType.get(kept, ref_type.element_type,
+                                                 memory_space=ref_type.memory_space),
+                               sliced).result
+
+
+def _role_views(lowering: Lowering, eqn: Any, args: Sequence[Any]) -> list[ir.Value]:
+    roles = eqn.params["roles"]
+    n_refs = max(roles) + 1
+    tree = eqn.params["tree"]
+    transforms = jax.tree_util.tree_unflatten(tree, args[n_refs:n_refs + tree.num_leaves])
+    return [_view(lowering, args[r], t) for r, t in zip(roles, transforms)]
+
+
+@rule(copies.copy_start_p)
+def _copy_start(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
+    if eqn.params["remote"]:
+        raise lowering.fail("remote copies")
+    src, dst, sem = _role_views(lowering, eqn, args)
+    tpu.EnqueueDMAOp(src, dst, target_semaphore=sem)
+    return []
+
+
+@rule(copies.copy_wait_p)
+def _copy_wait(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
+    if eqn.params["kind"] != "local":
+        raise lowering.fail("waiting on a remote copy")
+    src, dst, sem = _role_views(lowering, eqn, args)
+    tpu.WaitDMA2Op(sem, src, dst)
+    return []
+
+
+def _semaphore(lowering: Lowering, eqn: Any, args: Sequence[Any]) -> ir.Value:
+    tree = eqn.params["tree"]
+    transforms = jax.tree_util.tree_unflatten(tree, args[1:1 + tree.num_leaves])
+    return _view(lowering, args[0], transforms)
+
+
+@rule(prims.semaphore_signal_p)
+def _semaphore_signal(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
+    if eqn.params["has_device_id"]:
+        raise lowering.fail("signalling a semaphore on another device")
+    tpu.SemaphoreSignalOp(_semaphore(lowering, eqn, args), args[1 + eqn.params["tree"].num_leaves])
+    return []
+
+
+@rule(prims.semaphore_wait_p)
+def _semaphore_wait(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
+    if not eqn.params["decrement"]:
+        raise lowering.fail("pl.semaphore_wait(decrement=False)")
+    tpu.SemaphoreWaitOp(_semaphore(lowering, eqn, args), args[1 + eqn.params["tree"].num_leaves])
+    return []
+
+
+@rule(prims.semaphore_read_p)
+def _semaphore_read(lowering: Lowering, eqn: Any, *args: Any) -> ir.Value:
+    return tpu.SemaphoreReadOp(_semaphore(lowering, eqn, args)).result

@@ -7,6 +7,8 @@ import enum
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+import numpy as np
+
 from pallas_core.errors import PallasError
 from pallas_core.spec import CompilerParams as _CompilerParams
 from pallas_core.spec import GridSpec, MemorySpace
@@ -30,6 +32,26 @@ HBM = MemorySpace("HBM", backend=NAME)
 VMEM = MemorySpace("VMEM", backend=NAME)
 SMEM = MemorySpace("SMEM", backend=NAME)
 SEMAPHORE = MemorySpace("SEMAPHORE", backend=NAME, zeroed=True)
+DMA_SEMAPHORE = MemorySpace("DMA_SEMAPHORE", backend=NAME, zeroed=True)
+
+
+class SemaphoreType(enum.Enum):
+    """Semaphore scratch: ``SemaphoreType.DMA`` (one), ``SemaphoreType.DMA((4,))`` (an array).
+
+    Semaphores are int32 Refs that start at zero; ``REGULAR`` ones count signals, ``DMA`` ones
+    count copies (``pltpu.async_copy``).
+    """
+
+    REGULAR = "regular"
+    DMA = "dma"
+
+    def __call__(self, shape: tuple[int, ...] = ()) -> Any:
+        space = DMA_SEMAPHORE if self is SemaphoreType.DMA else SEMAPHORE
+        return space(tuple(shape), np.int32)
+
+    def memory_ref(self) -> Any:
+        """One semaphore (what ``pl.run_scoped`` and ``scratch_shapes`` allocate)."""
+        return self(())
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,7 +14,15 @@ from pallas_core.request import KernelCall, LoweringRequest
 from pallas_core.spec import ANY
 from pallas_mosaic_tpu import ir as mir
 from pallas_mosaic_tpu import lowering, validation
-from pallas_mosaic_tpu.params import HBM, NAME, SEMAPHORE, SMEM, VMEM, TPUCompilerParams
+from pallas_mosaic_tpu.params import (
+    DMA_SEMAPHORE,
+    HBM,
+    NAME,
+    SEMAPHORE,
+    SMEM,
+    VMEM,
+    TPUCompilerParams,
+)
 
 __version__ = "0.1.0"
 CUSTOM_CALL_TARGET = "tpu_custom_call"
@@ -47,7 +55,7 @@ def pallas_describe() -> BackendInfo:
 
 @hookimpl
 def pallas_memory_spaces() -> Any:
-    return (VMEM, ANY, HBM, SMEM, SEMAPHORE)
+    return (VMEM, ANY, HBM, SMEM, SEMAPHORE, DMA_SEMAPHORE)
 
 
 @hookimpl

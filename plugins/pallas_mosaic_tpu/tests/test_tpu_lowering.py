@@ -120,6 +120,23 @@ def prefetch_gather(m: Any) -> Callable[..., Any]:
         kernel, jax.ShapeDtypeStruct((32, 128), x.dtype), grid_spec=grid_spec)(idx, x)
 
 
+def dma_copy(m: Any) -> Callable[..., Any]:
+    """HBM -> VMEM -> HBM with run_scoped buffers and a DMA semaphore, adding 1 in VMEM."""
+    tpu = pltpu if _ours(m) else jax_pltpu
+
+    def kernel(x_hbm: Any, o_hbm: Any) -> None:
+        def body(buf: Any, sem: Any) -> None:
+            tpu.async_copy(x_hbm, buf, sem).wait()
+            buf[...] = buf[...] + 1.0
+            tpu.async_copy(buf, o_hbm, sem).wait()
+
+        m.run_scoped(body, tpu.VMEM((8, 128), F32), tpu.SemaphoreType.DMA)
+
+    whole = m.BlockSpec(memory_space=m.ANY)
+    return lambda x: m.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                   in_specs=[whole], out_specs=whole)(x)
+
+
 IDX = np.array([3, 0, 5, 5], np.int32)
 CASES: dict[str, tuple[Callable[[Any], Any], list[Any]]] = {
     "blocked_add": (blocked_add, [jnp.ones((16, 256), F32)] * 2),
@@ -127,6 +144,7 @@ CASES: dict[str, tuple[Callable[[Any], Any], list[Any]]] = {
     "softmax": (softmax, [jnp.ones((32, 256), F32)]),
     "flash_attention": (flash_attention, [jnp.ones((256, 128), F32)] * 3),
     "prefetch_gather": (prefetch_gather, [jnp.asarray(IDX), jnp.ones((48, 128), F32)]),
+    "dma_copy": (dma_copy, [jnp.ones((8, 128), F32)]),
 }
 
 
@@ -189,3 +207,14 @@ def test_the_same_kernels_run_in_the_interpreter_against_jnp() -> None:
     xs = jnp.asarray(rng.standard_normal((48, 128)), F32)
     want = jnp.concatenate([xs[8 * i:8 * i + 8] for i in IDX]) * 2.0
     np.testing.assert_allclose(prefetch_gather(m)(jnp.asarray(IDX), xs), want, rtol=1e-6)
+    c = jnp.asarray(rng.standard_normal((8, 128)), F32)
+    np.testing.assert_allclose(dma_copy(m)(c), c + 1.0, rtol=1e-6)
+
+
+def test_dma_kernel_uses_the_dma_engine() -> None:
+    build, args = CASES["dma_copy"]
+    ((_, module),) = inspection.kernels(_lowered(build, pl, args))
+    text = str(module)
+    for op in ("tpu.region", "tpu.sem_alloc", "tpu.enqueue_dma", "tpu.wait_dma2",
+               "memref.alloca"):
+        assert op in text, op
