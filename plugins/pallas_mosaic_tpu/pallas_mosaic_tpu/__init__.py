@@ -7,7 +7,7 @@ Lowering needs no TPU: ``jax.jit(f).trace(*a).lower(lowering_platforms=("tpu",))
 
 from __future__ import annotations
 
-from pallas_core.copies import async_copy, make_async_copy, make_async_remote_copy, sync_copy
+from pallas_core.copies import async_copy, make_async_copy, make_async_remote_copy
 from pallas_core.spec import ANY
 from pallas_mosaic_tpu.params import (
     ARBITRARY,
@@ -22,6 +22,8 @@ from pallas_mosaic_tpu.params import (
     PrefetchScalarGridSpec,
     SemaphoreType,
     TPUCompilerParams,
+    create_tensorcore_mesh,
+    sync_copy,
 )
 from pallas_mosaic_tpu.plugin import __version__
 
@@ -30,4 +32,4 @@ CompilerParams = TPUCompilerParams
 __all__ = ["ANY", "ARBITRARY", "CORE_PARALLEL", "CompilerParams", "DMA_SEMAPHORE",
            "GridDimensionSemantics", "HBM", "PARALLEL", "PrefetchScalarGridSpec", "SEMAPHORE",
            "SMEM", "SemaphoreType", "TPUCompilerParams", "VMEM", "__version__", "async_copy",
-           "make_async_copy", "make_async_remote_copy", "sync_copy"]
+           "create_tensorcore_mesh", "make_async_copy", "make_async_remote_copy", "sync_copy"]

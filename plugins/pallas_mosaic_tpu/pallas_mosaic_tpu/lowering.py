@@ -140,8 +140,10 @@ def _set_attributes(kernel: Any, call: KernelCall, windows: list[ir.Attribute]) 
         raise PallasError(
             f"kernel {call.name!r}: dimension_semantics has {len(semantics)} entries but the "
             f"grid {gm.user_grid} has {len(gm.user_grid)} axes. Fix: give one per grid axis.")
+    # The cores of a mesh (pl.kernel) run in parallel; grid steps default to arbitrary.
+    default = "parallel" if gm.grid_names else "arbitrary"
     names = ["parallel"] * gm.num_batch_axes + [s.value for s in semantics] + [
-        "arbitrary"] * (len(gm.user_grid) - len(semantics))
+        default] * (len(gm.user_grid) - len(semantics))
     attrs = kernel.attributes
     attrs["dimension_semantics"] = ir.ArrayAttr.get(
         [ir.Attribute.parse(f"#tpu.dimension_semantics<{n}>") for n in names])
@@ -408,6 +410,16 @@ def _scan(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
 def _program_id(lowering: Lowering, eqn: Any) -> ir.Value:
     gm = lowering.call.grid_mapping
     return lowering.program_ids[gm.num_batch_axes + eqn.params["axis"]]
+
+
+@rule(_jax.axis_index_p)
+def _axis_index(lowering: Lowering, eqn: Any) -> ir.Value:
+    gm = lowering.call.grid_mapping
+    name = eqn.params["axis_name"]
+    name = name[0] if isinstance(name, tuple) and len(name) == 1 else name
+    if not gm.grid_names or name not in gm.grid_names:
+        raise lowering.fail(f"lax.axis_index({name!r}) of an axis that is not the kernel mesh's")
+    return lowering.program_ids[gm.num_batch_axes + gm.grid_names.index(name)]
 
 
 @rule(prims.multiple_of_p)

@@ -11,7 +11,7 @@ import numpy as np
 
 from pallas_core.errors import PallasError
 from pallas_core.spec import CompilerParams as _CompilerParams
-from pallas_core.spec import GridSpec, MemorySpace
+from pallas_core.spec import GridSpec, MemorySpace, Mesh
 
 NAME = "mosaic_tpu"
 
@@ -93,3 +93,20 @@ def PrefetchScalarGridSpec(num_scalar_prefetch: int, grid: Any = (), in_specs: A
     return GridSpec(grid, no_block_spec if in_specs is None else in_specs,
                     no_block_spec if out_specs is None else out_specs, scratch_shapes,
                     num_scalar_prefetch=num_scalar_prefetch)
+
+
+def create_tensorcore_mesh(axis_name: str, num_cores: int = 1) -> Mesh:
+    """A mesh of ``num_cores`` TensorCores along ``axis_name`` for ``pl.kernel``/``core_map``
+    (no device is queried: pass the chip's core count)."""
+    if not isinstance(num_cores, int) or num_cores < 1:
+        raise PallasError(f"create_tensorcore_mesh(num_cores={num_cores!r}): expected a positive "
+                          "int (TensorCores per chip: 1 on v5e/v6e, 2 on v4/v5p).")
+    return Mesh((axis_name,), (num_cores,), backend=NAME)
+
+
+def sync_copy(src: Any, dst: Any) -> None:
+    """Copies ``src`` into ``dst`` with the DMA engine and waits (HBM and VMEM alike)."""
+    from pallas_core.copies import async_copy
+    from pallas_core.primitives import run_scoped
+
+    run_scoped(lambda sem: async_copy(src, dst, sem).wait(), SemaphoreType.DMA)

@@ -137,6 +137,18 @@ def dma_copy(m: Any) -> Callable[..., Any]:
                                    in_specs=[whole], out_specs=whole)(x)
 
 
+def core_kernel(m: Any) -> Callable[..., Any]:
+    """``pl.kernel`` on a TensorCore mesh: the core copies HBM to HBM with the DMA engine."""
+    tpu = pltpu if _ours(m) else jax_pltpu
+
+    def body(x_hbm: Any, o_hbm: Any) -> None:
+        tpu.sync_copy(x_hbm, o_hbm)
+
+    mesh = tpu.create_tensorcore_mesh("core", num_cores=1)
+    return lambda x: m.kernel(body, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                              mesh=mesh)(x)
+
+
 IDX = np.array([3, 0, 5, 5], np.int32)
 CASES: dict[str, tuple[Callable[[Any], Any], list[Any]]] = {
     "blocked_add": (blocked_add, [jnp.ones((16, 256), F32)] * 2),
@@ -145,6 +157,7 @@ CASES: dict[str, tuple[Callable[[Any], Any], list[Any]]] = {
     "flash_attention": (flash_attention, [jnp.ones((256, 128), F32)] * 3),
     "prefetch_gather": (prefetch_gather, [jnp.asarray(IDX), jnp.ones((48, 128), F32)]),
     "dma_copy": (dma_copy, [jnp.ones((8, 128), F32)]),
+    "core_kernel": (core_kernel, [jnp.ones((8, 128), F32)]),
 }
 
 
@@ -190,6 +203,10 @@ class _OnInterpreter:
     def pallas_call(*args: Any, **kwargs: Any) -> Any:
         return pl.pallas_call(*args, **{**kwargs, "backend": "interpret"})
 
+    @staticmethod
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        return pl.kernel(*args, **{**kwargs, "backend": "interpret"})
+
 
 def test_the_same_kernels_run_in_the_interpreter_against_jnp() -> None:
     m = _OnInterpreter()
@@ -209,6 +226,7 @@ def test_the_same_kernels_run_in_the_interpreter_against_jnp() -> None:
     np.testing.assert_allclose(prefetch_gather(m)(jnp.asarray(IDX), xs), want, rtol=1e-6)
     c = jnp.asarray(rng.standard_normal((8, 128)), F32)
     np.testing.assert_allclose(dma_copy(m)(c), c + 1.0, rtol=1e-6)
+    np.testing.assert_allclose(core_kernel(m)(c), c, rtol=0)
 
 
 def test_dma_kernel_uses_the_dma_engine() -> None:
