@@ -178,7 +178,14 @@ def test_lowers_for_tpu_and_the_module_verifies(name: str) -> None:
 def test_agrees_with_jax_experimental_pallas(name: str) -> None:
     build, args = CASES[name]
     (ours_config, ours), = inspection.kernels(_lowered(build, pl, args))
-    (theirs_config, theirs), = inspection.kernels(_lowered(build, jax_pl, args))
+    try:
+        reference = _lowered(build, jax_pl, args)
+    except ValueError as e:  # some JAX versions ask for a TPU while lowering this kernel
+        if "TPU device kind" not in str(e):
+            raise
+        pytest.skip(f"jax.experimental.pallas {jax.__version__} cannot lower {name!r} "
+                    "without a TPU")
+    (theirs_config, theirs), = inspection.kernels(reference)
     assert ours_config == theirs_config
     a, b = inspection.summary(ours), inspection.summary(theirs)
     assert a == b
