@@ -475,12 +475,14 @@ def _read(lowering: Lowering, eqn: Any, ref: ir.Value, transforms: Sequence[Any]
 
 def _write(lowering: Lowering, eqn: Any, ref: ir.Value, value: ir.Value,
            transforms: Sequence[Any]) -> None:
-    starts, sizes, _ = _indices(lowering, ref, transforms)
+    starts, sizes, dropped = _indices(lowering, ref, transforms)
     dtype = _in(eqn, 1).dtype
     if _is_smem(ref):
         memref.StoreOp(value, ref, starts)
         return
-    value = mir.broadcast_to(value, [s for s in sizes if s != 1] or sizes)
+    # The value has the indexed shape (integer-indexed dimensions dropped); the store takes
+    # the slice's full rank.
+    value = mir.broadcast_to(value, [s for d, s in enumerate(sizes) if d not in dropped])
     if list(mir.shape_of(value)) != sizes:
         value = vector.ShapeCastOp(mir.value_type(sizes, dtype), value).result
     tpu.VectorStoreOp(value, ref, starts, strides=[])

@@ -149,6 +149,19 @@ def core_kernel(m: Any) -> Callable[..., Any]:
                               mesh=mesh)(x)
 
 
+def row_writes(m: Any) -> Callable[..., Any]:
+    """Reads and writes of a slice of size 1, a row by integer index, and a dynamic slice."""
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        o_ref[0:1, :] = x_ref[0:1, :] * 2.0
+        o_ref[1, :] = x_ref[1, :] + 1.0
+        start = m.program_id(0) * 0 + 2
+        o_ref[m.ds(start, 6), :] = x_ref[m.ds(start, 6), :] - 1.0
+
+    spec = m.BlockSpec((8, 128), lambda i: (i, 0))
+    return lambda x: m.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(2,),
+                                   in_specs=[spec], out_specs=spec)(x)
+
+
 IDX = np.array([3, 0, 5, 5], np.int32)
 CASES: dict[str, tuple[Callable[[Any], Any], list[Any]]] = {
     "blocked_add": (blocked_add, [jnp.ones((16, 256), F32)] * 2),
@@ -158,6 +171,7 @@ CASES: dict[str, tuple[Callable[[Any], Any], list[Any]]] = {
     "prefetch_gather": (prefetch_gather, [jnp.asarray(IDX), jnp.ones((48, 128), F32)]),
     "dma_copy": (dma_copy, [jnp.ones((8, 128), F32)]),
     "core_kernel": (core_kernel, [jnp.ones((8, 128), F32)]),
+    "row_writes": (row_writes, [jnp.ones((16, 128), F32)]),
 }
 
 
@@ -234,6 +248,10 @@ def test_the_same_kernels_run_in_the_interpreter_against_jnp() -> None:
     c = jnp.asarray(rng.standard_normal((8, 128)), F32)
     np.testing.assert_allclose(dma_copy(m)(c), c + 1.0, rtol=1e-6)
     np.testing.assert_allclose(core_kernel(m)(c), c, rtol=0)
+    r = jnp.asarray(rng.standard_normal((16, 128)), F32).reshape(2, 8, 128)
+    want = jnp.concatenate([r[:, :1] * 2.0, r[:, 1:2] + 1.0, r[:, 2:] - 1.0], axis=1)
+    np.testing.assert_allclose(row_writes(m)(r.reshape(16, 128)), want.reshape(16, 128),
+                               rtol=1e-6)
 
 
 def test_dma_kernel_uses_the_dma_engine() -> None:
