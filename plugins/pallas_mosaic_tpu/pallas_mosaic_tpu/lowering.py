@@ -15,8 +15,7 @@ and reads/writes of whole blocks or static/dynamic slices of them. Anything else
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -27,41 +26,19 @@ from jaxlib.mlir.dialects import arith, func, memref, scf, vector
 from jaxlib.mlir.dialects import math as mmath
 from jaxlib.mosaic.python import tpu
 
-from pallas_core import _jax, copies
+from pallas_core import _jax, copies, mlir_lowering
 from pallas_core import primitives as prims
 from pallas_core.errors import PallasError, UnsupportedError
 from pallas_core.grid_mapping import BlockMapping
+from pallas_core.mlir_lowering import LoweringState
 from pallas_core.request import KernelCall
 from pallas_mosaic_tpu import ir as mir
 from pallas_mosaic_tpu.params import DMA_SEMAPHORE, SEMAPHORE, SMEM, TPUCompilerParams
 
-
-@dataclasses.dataclass
-class Lowering:
-    """The state of lowering one kernel."""
-
-    call: KernelCall
-    program_ids: Sequence[ir.Value]
-    location: str = "<unknown>"
-
-    def fail(self, what: str) -> UnsupportedError:
-        return UnsupportedError(
-            f"{what} is not supported by the 'mosaic_tpu' backend yet (kernel "
-            f"{self.call.name!r} at {self.location}). Fix: rewrite that part of the kernel, or "
-            "run it with backend='interpret'.")
-
-
-Rule = Callable[..., Any]
-RULES: dict[Any, Rule] = {}
-
-
-def rule(*primitives: Any) -> Callable[[Rule], Rule]:
-    """Registers a lowering rule ``(lowering, eqn, *in_values) -> out value(s)``."""
-    def register(fn: Rule) -> Rule:
-        for p in primitives:
-            RULES[p] = fn
-        return fn
-    return register
+Lowering = LoweringState
+Rule = mlir_lowering.Rule
+RULES = mlir_lowering.Rules()
+rule = RULES.rule
 
 
 def _space(bm: BlockMapping, prefetch: bool) -> str:
@@ -112,7 +89,7 @@ def lower_kernel(call: KernelCall) -> tuple[ir.Module, str]:
         entry = kernel.add_entry_block()
         with ir.InsertionPoint(entry):
             args = list(entry.arguments)
-            lowering = Lowering(call, args[:len(gm.grid)])
+            lowering = Lowering(call, "mosaic_tpu", args[:len(gm.grid)])
             lower_jaxpr(lowering, call.jaxpr.jaxpr, call.jaxpr.consts, args[len(gm.grid):])
             func.ReturnOp([])
         if not module.operation.verify():
@@ -125,7 +102,7 @@ def _transform(call: KernelCall, bm: BlockMapping, name: str, arg_types: list[ir
     fn = func.FuncOp(name, (arg_types, [i32] * len(bm.array_shape)))
     entry = fn.add_entry_block()
     with ir.InsertionPoint(entry):
-        lowering = Lowering(call, [])
+        lowering = Lowering(call, "mosaic_tpu", [])
         outs = lower_jaxpr(lowering, bm.index_map.jaxpr, bm.index_map.consts,
                            list(entry.arguments))
         func.ReturnOp([o if not isinstance(o, int) else mir.constant(o, np.int32) for o in outs])
@@ -167,29 +144,7 @@ def module_text(module: ir.Module) -> str:
 def lower_jaxpr(lowering: Lowering, jaxpr: Any, consts: Sequence[Any],
                 args: Sequence[Any]) -> list[Any]:
     """Emits ``jaxpr`` at the current insertion point; returns its outputs' values."""
-    env: dict[Any, Any] = {}
-
-    def read(v: Any) -> Any:
-        if isinstance(v, _jax.Literal):
-            return _literal(v.val, v.aval)
-        return env[v]
-
-    for v, c in zip(jaxpr.constvars, consts):
-        env[v] = _literal(c, v.aval)
-    env.update(zip(jaxpr.invars, args))
-    for eqn in jaxpr.eqns:
-        line = _jax.source_line(eqn)
-        if line != "<unknown>":
-            lowering.location = line
-        fn = RULES.get(eqn.primitive)
-        if fn is None:
-            raise lowering.fail(f"the primitive {eqn.primitive.name!r}")
-        outs = fn(lowering, eqn, *[read(v) for v in eqn.invars])
-        if eqn.primitive.multiple_results:
-            env.update(zip(eqn.outvars, outs))
-        else:
-            env[eqn.outvars[0]] = outs
-    return [read(v) for v in jaxpr.outvars]
+    return mlir_lowering.lower_jaxpr(lowering, RULES, jaxpr, consts, args, _literal)
 
 
 def _literal(value: Any, aval: Any) -> ir.Value:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -27,10 +27,11 @@ from jaxlib.mlir.dialects import arith, gpu, scf
 from jaxlib.mlir.dialects import math as mmath
 from jaxlib.triton import dialect as tt
 
-from pallas_core import _jax
+from pallas_core import _jax, mlir_lowering
 from pallas_core import primitives as prims
 from pallas_core.errors import PallasError, UnsupportedError
 from pallas_core.grid_mapping import BlockMapping, block_index_tables
+from pallas_core.mlir_lowering import LoweringState
 from pallas_core.request import KernelCall
 from pallas_triton import ir as tir
 from pallas_triton import primitives as tprims
@@ -46,33 +47,10 @@ class BlockRef:
     """Element offset (i32 scalar) of the block's first element, per array dimension."""
 
 
-@dataclasses.dataclass
-class Lowering:
-    """The state of lowering one kernel."""
-
-    call: KernelCall
-    program_ids: list[ir.Value]
-    location: str = "<unknown>"
-    """The user's source line of the equation being lowered (of the innermost one known)."""
-
-    def fail(self, what: str, eqn: Any = None) -> UnsupportedError:
-        return UnsupportedError(
-            f"{what} is not supported by the 'triton' backend (kernel {self.call.name!r} at "
-            f"{self.location}). Fix: rewrite that part of the kernel, or run it with "
-            "backend='interpret'.")
-
-
-Rule = Callable[..., Any]
-RULES: dict[Any, Rule] = {}
-
-
-def rule(*primitives: Any) -> Callable[[Rule], Rule]:
-    """Registers a lowering rule ``(lowering, eqn, *in_values) -> out value(s)``."""
-    def register(fn: Rule) -> Rule:
-        for p in primitives:
-            RULES[p] = fn
-        return fn
-    return register
+Lowering = LoweringState
+Rule = mlir_lowering.Rule
+RULES = mlir_lowering.Rules()
+rule = RULES.rule
 
 
 # --- the kernel function ---------------------------------------------------------------------
@@ -140,7 +118,7 @@ def grid_axes(call: KernelCall) -> tuple[tuple[int, ...], tuple[int, ...]]:
 def _lower_step(call: KernelCall, pointers: Sequence[ir.Value], ids: dict[int, ir.Value]) -> None:
     gm = call.grid_mapping
     ordered = [ids[a] for a in range(len(gm.grid))]
-    lowering = Lowering(call, ordered)
+    lowering = Lowering(call, "triton", ordered)
     refs = []
     for ptr, bm in zip(pointers, gm.block_mappings):
         block_idx = _eval_index_map(lowering, bm, ordered)
@@ -184,31 +162,7 @@ def _eval_index_map(lowering: Lowering, bm: BlockMapping, ids: list[ir.Value]) -
 def lower_jaxpr(lowering: Lowering, jaxpr: Any, consts: Sequence[Any],
                 args: Sequence[Any]) -> list[Any]:
     """Emits ``jaxpr`` at the current insertion point; returns its outputs' values."""
-    env: dict[Any, Any] = {}
-
-    def read(v: Any) -> Any:
-        if isinstance(v, _jax.Literal):
-            return _literal(v.val, v.aval)
-        return env[v]
-
-    for v, c in zip(jaxpr.constvars, consts):
-        env[v] = _literal(c, v.aval)
-    for v, a in zip(jaxpr.invars, args):
-        env[v] = a
-    for eqn in jaxpr.eqns:
-        line = _jax.source_line(eqn)
-        if line != "<unknown>":
-            lowering.location = line
-        fn = RULES.get(eqn.primitive)
-        if fn is None:
-            raise lowering.fail(f"the primitive {eqn.primitive.name!r}", eqn)
-        outs = fn(lowering, eqn, *[read(v) for v in eqn.invars])
-        if eqn.primitive.multiple_results:
-            for v, o in zip(eqn.outvars, outs):
-                env[v] = o
-        else:
-            env[eqn.outvars[0]] = outs
-    return [read(v) for v in jaxpr.outvars]
+    return mlir_lowering.lower_jaxpr(lowering, RULES, jaxpr, consts, args, _literal)
 
 
 def _literal(value: Any, aval: Any) -> ir.Value:
