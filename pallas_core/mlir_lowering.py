@@ -12,6 +12,8 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from pallas_core import _jax
 from pallas_core.errors import UnsupportedError
 from pallas_core.request import KernelCall
@@ -76,3 +78,43 @@ def lower_jaxpr(state: LoweringState, rules: Rules, jaxpr: Any, consts: Sequence
         else:
             env[eqn.outvars[0]] = outs
     return [read(v) for v in jaxpr.outvars]
+
+
+# --- dtypes as MLIR types (jaxlib's bindings; imported only by backends that use them) --------
+
+
+def element_type(dtype: Any) -> Any:
+    """The MLIR element type of a NumPy/JAX dtype (booleans are ``i1``)."""
+    from jaxlib.mlir import ir
+
+    dt = np.dtype(dtype)
+    if dt == np.bool_:
+        return ir.IntegerType.get_signless(1)
+    if dt.kind in "iu":
+        return ir.IntegerType.get_signless(dt.itemsize * 8)
+    if dt.name == "bfloat16":
+        return ir.BF16Type.get()
+    return {2: ir.F16Type.get, 4: ir.F32Type.get, 8: ir.F64Type.get}[dt.itemsize]()
+
+
+def is_float(dtype: Any) -> bool:
+    """Floating point, bfloat16 included."""
+    return np.dtype(dtype).kind == "f" or np.dtype(dtype).name == "bfloat16"
+
+
+def is_unsigned(dtype: Any) -> bool:
+    """Unsigned integers and booleans (compared and extended without sign)."""
+    return np.dtype(dtype).kind == "u" or np.dtype(dtype) == np.bool_
+
+
+def called_jaxpr(eqn: Any) -> tuple[Any, Sequence[Any]]:
+    """``(jaxpr, consts)`` of a call-like equation (``jit``, ``closed_call``, custom JVP/VJP)."""
+    sub = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
+    if isinstance(sub, _jax.ClosedJaxpr):
+        return sub.jaxpr, sub.consts
+    return sub, ()
+
+
+CALL_PRIMITIVES = (_jax.jit_p, _jax.closed_call_p, _jax.custom_jvp_call_p,
+                   _jax.custom_vjp_call_p)
+"""Primitives that call a jaxpr, which backends inline."""

@@ -13,6 +13,12 @@ from jaxlib.mlir._mlir_libs import _jax_mlir_ext
 from jaxlib.mlir.dialects import arith, vector
 from jaxlib.mosaic.python import tpu
 
+from pallas_core.mlir_lowering import (  # noqa: F401 - re-exported for the rules
+    element_type,
+    is_float,
+    is_unsigned,
+)
+
 # The Mosaic format version written when no TPU says which it reads (what JAX writes on CPU).
 SERDE_VERSION = 11
 
@@ -60,24 +66,10 @@ def deserialize(body: bytes) -> ir.Module:
     return module
 
 
-def element_type(dtype: Any) -> ir.Type:
-    """The MLIR element type of a dtype (booleans are ``i1`` in values)."""
-    dt = np.dtype(dtype)
-    if dt == np.bool_:
-        return ir.IntegerType.get_signless(1)
-    if dt.kind in "iu":
-        return ir.IntegerType.get_signless(dt.itemsize * 8)
-    if dt.name == "bfloat16":
-        return ir.BF16Type.get()
-    return {2: ir.F16Type.get, 4: ir.F32Type.get, 8: ir.F64Type.get}[dt.itemsize]()
 
 
-def is_float(dtype: Any) -> bool:
-    return np.dtype(dtype).kind == "f" or np.dtype(dtype).name == "bfloat16"
 
 
-def is_unsigned(dtype: Any) -> bool:
-    return np.dtype(dtype).kind == "u" or np.dtype(dtype) == np.bool_
 
 
 def value_type(shape: Sequence[int], dtype: Any) -> ir.Type:

@@ -17,6 +17,11 @@ from jaxlib.mlir.dialects import arith
 from jaxlib.triton import dialect as tt
 
 from pallas_core.errors import UnsupportedError
+from pallas_core.mlir_lowering import (  # noqa: F401 - re-exported for the rules
+    element_type,
+    is_float,
+    is_unsigned,
+)
 
 
 def new_context() -> ir.Context:
@@ -31,16 +36,6 @@ def new_context() -> ir.Context:
     return ctx
 
 
-def element_type(dtype: Any) -> ir.Type:
-    """The MLIR element type of a NumPy/JAX dtype (booleans are ``i1``)."""
-    dt = np.dtype(dtype)
-    if dt == np.bool_:
-        return ir.IntegerType.get_signless(1)
-    if dt.kind in "iu":
-        return ir.IntegerType.get_signless(dt.itemsize * 8)
-    if dt.name == "bfloat16":
-        return ir.BF16Type.get()
-    return {2: ir.F16Type.get, 4: ir.F32Type.get, 8: ir.F64Type.get}[dt.itemsize]()
 
 
 def value_type(shape: Sequence[int], dtype: Any) -> ir.Type:
@@ -49,12 +44,8 @@ def value_type(shape: Sequence[int], dtype: Any) -> ir.Type:
     return ir.RankedTensorType.get(list(shape), elt) if shape else elt
 
 
-def is_float(dtype: Any) -> bool:
-    return np.dtype(dtype).kind == "f" or np.dtype(dtype).name == "bfloat16"
 
 
-def is_unsigned(dtype: Any) -> bool:
-    return np.dtype(dtype).kind == "u" or np.dtype(dtype) == np.bool_
 
 
 def pointer(dtype: Any) -> ir.Type:

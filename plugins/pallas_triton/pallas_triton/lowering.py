@@ -472,12 +472,10 @@ def _reduce(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
 # --- control flow ----------------------------------------------------------------------------
 
 
-@rule(_jax.jit_p, _jax.closed_call_p, _jax.custom_jvp_call_p, _jax.custom_vjp_call_p)
+@rule(*mlir_lowering.CALL_PRIMITIVES)
 def _inline(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
-    sub = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
-    if isinstance(sub, _jax.ClosedJaxpr):
-        return lower_jaxpr(lowering, sub.jaxpr, sub.consts, args)
-    return lower_jaxpr(lowering, sub, (), args)
+    jaxpr, consts = mlir_lowering.called_jaxpr(eqn)
+    return lower_jaxpr(lowering, jaxpr, consts, args)
 
 
 def _result_types(avals: Sequence[Any]) -> list[ir.Type]:
