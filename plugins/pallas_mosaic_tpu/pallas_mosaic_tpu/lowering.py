@@ -162,27 +162,7 @@ def _out(eqn: Any) -> Any:
     return eqn.outvars[0].aval
 
 
-def _binary(float_op: Any, signed_op: Any, unsigned_op: Any = None) -> Rule:
-    def lower(lowering: Lowering, eqn: Any, x: ir.Value, y: ir.Value) -> ir.Value:
-        shape, dtype = _out(eqn).shape, _in(eqn).dtype
-        x, y = mir.broadcast_to(x, shape), mir.broadcast_to(y, shape)
-        op = float_op if mir.is_float(dtype) else (
-            unsigned_op if unsigned_op and mir.is_unsigned(dtype) else signed_op)
-        if op is None:
-            raise lowering.fail(f"{eqn.primitive.name} on {dtype}")
-        return op(x, y).result
-    return lower
-
-
-rule(lax.add_p)(_binary(arith.AddFOp, arith.AddIOp))
-rule(lax.sub_p)(_binary(arith.SubFOp, arith.SubIOp))
-rule(lax.mul_p)(_binary(arith.MulFOp, arith.MulIOp))
-rule(lax.div_p)(_binary(arith.DivFOp, arith.DivSIOp, arith.DivUIOp))
-rule(lax.rem_p)(_binary(arith.RemFOp, arith.RemSIOp, arith.RemUIOp))
-rule(lax.max_p)(_binary(arith.MaximumFOp, arith.MaxSIOp, arith.MaxUIOp))
-rule(lax.min_p)(_binary(arith.MinimumFOp, arith.MinSIOp, arith.MinUIOp))
-rule(lax.and_p)(_binary(None, arith.AndIOp))
-rule(lax.or_p)(_binary(None, arith.OrIOp))
+mlir_lowering.register_binary_rules(RULES, mir.broadcast_to)
 
 
 def _unary(op: Any) -> Rule:

@@ -189,30 +189,7 @@ def _bcast(eqn: Any, *vals: ir.Value) -> list[ir.Value]:
 # --- elementwise arithmetic ------------------------------------------------------------------
 
 
-def _binary(float_op: Any, signed_op: Any, unsigned_op: Any = None) -> Rule:
-    def lower(lowering: Lowering, eqn: Any, x: ir.Value, y: ir.Value) -> ir.Value:
-        x, y = _bcast(eqn, x, y)
-        dtype = _aval_in(eqn, 0).dtype
-        if tir.is_float(dtype):
-            op = float_op
-        else:
-            op = unsigned_op if (unsigned_op and tir.is_unsigned(dtype)) else signed_op
-        if op is None:
-            raise lowering.fail(f"{eqn.primitive.name} on {dtype}", eqn)
-        return op(x, y).result
-    return lower
-
-
-rule(lax.add_p)(_binary(arith.AddFOp, arith.AddIOp))
-rule(lax.sub_p)(_binary(arith.SubFOp, arith.SubIOp))
-rule(lax.mul_p)(_binary(arith.MulFOp, arith.MulIOp))
-rule(lax.div_p)(_binary(arith.DivFOp, arith.DivSIOp, arith.DivUIOp))
-rule(lax.rem_p)(_binary(arith.RemFOp, arith.RemSIOp, arith.RemUIOp))
-rule(lax.max_p)(_binary(arith.MaximumFOp, arith.MaxSIOp, arith.MaxUIOp))
-rule(lax.min_p)(_binary(arith.MinimumFOp, arith.MinSIOp, arith.MinUIOp))
-rule(lax.and_p)(_binary(None, arith.AndIOp))
-rule(lax.or_p)(_binary(None, arith.OrIOp))
-rule(lax.xor_p)(_binary(None, arith.XOrIOp))
+mlir_lowering.register_binary_rules(RULES, tir.broadcast_to)
 
 
 def _unary_math(op: Any) -> Rule:
