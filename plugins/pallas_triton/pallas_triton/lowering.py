@@ -743,10 +743,16 @@ def _float_atomic_max_min(ptrs: ir.Value, value: ir.Value, mask: ir.Value | None
 @rule(prims.atomic_cas_p)
 def _atomic_cas(lowering: Lowering, eqn: Any, ref: BlockRef, cmp: ir.Value, value: ir.Value,
                 *args: Any) -> ir.Value:
-    ptrs, _, shape = _pointers(lowering, eqn, ref, _transforms(eqn, args))
+    ptrs, mask, shape = _pointers(lowering, eqn, ref, _transforms(eqn, args))
     result = tir.value_type(shape, _aval_out(eqn).dtype)
-    return tt.AtomicCASOp(result, ptrs, tir.broadcast_to(cmp, shape),
-                          tir.broadcast_to(value, shape), tt.MemSemantic.ACQUIRE_RELEASE,
+    cmp, value = tir.broadcast_to(cmp, shape), tir.broadcast_to(value, shape)
+    if mask is not None:
+        # tt.atomic_cas takes no mask: lanes outside the array are pointed at the array's
+        # first element and swap `cmp` for `cmp`, which leaves memory as it was.
+        base = tir.splat(ref.ptr, shape) if shape else ref.ptr
+        ptrs = arith.SelectOp(mask, ptrs, base).result
+        value = arith.SelectOp(mask, value, cmp).result
+    return tt.AtomicCASOp(result, ptrs, cmp, value, tt.MemSemantic.ACQUIRE_RELEASE,
                           tt.MemSyncScope.GPU).result
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import jax
@@ -117,6 +118,27 @@ def test_float_atomic_max_min_use_integer_atomics_on_the_bits(atomic: Any) -> No
     signed, unsigned = ("max", "umin") if atomic is pl.atomic_max else ("min", "umax")
     assert f"tt.atomic_rmw {signed}" in ttir and f"tt.atomic_rmw {unsigned}" in ttir
     assert "fmax" not in ttir and stages["cubin"]
+
+
+def test_atomic_cas_past_the_array_end_leaves_memory_alone() -> None:
+    """tt.atomic_cas has no mask: lanes past the array's end must be redirected, not issued."""
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        pl.atomic_cas(o_ref.at[pl.ds(0, 128)], jnp.zeros(128, jnp.int32), x_ref[...])
+
+    whole = pl.BlockSpec(memory_space=pl.ANY)
+    x = jnp.arange(100, dtype=jnp.int32)
+    fn = pl.pallas_call(kernel, jax.ShapeDtypeStruct((100,), jnp.int32),
+                        in_specs=[pl.BlockSpec((128,), lambda: (0,))], out_specs=whole,
+                        backend="triton")
+    (stages,) = pl.stages(fn, x, backend="triton", target="sm_80")
+    ttir = stages["ttir"]
+    match = re.search(r"tt\.atomic_cas \w+, \w+, (%\w+)", ttir)
+    assert match, ttir
+    pointers = match.group(1)
+    # The pointer operand is the select between in-bounds pointers and the array's start.
+    assert any(line.strip().startswith(f"{pointers} = arith.select") for line in
+               ttir.splitlines()), ttir
+    assert "atom.global" in stages["ptx"] and stages["cubin"]
 
 
 def test_float16_atomic_max_is_refused() -> None:
