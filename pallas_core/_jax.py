@@ -11,7 +11,7 @@ import contextlib
 import inspect
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -378,3 +378,15 @@ def lowering_platforms(ctx: Any) -> tuple[str, ...]:
     """The platforms a lowering rule is lowering for (``cpu``, ``cuda``, ``tpu``, ...)."""
     platforms = ctx.platforms if ctx.platforms is not None else ctx.module_context.platforms
     return tuple(platforms)
+
+
+@contextlib.contextmanager
+def assume_device(device_kind: str, platform: str, num_cores: int = 1) -> Iterator[None]:
+    """Inside, JAX believes it compiles for ``device_kind`` (e.g. ``"TPU v5 lite"``) on
+    ``platform``, for lowerings that ask which chip they target when none is attached."""
+    from jax._src.mesh import AbstractDevice, AbstractMesh
+
+    device = AbstractDevice(device_kind, num_cores, platform)
+    with jax.sharding.use_abstract_mesh(AbstractMesh((1,), ("_device",),
+                                                     abstract_device=device)):
+        yield

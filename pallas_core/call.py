@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import types
@@ -25,7 +26,7 @@ from pallas_core.errors import (
 )
 from pallas_core.plugins import manager
 from pallas_core.request import KernelCall, LoweringRequest
-from pallas_core.spec import CostEstimate, GridSpec, no_block_spec
+from pallas_core.spec import BARRIER_SEMAPHORE, CostEstimate, GridSpec, no_block_spec
 
 pallas_call_p = _jax.Primitive("pallas_call")
 pallas_call_p.multiple_results = True
@@ -144,8 +145,12 @@ def _kernel_name(kernel: Any, name: str | None) -> str:
 
 
 def trace_kernel(kernel: Callable[..., Any], gm: gmap.GridMapping, in_tree: Any, out_tree: Any,
-                 kernel_name: str) -> Any:
-    """Traces the kernel body on Refs of its blocks into a closed jaxpr."""
+                 kernel_name: str) -> tuple[Any, gmap.GridMapping]:
+    """Traces the kernel body on Refs of its blocks into a closed jaxpr.
+
+    Returns the jaxpr and the grid mapping, which gains a last scratch operand when the kernel
+    uses its barrier semaphore.
+    """
     block_avals = [_jax.make_ref_aval(bm.ref_shape, bm.dtype, bm.memory_space)
                    for bm in gm.block_mappings]
     avals = [*block_avals, *gm.scratch_avals]
@@ -171,10 +176,22 @@ def trace_kernel(kernel: Callable[..., Any], gm: gmap.GridMapping, in_tree: Any,
             )
         return []
 
+    def with_barrier(*refs: Any) -> list[Any]:
+        with prims.barrier_semaphore_context(refs[-1]):
+            return flat_kernel(*refs[:-1])
+
     ctx = prims.KernelTraceContext(gm.user_grid, gm.grid_names)
     with prims.kernel_trace_context(ctx):
-        jaxpr, _, consts = _jax.trace_to_jaxpr(flat_kernel, avals, name=kernel_name,
-                                               axis_sizes=gm.axis_env)
+        try:
+            jaxpr, _, consts = _jax.trace_to_jaxpr(flat_kernel, avals, name=kernel_name,
+                                                   axis_sizes=gm.axis_env)
+        except prims.BarrierSemaphoreNeeded:
+            # The kernel asked for its barrier semaphore: trace again with it as a hidden
+            # last scratch operand (backends recognise it by its memory space).
+            barrier = gmap.scratch_avals([BARRIER_SEMAPHORE((), np.int32)])
+            gm = dataclasses.replace(gm, scratch_avals=(*gm.scratch_avals, *barrier))
+            jaxpr, _, consts = _jax.trace_to_jaxpr(with_barrier, [*avals, *barrier],
+                                                   name=kernel_name, axis_sizes=gm.axis_env)
     bad = [c for c in consts if np.shape(c) != () or isinstance(c, _jax.Tracer)]
     if bad:
         shapes = ", ".join(f"{jnp.dtype(getattr(c, 'dtype', float))}{list(np.shape(c))}"
@@ -184,7 +201,7 @@ def trace_kernel(kernel: Callable[..., Any], gm: gmap.GridMapping, in_tree: Any,
             "Kernels may only read their Refs. Fix: pass these arrays to the pallas_call as "
             "inputs (with a BlockSpec), or make them Python scalars."
         )
-    return _close(jaxpr, consts)
+    return _close(jaxpr, consts), gm
 
 
 def _close(jaxpr: Any, consts: Sequence[Any]) -> Any:
@@ -250,7 +267,7 @@ def pallas_call(
         _check_kernel_signature(kernel, names, kernel_name)
         _check_aliases(aliases, flat_args, out_leaves, kernel_name)
         gmap.check_index_maps_in_bounds(gm, kernel_name)
-        jaxpr = trace_kernel(kernel, gm, in_tree, out_tree, kernel_name)
+        jaxpr, gm = trace_kernel(kernel, gm, in_tree, out_tree, kernel_name)
         call = KernelCall(
             name=kernel_name, jaxpr=jaxpr, grid_mapping=gm,
             out_avals=tuple(_jax.ShapedArray(o.shape, o.dtype) for o in out_leaves),

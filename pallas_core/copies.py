@@ -13,7 +13,7 @@ Reference semantics:
 * a remote copy (``device_id`` given) runs under ``shard_map``: at ``start`` every device sends
   its source to the device it names; the receiver's destination is written and its receive
   semaphore counts the arrival; the sender's send semaphore counts the departure. ``wait_recv``
-  and ``wait_send`` take the counts back.
+  and ``wait_send`` take the counts back (``wait`` does both, as in ``jax.experimental.pallas``).
 """
 
 from __future__ import annotations
@@ -93,22 +93,28 @@ class AsyncCopy:
     def is_remote(self) -> bool:
         return self.device_id is not None
 
+    def _device_ids(self) -> list[Any]:
+        if not self.is_remote:
+            return []
+        dev = self.device_id if isinstance(self.device_id, (tuple, list)) else (self.device_id,)
+        return [jnp.asarray(d, jnp.int32) for d in dev]
+
     def start(self) -> None:
         """Starts the copy."""
         self._check()
         views = [self.src, self.dst, self.sem]
-        ids: list[Any] = []
         if self.is_remote:
             views.append(self.send_sem)
-            dev = self.device_id if isinstance(self.device_id, (tuple, list)) else (
-                self.device_id,)
-            ids = [jnp.asarray(d, jnp.int32) for d in dev]
-        _bind(copy_start_p, views, ids, "async_copy.start", remote=self.is_remote,
-              device_id_type=self.device_id_type)
+        _bind(copy_start_p, views, self._device_ids(), "async_copy.start",
+              remote=self.is_remote, device_id_type=self.device_id_type)
 
     def wait(self) -> None:
-        """Waits for a local copy, or for the arrival of a remote one (``wait_recv``)."""
-        self._wait("recv" if self.is_remote else "local")
+        """Waits for a local copy; for a remote one, ``wait_send()`` then ``wait_recv()``."""
+        if self.is_remote:
+            self._wait("send")
+            self._wait("recv")
+        else:
+            self._wait("local")
 
     def wait_recv(self) -> None:
         """Waits until the data sent to this device has arrived."""
@@ -122,7 +128,9 @@ class AsyncCopy:
 
     def _wait(self, kind: str) -> None:
         sem = self.send_sem if kind == "send" else self.sem
-        _bind(copy_wait_p, [self.src, self.dst, sem], [], "async_copy.wait", kind=kind)
+        # Remote waits carry the device ids too: backends name the peer when they wait.
+        _bind(copy_wait_p, [self.src, self.dst, sem], self._device_ids(), "async_copy.wait",
+              kind=kind, device_id_type=self.device_id_type)
 
 
 def make_async_copy(src: Any, dst: Any, sem: Any) -> AsyncCopy:
@@ -196,7 +204,8 @@ def _copy_start_discharge(in_avals: Any, out_avals: Any, *args: Any, tree: Any,
 
 
 def _copy_wait_discharge(in_avals: Any, out_avals: Any, *args: Any, tree: Any,
-                         roles: tuple[int, ...], kind: str) -> Any:
+                         roles: tuple[int, ...], kind: str,
+                         device_id_type: DeviceIdType) -> Any:
     state = _Roles(args, tree, roles)
     count = state.read(_SEM)
     semantics.check_wait(count, 1, f"the {kind} semaphore of an async copy")

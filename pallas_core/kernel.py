@@ -102,8 +102,14 @@ def core_map(
 
         with prims.kernel_trace_context(prims.KernelTraceContext(mesh.axis_sizes,
                                                                  mesh.axis_names)):
-            jaxpr, _, consts = _jax.trace_to_jaxpr(flat, [], name=name or fn.__name__,
-                                                   axis_sizes=axis_sizes)
+            try:
+                jaxpr, _, consts = _jax.trace_to_jaxpr(flat, [], name=name or fn.__name__,
+                                                       axis_sizes=axis_sizes)
+            except prims.BarrierSemaphoreNeeded:
+                raise UnsupportedError(
+                    f"pl.core_map body {fn.__name__!r} uses the barrier semaphore, which only "
+                    "pl.kernel and pl.pallas_call provide. Fix: write the body as a pl.kernel."
+                ) from None
         is_ref = [isinstance(_jax.typeof(c), _jax.AbstractRef) for c in consts]
         refs = [c for c, r in zip(consts, is_ref) if r]
         if not refs:
@@ -138,6 +144,9 @@ def _mesh_call(fn: Callable[..., None], out: Any, mesh: Mesh, args: Any, *,
 
     return pallas_call(
         fn, out, grid=mesh.axis_sizes, in_specs=whole(tuple(args)), out_specs=whole(out),
-        name=name or fn.__name__, backend=backend or mesh.backend,
+        name=name or fn.__name__,
+        # The mesh names its backend unless the call chose one (compiler params select too).
+        backend=backend or (None if kwargs.get("compiler_params") is not None
+                            or kwargs.get("interpret") else mesh.backend),
         _grid_names=mesh.axis_names, **kwargs,
     )(*args)

@@ -45,6 +45,39 @@ def kernel_trace_context(ctx: KernelTraceContext) -> Iterator[None]:
         _TRACE_CONTEXT.reset(token)
 
 
+class BarrierSemaphoreNeeded(Exception):  # noqa: N818 - a signal to the tracer, not an error
+    """Raised by :func:`barrier_semaphore` on a first trace, which is then redone with the
+    barrier semaphore as a hidden last scratch operand."""
+
+
+_BARRIER: contextvars.ContextVar[Any] = contextvars.ContextVar("pallas_barrier_semaphore",
+                                                               default=None)
+
+
+@contextlib.contextmanager
+def barrier_semaphore_context(ref: Any) -> Iterator[None]:
+    """Makes ``ref`` what :func:`barrier_semaphore` returns while a kernel is traced."""
+    token = _BARRIER.set(ref)
+    try:
+        yield
+    finally:
+        _BARRIER.reset(token)
+
+
+def barrier_semaphore() -> Any:
+    """The kernel's barrier semaphore: an int32 semaphore Ref that other devices running the
+    same collective signal (``pl.semaphore_signal(sem, 1, device_id=...)``).
+
+    Backends expose it by name (``pltpu.get_barrier_semaphore()``). Kernels using it must be
+    waited back to zero before they end, and need a ``collective_id`` on TPU.
+    """
+    _current_grid("get_barrier_semaphore")
+    ref = _BARRIER.get()
+    if ref is None:
+        raise BarrierSemaphoreNeeded()
+    return ref
+
+
 def _current_grid(fn: str) -> tuple[int, ...]:
     ctx = _TRACE_CONTEXT.get()
     if ctx is None:
@@ -71,13 +104,45 @@ program_id_p = _jax.Primitive("program_id")
 program_id_p.def_abstract_eval(lambda *, axis: _jax.ShapedArray((), jnp.int32))
 
 
+_GRID_ENV: contextvars.ContextVar[tuple[tuple[Any, ...], tuple[int, ...]] | None] = (
+    contextvars.ContextVar("pallas_grid_env", default=None))
+
+
+@contextlib.contextmanager
+def grid_env(indices: Sequence[Any], sizes: Sequence[int]) -> Iterator[None]:
+    """Inside, ``program_id(d)`` is ``indices[d]`` and ``num_programs(d)`` is ``sizes[d]``.
+
+    For grids run by kernel code itself, such as a software pipeline's (``emit_pipeline``):
+    its body sees the pipeline's step, as it would see a ``pallas_call``'s.
+    """
+    token = _GRID_ENV.set((tuple(indices), tuple(int(s) for s in sizes)))
+    try:
+        yield
+    finally:
+        _GRID_ENV.reset(token)
+
+
+def _env_axis(fn: str, axis: int) -> tuple[tuple[Any, ...], tuple[int, ...]] | None:
+    env = _GRID_ENV.get()
+    if env is not None and (not isinstance(axis, int) or not 0 <= axis < len(env[1])):
+        raise PallasError(f"pl.{fn}(axis={axis!r}) inside a pipeline over the grid {env[1]}. "
+                          f"Fix: pass an axis in range({len(env[1])}).")
+    return env
+
+
 def program_id(axis: int) -> jax.Array:
     """The index of the current grid step along ``axis`` (an int32 scalar)."""
+    env = _env_axis("program_id", axis)
+    if env is not None:
+        return jnp.asarray(env[0][axis], jnp.int32)
     return program_id_p.bind(axis=_check_axis("program_id", axis))
 
 
 def num_programs(axis: int) -> int:
     """The size of the grid along ``axis``."""
+    env = _env_axis("num_programs", axis)
+    if env is not None:
+        return env[1][axis]
     return _current_grid("num_programs")[_check_axis("num_programs", axis)]
 
 

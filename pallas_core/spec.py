@@ -48,6 +48,9 @@ class MemorySpace:
 ANY = MemorySpace("any")
 """Wherever the backend keeps whole arrays (HBM on TPU, global memory on GPU); no blocking."""
 MemorySpace.ANY = ANY
+BARRIER_SEMAPHORE = MemorySpace("barrier_semaphore", zeroed=True)
+"""The kernel's barrier semaphore (``pltpu.get_barrier_semaphore()``): one int32 semaphore
+shared by the kernel instances of one collective, which other devices signal."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,11 +1,4 @@
-"""Shared test setup: eight host CPU devices for shard_map tests (before jax is imported)."""
-
-import os
-
-if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (
-        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-    ).strip()
+"""Test setup of tests/ (the eight host CPU devices are set up by the root conftest.py)."""
 
 import pathlib
 import sys

@@ -22,14 +22,20 @@ from pallas_mosaic_tpu.params import (
     PrefetchScalarGridSpec,
     SemaphoreType,
     TPUCompilerParams,
+    async_remote_copy,
     create_tensorcore_mesh,
+    get_barrier_semaphore,
     sync_copy,
 )
+from pallas_mosaic_tpu.pipeline import emit_pipeline
 from pallas_mosaic_tpu.plugin import __version__
+from pallas_mosaic_tpu.primitives import bitcast, prng_random_bits, prng_seed, roll
 
 CompilerParams = TPUCompilerParams
 
-__all__ = ["ANY", "ARBITRARY", "CORE_PARALLEL", "CompilerParams", "DMA_SEMAPHORE",
-           "GridDimensionSemantics", "HBM", "PARALLEL", "PrefetchScalarGridSpec", "SEMAPHORE",
-           "SMEM", "SemaphoreType", "TPUCompilerParams", "VMEM", "__version__", "async_copy",
-           "create_tensorcore_mesh", "make_async_copy", "make_async_remote_copy", "sync_copy"]
+__all__ = ["__version__", "ANY", "ARBITRARY", "async_copy", "async_remote_copy", "bitcast",
+           "CompilerParams", "CORE_PARALLEL", "create_tensorcore_mesh", "DMA_SEMAPHORE",
+           "emit_pipeline", "get_barrier_semaphore", "GridDimensionSemantics", "HBM",
+           "make_async_copy", "make_async_remote_copy", "PARALLEL", "PrefetchScalarGridSpec",
+           "prng_random_bits", "prng_seed", "roll", "SEMAPHORE", "SemaphoreType", "SMEM",
+           "sync_copy", "TPUCompilerParams", "VMEM"]

@@ -50,6 +50,13 @@ def serialize(module: ir.Module) -> bytes:
     return buf.getvalue()
 
 
+def has_communication(module: ir.Module) -> bool:
+    """Whether the kernel talks to other devices (remote DMAs or signals, barrier semaphore),
+    which the ``tpu_custom_call`` must declare."""
+    with module.context:
+        return bool(tpu.private_has_communication(module.operation)[0])
+
+
 def deserialize(body: bytes) -> ir.Module:
     """A serialised Mosaic module (base64 of the bytecode, or the bytecode) parsed and verified
     in a fresh context."""

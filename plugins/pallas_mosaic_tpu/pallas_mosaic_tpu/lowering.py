@@ -15,6 +15,8 @@ and reads/writes of whole blocks or static/dynamic slices of them. Anything else
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,10 +34,19 @@ from pallas_core.errors import PallasError, UnsupportedError
 from pallas_core.grid_mapping import BlockMapping
 from pallas_core.mlir_lowering import LoweringState
 from pallas_core.request import KernelCall
+from pallas_core.spec import BARRIER_SEMAPHORE
 from pallas_mosaic_tpu import ir as mir
 from pallas_mosaic_tpu.params import DMA_SEMAPHORE, SEMAPHORE, SMEM, TPUCompilerParams
 
-Lowering = LoweringState
+
+@dataclasses.dataclass
+class Lowering(LoweringState):
+    """Lowering state of one Mosaic kernel: also the ``shard_map`` mesh it runs under."""
+
+    mesh_axes: tuple[tuple[str, int], ...] = ()
+    """``(name, size)`` of the mesh axes, major to minor; device ids are linear over them."""
+
+
 Rule = mlir_lowering.Rule
 RULES = mlir_lowering.Rules()
 rule = RULES.rule
@@ -56,8 +67,12 @@ def _scratch_type(shape: Sequence[int], dtype: Any, space: Any) -> ir.Type:
     return mir.memref(shape, dtype, "smem" if space is SMEM else "vmem")
 
 
-def lower_kernel(call: KernelCall) -> tuple[ir.Module, str]:
-    """The Mosaic module of ``call`` (in a fresh context) and its kernel function's name."""
+def lower_kernel(call: KernelCall, mesh_axes: tuple[tuple[str, int], ...] = ()
+                 ) -> tuple[ir.Module, str]:
+    """The Mosaic module of ``call`` (in a fresh context) and its kernel function's name.
+
+    ``mesh_axes`` are the ``shard_map`` mesh axes the call runs under (for device ids).
+    """
     gm = call.grid_mapping
     name = "".join(c if c.isalnum() or c == "_" else "_" for c in call.name) or "kernel"
     n_pf = gm.num_scalar_prefetch
@@ -71,8 +86,10 @@ def lower_kernel(call: KernelCall) -> tuple[ir.Module, str]:
             space = _space(bm, k < n_pf)
             shape = bm.array_shape if space in ("smem", "any") else bm.ref_shape
             operand_types.append(mir.memref(shape, bm.dtype, space))
+        scratch = [a for a in gm.scratch_avals if a.memory_space is not BARRIER_SEMAPHORE]
+        barrier = len(scratch) < len(gm.scratch_avals)
         scratch_types = [_scratch_type(a.inner_aval.shape, a.inner_aval.dtype, a.memory_space)
-                         for a in gm.scratch_avals]
+                         for a in scratch]
         windows = []
         with ir.InsertionPoint(module.body):
             kernel = func.FuncOp(name, (grid_types + operand_types + scratch_types, []))
@@ -85,11 +102,14 @@ def lower_kernel(call: KernelCall) -> tuple[ir.Module, str]:
                     "transform_indices": ir.FlatSymbolRefAttr.get(f"transform_{j}"),
                     "window_bounds": ir.DenseI64ArrayAttr.get(list(bm.full_block_shape)),
                 }))
-        _set_attributes(kernel, call, windows)
+        _set_attributes(kernel, call, windows, len(scratch))
         entry = kernel.add_entry_block()
         with ir.InsertionPoint(entry):
             args = list(entry.arguments)
-            lowering = Lowering(call, "mosaic_tpu", args[:len(gm.grid)])
+            if barrier:  # the hidden last scratch operand is the kernel's barrier semaphore
+                args.append(tpu.GetBarrierSemaphoreOp(_scratch_type((), np.int32, SEMAPHORE))
+                            .result)
+            lowering = Lowering(call, "mosaic_tpu", args[:len(gm.grid)], mesh_axes=mesh_axes)
             lower_jaxpr(lowering, call.jaxpr.jaxpr, call.jaxpr.consts, args[len(gm.grid):])
             func.ReturnOp([])
         if not module.operation.verify():
@@ -102,13 +122,14 @@ def _transform(call: KernelCall, bm: BlockMapping, name: str, arg_types: list[ir
     fn = func.FuncOp(name, (arg_types, [i32] * len(bm.array_shape)))
     entry = fn.add_entry_block()
     with ir.InsertionPoint(entry):
-        lowering = Lowering(call, "mosaic_tpu", [])
+        lowering = Lowering(call, "mosaic_tpu")
         outs = lower_jaxpr(lowering, bm.index_map.jaxpr, bm.index_map.consts,
                            list(entry.arguments))
         func.ReturnOp([o if not isinstance(o, int) else mir.constant(o, np.int32) for o in outs])
 
 
-def _set_attributes(kernel: Any, call: KernelCall, windows: list[ir.Attribute]) -> None:
+def _set_attributes(kernel: Any, call: KernelCall, windows: list[ir.Attribute],
+                    num_scratch: int) -> None:
     gm = call.grid_mapping
     params = call.compiler_params
     semantics = list(getattr(params, "dimension_semantics", None) or ())
@@ -129,7 +150,7 @@ def _set_attributes(kernel: Any, call: KernelCall, windows: list[ir.Attribute]) 
         attrs["window_params"] = ir.ArrayAttr.get(windows)
     i64 = ir.IntegerType.get_signless(64)
     attrs["scalar_prefetch"] = ir.IntegerAttr.get(i64, gm.num_scalar_prefetch)
-    attrs["scratch_operands"] = ir.IntegerAttr.get(i64, len(gm.scratch_avals))
+    attrs["scratch_operands"] = ir.IntegerAttr.get(i64, num_scratch)
     attrs["tpu.core_type"] = ir.Attribute.parse("#tpu.core_type<tc>")
 
 
@@ -350,9 +371,18 @@ def _axis_index(lowering: Lowering, eqn: Any) -> ir.Value:
     gm = lowering.call.grid_mapping
     name = eqn.params["axis_name"]
     name = name[0] if isinstance(name, tuple) and len(name) == 1 else name
-    if not gm.grid_names or name not in gm.grid_names:
-        raise lowering.fail(f"lax.axis_index({name!r}) of an axis that is not the kernel mesh's")
-    return lowering.program_ids[gm.num_batch_axes + gm.grid_names.index(name)]
+    if gm.grid_names and name in gm.grid_names:
+        return lowering.program_ids[gm.num_batch_axes + gm.grid_names.index(name)]
+    names = [n for n, _ in lowering.mesh_axes]
+    if name not in names:
+        raise lowering.fail(f"lax.axis_index({name!r}) of an axis that is neither the kernel "
+                            f"mesh's nor one of the shard_map mesh axes {tuple(names)}")
+    # This device's coordinate along the axis, from its linear id over the mesh.
+    k = names.index(name)
+    minor = math.prod(size for _, size in lowering.mesh_axes[k + 1:])
+    device = tpu.DeviceIdOp().result
+    return arith.RemSIOp(arith.DivSIOp(device, mir.constant(minor, np.int32)).result,
+                         mir.constant(lowering.mesh_axes[k][1], np.int32)).result
 
 
 @rule(prims.multiple_of_p)
@@ -501,21 +531,57 @@ def _role_views(lowering: Lowering, eqn: Any, args: Sequence[Any]) -> list[ir.Va
     return [_view(lowering, args[r], t) for r, t in zip(roles, transforms)]
 
 
+def _device_id(lowering: Lowering, ids: Sequence[Any], id_type: prims.DeviceIdType
+               ) -> ir.Value:
+    """The linear (logical) id of the device that ``ids`` name, as the DMA engine wants it."""
+    ids = [i if isinstance(i, ir.Value) else mir.constant(i, np.int32) for i in ids]
+    if id_type is not prims.DeviceIdType.MESH:
+        return ids[0]
+    axes = lowering.mesh_axes
+    if not axes:
+        raise lowering.fail("a device id outside shard_map (run the kernel under shard_map)")
+    if len(ids) != len(axes):
+        raise PallasError(
+            f"kernel {lowering.call.name!r} ({lowering.location}): device_id has {len(ids)} "
+            f"coordinates but the shard_map mesh has axes {tuple(n for n, _ in axes)}. Fix: "
+            "give one coordinate per mesh axis, or DeviceIdType.LOGICAL with a single index.")
+    linear: ir.Value = mir.constant(0, np.int32)
+    for k, coord in enumerate(ids):
+        stride = math.prod(size for _, size in axes[k + 1:])
+        linear = arith.AddIOp(linear, arith.MulIOp(coord, mir.constant(stride, np.int32))
+                              .result).result
+    return linear
+
+
+def _copy_device_id(lowering: Lowering, eqn: Any, args: Sequence[Any]) -> ir.Value:
+    roles, tree = eqn.params["roles"], eqn.params["tree"]
+    return _device_id(lowering, args[max(roles) + 1 + tree.num_leaves:],
+                      eqn.params["device_id_type"])
+
+
 @rule(copies.copy_start_p)
 def _copy_start(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
-    if eqn.params["remote"]:
-        raise lowering.fail("remote copies")
-    src, dst, sem = _role_views(lowering, eqn, args)
-    tpu.EnqueueDMAOp(src, dst, target_semaphore=sem)
+    if not eqn.params["remote"]:
+        src, dst, sem = _role_views(lowering, eqn, args)
+        tpu.EnqueueDMAOp(src, dst, target_semaphore=sem)
+        return []
+    src, dst, recv_sem, send_sem = _role_views(lowering, eqn, args)
+    tpu.EnqueueDMAOp(src, dst, source_semaphore=send_sem, target_semaphore=recv_sem,
+                     device_id=_copy_device_id(lowering, eqn, args))
     return []
 
 
 @rule(copies.copy_wait_p)
 def _copy_wait(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
-    if eqn.params["kind"] != "local":
-        raise lowering.fail("waiting on a remote copy")
     src, dst, sem = _role_views(lowering, eqn, args)
-    tpu.WaitDMA2Op(sem, src, dst)
+    kind = eqn.params["kind"]
+    if kind == "local":
+        tpu.WaitDMA2Op(sem, src, dst)
+    elif kind == "recv":  # the data sent to this device has arrived
+        tpu.WaitDMA2Op(sem, src, dst, device_id=_copy_device_id(lowering, eqn, args))
+    else:  # this device's send has left: the DMA seen from the sender's side
+        here = mir.constant(0, np.int32)
+        tpu.WaitDMA2Op(sem, dst, src, device_id=here, core_id=here)
     return []
 
 
@@ -527,9 +593,10 @@ def _semaphore(lowering: Lowering, eqn: Any, args: Sequence[Any]) -> ir.Value:
 
 @rule(prims.semaphore_signal_p)
 def _semaphore_signal(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
-    if eqn.params["has_device_id"]:
-        raise lowering.fail("signalling a semaphore on another device")
-    tpu.SemaphoreSignalOp(_semaphore(lowering, eqn, args), args[1 + eqn.params["tree"].num_leaves])
+    n = 1 + eqn.params["tree"].num_leaves
+    device = (_device_id(lowering, args[n + 1:], eqn.params["device_id_type"])
+              if eqn.params["has_device_id"] else None)
+    tpu.SemaphoreSignalOp(_semaphore(lowering, eqn, args), args[n], device_id=device)
     return []
 
 

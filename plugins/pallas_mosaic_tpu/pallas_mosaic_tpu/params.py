@@ -66,6 +66,9 @@ class TPUCompilerParams(_CompilerParams):
     BACKEND: ClassVar[str] = NAME
     dimension_semantics: Sequence[Any] | None = None
     vmem_limit_bytes: int | None = None
+    collective_id: int | None = None
+    """Names the barrier semaphore of kernels that use ``get_barrier_semaphore`` (kernels
+    synchronising different groups of devices need different ids)."""
 
     def __post_init__(self) -> None:
         if self.dimension_semantics is not None:
@@ -78,6 +81,10 @@ class TPUCompilerParams(_CompilerParams):
                     "entry must be PARALLEL, ARBITRARY or CORE_PARALLEL (or their names). Fix: "
                     "e.g. dimension_semantics=(pltpu.PARALLEL, pltpu.ARBITRARY).") from e
             object.__setattr__(self, "dimension_semantics", sem)
+        cid = self.collective_id
+        if cid is not None and (not isinstance(cid, int) or cid < 0):
+            raise PallasError(f"CompilerParams(collective_id={cid!r}): expected a non-negative "
+                              "int. Fix: e.g. collective_id=0.")
         limit = self.vmem_limit_bytes
         if limit is not None and (not isinstance(limit, int) or limit <= 0):
             raise PallasError(f"CompilerParams(vmem_limit_bytes={limit!r}): expected a positive "
@@ -110,3 +117,27 @@ def sync_copy(src: Any, dst: Any) -> None:
     from pallas_core.primitives import run_scoped
 
     run_scoped(lambda sem: async_copy(src, dst, sem).wait(), SemaphoreType.DMA)
+
+
+def get_barrier_semaphore() -> Any:
+    """The kernel's barrier semaphore, which neighbouring devices signal to say they are ready
+    (``pl.semaphore_signal(sem, 1, device_id=...)``; then ``pl.semaphore_wait(sem, n)``).
+
+    Needs ``CompilerParams(collective_id=...)``; wait it back to zero before the kernel ends.
+    """
+    from pallas_core.primitives import barrier_semaphore
+
+    return barrier_semaphore()
+
+
+def async_remote_copy(src: Any, dst: Any, send_sem: Any, recv_sem: Any, device_id: Any,
+                      device_id_type: Any = None) -> Any:
+    """Starts copying ``src`` here into ``dst`` on device ``device_id``; returns the copy
+    (``.wait_send()``, ``.wait_recv()``, or ``.wait()`` for both)."""
+    from pallas_core.copies import make_async_remote_copy
+    from pallas_core.primitives import DeviceIdType
+
+    copy = make_async_remote_copy(src, dst, send_sem, recv_sem, device_id,
+                                  device_id_type or DeviceIdType.MESH)
+    copy.start()
+    return copy

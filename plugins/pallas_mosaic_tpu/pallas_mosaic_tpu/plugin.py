@@ -13,7 +13,7 @@ from pallas_core.plugins import BackendInfo
 from pallas_core.request import KernelCall, LoweringRequest
 from pallas_core.spec import ANY
 from pallas_mosaic_tpu import ir as mir
-from pallas_mosaic_tpu import lowering, validation
+from pallas_mosaic_tpu import lowering, primitives, validation
 from pallas_mosaic_tpu.params import (
     DMA_SEMAPHORE,
     HBM,
@@ -28,9 +28,14 @@ __version__ = "0.1.0"
 CUSTOM_CALL_TARGET = "tpu_custom_call"
 
 
-def backend_config(call: KernelCall, body: bytes) -> str:
+def backend_config(call: KernelCall, body: bytes, has_communication: bool = False) -> str:
     """The JSON configuration of the ``tpu_custom_call`` (key order as TPU runtimes expect)."""
     config: dict[str, Any] = {"body": base64.b64encode(body).decode("ascii")}
+    params = call.compiler_params
+    if has_communication:
+        config["has_communication"] = True
+    if isinstance(params, TPUCompilerParams) and params.collective_id is not None:
+        config["collective_id"] = params.collective_id
     if call.cost_estimate is not None:
         ce = call.cost_estimate
         config["cost_estimate"] = {"bytes_accessed": ce.bytes_accessed, "flops": ce.flops,
@@ -39,7 +44,6 @@ def backend_config(call: KernelCall, body: bytes) -> str:
     config["serialization_format"] = 1
     config["needs_layout_passes"] = True
     full: dict[str, Any] = {"custom_call_config": config}
-    params = call.compiler_params
     if isinstance(params, TPUCompilerParams) and params.vmem_limit_bytes is not None:
         full["scoped_memory_configs"] = [
             {"memory_space": 1, "offset": 0, "size": params.vmem_limit_bytes}]
@@ -59,6 +63,11 @@ def pallas_memory_spaces() -> Any:
 
 
 @hookimpl
+def pallas_primitives() -> Any:
+    return primitives.SEMANTICS
+
+
+@hookimpl
 def pallas_validate(call: KernelCall, backend: str) -> None:
     if backend == NAME:
         validation.check(call)
@@ -69,10 +78,11 @@ def pallas_lower(request: LoweringRequest) -> Any:
     if request.backend != NAME:
         return None
     call = request.call
-    module, name = lowering.lower_kernel(call)
+    module, name = lowering.lower_kernel(call, _jax.manual_axes(request.ctx))
     return _jax.emit_custom_call(
         request.ctx, CUSTOM_CALL_TARGET, request.operands, call.out_avals,
-        backend_config=backend_config(call, mir.serialize(module)), api_version=1,
+        backend_config=backend_config(call, mir.serialize(module),
+                                      mir.has_communication(module)), api_version=1,
         extra_attributes={"kernel_name": name},
         operand_output_aliases=dict(call.input_output_aliases) or None)
 

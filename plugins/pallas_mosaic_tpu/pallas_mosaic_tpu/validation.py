@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from pallas_core import reference
-from pallas_core.errors import BlockSpecError, UnsupportedError
+from pallas_core.errors import BlockSpecError, PallasError, UnsupportedError
 from pallas_core.request import KernelCall
+from pallas_core.spec import BARRIER_SEMAPHORE
 
 SUBLANES, LANES = 8, 128
 
@@ -39,6 +40,13 @@ def check(call: KernelCall) -> None:
         if np.dtype(bm.dtype).itemsize == 8:
             raise UnsupportedError(f"{where}: {bm.origin} has 64-bit dtype {bm.dtype}, which "
                                    "TPUs do not support. Fix: use 32-bit types.")
+    params = call.compiler_params
+    if any(a.memory_space is BARRIER_SEMAPHORE for a in gm.scratch_avals) and getattr(
+            params, "collective_id", None) is None:
+        raise PallasError(
+            f"{where} uses the barrier semaphore (pltpu.get_barrier_semaphore()) but gives no "
+            "collective_id. Fix: pass compiler_params=pltpu.CompilerParams(collective_id=0) "
+            "(a different id for kernels that synchronise different groups of devices).")
     plugin_prims = reference.registered_primitives()
     eqn = reference.find_eqn(call.jaxpr.jaxpr, plugin_prims - _lowered())
     if eqn is not None:

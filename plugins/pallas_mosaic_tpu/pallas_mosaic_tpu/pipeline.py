@@ -1,0 +1,291 @@
+"""Software pipelines written inside a kernel: ``pltpu.emit_pipeline``.
+
+A kernel that holds whole arrays in HBM (``memory_space=pl.ANY``, or any ``pl.kernel``) runs an
+inner grid over blocks of them, as ``pallas_call`` would, with the copies made by the kernel:
+
+* every input has two VMEM buffers: while the body works on step ``s``'s block in one, the DMA
+  engine fetches step ``s + 1``'s block into the other;
+* every output has two VMEM buffers: the body writes the current block, which stays in VMEM for
+  as long as the output's block index does not change (so a body may accumulate over a
+  reduction axis), and is written back to HBM when it changes or the grid ends, while the body
+  goes on in the other buffer;
+* inside the body, ``pl.program_id``/``pl.num_programs`` are the pipeline's step and grid.
+
+Everything is built from the core's primitives (``run_scoped``, ``fori_loop``, ``when``, async
+copies on DMA semaphores), so the interpreter runs pipelines with the DMA semantics the Mosaic
+lowering gives them, and no rule of the lowering is specific to pipelines.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from pallas_core import _jax
+from pallas_core import primitives as prims
+from pallas_core.copies import make_async_copy
+from pallas_core.errors import BlockSpecError, PallasError, UnsupportedError
+from pallas_core.spec import BlockSpec, Squeezed
+from pallas_mosaic_tpu.params import PARALLEL, VMEM, GridDimensionSemantics, SemaphoreType
+
+_SUBLANES, _LANES = 8, 128
+
+
+class _Operand:
+    """One HBM operand of the pipeline: its spec, array shape and block geometry."""
+
+    def __init__(self, ref: Any, spec: Any, grid: tuple[int, ...], origin: str) -> None:
+        aval = _jax.shape_after_transforms(*_ref_aval(ref))
+        self.ref, self.origin = ref, origin
+        self.shape, self.dtype = tuple(aval.shape), aval.dtype
+        if spec is None or spec.block_shape is None:
+            spec = BlockSpec(self.shape, lambda *_: (0,) * len(self.shape))
+        if not isinstance(spec, BlockSpec):
+            raise BlockSpecError(f"emit_pipeline {origin}: expected a pl.BlockSpec, found "
+                                 f"{spec!r}.")
+        block: tuple[Any, ...] = tuple(spec.block_shape or ())
+        if len(block) != len(self.shape):
+            raise BlockSpecError(
+                f"emit_pipeline {origin}: block shape {block} has {len(block)} dimensions but "
+                f"the Ref has shape {self.shape}. Fix: give one block size per dimension.")
+        self.squeezed = [b is None or isinstance(b, Squeezed) for b in block]
+        self.block = tuple(1 if sq else int(b) for sq, b in zip(self.squeezed, block))
+        for d, (b, n) in enumerate(zip(self.block, self.shape)):
+            if n % b:
+                raise UnsupportedError(
+                    f"emit_pipeline {origin}: block {self.block} does not divide the Ref's shape "
+                    f"{self.shape} (dimension {d}); partial edge blocks are not supported in "
+                    "pipelines. Fix: choose block sizes that divide the array, or pad it.")
+        kept = [b for b, sq in zip(self.block, self.squeezed) if not sq]
+        if len(kept) >= 2:
+            rows, cols = kept[-2], kept[-1]
+            shape_rows, shape_cols = [n for n, sq in zip(self.shape, self.squeezed) if not sq][-2:]
+            if not ((rows % _SUBLANES == 0 or rows == shape_rows)
+                    and (cols % _LANES == 0 or cols == shape_cols)):
+                raise BlockSpecError(
+                    f"emit_pipeline {origin}: block {self.block} of a Ref of shape "
+                    f"{self.shape}: on a TPU the last two block dimensions must be divisible "
+                    f"by ({_SUBLANES}, {_LANES}) or equal the Ref's. Fix: use multiples of "
+                    f"({_SUBLANES}, {_LANES}).")
+        self.buffer_shape = tuple(kept)
+        self.index_map: Callable[..., Any] = spec.index_map or (
+            lambda *_: (0,) * len(self.shape))
+        self.grid = grid
+
+    def block_indices(self, indices: Sequence[Any]) -> tuple[Any, ...]:
+        out = self.index_map(*indices)
+        out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+        if len(out) != len(self.shape):
+            raise BlockSpecError(
+                f"emit_pipeline {self.origin}: the index map returned {len(out)} indices for a "
+                f"Ref of rank {len(self.shape)}. Fix: return one block index per dimension.")
+        return tuple(jnp.asarray(i, jnp.int32) for i in out)
+
+    def window(self, block_indices: Sequence[Any]) -> Any:
+        """The HBM view of one block."""
+        idx = tuple(i * b if sq else _jax.ds(i * b, b) for i, b, sq in
+                    zip(block_indices, self.block, self.squeezed))
+        return self.ref.at[idx]
+
+
+def _ref_aval(ref: Any) -> tuple[Any, Any]:
+    base, transforms = prims._ref_and_transforms(ref, None, "emit_pipeline")
+    return _jax.ref_type_of(base), transforms
+
+
+def _unravel(step: Any, grid: tuple[int, ...]) -> tuple[Any, ...]:
+    out = []
+    for d in range(len(grid)):
+        minor = math.prod(grid[d + 1:])
+        out.append(lax.rem(lax.div(step, jnp.int32(minor)), jnp.int32(grid[d])))
+    return tuple(out)
+
+
+def _changed(a: Sequence[Any], b: Sequence[Any]) -> Any:
+    out = jnp.bool_(False)
+    for x, y in zip(a, b):
+        out = out | (x != y)
+    return out
+
+
+def _partition(grid: tuple[int, ...], core_axis_name: Any,
+               semantics: Sequence[Any] | None) -> tuple[tuple[int, ...], tuple[Any, ...]]:
+    """The part of the grid this core runs, and its offsets, when split over cores."""
+    zeros: tuple[Any, ...] = (0,) * len(grid)
+    if core_axis_name is None:
+        return grid, zeros
+    names = core_axis_name if isinstance(core_axis_name, tuple) else (core_axis_name,)
+    num_cores, core = 1, jnp.int32(0)
+    for name in names:
+        size = lax.axis_size(name)
+        core = core * size + lax.axis_index(name)
+        num_cores *= size
+    if num_cores == 1:
+        return grid, zeros
+    sem = [GridDimensionSemantics(getattr(s, "value", s)) for s in (semantics or ())]
+    if len(sem) != len(grid):
+        raise PallasError(
+            f"emit_pipeline over {num_cores} cores needs dimension_semantics, one per grid "
+            f"axis of {grid}, to know which axis to split. Fix: e.g. "
+            "dimension_semantics=(pltpu.PARALLEL, pltpu.ARBITRARY).")
+    for d, (n, s) in enumerate(zip(grid, sem)):
+        if s is PARALLEL and n % num_cores == 0:
+            part = n // num_cores
+            return (*grid[:d], part, *grid[d + 1:]), (*zeros[:d], core * part, *zeros[d + 1:])
+    raise PallasError(
+        f"emit_pipeline: no PARALLEL axis of the grid {grid} divides over {num_cores} cores. "
+        "Fix: mark an axis whose size is a multiple of the core count PARALLEL.")
+
+
+def emit_pipeline(
+    body: Callable[..., None],
+    *,
+    grid: Sequence[int],
+    in_specs: Any = (),
+    out_specs: Any = (),
+    core_axis_name: str | tuple[str, ...] | None = None,
+    dimension_semantics: Sequence[Any] | None = None,
+    tiling: Any = None,
+    core_axis: Any = None,
+    trace_scopes: bool = True,
+    no_pipelining: bool = False,
+) -> Callable[..., None]:
+    """A function of HBM Refs that runs ``body`` over ``grid`` on VMEM blocks of them.
+
+    ``body(*in_block_refs, *out_block_refs)`` (then ``scratches``) is called once per step
+    with the blocks the specs select, as a ``pallas_call`` kernel would be. With
+    ``core_axis_name`` the grid is split between the cores of a ``pl.kernel`` mesh along the
+    first ``PARALLEL`` axis that divides evenly. ``no_pipelining=True`` makes every copy
+    synchronous (for debugging).
+    """
+    if tiling is not None or core_axis is not None:
+        raise UnsupportedError("emit_pipeline(tiling=..., core_axis=...) is not supported. Fix: "
+                               "leave them unset (use core_axis_name to split over cores).")
+    del trace_scopes
+    full_grid = tuple(int(g) for g in grid)
+    if any(g <= 0 for g in full_grid):
+        raise PallasError(f"emit_pipeline(grid={full_grid}): every grid size must be positive.")
+
+    def pipeline(*refs: Any, scratches: Sequence[Any] = (), allocations: Any = None,
+                 body_prologue: Any = None) -> None:
+        if allocations is not None or body_prologue is not None:
+            raise UnsupportedError("emit_pipeline's pipeline(allocations=..., body_prologue=...) "
+                                   "is not supported. Fix: let the pipeline allocate.")
+        flat_in, in_tree = jax.tree_util.tree_flatten(in_specs, is_leaf=_is_spec)
+        flat_out, out_tree = jax.tree_util.tree_flatten(out_specs, is_leaf=_is_spec)
+        flat_refs = jax.tree_util.tree_leaves(refs, is_leaf=_is_ref)
+        if len(flat_refs) != len(flat_in) + len(flat_out):
+            raise PallasError(
+                f"emit_pipeline: {len(flat_in)} in_specs and {len(flat_out)} out_specs but "
+                f"{len(flat_refs)} Refs were passed. Fix: pass the input Refs, then the output "
+                "Refs, one per spec.")
+        sub_grid, offsets = _partition(full_grid, core_axis_name, dimension_semantics)
+        ins = [_Operand(r, s, sub_grid, f"input {i}")
+               for i, (r, s) in enumerate(zip(flat_refs, flat_in))]
+        outs = [_Operand(r, s, sub_grid, f"output {i}")
+                for i, (r, s) in enumerate(zip(flat_refs[len(ins):], flat_out))]
+        buffers = [VMEM((2, *o.buffer_shape), o.dtype) for o in (*ins, *outs)]
+        sems = [SemaphoreType.DMA((2,)) for _ in (*ins, *outs)]
+        prims.run_scoped(
+            lambda bufs, sem_refs: _run(body, sub_grid, offsets, ins, outs, bufs, sem_refs,
+                                        (in_tree, out_tree), scratches, no_pipelining),
+            buffers, sems)
+
+    return pipeline
+
+
+def _spread(tree: Any, views: Sequence[Any]) -> list[Any]:
+    """The body's arguments for one side: the specs' structure, a single spec as one Ref."""
+    out = jax.tree_util.tree_unflatten(tree, views)
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def _is_spec(x: Any) -> bool:
+    return x is None or isinstance(x, BlockSpec)
+
+
+def _is_ref(x: Any) -> bool:
+    return hasattr(x, "at") and hasattr(x, "shape")
+
+
+def _run(body: Callable[..., None], grid: tuple[int, ...], offsets: tuple[Any, ...],
+         ins: list[_Operand], outs: list[_Operand], bufs: Sequence[Any], sems: Sequence[Any],
+         trees: tuple[Any, Any], scratches: Sequence[Any], no_pipelining: bool) -> None:
+    in_bufs, out_bufs = bufs[:len(ins)], bufs[len(ins):]
+    in_sems, out_sems = sems[:len(ins)], sems[len(ins):]
+    steps = math.prod(grid)
+
+    def indices(step: Any) -> tuple[Any, ...]:
+        return tuple(i + o for i, o in zip(_unravel(step, grid), offsets))
+
+    def fetch(k: int, idx: Sequence[Any], slot: Any) -> Any:
+        op = ins[k]
+        return make_async_copy(op.window(op.block_indices(idx)), in_bufs[k].at[slot],
+                               in_sems[k].at[slot])
+
+    def write_back(k: int, block_idx: Sequence[Any], slot: Any) -> Any:
+        op = outs[k]
+        return make_async_copy(out_bufs[k].at[slot], op.window(block_idx), out_sems[k].at[slot])
+
+    if not no_pipelining:
+        first = indices(jnp.int32(0))
+        for k in range(len(ins)):
+            fetch(k, first, 0).start()
+
+    def step_fn(step: Any, carry: Any) -> Any:
+        slot = lax.rem(step, jnp.int32(2))
+        idx, nxt = indices(step), indices(jnp.minimum(step + 1, steps - 1))
+        if no_pipelining:  # every copy synchronous
+            for k in range(len(ins)):
+                copy = fetch(k, idx, slot)
+                copy.start()
+                copy.wait()
+        else:  # this step's blocks have arrived; start fetching the next step's
+            for k in range(len(ins)):
+                fetch(k, idx, slot).wait()
+
+            @prims.when(step + 1 < steps)
+            def _() -> None:
+                for k in range(len(ins)):
+                    fetch(k, nxt, 1 - slot).start()
+
+        in_views = [b.at[slot] for b in in_bufs]
+        out_slots, pending, pending_idx = carry
+        out_views = [b.at[s] for b, s in zip(out_bufs, out_slots)]
+        with prims.grid_env(idx, grid):
+            body(*_spread(trees[0], in_views), *_spread(trees[1], out_views), *scratches)
+        new_slots, new_pending, new_idx = [], [], []
+        for k, op in enumerate(outs):
+            here, there = op.block_indices(idx), op.block_indices(nxt)
+            leaving = _changed(here, there) | (step == steps - 1)
+            s, other = out_slots[k], 1 - out_slots[k]
+
+            @prims.when(leaving)
+            def _(k: int = k, s: Any = s, other: Any = other, here: Any = here) -> None:
+                # The other buffer's write-back must be done before the body writes into it.
+                @prims.when(pending[k])
+                def _() -> None:
+                    write_back(k, pending_idx[k], other).wait()
+
+                copy = write_back(k, here, s)
+                copy.start()
+                if no_pipelining:
+                    copy.wait()
+
+            new_slots.append(jnp.where(leaving, other, s))
+            new_pending.append(jnp.where(leaving, not no_pipelining, pending[k]))
+            new_idx.append(tuple(jnp.where(leaving, h, p) for h, p in zip(here, pending_idx[k])))
+        return new_slots, new_pending, new_idx
+
+    init = ([jnp.int32(0)] * len(outs), [jnp.bool_(False)] * len(outs),
+            [tuple(jnp.int32(0) for _ in op.shape) for op in outs])
+    slots, _, pending_idx = lax.fori_loop(0, steps, step_fn, init)
+    # The last write-back of every output is still in flight (the ones before were waited).
+    if not no_pipelining:
+        for k in range(len(outs)):
+            write_back(k, pending_idx[k], 1 - slots[k]).wait()
