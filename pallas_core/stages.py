@@ -27,6 +27,27 @@ class KernelStages:
         return self.stages[stage]
 
 
+class _LazyStages(Mapping[str, "str | bytes"]):
+    """Stage name -> text; a stage given as a function is produced on first access."""
+
+    def __init__(self, stages: Mapping[str, Any]) -> None:
+        self._stages = dict(stages)
+
+    def __getitem__(self, stage: str) -> str | bytes:
+        value = self._stages[stage]
+        if callable(value):
+            value = self._stages[stage] = value()
+        return value  # type: ignore[no-any-return]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._stages)
+
+    def __len__(self) -> int:
+        return len(self._stages)
+
+    def __repr__(self) -> str:
+        return f"stages({', '.join(self._stages)})"
+
 
 def kernel_calls(jaxpr: Any) -> Iterator[KernelCall]:
     """Every ``pallas_call`` in ``jaxpr``, nested jaxprs included, in program order."""
@@ -43,10 +64,21 @@ def stages(fn: Callable[..., Any], *args: Any, backend: str | None = None,
     """Named stages of every ``pallas_call`` reached by ``fn(*args)``, without running it.
 
     Each kernel is compiled by ``backend`` (default: the one chosen in the program, else the
-    default for this machine's platform). ``target`` is backend-specific (e.g. ``"sm_90"``).
+    default for this machine's platform). ``target`` is backend-specific (e.g. ``"sm_90"``, or
+    a TPU generation such as ``"v5e"``). Every kernel has ``"jaxpr"``, then ``"stablehlo"`` (the
+    whole program lowered for the backend's platform, which carries the kernel's custom call;
+    made when first read), then its backend's stages.
     """
     closed = jax.make_jaxpr(lambda *a: fn(*a, **kwargs))(*args)
     chosen = resolve_backend(backend, None, False) if backend is not None else None
+    programs: dict[str, str] = {}
+
+    def stablehlo(platform: str) -> str:
+        if platform not in programs:
+            traced = jax.jit(lambda *a: fn(*a, **kwargs)).trace(*args)
+            programs[platform] = traced.lower(lowering_platforms=(platform,)).as_text()
+        return programs[platform]
+
     result = []
     for call in kernel_calls(closed.jaxpr):
         name = (chosen or call.backend
@@ -58,5 +90,7 @@ def stages(fn: Callable[..., Any], *args: Any, backend: str | None = None,
                 f"backend {name!r} does not report compilation stages (its plugin has no "
                 "`pallas_stages` hook)."
             )
-        result.append(KernelStages(call.name, name, {"jaxpr": str(call.jaxpr), **found}))
+        platform = manager.get(name).info.platforms[0]
+        result.append(KernelStages(call.name, name, _LazyStages({
+            "jaxpr": str(call.jaxpr), "stablehlo": lambda p=platform: stablehlo(p), **found})))
     return result

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pallas_core import _jax
+from pallas_core.errors import PallasError
 from pallas_core.hookspecs import hookimpl
 from pallas_core.plugins import BackendInfo
 from pallas_core.request import KernelCall, LoweringRequest
@@ -26,6 +27,9 @@ from pallas_mosaic_tpu.params import (
 
 __version__ = "0.1.0"
 CUSTOM_CALL_TARGET = "tpu_custom_call"
+CHIPS = {"v4": "TPU v4", "v5e": "TPU v5 lite", "v5p": "TPU v5p", "v6e": "TPU v6 lite",
+         "v7x": "TPU7x"}
+"""TPU generations ``pl.stages(..., target=...)`` accepts, with their JAX device kinds."""
 
 
 def backend_config(call: KernelCall, body: bytes, has_communication: bool = False) -> str:
@@ -91,5 +95,11 @@ def pallas_lower(request: LoweringRequest) -> Any:
 def pallas_stages(call: KernelCall, backend: str, target: str | None) -> Mapping[str, Any] | None:
     if backend != NAME:
         return None
+    if target is not None and target not in CHIPS and target not in CHIPS.values():
+        raise PallasError(
+            f"pl.stages(backend='mosaic_tpu', target={target!r}): unknown TPU generation. Fix: "
+            f"use one of {sorted(CHIPS)} (or a device kind such as 'TPU v5 lite').")
+    # The Mosaic module does not depend on the chip: the TPU runtime's Mosaic compiler
+    # specialises it for the device it runs on, so no TPU is needed here.
     module, _ = lowering.lower_kernel(call)
     return {"mosaic": lowering.module_text(module)}

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
 
 from pallas_core import reference
 from pallas_core.errors import BlockSpecError, PallasError, UnsupportedError
+from pallas_core.primitives import run_scoped_p
 from pallas_core.request import KernelCall
 from pallas_core.spec import BARRIER_SEMAPHORE
+from pallas_mosaic_tpu.params import SMEM, VMEM
 
 SUBLANES, LANES = 8, 128
 
@@ -37,10 +42,12 @@ def check(call: KernelCall) -> None:
                 f"{where}: {bm.origin} has 1-D block {block} for an array of shape {shape}; a "
                 f"1-D block on a TPU must equal the array or be a multiple of "
                 f"{LANES * SUBLANES}. Fix: use block ({LANES * SUBLANES},) or reshape to 2-D.")
-        if np.dtype(bm.dtype).itemsize == 8:
-            raise UnsupportedError(f"{where}: {bm.origin} has 64-bit dtype {bm.dtype}, which "
-                                   "TPUs do not support. Fix: use 32-bit types.")
+    for bm in gm.block_mappings:
+        _check_dtype(bm.dtype, f"{where}: {bm.origin}")
+    for k, a in enumerate(gm.scratch_avals):
+        _check_dtype(a.inner_aval.dtype, f"{where}: scratch {k}")
     params = call.compiler_params
+    _check_vmem(call, where)
     if any(a.memory_space is BARRIER_SEMAPHORE for a in gm.scratch_avals) and getattr(
             params, "collective_id", None) is None:
         raise PallasError(
@@ -60,3 +67,88 @@ def _lowered() -> frozenset[object]:
     from pallas_mosaic_tpu.lowering import RULES
 
     return frozenset(RULES)
+
+
+def _check_dtype(dtype: Any, what: str) -> None:
+    dt = np.dtype(dtype)
+    if dt.kind == "c" or dt.itemsize == 8:
+        raise UnsupportedError(
+            f"{what} has dtype {dt}, which TPU kernels do not support (no 64-bit or complex "
+            "types in Mosaic). Fix: use 32-bit types (float32/int32), or split complex values "
+            "into real and imaginary float32 arrays.")
+
+
+DEFAULT_VMEM_LIMIT = 16 * 2**20
+"""The scoped VMEM a kernel gets unless ``CompilerParams(vmem_limit_bytes=...)`` says more
+(the smallest default among TPU generations)."""
+MAX_VMEM = 128 * 2**20
+"""The largest VMEM of any TPU generation (v5e, v6e)."""
+
+
+def vmem_bytes(shape: Sequence[int], dtype: Any) -> int:
+    """Bytes of a VMEM buffer, its last two dimensions padded to the (8, 128) tiles (with the
+    sublane count scaled for packed types: 16 rows for bfloat16, 32 for int8)."""
+    dt = np.dtype(dtype)
+    itemsize = max(dt.itemsize, 1)
+    dims = list(shape)
+    if len(dims) >= 2:
+        rows = SUBLANES * max(1, 4 // itemsize)
+        dims[-2] = -(-dims[-2] // rows) * rows
+    if dims:
+        dims[-1] = -(-dims[-1] // LANES) * LANES
+    return int(np.prod(dims, dtype=np.int64)) * itemsize
+
+
+def _scoped_peak(jaxpr: Any) -> int:
+    """The most VMEM that ``pl.run_scoped`` regions of ``jaxpr`` hold at once."""
+    peak = 0
+    for eqn in jaxpr.eqns:
+        here = 0
+        if eqn.primitive is run_scoped_p:
+            here = sum(vmem_bytes(t.shape, t.dtype) for t in eqn.params["scoped"]
+                       if t.memory_space is VMEM)
+        inner = max((_scoped_peak(sub) for sub in reference.sub_jaxprs(eqn.params)), default=0)
+        peak = max(peak, here + inner)
+    return peak
+
+
+def _check_vmem(call: KernelCall, where: str) -> None:
+    """The VMEM the kernel needs (double-buffered blocks, scratch, scoped buffers) must fit."""
+    gm = call.grid_mapping
+    parts: list[tuple[str, int]] = []
+    for k, bm in enumerate(gm.block_mappings):
+        if k < gm.num_scalar_prefetch or bm.is_whole_array or bm.memory_space is SMEM:
+            continue
+        parts.append((f"{bm.origin} (2 x block {bm.ref_shape})",
+                      2 * vmem_bytes(bm.ref_shape, bm.dtype)))
+    for k, a in enumerate(gm.scratch_avals):
+        if a.memory_space is VMEM:
+            parts.append((f"scratch {k} {tuple(a.inner_aval.shape)}",
+                          vmem_bytes(a.inner_aval.shape, a.inner_aval.dtype)))
+    scoped = _scoped_peak(call.jaxpr.jaxpr)
+    if scoped:
+        parts.append(("pl.run_scoped buffers", scoped))
+    total = sum(b for _, b in parts)
+    params = call.compiler_params
+    limit = getattr(params, "vmem_limit_bytes", None)
+    if limit is not None and limit > MAX_VMEM:
+        raise PallasError(
+            f"{where}: vmem_limit_bytes={limit} is more than any TPU's VMEM ({MAX_VMEM} bytes). "
+            f"Fix: use at most {MAX_VMEM}.")
+    if total <= (limit or DEFAULT_VMEM_LIMIT):
+        return
+    largest = ", ".join(f"{name}: {b / 2**20:.2f} MiB"
+                        for name, b in sorted(parts, key=lambda p: -p[1])[:3])
+    if limit is None and total <= MAX_VMEM:
+        fix = (f"pass compiler_params=pltpu.CompilerParams(vmem_limit_bytes={_round_up(total)}) "
+               "if the chip has that much VMEM, or use smaller blocks")
+    else:
+        fix = "use smaller blocks (fewer rows per block), or keep large arrays in pl.ANY"
+    raise PallasError(
+        f"{where} needs {total / 2**20:.2f} MiB of VMEM (inputs and outputs are double-"
+        f"buffered; largest: {largest}) but may use {(limit or DEFAULT_VMEM_LIMIT) / 2**20:.2f} "
+        f"MiB. Fix: {fix}.")
+
+
+def _round_up(n: int) -> int:
+    return -(-n // 2**20) * 2**20

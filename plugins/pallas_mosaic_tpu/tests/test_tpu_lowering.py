@@ -349,3 +349,22 @@ def test_barrier_semaphore_needs_a_collective_id() -> None:
     call = pl.pallas_call(kernel, jax.ShapeDtypeStruct((8, 128), F32), backend="mosaic_tpu")
     with pytest.raises(pl.PallasError, match=r"collective_id.*Fix: pass compiler_params="):
         jax.jit(call).trace(jnp.ones((8, 128), F32)).lower(lowering_platforms=("tpu",))
+
+
+@pytest.mark.parametrize("target", [None, "v5e", "v6e", "TPU v4"])
+def test_stages_give_the_mosaic_module_and_the_stablehlo(target: str | None) -> None:
+    build, args = CASES["matmul_3d_bf16"]
+    (stages,) = pl.stages(build(pl), *args, backend="mosaic_tpu", target=target)
+    assert list(stages.stages) == ["jaxpr", "stablehlo", "mosaic"]
+    assert "stablehlo.custom_call @tpu_custom_call" in stages["stablehlo"]
+    mosaic = stages["mosaic"]
+    assert "tpu.matmul" in mosaic and "iteration_bounds = array<i64: 2, 2, 2>" in mosaic
+    # The StableHLO carries the same kernel (decoded from its custom call).
+    ((_, module),) = inspection.kernels(str(stages["stablehlo"]))
+    assert inspection.summary(module)["iteration_bounds"] == (2, 2, 2)
+
+
+def test_stages_refuse_an_unknown_chip() -> None:
+    build, args = CASES["blocked_add"]
+    with pytest.raises(pl.PallasError, match=r"unknown TPU generation.*Fix: use one of"):
+        pl.stages(build(pl), *args, backend="mosaic_tpu", target="v99")

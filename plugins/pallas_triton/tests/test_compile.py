@@ -177,8 +177,10 @@ def test_lowers_for_cuda_into_xla_triton_call(name: str) -> None:
 def test_compiles_to_cubin(name: str, target: str) -> None:
     fn, make_args = CASES[name]
     for stages in pl.stages(fn, *make_args(), backend="triton", target=target):
-        assert list(stages.stages) == ["jaxpr", "ttir", "ttgir", "llir", "ptx", "cubin"]
+        assert list(stages.stages) == ["jaxpr", "stablehlo", "ttir", "ttgir", "llir", "ptx",
+                                       "cubin"]
         assert "tt.func" in stages["ttir"]
+        assert "__gpu$xla.gpu.triton" in stages["stablehlo"]
         assert f".target {target}" in stages["ptx"]
         assert isinstance(stages["cubin"], bytes) and len(stages["cubin"]) > 0
 
