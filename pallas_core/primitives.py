@@ -36,13 +36,17 @@ _TRACE_CONTEXT: contextvars.ContextVar[KernelTraceContext | None] = contextvars.
 
 
 @contextlib.contextmanager
-def kernel_trace_context(ctx: KernelTraceContext) -> Iterator[None]:
-    """Makes ``ctx`` the grid that ``program_id``/``num_programs`` refer to while tracing."""
-    token = _TRACE_CONTEXT.set(ctx)
+def _bound(var: contextvars.ContextVar[Any], value: Any) -> Iterator[None]:
+    token = var.set(value)
     try:
         yield
     finally:
-        _TRACE_CONTEXT.reset(token)
+        var.reset(token)
+
+
+def kernel_trace_context(ctx: KernelTraceContext) -> contextlib.AbstractContextManager[None]:
+    """Makes ``ctx`` the grid that ``program_id``/``num_programs`` refer to while tracing."""
+    return _bound(_TRACE_CONTEXT, ctx)
 
 
 class BarrierSemaphoreNeeded(Exception):  # noqa: N818 - a signal to the tracer, not an error
@@ -54,14 +58,9 @@ _BARRIER: contextvars.ContextVar[Any] = contextvars.ContextVar("pallas_barrier_s
                                                                default=None)
 
 
-@contextlib.contextmanager
-def barrier_semaphore_context(ref: Any) -> Iterator[None]:
+def barrier_semaphore_context(ref: Any) -> contextlib.AbstractContextManager[None]:
     """Makes ``ref`` what :func:`barrier_semaphore` returns while a kernel is traced."""
-    token = _BARRIER.set(ref)
-    try:
-        yield
-    finally:
-        _BARRIER.reset(token)
+    return _bound(_BARRIER, ref)
 
 
 def barrier_semaphore() -> Any:
@@ -108,18 +107,14 @@ _GRID_ENV: contextvars.ContextVar[tuple[tuple[Any, ...], tuple[int, ...]] | None
     contextvars.ContextVar("pallas_grid_env", default=None))
 
 
-@contextlib.contextmanager
-def grid_env(indices: Sequence[Any], sizes: Sequence[int]) -> Iterator[None]:
+def grid_env(indices: Sequence[Any], sizes: Sequence[int]
+             ) -> contextlib.AbstractContextManager[None]:
     """Inside, ``program_id(d)`` is ``indices[d]`` and ``num_programs(d)`` is ``sizes[d]``.
 
     For grids run by kernel code itself, such as a software pipeline's (``emit_pipeline``):
     its body sees the pipeline's step, as it would see a ``pallas_call``'s.
     """
-    token = _GRID_ENV.set((tuple(indices), tuple(int(s) for s in sizes)))
-    try:
-        yield
-    finally:
-        _GRID_ENV.reset(token)
+    return _bound(_GRID_ENV, (tuple(indices), tuple(int(s) for s in sizes)))
 
 
 def _env_axis(fn: str, axis: int) -> tuple[tuple[Any, ...], tuple[int, ...]] | None:
