@@ -41,7 +41,8 @@ def _kernel_func(module: ir.Module) -> Any:
 
 
 def summary(module: ir.Module) -> dict[str, Any]:
-    """What the runtime acts on: grid, semantics, prefetch and scratch counts, windows."""
+    """What the runtime acts on: grid, semantics, prefetch and scratch counts, windows, and
+    the types (memory spaces included) of the kernel's operands."""
     fn = _kernel_func(module)
     attrs = fn.attributes
 
@@ -66,6 +67,9 @@ def summary(module: ir.Module) -> dict[str, Any]:
         "scalar_prefetch": ir.IntegerAttr(attrs["scalar_prefetch"]).value,
         "scratch_operands": ir.IntegerAttr(attrs["scratch_operands"]).value,
         "windows": windows,
+        # The kernel's parameters: shapes, element types and memory spaces of every operand.
+        "operand_types": tuple(str(t) for t in
+                               ir.FunctionType(ir.TypeAttr(attrs["function_type"]).value).inputs),
     }
 
 

@@ -36,7 +36,7 @@ from pallas_core.mlir_lowering import LoweringState
 from pallas_core.request import KernelCall
 from pallas_core.spec import BARRIER_SEMAPHORE
 from pallas_mosaic_tpu import ir as mir
-from pallas_mosaic_tpu.params import DMA_SEMAPHORE, SEMAPHORE, SMEM, TPUCompilerParams
+from pallas_mosaic_tpu.params import DMA_SEMAPHORE, HBM, SEMAPHORE, SMEM, TPUCompilerParams
 
 
 @dataclasses.dataclass
@@ -55,6 +55,8 @@ rule = RULES.rule
 def _space(bm: BlockMapping, prefetch: bool) -> str:
     if prefetch or bm.memory_space is SMEM:
         return "smem"
+    if bm.memory_space is HBM:
+        return "hbm"
     return "any" if bm.is_whole_array else "vmem"
 
 
@@ -64,7 +66,7 @@ def _scratch_type(shape: Sequence[int], dtype: Any, space: Any) -> ir.Type:
         kind = "dma_semaphore" if space is DMA_SEMAPHORE else "semaphore"
         return ir.MemRefType.get(list(shape), ir.Type.parse(f"!tpu.{kind}"),
                                  memory_space=mir.memory_space("semaphore_mem"))
-    return mir.memref(shape, dtype, "smem" if space is SMEM else "vmem")
+    return mir.memref(shape, dtype, {SMEM: "smem", HBM: "hbm"}.get(space, "vmem"))
 
 
 def lower_kernel(call: KernelCall, mesh_axes: tuple[tuple[str, int], ...] = ()
@@ -84,7 +86,7 @@ def lower_kernel(call: KernelCall, mesh_axes: tuple[tuple[str, int], ...] = ()
         operand_types = []
         for k, bm in enumerate(gm.block_mappings):
             space = _space(bm, k < n_pf)
-            shape = bm.array_shape if space in ("smem", "any") else bm.ref_shape
+            shape = bm.array_shape if space in ("smem", "any", "hbm") else bm.ref_shape
             operand_types.append(mir.memref(shape, bm.dtype, space))
         scratch = [a for a in gm.scratch_avals if a.memory_space is not BARRIER_SEMAPHORE]
         barrier = len(scratch) < len(gm.scratch_avals)

@@ -12,7 +12,7 @@ from pallas_core.errors import BlockSpecError, PallasError, UnsupportedError
 from pallas_core.primitives import run_scoped_p
 from pallas_core.request import KernelCall
 from pallas_core.spec import BARRIER_SEMAPHORE
-from pallas_mosaic_tpu.params import SMEM, VMEM
+from pallas_mosaic_tpu.params import HBM, SMEM, VMEM
 
 SUBLANES, LANES = 8, 128
 
@@ -25,6 +25,13 @@ def check(call: KernelCall) -> None:
         if bm.is_whole_array:
             continue
         block, shape = bm.full_block_shape, bm.array_shape
+        if bm.memory_space is HBM:
+            if tuple(block) != tuple(shape):
+                raise BlockSpecError(
+                    f"{where}: {bm.origin} is in HBM with block shape {block}, but HBM operands "
+                    f"are passed whole (shape {shape}); the kernel copies what it needs. Fix: "
+                    "drop the block shape (BlockSpec(memory_space=pltpu.HBM)).")
+            continue
         if len(block) >= 2:
             rows, cols = block[-2], block[-1]
             ok_rows = rows % SUBLANES == 0 or rows == shape[-2]
@@ -117,7 +124,7 @@ def _check_vmem(call: KernelCall, where: str) -> None:
     gm = call.grid_mapping
     parts: list[tuple[str, int]] = []
     for k, bm in enumerate(gm.block_mappings):
-        if k < gm.num_scalar_prefetch or bm.is_whole_array or bm.memory_space is SMEM:
+        if k < gm.num_scalar_prefetch or bm.is_whole_array or bm.memory_space in (SMEM, HBM):
             continue
         parts.append((f"{bm.origin} (2 x block {bm.ref_shape})",
                       2 * vmem_bytes(bm.ref_shape, bm.dtype)))

@@ -121,7 +121,7 @@ def prefetch_gather(m: Any) -> Callable[..., Any]:
         kernel, jax.ShapeDtypeStruct((32, 128), x.dtype), grid_spec=grid_spec)(idx, x)
 
 
-def dma_copy(m: Any) -> Callable[..., Any]:
+def dma_copy(m: Any, space: str = "ANY") -> Callable[..., Any]:
     """HBM -> VMEM -> HBM with run_scoped buffers and a DMA semaphore, adding 1 in VMEM."""
     tpu = pltpu if _ours(m) else jax_pltpu
 
@@ -133,9 +133,14 @@ def dma_copy(m: Any) -> Callable[..., Any]:
 
         m.run_scoped(body, tpu.VMEM((8, 128), F32), tpu.SemaphoreType.DMA)
 
-    whole = m.BlockSpec(memory_space=m.ANY)
+    whole = m.BlockSpec(memory_space=m.ANY if space == "ANY" else tpu.HBM)
     return lambda x: m.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype),
                                    in_specs=[whole], out_specs=whole)(x)
+
+
+def dma_copy_hbm(m: Any) -> Callable[..., Any]:
+    """The same copy with the operands placed in HBM explicitly (``pltpu.HBM``)."""
+    return dma_copy(m, "HBM")
 
 
 def core_kernel(m: Any) -> Callable[..., Any]:
@@ -171,6 +176,7 @@ CASES: dict[str, tuple[Callable[[Any], Any], list[Any]]] = {
     "flash_attention": (flash_attention, [jnp.ones((256, 128), F32)] * 3),
     "prefetch_gather": (prefetch_gather, [jnp.asarray(IDX), jnp.ones((48, 128), F32)]),
     "dma_copy": (dma_copy, [jnp.ones((8, 128), F32)]),
+    "dma_copy_hbm": (dma_copy_hbm, [jnp.ones((8, 128), F32)]),
     "core_kernel": (core_kernel, [jnp.ones((8, 128), F32)]),
     "row_writes": (row_writes, [jnp.ones((16, 128), F32)]),
 }
@@ -244,6 +250,7 @@ def test_the_same_kernels_run_in_the_interpreter_against_jnp() -> None:
     np.testing.assert_allclose(prefetch_gather(m)(jnp.asarray(IDX), xs), want, rtol=1e-6)
     c = jnp.asarray(rng.standard_normal((8, 128)), F32)
     np.testing.assert_allclose(dma_copy(m)(c), c + 1.0, rtol=1e-6)
+    np.testing.assert_allclose(dma_copy_hbm(m)(c), c + 1.0, rtol=1e-6)
     np.testing.assert_allclose(core_kernel(m)(c), c, rtol=0)
     r = jnp.asarray(rng.standard_normal((16, 128)), F32).reshape(2, 8, 128)
     want = jnp.concatenate([r[:, :1] * 2.0, r[:, 1:2] + 1.0, r[:, 2:] - 1.0], axis=1)

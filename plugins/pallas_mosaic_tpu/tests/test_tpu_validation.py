@@ -130,3 +130,12 @@ def test_vmem_counts_padding_scratch_and_scoped_buffers() -> None:
 def test_vmem_limit_beyond_any_chip_is_refused() -> None:
     with pytest.raises(pl.PallasError, match=r"more than any TPU's VMEM.*Fix"):
         _lower(_big_blocks(8, vmem_limit_bytes=2**30), jnp.ones((16, 1024)))
+
+
+def test_hbm_operands_are_whole_arrays() -> None:
+    spec = pl.BlockSpec((8, 128), lambda i: (i, 0), memory_space=pltpu.HBM)
+    call = pl.pallas_call(_copy, jax.ShapeDtypeStruct((16, 128), jnp.float32), grid=(2,),
+                          in_specs=[spec], out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+                          backend="mosaic_tpu")
+    with pytest.raises(pl.BlockSpecError, match=r"in HBM with block shape \(8, 128\).*Fix: drop"):
+        _lower(call, jnp.ones((16, 128)))
