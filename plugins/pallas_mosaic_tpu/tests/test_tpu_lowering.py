@@ -286,10 +286,9 @@ def ring_permute(m: Any, axes: tuple[str, ...], shape: tuple[int, ...]) -> Calla
             m.semaphore_signal(barrier, 1, device_id=(*others, peer),
                                device_id_type=mesh_ids.DeviceIdType.MESH)
         m.semaphore_wait(barrier, 2)
-        copy = tpu.make_async_remote_copy(x_ref, o_ref, send_sem, recv_sem,
-                                          device_id=(*others, right),
-                                          device_id_type=mesh_ids.DeviceIdType.MESH)
-        copy.start()
+        copy = tpu.async_remote_copy(x_ref, o_ref, send_sem, recv_sem,
+                                     device_id=(*others, right),
+                                     device_id_type=mesh_ids.DeviceIdType.MESH)
         copy.wait()
 
     def per_device(x: Any) -> Any:
