@@ -83,6 +83,18 @@ def lower_jaxpr(state: LoweringState, rules: Rules, jaxpr: Any, consts: Sequence
 # --- dtypes as MLIR types (jaxlib's bindings; imported only by backends that use them) --------
 
 
+def splat_literal(constant: Callable[[Any, Any, Sequence[int]], Any], backend: str
+                  ) -> Callable[[Any, Any], Any]:
+    """The ``literal`` function of :func:`lower_jaxpr` for backends whose constants are splats:
+    ``constant(value, dtype, shape)`` of the array's one value; other arrays are refused."""
+    def literal(value: Any, aval: Any) -> Any:
+        arr = np.asarray(value)
+        if arr.size and not (arr == arr.reshape(-1)[0]).all():
+            raise UnsupportedError(f"a non-uniform array constant in a {backend} kernel")
+        return constant(arr.reshape(-1)[0] if arr.size else 0, aval.dtype, aval.shape)
+    return literal
+
+
 def element_type(dtype: Any) -> Any:
     """The MLIR element type of a NumPy/JAX dtype (booleans are ``i1``)."""
     from jaxlib.mlir import ir

@@ -30,7 +30,7 @@ from jaxlib.mosaic.python import tpu
 
 from pallas_core import _jax, copies, mlir_lowering
 from pallas_core import primitives as prims
-from pallas_core.errors import PallasError, UnsupportedError
+from pallas_core.errors import PallasError
 from pallas_core.grid_mapping import BlockMapping
 from pallas_core.mlir_lowering import LoweringState
 from pallas_core.request import KernelCall
@@ -170,11 +170,7 @@ def lower_jaxpr(lowering: Lowering, jaxpr: Any, consts: Sequence[Any],
     return mlir_lowering.lower_jaxpr(lowering, RULES, jaxpr, consts, args, _literal)
 
 
-def _literal(value: Any, aval: Any) -> ir.Value:
-    arr = np.asarray(value)
-    if arr.size and not (arr == arr.reshape(-1)[0]).all():
-        raise UnsupportedError("a non-uniform array constant in a Mosaic kernel")
-    return mir.constant(arr.reshape(-1)[0] if arr.size else 0, aval.dtype, aval.shape)
+_literal = mlir_lowering.splat_literal(mir.constant, "Mosaic")
 
 
 def _in(eqn: Any, i: int = 0) -> Any:
@@ -381,10 +377,15 @@ def _axis_index(lowering: Lowering, eqn: Any) -> ir.Value:
                             f"mesh's nor one of the shard_map mesh axes {tuple(names)}")
     # This device's coordinate along the axis, from its linear id over the mesh.
     k = names.index(name)
-    minor = math.prod(size for _, size in lowering.mesh_axes[k + 1:])
     device = tpu.DeviceIdOp().result
-    return arith.RemSIOp(arith.DivSIOp(device, mir.constant(minor, np.int32)).result,
+    stride = mir.constant(_mesh_stride(lowering.mesh_axes, k), np.int32)
+    return arith.RemSIOp(arith.DivSIOp(device, stride).result,
                          mir.constant(lowering.mesh_axes[k][1], np.int32)).result
+
+
+def _mesh_stride(axes: Sequence[tuple[str, int]], k: int) -> int:
+    """How far apart, in linear device ids, neighbours along mesh axis ``k`` are."""
+    return math.prod(size for _, size in axes[k + 1:])
 
 
 @rule(prims.multiple_of_p)
@@ -549,9 +550,8 @@ def _device_id(lowering: Lowering, ids: Sequence[Any], id_type: prims.DeviceIdTy
             "give one coordinate per mesh axis, or DeviceIdType.LOGICAL with a single index.")
     linear: ir.Value = mir.constant(0, np.int32)
     for k, coord in enumerate(ids):
-        stride = math.prod(size for _, size in axes[k + 1:])
-        linear = arith.AddIOp(linear, arith.MulIOp(coord, mir.constant(stride, np.int32))
-                              .result).result
+        stride = mir.constant(_mesh_stride(axes, k), np.int32)
+        linear = arith.AddIOp(linear, arith.MulIOp(coord, stride).result).result
     return linear
 
 

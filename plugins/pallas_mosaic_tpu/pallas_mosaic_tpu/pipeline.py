@@ -32,8 +32,7 @@ from pallas_core.copies import make_async_copy
 from pallas_core.errors import BlockSpecError, PallasError, UnsupportedError
 from pallas_core.spec import BlockSpec, Squeezed
 from pallas_mosaic_tpu.params import PARALLEL, VMEM, GridDimensionSemantics, SemaphoreType
-
-_SUBLANES, _LANES = 8, 128
+from pallas_mosaic_tpu.validation import LANES, SUBLANES, tiled_block
 
 
 class _Operand:
@@ -63,15 +62,13 @@ class _Operand:
                     "pipelines. Fix: choose block sizes that divide the array, or pad it.")
         kept = [b for b, sq in zip(self.block, self.squeezed) if not sq]
         if len(kept) >= 2:
-            rows, cols = kept[-2], kept[-1]
-            shape_rows, shape_cols = [n for n, sq in zip(self.shape, self.squeezed) if not sq][-2:]
-            if not ((rows % _SUBLANES == 0 or rows == shape_rows)
-                    and (cols % _LANES == 0 or cols == shape_cols)):
+            fixed = tiled_block(kept, [n for n, sq in zip(self.shape, self.squeezed) if not sq])
+            if fixed is not None:
                 raise BlockSpecError(
                     f"emit_pipeline {origin}: block {self.block} of a Ref of shape "
                     f"{self.shape}: on a TPU the last two block dimensions must be divisible "
-                    f"by ({_SUBLANES}, {_LANES}) or equal the Ref's. Fix: use multiples of "
-                    f"({_SUBLANES}, {_LANES}).")
+                    f"by ({SUBLANES}, {LANES}) or equal the Ref's. Fix: use a block of "
+                    f"{tuple(fixed)} in its unsqueezed dimensions.")
         self.buffer_shape = tuple(kept)
         self.index_map: Callable[..., Any] = spec.index_map or (
             lambda *_: (0,) * len(self.shape))

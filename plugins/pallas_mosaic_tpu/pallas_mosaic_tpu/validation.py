@@ -33,12 +33,8 @@ def check(call: KernelCall) -> None:
                     "drop the block shape (BlockSpec(memory_space=pltpu.HBM)).")
             continue
         if len(block) >= 2:
-            rows, cols = block[-2], block[-1]
-            ok_rows = rows % SUBLANES == 0 or rows == shape[-2]
-            ok_cols = cols % LANES == 0 or cols == shape[-1]
-            if not (ok_rows and ok_cols):
-                fixed = (*block[:-2], rows if ok_rows else -(-rows // SUBLANES) * SUBLANES,
-                         cols if ok_cols else -(-cols // LANES) * LANES)
+            fixed = tiled_block(block, shape)
+            if fixed is not None:
                 raise BlockSpecError(
                     f"{where}: {bm.origin} has block shape {block} for an array of shape "
                     f"{shape}; on a TPU the last two block dimensions must be divisible by "
@@ -74,6 +70,18 @@ def _lowered() -> frozenset[object]:
     from pallas_mosaic_tpu.lowering import RULES
 
     return frozenset(RULES)
+
+
+def tiled_block(block: Sequence[int], shape: Sequence[int]) -> tuple[int, ...] | None:
+    """``None`` if the last two dimensions of ``block`` tile a TPU's vector registers (each
+    divisible by (8, 128) or equal to the array's); else the nearest block shape that does."""
+    rows, cols = block[-2], block[-1]
+    ok_rows = rows % SUBLANES == 0 or rows == shape[-2]
+    ok_cols = cols % LANES == 0 or cols == shape[-1]
+    if ok_rows and ok_cols:
+        return None
+    return (*block[:-2], rows if ok_rows else -(-rows // SUBLANES) * SUBLANES,
+            cols if ok_cols else -(-cols // LANES) * LANES)
 
 
 def _check_dtype(dtype: Any, what: str) -> None:

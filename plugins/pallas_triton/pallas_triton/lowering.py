@@ -29,7 +29,7 @@ from jaxlib.triton import dialect as tt
 
 from pallas_core import _jax, mlir_lowering
 from pallas_core import primitives as prims
-from pallas_core.errors import PallasError, UnsupportedError
+from pallas_core.errors import PallasError
 from pallas_core.grid_mapping import BlockMapping, block_index_tables
 from pallas_core.mlir_lowering import LoweringState
 from pallas_core.request import KernelCall
@@ -165,12 +165,7 @@ def lower_jaxpr(lowering: Lowering, jaxpr: Any, consts: Sequence[Any],
     return mlir_lowering.lower_jaxpr(lowering, RULES, jaxpr, consts, args, _literal)
 
 
-def _literal(value: Any, aval: Any) -> ir.Value:
-    arr = np.asarray(value)
-    if arr.shape and not (arr == arr.reshape(-1)[0]).all():
-        raise UnsupportedError("a non-uniform array constant in a Triton kernel")
-    first = arr.reshape(-1)[0] if arr.size else 0
-    return tir.constant(first, aval.dtype, aval.shape)
+_literal = mlir_lowering.splat_literal(tir.constant, "Triton")
 
 
 def _aval_in(eqn: Any, i: int) -> Any:
