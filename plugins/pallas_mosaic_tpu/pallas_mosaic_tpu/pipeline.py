@@ -38,7 +38,7 @@ from pallas_mosaic_tpu.validation import LANES, SUBLANES, tiled_block
 class _Operand:
     """One HBM operand of the pipeline: its spec, array shape and block geometry."""
 
-    def __init__(self, ref: Any, spec: Any, grid: tuple[int, ...], origin: str) -> None:
+    def __init__(self, ref: Any, spec: Any, origin: str) -> None:
         aval = _jax.shape_after_transforms(*_ref_aval(ref))
         self.ref, self.origin = ref, origin
         self.shape, self.dtype = tuple(aval.shape), aval.dtype
@@ -72,7 +72,6 @@ class _Operand:
         self.buffer_shape = tuple(kept)
         self.index_map: Callable[..., Any] = spec.index_map or (
             lambda *_: (0,) * len(self.shape))
-        self.grid = grid
 
     def block_indices(self, indices: Sequence[Any]) -> tuple[Any, ...]:
         out = self.index_map(*indices)
@@ -182,9 +181,9 @@ def emit_pipeline(
                 f"{len(flat_refs)} Refs were passed. Fix: pass the input Refs, then the output "
                 "Refs, one per spec.")
         sub_grid, offsets = _partition(full_grid, core_axis_name, dimension_semantics)
-        ins = [_Operand(r, s, sub_grid, f"input {i}")
+        ins = [_Operand(r, s, f"input {i}")
                for i, (r, s) in enumerate(zip(flat_refs, flat_in))]
-        outs = [_Operand(r, s, sub_grid, f"output {i}")
+        outs = [_Operand(r, s, f"output {i}")
                 for i, (r, s) in enumerate(zip(flat_refs[len(ins):], flat_out))]
         buffers = [VMEM((2, *o.buffer_shape), o.dtype) for o in (*ins, *outs)]
         sems = [SemaphoreType.DMA((2,)) for _ in (*ins, *outs)]
