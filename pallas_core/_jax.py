@@ -130,6 +130,12 @@ def lower_fun(fun: Callable[..., Any], multiple_results: bool = True) -> Callabl
     return lowered
 
 
+def make_ir_context() -> Any:
+    """A fresh MLIR context with every dialect JAX's lowering registers (for backends that
+    build modules with JAX's own kernel libraries outside a lowering)."""
+    return mlir.make_ir_context()
+
+
 def emit_custom_call(ctx: Any, target: str, operands: Sequence[Any], out_avals: Sequence[Any], *,
                      backend_config: dict[str, Any] | str | bytes, api_version: int = 4,
                      operand_output_aliases: dict[int, int] | None = None,

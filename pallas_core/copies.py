@@ -49,9 +49,13 @@ def _split(ref_view: Any, fn: str) -> tuple[Any, tuple[Any, ...]]:
     return _ref_and_transforms(ref_view, None, fn)
 
 
-def _bind(prim: Any, views: list[Any], extra: list[Any], fn: str, **params: Any) -> None:
+def bind_views(prim: Any, views: list[Any], extra: list[Any], fn: str, **params: Any) -> None:
     """Binds ``prim`` on the distinct Refs behind ``views`` (two views of one Ref, such as two
-    semaphores of one array, share an operand); ``roles[k]`` is view ``k``'s operand."""
+    semaphores of one array, share an operand); ``roles[k]`` is view ``k``'s operand.
+
+    The operands are the distinct Refs, then the leaves of the views' transforms (params
+    ``tree``, ``roles``), then ``extra``. Backends that add primitives on Ref views use this
+    with :class:`RefViews` in their reference semantics. ``fn`` names the caller in errors."""
     refs: list[Any] = []
     roles = []
     for ref in (_split(v, fn)[0] for v in views):
@@ -105,7 +109,7 @@ class AsyncCopy:
         views = [self.src, self.dst, self.sem]
         if self.is_remote:
             views.append(self.send_sem)
-        _bind(copy_start_p, views, self._device_ids(), "async_copy.start",
+        bind_views(copy_start_p, views, self._device_ids(), "async_copy.start",
               remote=self.is_remote, device_id_type=self.device_id_type)
 
     def wait(self) -> None:
@@ -129,7 +133,7 @@ class AsyncCopy:
     def _wait(self, kind: str) -> None:
         sem = self.send_sem if kind == "send" else self.sem
         # Remote waits carry the device ids too: backends name the peer when they wait.
-        _bind(copy_wait_p, [self.src, self.dst, sem], self._device_ids(), "async_copy.wait",
+        bind_views(copy_wait_p, [self.src, self.dst, sem], self._device_ids(), "async_copy.wait",
               kind=kind, device_id_type=self.device_id_type)
 
 
@@ -164,8 +168,9 @@ def sync_copy(src: Any, dst: Any) -> None:
 # --- reference semantics ---------------------------------------------------------------------
 
 
-class _Roles:
-    """The current values of the distinct Refs of one copy, read and written by role."""
+class RefViews:
+    """In a discharge rule of a primitive bound with :func:`bind_views`: the current values of
+    its distinct Refs, read and written through view ``role``'s transforms."""
 
     def __init__(self, args: Any, tree: Any, roles: tuple[int, ...]) -> None:
         self.n_refs = max(roles) + 1
@@ -191,7 +196,7 @@ class _Roles:
 def _copy_start_discharge(in_avals: Any, out_avals: Any, *args: Any, tree: Any,
                           roles: tuple[int, ...], remote: bool,
                           device_id_type: DeviceIdType) -> Any:
-    state = _Roles(args, tree, roles)
+    state = RefViews(args, tree, roles)
     if not remote:
         state.write(_SEM, state.read(_SEM) + 1)
         return state.new_values(), []
@@ -206,7 +211,7 @@ def _copy_start_discharge(in_avals: Any, out_avals: Any, *args: Any, tree: Any,
 def _copy_wait_discharge(in_avals: Any, out_avals: Any, *args: Any, tree: Any,
                          roles: tuple[int, ...], kind: str,
                          device_id_type: DeviceIdType) -> Any:
-    state = _Roles(args, tree, roles)
+    state = RefViews(args, tree, roles)
     count = state.read(_SEM)
     semantics.check_wait(count, 1, f"the {kind} semaphore of an async copy")
     state.write(_SEM, count - 1)

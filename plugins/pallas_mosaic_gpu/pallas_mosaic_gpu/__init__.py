@@ -1,0 +1,37 @@
+"""The Mosaic GPU backend of pallas (``import pallas_mosaic_gpu as plgpu``).
+
+Kernels are built with JAX's Mosaic GPU library for Hopper (sm_90a) and emitted as the
+``mosaic_gpu_v2`` custom call JAX's CUDA runtime executes. Lowering needs no GPU:
+``jax.jit(f).trace(*a).lower(lowering_platforms=("cuda",))``.
+"""
+
+from __future__ import annotations
+
+from pallas_mosaic_gpu.params import (
+    ACC,
+    GMEM,
+    SMEM,
+    TMEM,
+    Barrier,
+    CompilerParams,
+    GPUCompilerParams,
+    Mesh,
+    ShapeDtypeStruct,
+    kernel,
+)
+from pallas_mosaic_gpu.plugin import __version__
+from pallas_mosaic_gpu.primitives import (
+    barrier_arrive,
+    barrier_wait,
+    commit_smem,
+    copy_gmem_to_smem,
+    copy_smem_to_gmem,
+    wait_smem_to_gmem,
+    wgmma,
+    wgmma_wait,
+)
+
+__all__ = ["__version__", "ACC", "Barrier", "barrier_arrive", "barrier_wait", "commit_smem",
+           "CompilerParams", "copy_gmem_to_smem", "copy_smem_to_gmem", "GMEM",
+           "GPUCompilerParams", "kernel", "Mesh", "ShapeDtypeStruct", "SMEM", "TMEM",
+           "wait_smem_to_gmem", "wgmma", "wgmma_wait"]

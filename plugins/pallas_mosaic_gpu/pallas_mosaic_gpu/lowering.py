@@ -1,0 +1,1249 @@
+"""Lowering of a traced kernel (a :class:`pallas_core.KernelCall`) to a Mosaic GPU kernel.
+
+The kernel is built with JAX's Mosaic GPU library (``jax.experimental.mosaic.gpu``) in lane
+semantics: each warpgroup (128 threads) holds arrays as ``FragmentedArray`` registers spread
+over its lanes. ``mgpu.as_gpu_kernel`` wraps the body in a ``gpu.launch`` and the result is
+emitted as the ``mosaic_gpu_v2`` custom call that JAX's CUDA runtime executes.
+
+How a ``pallas_call`` runs (see docs/backends/mosaic_gpu.md):
+
+* parallel grid axes are folded into the CUDA grid's x dimension (one thread block each);
+  sequential axes (trailing) are one loop inside the block;
+* every windowed input has ``max_concurrent_steps`` SMEM buffers filled by TMA copies, each
+  with its mbarrier; the copy for step ``t + max_concurrent_steps`` is issued once step ``t``
+  (or, with ``delay_release=d``, step ``t - d``) no longer needs the buffer;
+* every windowed output has one SMEM buffer, copied out by TMA when its block index is about
+  to change (or after the last step);
+* ``plgpu.ACC`` accumulators live in registers and are carried through loops.
+
+Layouts are chosen here, not by the user: SMEM buffers whose two minor dimensions are
+multiples of 64 in a 16-bit dtype are tiled (8, 64) with a 128-byte swizzle, as ``wgmma``
+reads them; 2-D arrays whose shape is a multiple of (64, 8) use the wgmma register layout
+(row reductions give its row layout), other arrays a strided layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax import lax
+from jax.experimental.mosaic import gpu as mgpu
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import arith, gpu, nvvm, scf
+from jaxlib.mlir.dialects import math as mmath
+
+from pallas_core import _jax, mlir_lowering
+from pallas_core import primitives as prims
+from pallas_core.errors import PallasError, UnsupportedError
+from pallas_core.grid_mapping import BlockMapping
+from pallas_core.mlir_lowering import LoweringState, element_type, is_float, is_unsigned
+from pallas_core.request import KernelCall
+from pallas_mosaic_gpu import primitives as gp
+from pallas_mosaic_gpu.params import (
+    ACC_SPACE,
+    GMEM,
+    PARALLEL,
+    SEQUENTIAL,
+    TMEM,
+    BarrierSpace,
+    GPUCompilerParams,
+)
+
+FA = mgpu.FragmentedArray
+WGMMA = mgpu.WGMMA_LAYOUT
+SWIZZLE = 128
+"""Bytes of the swizzle of tiled SMEM buffers (the widest; what wgmma reads best)."""
+WARPGROUP = 128
+
+RULES = mlir_lowering.Rules()
+_LAZY_OK: set[Any] = set()
+
+
+def rule(*primitives: Any, lazy: bool = False) -> Callable[[Any], Any]:
+    """Registers a rule; unless ``lazy``, reads of whole SMEM Refs reach it as arrays."""
+    def register(fn: Any) -> Any:
+        def lazy_rule(state: GPULowering, eqn: Any, *args: Any) -> Any:
+            return fn(state, eqn, *args, **eqn.params)
+
+        def materialized(state: GPULowering, eqn: Any, *args: Any) -> Any:
+            return fn(state, eqn, *[state.value(a) for a in args], **eqn.params)
+        for p in primitives:
+            RULES[p] = lazy_rule if lazy else materialized
+            if lazy:
+                _LAZY_OK.add(p)
+        return fn
+    return register
+
+
+# --- values ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Ref:
+    """A Ref in the kernel: a memref in GMEM or SMEM (maybe tiled), an accumulator, barriers."""
+
+    kind: str  # "gmem", "smem", "acc", "barrier"
+    shape: tuple[int, ...]
+    dtype: Any
+    memref: Any = None
+    tiled: bool = False
+    """An SMEM buffer whose two minor dimensions are tiled (8, 128 // itemsize), swizzled."""
+    barrier: Any = None
+    acc_key: int = -1
+
+
+@dataclasses.dataclass
+class Loaded:
+    """``ref[...]`` of a whole SMEM Ref, not yet in registers (``wgmma`` reads SMEM)."""
+
+    ref: Ref
+
+
+@dataclasses.dataclass
+class Expanded:
+    """An array with unit dimensions added (``x[:, None]``): kept as the array itself until
+    it is broadcast to a full shape."""
+
+    array: Any
+    shape: tuple[int, ...]
+    dims: tuple[int, ...]
+    """Where the array's dimensions sit in ``shape``."""
+
+
+def is_tileable(shape: Sequence[int], dtype: Any) -> bool:
+    """Whether an SMEM buffer of this shape is tiled and swizzled for wgmma."""
+    dt = np.dtype(dtype)
+    elems = SWIZZLE // dt.itemsize
+    return (len(shape) >= 2 and dt.itemsize == 2 and shape[-2] % 64 == 0
+            and shape[-1] % elems == 0)
+
+
+def tile_shape(shape: Sequence[int], dtype: Any) -> tuple[int, ...]:
+    """The memref shape of a tiled SMEM buffer."""
+    elems = SWIZZLE // np.dtype(dtype).itemsize
+    *lead, r, c = shape
+    return (*lead, r // 8, c // elems, 8, elems)
+
+
+def tile_transform(dtype: Any) -> Any:
+    return mgpu.TileTransform((8, SWIZZLE // np.dtype(dtype).itemsize))
+
+
+def layout_for(shape: Sequence[int]) -> Any:
+    """The register layout of fresh arrays of ``shape``."""
+    if len(shape) == 2 and shape[0] % 64 == 0 and shape[1] % 8 == 0:
+        return WGMMA
+    return mgpu.WGStridedFragLayout.from_shaped_type(
+        ir.VectorType.get(list(shape), ir.F32Type.get()))
+
+
+def signed(dtype: Any) -> bool | None:
+    return None if is_float(dtype) else not is_unsigned(dtype)
+
+
+def index(v: Any) -> ir.Value:
+    """An ``index`` value of an int or an integer scalar."""
+    if isinstance(v, (int, np.integer)):
+        return arith.constant(ir.IndexType.get(), int(v))
+    if isinstance(v.type, ir.IndexType):
+        return v
+    return arith.index_cast(ir.IndexType.get(), v)
+
+
+def i32(v: Any) -> ir.Value:
+    t = ir.IntegerType.get_signless(32)
+    if isinstance(v, (int, np.integer)):
+        return arith.constant(t, int(v))
+    return v if not isinstance(v.type, ir.IndexType) else arith.index_cast(t, v)
+
+
+def scalar_constant(value: Any, dtype: Any) -> ir.Value:
+    t = element_type(dtype)
+    if is_float(dtype):
+        return arith.constant(t, float(value))
+    return arith.constant(t, int(value))
+
+
+def splat(value: ir.Value, shape: Sequence[int], dtype: Any, layout: Any = None) -> Any:
+    return FA.splat(value, tuple(shape), layout, is_signed=signed(dtype))
+
+
+def relayout(arr: Any, layout: Any) -> Any:
+    """``arr`` in ``layout`` (splats are re-splatted; others converted by the library)."""
+    if arr.layout == layout:
+        return arr
+    if isinstance(arr.layout, mgpu.WGSplatFragLayout):
+        return FA.splat(arr.registers.flat[0], arr.shape, layout, is_signed=arr.is_signed)
+    try:
+        return arr.to_layout(layout)
+    except (NotImplementedError, ValueError) as e:
+        raise UnsupportedError(f"an array of shape {arr.shape} in layout {arr.layout} used "
+                               f"where {layout} is needed ({e})") from None
+
+
+# --- the lowering state ----------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class GPULowering(LoweringState):
+    """State of lowering one kernel: axis indices, accumulators, the launch context."""
+
+    launch: Any = None
+    axes: dict[str, ir.Value] = dataclasses.field(default_factory=dict)
+    accs: dict[int, Any] = dataclasses.field(default_factory=dict)
+    approx: bool = False
+    smem_pool: list[Any] = dataclasses.field(default_factory=list)
+
+    def value(self, v: Any) -> Any:
+        """``v`` as something arithmetic applies to (reads of SMEM Refs are done here)."""
+        if isinstance(v, Loaded):
+            return load(v.ref)
+        return v
+
+
+def load(ref: Ref) -> Any:
+    if ref.kind == "acc":
+        raise PallasError("internal: accumulator read without state")
+    is_signed = signed(ref.dtype)
+    if ref.tiled:
+        return FA.load_tiled(ref.memref, swizzle=SWIZZLE, is_signed=is_signed)
+    if ref.shape == ():
+        from jaxlib.mlir.dialects import memref
+        return memref.load(ref.memref, [])
+    layout = layout_for(ref.shape)
+    if layout == WGMMA:
+        return FA.load_untiled(ref.memref, layout=WGMMA, is_signed=is_signed, optimized=False)
+    return FA.load_strided(ref.memref, is_signed=is_signed)
+
+
+def store(ref: Ref, value: Any) -> None:
+    if ref.shape == ():
+        from jaxlib.mlir.dialects import memref
+        memref.store(value, ref.memref, [])
+        return
+    if not isinstance(value, FA):
+        value = splat(value, ref.shape, ref.dtype)
+    if ref.tiled:
+        relayout(value, WGMMA).store_tiled(ref.memref, swizzle=SWIZZLE)
+        return
+    layout = layout_for(ref.shape)
+    value = relayout(value, layout) if isinstance(value.layout, mgpu.WGSplatFragLayout) else value
+    if value.layout == WGMMA:
+        value.store_untiled(ref.memref, optimized=False)
+    else:
+        value.store_untiled(ref.memref)
+
+
+def literal(value: Any, aval: Any) -> Any:
+    arr = np.asarray(value)
+    if arr.ndim == 0:
+        return scalar_constant(arr, aval.dtype)
+    if arr.size and not (arr == arr.reshape(-1)[0]).all():
+        raise UnsupportedError("a non-uniform array constant in a mosaic_gpu kernel")
+    return splat(scalar_constant(arr.reshape(-1)[0] if arr.size else 0, aval.dtype),
+                 aval.shape, aval.dtype)
+
+
+def lower_jaxpr(state: GPULowering, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]
+                ) -> list[Any]:
+    return mlir_lowering.lower_jaxpr(state, RULES, jaxpr, consts, args, literal)
+
+
+# --- the kernel ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Plan:
+    """How a call is launched."""
+
+    grid: tuple[int, int, int]
+    cluster: tuple[int, int, int]
+    block: tuple[int, int, int]
+    parallel_axes: tuple[int, ...]
+    """Grid axes folded into the CUDA grid (pallas_call) or mapped to it (plgpu.kernel)."""
+    sequential_axes: tuple[int, ...]
+    mesh: Any = None
+
+
+def _depends_on(jaxpr: Any, n_inputs: int) -> set[int]:
+    """Which of the first ``n_inputs`` inputs of ``jaxpr`` its outputs depend on."""
+    deps: dict[Any, set[int]] = {v: {i} for i, v in enumerate(jaxpr.invars[:n_inputs])}
+    for eqn in jaxpr.eqns:
+        d: set[int] = set()
+        for v in eqn.invars:
+            if not isinstance(v, _jax.Literal):
+                d |= deps.get(v, set())
+        for o in eqn.outvars:
+            deps[o] = d
+    out: set[int] = set()
+    for v in jaxpr.outvars:
+        if not isinstance(v, _jax.Literal):
+            out |= deps.get(v, set())
+    return out
+
+
+def plan(call: KernelCall) -> Plan:
+    gm = call.grid_mapping
+    params = call.compiler_params if isinstance(call.compiler_params, GPUCompilerParams) else \
+        GPUCompilerParams()
+    grid = tuple(gm.grid)
+    if params.mesh is not None:
+        mesh = params.mesh
+        dims = tuple(mesh.grid) + (1,) * (3 - len(mesh.grid))
+        cluster = tuple(mesh.cluster) + (1,) * (3 - len(mesh.cluster))
+        threads = mesh.num_threads or 1
+        return Plan(dims, cluster, (WARPGROUP * threads, 1, 1), tuple(range(len(grid))), (),
+                    mesh)  # type: ignore[arg-type]
+    nb = gm.num_batch_axes
+    user = list(params.dimension_semantics or ())
+    if user and len(user) != len(gm.user_grid):
+        raise PallasError(
+            f"plgpu.CompilerParams(dimension_semantics={tuple(user)}) names "
+            f"{len(user)} axes but kernel {call.name!r} has grid {gm.user_grid}. Fix: one "
+            "entry per grid axis.")
+    if not user:
+        revisited: set[int] = set()
+        for bm in gm.block_mappings[len(call.jaxpr.jaxpr.invars) - len(gm.scratch_avals)
+                                    - len(call.out_avals):][:len(call.out_avals)]:
+            if bm.is_whole_array or bm.memory_space is GMEM:
+                continue
+            used = _depends_on(bm.index_map.jaxpr, len(grid))
+            revisited |= {a for a in range(nb, len(grid)) if a not in used}
+        first = min(revisited) if revisited else len(grid)
+        user = [PARALLEL if nb + a < first else SEQUENTIAL for a in range(len(gm.user_grid))]
+    sem = [PARALLEL] * nb + list(user)
+    seq = tuple(a for a, s in enumerate(sem) if s == SEQUENTIAL)
+    if seq and seq != tuple(range(seq[0], len(grid))):
+        raise PallasError(
+            f"kernel {call.name!r}: sequential grid axes must come last (found semantics "
+            f"{tuple(user)}). Fix: reorder the grid so the sequential axes are trailing.")
+    par = tuple(a for a in range(len(grid)) if a not in seq)
+    blocks = math.prod(grid[a] for a in par)
+    if blocks >= 2**31:
+        raise PallasError(f"kernel {call.name!r}: {blocks} thread blocks exceed the CUDA grid.")
+    return Plan((blocks, 1, 1), (1, 1, 1), (WARPGROUP, 1, 1), par, seq)
+
+
+def _operands(call: KernelCall) -> tuple[list[BlockMapping], list[BlockMapping]]:
+    gm = call.grid_mapping
+    n_out = len(call.out_avals)
+    bms = list(gm.block_mappings)
+    return bms[:len(bms) - n_out], bms[len(bms) - n_out:]
+
+
+def _windowed(bm: BlockMapping) -> bool:
+    return not (bm.is_whole_array or bm.memory_space is GMEM)
+
+
+def _check_spaces(call: KernelCall) -> None:
+    for a in call.grid_mapping.scratch_avals:
+        if a.memory_space is TMEM:
+            raise UnsupportedError(
+                f"kernel {call.name!r} allocates TMEM, which only Blackwell (sm_100) GPUs "
+                "have; this backend targets Hopper (sm_90a). Fix: use SMEM or registers "
+                "(plgpu.ACC) on Hopper.")
+
+
+def build(call: KernelCall) -> Callable[..., Any]:
+    """The Mosaic GPU kernel of ``call`` as a function of its operands (``mgpu.as_gpu_kernel``);
+    it must be called inside an MLIR context (see :func:`kernel_fn`)."""
+    _check_spaces(call)
+    gm = call.grid_mapping
+    pl_ = plan(call)
+    params = call.compiler_params if isinstance(call.compiler_params, GPUCompilerParams) else \
+        GPUCompilerParams()
+    ins, outs = _operands(call)
+    slots = params.max_concurrent_steps
+    seq_sizes = [gm.grid[a] for a in pl_.sequential_axes]
+    steps = math.prod(seq_sizes)
+    if steps <= 1:
+        slots = 1
+    slots = min(slots, max(steps, 1))
+    smem: list[Any] = []
+    buffers: list[tuple[str, int, Any]] = []  # (kind, operand index, tiled)
+
+    def buf_shape(shape: Sequence[int], dtype: Any) -> tuple[int, ...]:
+        return tile_shape(shape, dtype) if is_tileable(shape, dtype) else tuple(shape)
+
+    for k, bm in enumerate(ins):
+        if _windowed(bm):
+            smem.append(jax.ShapeDtypeStruct((slots, *buf_shape(bm.ref_shape, bm.dtype)),
+                                             bm.dtype))
+            smem.append(mgpu.TMABarrier(slots))
+            buffers.append(("in", k, is_tileable(bm.ref_shape, bm.dtype)))
+    for k, bm in enumerate(outs):
+        if _windowed(bm):
+            smem.append(jax.ShapeDtypeStruct(buf_shape(bm.ref_shape, bm.dtype), bm.dtype))
+            buffers.append(("out", k, is_tileable(bm.ref_shape, bm.dtype)))
+    scratch_refs: list[Any] = []
+    for a in gm.scratch_avals:
+        shape, dtype, space = a.inner_aval.shape, a.inner_aval.dtype, a.memory_space
+        if isinstance(space, BarrierSpace):
+            smem.append(mgpu.Barrier(space.num_arrivals, num_barriers=shape[0]))
+            scratch_refs.append(("barrier", shape, dtype))
+        elif space is ACC_SPACE:
+            scratch_refs.append(("acc", shape, dtype))
+        else:
+            smem.append(jax.ShapeDtypeStruct(buf_shape(shape, dtype), dtype))
+            scratch_refs.append(("smem", shape, dtype))
+    smem_tree = tuple(smem)
+
+    def body(launch: Any, *args: Any) -> None:
+        gmem = list(args[:-1])
+        smem_refs = list(args[-1])
+        state = GPULowering(call, "mosaic_gpu", launch=launch, approx=params.approx_math)
+        _emit(state, pl_, gmem, smem_refs, buffers, scratch_refs, slots, steps,
+              params.delay_release)
+
+    in_shapes = tuple(jax.ShapeDtypeStruct(bm.array_shape, bm.dtype) for bm in ins)
+    out_shapes = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in call.out_avals)
+    name = "".join(c if c.isalnum() or c == "_" else "_" for c in call.name) or "kernel"
+    try:
+        return mgpu.as_gpu_kernel(body, pl_.grid, pl_.block, in_shapes, out_shapes, smem_tree,
+                                  cluster=pl_.cluster, module_name=name, kernel_name=name)
+    except (ValueError, NotImplementedError, TypeError, IndexError) as e:
+        if isinstance(e, PallasError):
+            raise
+        raise UnsupportedError(
+            f"kernel {call.name!r} could not be lowered by the mosaic_gpu backend: "
+            f"{type(e).__name__}: {e}. Fix: see docs/backends/mosaic_gpu.md for what the "
+            "backend supports, or run with backend='interpret'.") from e
+
+
+def _emit(state: GPULowering, pl_: Plan, gmem: list[Any], smem: list[Any],
+          buffers: list[tuple[str, int, Any]], scratch: list[Any], slots: int, steps: int,
+          delay: int) -> None:
+    call = state.call
+    gm = call.grid_mapping
+    ins, outs = _operands(call)
+    smem_it = iter(smem)
+    in_bufs: dict[int, tuple[Any, Any, bool]] = {}
+    out_bufs: dict[int, tuple[Any, bool]] = {}
+    for kind, k, tiled in buffers:
+        if kind == "in":
+            in_bufs[k] = (next(smem_it), next(smem_it), tiled)
+        else:
+            out_bufs[k] = (next(smem_it), tiled)
+    scratch_vals: list[Ref] = []
+    for n, (kind, shape, dtype) in enumerate(scratch):
+        if kind == "acc":
+            key = 1000 + n
+            state.accs[key] = mgpu.WGMMAAccumulator.zero(
+                *shape, element_type(dtype))
+            scratch_vals.append(Ref("acc", tuple(shape), dtype, acc_key=key))
+        elif kind == "barrier":
+            scratch_vals.append(Ref("barrier", tuple(shape), dtype, barrier=next(smem_it)))
+        else:
+            scratch_vals.append(Ref("smem", tuple(shape), dtype, memref=next(smem_it),
+                                    tiled=is_tileable(shape, dtype)))
+    # Grid indices of the parallel axes.
+    ids: dict[int, ir.Value] = {}
+    if pl_.mesh is not None:
+        mesh = pl_.mesh
+        dims = (gpu.Dimension.x, gpu.Dimension.y, gpu.Dimension.z)
+        names = list(call.grid_mapping.grid_names or ())
+        for d in range(len(mesh.grid)):
+            block = i32(gpu.block_id(dims[d]))
+            c = mesh.cluster[d] if d < len(mesh.cluster) else 1
+            ids[d] = arith.divui(block, i32(c)) if c > 1 else block
+        for j in range(len(mesh.cluster)):
+            ids[len(mesh.grid) + j] = i32(gpu.cluster_block_id(dims[j]))
+        if mesh.num_threads is not None:
+            ids[len(names) - 1] = i32(mgpu.warpgroup_idx(sync=True))
+        if not mesh.grid and mesh.num_threads is None:
+            ids[0] = i32(0)
+    else:
+        linear = i32(gpu.block_id(gpu.Dimension.x))
+        for a in reversed(pl_.parallel_axes):
+            size = gm.grid[a]
+            ids[a] = arith.remui(linear, i32(size)) if size > 1 else i32(0)
+            linear = arith.divui(linear, i32(size)) if size > 1 else linear
+    n_in = len(ins)
+
+    def grid_indices(step: Any) -> list[ir.Value]:
+        idx = dict(ids)
+        s = i32(step)
+        for a in reversed(pl_.sequential_axes):
+            size = gm.grid[a]
+            idx[a] = arith.remui(s, i32(size)) if size > 1 else i32(0)
+            s = arith.divui(s, i32(size)) if size > 1 else s
+        return [idx[a] for a in range(len(gm.grid))]
+
+    def window(bm: BlockMapping, step: Any) -> tuple[Any, ...]:
+        sub = GPULowering(call, "mosaic_gpu", launch=state.launch)
+        blocks = lower_jaxpr(sub, bm.index_map.jaxpr, bm.index_map.consts, grid_indices(step))
+        sl: list[Any] = []
+        for b, size in zip(blocks, bm.block_shape):
+            b = i32(b) if isinstance(b, (int, np.integer)) else b
+            if size is None:
+                sl.append(index(b))
+            else:
+                sl.append(mgpu.ds(index(arith.muli(b, i32(size))), size))
+        return tuple(sl)
+
+    def fetch(k: int, step: Any, slot: Any) -> None:
+        buf, bars, tiled = in_bufs[k]
+        bm = ins[k]
+        dst = mgpu.memref_slice(buf, index(slot))
+        state.launch.async_copy(
+            src_ref=gmem[k], dst_ref=dst, gmem_slice=window(bm, step),
+            gmem_transform=(tile_transform(bm.dtype),) if tiled else (),
+            swizzle=SWIZZLE if tiled else None, barrier=bars[index(slot)])
+
+    def store_out(k: int, step: Any) -> None:
+        buf, tiled = out_bufs[k]
+        bm = outs[k]
+        state.launch.async_copy(
+            src_ref=buf, dst_ref=gmem[n_in + k], gmem_slice=window(bm, step),
+            gmem_transform=(tile_transform(bm.dtype),) if tiled else (),
+            swizzle=SWIZZLE if tiled else None)
+
+    for j in range(min(slots, steps)):
+        for k in in_bufs:
+            fetch(k, j, j)
+
+    def step_body(step: Any) -> None:
+        slot = arith.remui(i32(step), i32(slots)) if slots > 1 else i32(0)
+        block_refs: list[Any] = []
+        for k, bm in enumerate(ins):
+            if k in in_bufs:
+                buf, bars, tiled = in_bufs[k]
+                bars[index(slot)].wait()
+                block_refs.append(Ref("smem", bm.ref_shape, bm.dtype,
+                                      mgpu.memref_slice(buf, index(slot)), tiled=tiled))
+            else:
+                block_refs.append(Ref("gmem", bm.array_shape, bm.dtype, gmem[k]))
+        for k, bm in enumerate(outs):
+            if k in out_bufs:
+                buf, tiled = out_bufs[k]
+                block_refs.append(Ref("smem", bm.ref_shape, bm.dtype, buf, tiled=tiled))
+            else:
+                block_refs.append(Ref("gmem", bm.array_shape, bm.dtype, gmem[n_in + k]))
+        state.axes = {}
+        names = call.grid_mapping.grid_names
+        full = grid_indices(step)
+        state.program_ids = full[gm.num_batch_axes:]
+        if names:
+            state.axes = dict(zip(names, full))
+        lower_jaxpr(state, call.jaxpr.jaxpr, call.jaxpr.consts, [*block_refs, *scratch_vals])
+        if in_bufs and steps > slots:
+            # Refill the buffer step `step - delay` used with step `step - delay + slots`.
+            nvvm.wgmma_wait_group_sync_aligned(delay)
+            mgpu.warpgroup_barrier()
+            old = arith.subi(i32(step), i32(delay))
+            nxt = arith.addi(old, i32(slots))
+            ok = arith.andi(arith.cmpi(arith.CmpIPredicate.sge, old, i32(0)),
+                            arith.cmpi(arith.CmpIPredicate.slt, nxt, i32(steps)))
+            with mgpu.when(ok):
+                for k in in_bufs:
+                    fetch(k, nxt, arith.remui(old, i32(slots)) if slots > 1 else i32(0))
+        if out_bufs:
+            last = arith.cmpi(arith.CmpIPredicate.eq, i32(step), i32(steps - 1))
+            for k in out_bufs:
+                if steps == 1:
+                    changes = last
+                else:
+                    here = window(outs[k], step)
+                    nxt_step = arith.minui(arith.addi(i32(step), i32(1)), i32(steps - 1))
+                    there = window(outs[k], nxt_step)
+                    changes = last
+                    for a, b in zip(here, there):
+                        x = a.base if isinstance(a, mgpu.DynamicSlice) else a
+                        y = b.base if isinstance(b, mgpu.DynamicSlice) else b
+                        changes = arith.ori(changes, arith.cmpi(
+                            arith.CmpIPredicate.ne, index(x), index(y)))
+                mgpu.commit_shared()
+                with mgpu.when(changes):
+                    store_out(k, step)
+                state.launch.await_async_copy(0, await_read_only=True)
+
+    if steps == 1:
+        step_body(0)
+    else:
+        emit_for(state, steps, [], lambda i, vals: (step_body(i), [])[1])
+    if out_bufs:
+        state.launch.await_async_copy(0)
+
+
+# --- loops -----------------------------------------------------------------------------------
+
+
+def emit_for(state: GPULowering, n: Any, init: list[Any],
+             body: Callable[[ir.Value, list[Any]], list[Any]], start: Any = 0) -> list[Any]:
+    """An ``scf.for`` over ``[start, start + n)`` carrying ``init`` and every accumulator.
+
+    Carried splats take the layout the body gives them (the body is emitted again if so)."""
+    keys = sorted(state.accs)
+    for _attempt in range(3):
+        carried = [state.accs[k] for k in keys] + list(init)
+        leaves, tree = jax.tree_util.tree_flatten(carried)
+        lo = index(start)
+        hi = arith.addi(lo, index(n))
+        op = scf.ForOp(lo, hi, index(1), leaves)
+        with ir.InsertionPoint(op.body):
+            inner = jax.tree_util.tree_unflatten(tree, list(op.inner_iter_args))
+            for k, v in zip(keys, inner[:len(keys)]):
+                state.accs[k] = v
+            outs = body(i32(op.induction_variable), list(inner[len(keys):]))
+            result = [state.accs[k] for k in keys] + [state.value(o) for o in outs]
+            out_leaves, out_tree = jax.tree_util.tree_flatten(result)
+            if out_tree == tree:
+                scf.YieldOp(out_leaves)
+        if out_tree == tree:
+            done = jax.tree_util.tree_unflatten(tree, list(op.results))
+            for k, v in zip(keys, done[:len(keys)]):
+                state.accs[k] = v
+            return list(done[len(keys):])
+        op.operation.erase()
+        # Give splat carries the layout the body produced, then emit again.
+        new_init = []
+        for old, new in zip(init, result[len(keys):]):
+            if isinstance(old, FA) and isinstance(new, FA) and old.layout != new.layout:
+                old = relayout(old, new.layout)
+            new_init.append(old)
+        init = new_init
+        for k, new in zip(keys, result[:len(keys)]):
+            state.accs[k] = state.accs[k]  # accumulators keep their layout
+    raise UnsupportedError(
+        f"a loop whose carried values change layout in kernel {state.call.name!r} "
+        f"(at {state.location})")
+
+
+# --- Ref reads and writes --------------------------------------------------------------------
+
+
+def _view(state: GPULowering, ref: Ref, transforms: Any) -> Ref:
+    """``ref`` after the indexers of a Ref access (slices and integer indices)."""
+    for t in transforms:
+        indices = getattr(t, "indices", None)
+        if indices is None:
+            raise state.fail(f"the Ref transform {type(t).__name__}")
+        if ref.kind not in ("smem", "gmem"):
+            if ref.kind == "barrier" and len(indices) == 1:
+                i = indices[0]
+                if isinstance(i, _jax.Slice):
+                    raise state.fail("a slice of barriers")
+                ref = dataclasses.replace(ref, barrier=ref.barrier[index(state.value(i))],
+                                          shape=())
+                continue
+            if all(_full(i, d) for i, d in zip(indices, ref.shape)):
+                continue
+            raise state.fail(f"indexing a {ref.kind} Ref")
+        idx: list[Any] = []
+        shape: list[int] = []
+        for i, d in zip(indices, ref.shape):
+            if isinstance(i, _jax.Slice):
+                if not isinstance(i.stride, int) or i.stride != 1:
+                    raise state.fail("a strided Ref slice")
+                start = i.start
+                if isinstance(start, (int, np.integer)):
+                    idx.append(slice(int(start), int(start) + i.size))
+                else:
+                    idx.append(mgpu.ds(index(start), i.size))
+                shape.append(i.size)
+            else:
+                v = state.value(i)
+                if isinstance(v, FA):
+                    raise state.fail("gathering from a Ref with an index array")
+                idx.append(index(v) if not isinstance(v, (int, np.integer)) else int(v))
+        n_lead = len(ref.shape) - 2
+        if ref.tiled and any(not _full(i, d) for i, d in
+                             list(zip(indices, ref.shape))[max(n_lead, 0):]
+                             if len(indices) > n_lead):
+            raise state.fail("slicing the two minor dimensions of a tiled SMEM buffer (the "
+                             "wgmma layout)")
+        shape += list(ref.shape[len(indices):])
+        if ref.tiled:
+            mem = mgpu.memref_slice(ref.memref, tuple(idx[:n_lead])) if idx[:n_lead] else \
+                ref.memref
+        else:
+            mem = mgpu.memref_slice(ref.memref, tuple(idx))
+        ref = dataclasses.replace(ref, memref=mem, shape=tuple(shape))
+    return ref
+
+
+def _full(i: Any, d: int) -> bool:
+    return (isinstance(i, _jax.Slice) and isinstance(i.start, (int, np.integer))
+            and i.start == 0 and i.size == d)
+
+
+def _transforms(eqn: Any, args: Sequence[Any], n_before: int) -> Any:
+    tree = eqn.params["tree"]
+    return jax.tree_util.tree_unflatten(tree, list(args[n_before:n_before + tree.num_leaves]))
+
+
+@rule(_jax.get_p, lazy=True)
+def _get(state: GPULowering, eqn: Any, ref: Ref, *flat: Any, **_: Any) -> Any:
+    view = _view(state, ref, _transforms(eqn, [ref, *flat], 1))
+    if view.kind == "acc":
+        nvvm.wgmma_wait_group_sync_aligned(0)
+        return state.accs[view.acc_key].value
+    if view.kind == "smem" and view.shape == ref.shape and view.shape:
+        return Loaded(view)
+    return load(view)
+
+
+@rule(_jax.swap_p, lazy=True)
+def _swap(state: GPULowering, eqn: Any, ref: Ref, value: Any, *flat: Any, **_: Any
+          ) -> Any:
+    value = state.value(value)
+    view = _view(state, ref, _transforms(eqn, [ref, value, *flat], 2))
+    if view.kind == "acc":
+        nvvm.wgmma_wait_group_sync_aligned(0)
+        old = state.accs[view.acc_key].value
+        state.accs[view.acc_key] = mgpu.WGMMAAccumulator.from_registers(relayout(value, WGMMA))
+        return old
+    old = None
+    if eqn.outvars and type(eqn.outvars[0]).__name__ != "DropVar":
+        old = load(view)
+    store(view, value)
+    return old
+
+
+# --- elementwise -----------------------------------------------------------------------------
+
+
+def _splat_like(x: Any, like: Any, dtype: Any) -> Any:
+    if isinstance(x, FA) or not isinstance(like, FA):
+        return x
+    return splat(x, like.shape, dtype)
+
+
+def _unexpand(state: GPULowering, eqn: Any, args: Sequence[Any]) -> tuple[list[Any], Any]:
+    """Operands of an elementwise op, with :class:`Expanded` ones unwrapped (all alike)."""
+    exp = [a for a in args if isinstance(a, Expanded)]
+    if not exp:
+        return list(args), None
+    first = exp[0]
+    out_shape = tuple(eqn.outvars[0].aval.shape)
+    if any(isinstance(a, FA) for a in args) or any(e.shape != out_shape for e in exp):
+        # (m, 1) against (m, n): the unit dimensions broadcast.
+        return [_broadcast(state, a, out_shape) if isinstance(a, Expanded) else a
+                for a in args], None
+    if any(e.dims != first.dims for e in exp):
+        raise state.fail("an elementwise op between arrays with unit dimensions in different "
+                         "places")
+    return [a.array if isinstance(a, Expanded) else a for a in args], first
+
+
+def _broadcast(state: GPULowering, x: Expanded, shape: tuple[int, ...]) -> Any:
+    try:
+        return x.array.broadcast_in_dim(shape, x.dims, layout_for(shape))
+    except (NotImplementedError, ValueError) as e:
+        raise state.fail(f"broadcasting {x.array.shape} in layout {x.array.layout} to {shape} "
+                         f"({e})") from None
+
+
+def _rewrap(out: Any, like: Any) -> Any:
+    return Expanded(out, like.shape, like.dims) if like is not None else out
+
+
+def _binary(float_op: Any, int_op: Any, uint_op: Any = None, fa_op: Any = None) -> Any:
+    def lower(state: GPULowering, eqn: Any, x: Any, y: Any, **_: Any) -> Any:
+        (x, y), exp = _unexpand(state, eqn, [x, y])
+        dtype = eqn.invars[0].aval.dtype
+        if isinstance(x, FA) or isinstance(y, FA):
+            x, y = _splat_like(x, y, dtype), _splat_like(y, x, dtype)
+            if fa_op is None:
+                raise state.fail(f"{eqn.primitive.name} on arrays")
+            return _rewrap(fa_op(x, y), exp)
+        op = float_op if is_float(dtype) else (uint_op if uint_op and is_unsigned(dtype)
+                                               else int_op)
+        if op is None:
+            raise state.fail(f"{eqn.primitive.name} on {dtype}")
+        return _rewrap(op(x, y), exp)
+    return lower
+
+
+for _p, _ops in {
+    lax.add_p: (arith.addf, arith.addi, None, lambda a, b: a + b),
+    lax.sub_p: (arith.subf, arith.subi, None, lambda a, b: a - b),
+    lax.mul_p: (arith.mulf, arith.muli, None, lambda a, b: a * b),
+    lax.div_p: (arith.divf, arith.divsi, arith.divui, lambda a, b: a / b),
+    lax.rem_p: (arith.remf, arith.remsi, arith.remui, lambda a, b: a % b),
+    lax.max_p: (arith.maximumf, arith.maxsi, arith.maxui, lambda a, b: a.max(b)),
+    lax.min_p: (arith.minimumf, arith.minsi, arith.minui, lambda a, b: a.min(b)),
+    lax.and_p: (None, arith.andi, None, lambda a, b: a & b),
+    lax.or_p: (None, arith.ori, None, lambda a, b: a | b),
+    lax.xor_p: (None, arith.xori, None, lambda a, b: a ^ b),
+}.items():
+    rule(_p)(_binary(*_ops))
+
+_CMP = {
+    lax.eq_p: ("oeq", "eq", "eq", lambda a, b: a == b),
+    lax.ne_p: ("une", "ne", "ne", lambda a, b: a != b),
+    lax.lt_p: ("olt", "slt", "ult", lambda a, b: a < b),
+    lax.le_p: ("ole", "sle", "ule", lambda a, b: a <= b),
+    lax.gt_p: ("ogt", "sgt", "ugt", lambda a, b: a > b),
+    lax.ge_p: ("oge", "sge", "uge", lambda a, b: a >= b),
+}
+
+
+@rule(*_CMP)
+def _compare(state: GPULowering, eqn: Any, x: Any, y: Any, **_: Any) -> Any:
+    (x, y), exp = _unexpand(state, eqn, [x, y])
+    fpred, spred, upred, fa_op = _CMP[eqn.primitive]
+    dtype = eqn.invars[0].aval.dtype
+    if isinstance(x, FA) or isinstance(y, FA):
+        x, y = _splat_like(x, y, dtype), _splat_like(y, x, dtype)
+        return _rewrap(fa_op(x, y), exp)
+    if is_float(dtype):
+        return _rewrap(arith.cmpf(getattr(arith.CmpFPredicate, fpred), x, y), exp)
+    pred = upred if is_unsigned(dtype) else spred
+    return _rewrap(arith.cmpi(getattr(arith.CmpIPredicate, pred), x, y), exp)
+
+
+def _unary(fa_method: str, scalar_op: Any, approx_ok: bool = False) -> Any:
+    def lower(state: GPULowering, eqn: Any, x: Any, **_: Any) -> Any:
+        (x,), exp = _unexpand(state, eqn, [x])
+        if isinstance(x, FA):
+            fn = getattr(x, fa_method)
+            return _rewrap(fn(approx=state.approx) if approx_ok else fn(), exp)
+        if scalar_op is None:
+            raise state.fail(f"{eqn.primitive.name} on a scalar")
+        return _rewrap(scalar_op(x), exp)
+    return lower
+
+
+rule(lax.exp_p)(_unary("exp", mmath.exp, True))
+rule(lax.exp2_p)(_unary("exp2", mmath.exp2, True))
+rule(lax.log_p)(_unary("log", mmath.log, True))
+rule(lax.tanh_p)(_unary("tanh", mmath.tanh, True))
+rule(lax.rsqrt_p)(_unary("rsqrt", mmath.rsqrt, True))
+rule(lax.sin_p)(_unary("sin", mmath.sin, True))
+rule(lax.cos_p)(_unary("cos", mmath.cos, True))
+rule(lax.abs_p)(_unary("abs", None))
+
+
+@rule(lax.neg_p)
+def _neg(state: GPULowering, eqn: Any, x: Any, **_: Any) -> Any:
+    (x,), exp = _unexpand(state, eqn, [x])
+    if isinstance(x, FA):
+        return _rewrap(-x, exp)
+    dtype = eqn.invars[0].aval.dtype
+    if is_float(dtype):
+        return _rewrap(arith.negf(x), exp)
+    return _rewrap(arith.subi(scalar_constant(0, dtype), x), exp)
+
+
+@rule(lax.not_p)
+def _not(state: GPULowering, eqn: Any, x: Any, **_: Any) -> Any:
+    (x,), exp = _unexpand(state, eqn, [x])
+    if isinstance(x, FA):
+        return _rewrap(~x, exp)
+    dtype = eqn.invars[0].aval.dtype
+    ones = scalar_constant(1 if dtype == np.bool_ else -1, dtype)
+    return _rewrap(arith.xori(x, ones), exp)
+
+
+@rule(lax.logistic_p)
+def _logistic(state: GPULowering, eqn: Any, x: Any, **_: Any) -> Any:
+    (x,), exp = _unexpand(state, eqn, [x])
+    dtype = eqn.invars[0].aval.dtype
+    one = scalar_constant(1.0, dtype)
+    if isinstance(x, FA):
+        return _rewrap(splat(one, x.shape, dtype) / ((-x).exp(approx=state.approx) + 1.0), exp)
+    return _rewrap(arith.divf(one, arith.addf(one, mmath.exp(arith.negf(x)))), exp)
+
+
+@rule(lax.integer_pow_p)
+def _integer_pow(state: GPULowering, eqn: Any, x: Any, *, y: int, **_: Any) -> Any:
+    (x,), exp = _unexpand(state, eqn, [x])
+    if y < 1:
+        raise state.fail(f"integer_pow with exponent {y}")
+    out = x
+    for _ in range(y - 1):
+        out = out * x if isinstance(x, FA) else (
+            arith.mulf(out, x) if is_float(eqn.invars[0].aval.dtype) else arith.muli(out, x))
+    return _rewrap(out, exp)
+
+
+@rule(lax.select_n_p)
+def _select(state: GPULowering, eqn: Any, pred: Any, *cases: Any, **_: Any) -> Any:
+    (pred, *cases), exp = _unexpand(state, eqn, [pred, *cases])
+    if len(cases) != 2:
+        raise state.fail("select_n with more than two cases")
+    on_false, on_true = cases
+    dtype = eqn.outvars[0].aval.dtype
+    if eqn.invars[0].aval.dtype != np.bool_:
+        raise state.fail("select_n on an integer predicate")
+    if any(isinstance(v, FA) for v in (pred, on_false, on_true)):
+        like = next(v for v in (pred, on_true, on_false) if isinstance(v, FA))
+        pred = _splat_like(pred, like, np.bool_)
+        on_true, on_false = _splat_like(on_true, like, dtype), _splat_like(on_false, like, dtype)
+        return _rewrap(pred.select(on_true, on_false), exp)
+    return _rewrap(arith.select(pred, on_true, on_false), exp)
+
+
+@rule(lax.convert_element_type_p)
+def _convert(state: GPULowering, eqn: Any, x: Any, **_: Any) -> Any:
+    (x,), exp = _unexpand(state, eqn, [x])
+    src, dst = eqn.invars[0].aval.dtype, eqn.outvars[0].aval.dtype
+    if isinstance(x, FA):
+        return _rewrap(x.astype(element_type(dst), is_signed=signed(dst)), exp)
+    if src == dst:
+        return x
+    t = element_type(dst)
+    if is_float(src) and is_float(dst):
+        wider = np.dtype(dst).itemsize > np.dtype(src).itemsize
+        return _rewrap((arith.extf if wider else arith.truncf)(t, x), exp)
+    if is_float(src):
+        return _rewrap((arith.fptoui if is_unsigned(dst) else arith.fptosi)(t, x), exp)
+    if is_float(dst):
+        return _rewrap((arith.uitofp if is_unsigned(src) else arith.sitofp)(t, x), exp)
+    sw, dw = np.dtype(src).itemsize, np.dtype(dst).itemsize
+    if src == np.bool_ or dw > sw:
+        return _rewrap((arith.extui if is_unsigned(src) else arith.extsi)(t, x), exp)
+    return _rewrap(arith.trunci(t, x) if dw < sw else x, exp)
+
+
+@rule(lax.iota_p)
+def _iota(state: GPULowering, eqn: Any, *, dtype: Any, shape: Any, dimension: int,
+          **_: Any) -> Any:
+    return FA.broadcasted_iota(element_type(dtype), tuple(shape), dimension,
+                               layout_for(shape), is_signed=signed(dtype))
+
+
+@rule(lax.broadcast_in_dim_p)
+def _broadcast_in_dim(state: GPULowering, eqn: Any, x: Any, *dyn: Any, shape: Any,
+                      broadcast_dimensions: Any, **_: Any) -> Any:
+    shape, dims = tuple(shape), tuple(broadcast_dimensions)
+    dtype = eqn.outvars[0].aval.dtype
+    if isinstance(x, Expanded):
+        x, dims = x.array, tuple(dims[d] for d in x.dims)
+    if not isinstance(x, FA):
+        return splat(x, shape, dtype)
+    if isinstance(x.layout, mgpu.WGSplatFragLayout):
+        return FA.splat(x.registers.flat[0], shape, is_signed=x.is_signed)
+    if tuple(x.shape) == shape:
+        return x
+    full = [d for d in range(len(shape)) if d not in dims]
+    if all(shape[d] == 1 for d in full):
+        return Expanded(x, shape, dims)
+    try:
+        return x.broadcast_in_dim(shape, dims, layout_for(shape))
+    except (NotImplementedError, ValueError) as e:
+        raise state.fail(f"broadcasting {x.shape} in layout {x.layout} to {shape} ({e})"
+                         ) from None
+
+
+@rule(lax.reshape_p, lax.squeeze_p)
+def _reshape(state: GPULowering, eqn: Any, x: Any, *dyn: Any, **_: Any) -> Any:
+    shape = tuple(eqn.outvars[0].aval.shape)
+    if not isinstance(x, (FA, Expanded)):
+        return x
+    if isinstance(x, Expanded):
+        if math.prod(shape) == math.prod(x.array.shape) and tuple(
+                d for d in shape if d != 1) == tuple(d for d in x.array.shape if d != 1):
+            if shape == tuple(x.array.shape):
+                return x.array
+            kept = [i for i, d in enumerate(shape) if d != 1]
+            return Expanded(x.array, shape, tuple(kept))
+        raise state.fail(f"reshaping {x.shape} to {shape}")
+    if isinstance(x.layout, mgpu.WGSplatFragLayout):
+        return FA.splat(x.registers.flat[0], shape, is_signed=x.is_signed)
+    if tuple(d for d in shape if d != 1) == tuple(d for d in x.shape if d != 1):
+        kept = tuple(i for i, d in enumerate(shape) if d != 1)
+        return Expanded(x, shape, kept) if len(kept) == len(x.shape) else x.reshape(shape)
+    try:
+        return x.reshape(shape)
+    except (NotImplementedError, ValueError) as e:
+        raise state.fail(f"reshaping {x.shape} to {shape} ({e})") from None
+
+
+_REDUCE = {lax.reduce_sum_p: "add", lax.reduce_max_p: "max", lax.reduce_min_p: "min"}
+
+
+@rule(*_REDUCE)
+def _reduce(state: GPULowering, eqn: Any, x: Any, *, axes: Any, **_: Any) -> Any:
+    if not isinstance(x, FA):
+        raise state.fail(f"{eqn.primitive.name} of a scalar")
+    op = _REDUCE[eqn.primitive]
+    if isinstance(x.layout, mgpu.WGSplatFragLayout):
+        raise state.fail(f"{eqn.primitive.name} of a constant array")
+    try:
+        return x.reduce(op, tuple(axes))
+    except (NotImplementedError, ValueError) as e:
+        raise state.fail(f"{eqn.primitive.name} over axes {tuple(axes)} of {x.shape} in "
+                         f"layout {x.layout} ({e})") from None
+
+
+# --- matmul ----------------------------------------------------------------------------------
+
+
+def _operand_ref(state: GPULowering, v: Any, what: str) -> Ref:
+    if not isinstance(v, Loaded) or not v.ref.tiled:
+        raise state.fail(
+            f"a dot whose {what} operand is not a whole SMEM block of a 16-bit dtype with both "
+            "dimensions multiples of 64 (wgmma reads its B operand from such tiled SMEM)")
+    return v.ref
+
+
+def _transposed(ref: Ref) -> Any:
+    rank = len(tile_shape(ref.shape, ref.dtype))
+    perm = list(range(rank - 4)) + [rank - 3, rank - 4, rank - 1, rank - 2]
+    return mgpu.memref_transpose(ref.memref, tuple(perm))
+
+
+def wgmma_into(state: GPULowering, acc: Any, a: Any, b: Any, a_t: bool = False,
+               b_t: bool = False) -> Any:
+    """``acc + a @ b`` (``a``/``b`` transposed when asked) issued as wgmma."""
+    if isinstance(a, Loaded) or isinstance(a, Ref):
+        a_ref = a.ref if isinstance(a, Loaded) else a
+        a_op = _transposed(a_ref) if a_t else a_ref.memref
+    else:
+        if a_t:
+            raise state.fail("a dot with a transposed register operand")
+        a_op = relayout(a, WGMMA)
+    b_ref = b.ref if isinstance(b, Loaded) else b
+    b_op = _transposed(b_ref) if b_t else b_ref.memref
+    try:
+        return mgpu.wgmma(acc, a_op, b_op, swizzle=SWIZZLE)
+    except (NotImplementedError, ValueError) as e:
+        raise state.fail(f"this wgmma ({e})") from None
+
+
+@rule(lax.dot_general_p, lazy=True)
+def _dot(state: GPULowering, eqn: Any, a: Any, b: Any, *, dimension_numbers: Any,
+         preferred_element_type: Any = None, **_: Any) -> Any:
+    (ca, cb), (ba, bb) = dimension_numbers
+    if ba or bb or len(eqn.invars[0].aval.shape) != 2 or len(eqn.invars[1].aval.shape) != 2:
+        raise state.fail("a batched or non-2-D dot")
+    a_t, b_t = tuple(ca) == (0,), tuple(cb) == (1,)
+    if not isinstance(b, Loaded):
+        raise state.fail(
+            "a dot whose right operand is not read straight from an SMEM block (wgmma reads "
+            "B from shared memory: write jnp.dot(x, b_ref[...]))")
+    _operand_ref(state, b, "right")
+    if isinstance(a, Loaded):
+        _operand_ref(state, a, "left")
+    out_dtype = eqn.outvars[0].aval.dtype
+    m, n = eqn.outvars[0].aval.shape
+    acc_dtype = np.float32 if is_float(out_dtype) else np.int32
+    acc = mgpu.WGMMAAccumulator.zero(m, n, element_type(acc_dtype))
+    acc = wgmma_into(state, acc, a, b, a_t, b_t)
+    nvvm.wgmma_wait_group_sync_aligned(0)
+    out = acc.value
+    if np.dtype(out_dtype) != np.dtype(acc_dtype):
+        out = out.astype(element_type(out_dtype), is_signed=signed(out_dtype))
+    return out
+
+
+# --- control flow ----------------------------------------------------------------------------
+
+
+@rule(prims.program_id_p)
+def _program_id(state: GPULowering, eqn: Any, *, axis: int, **_: Any) -> Any:
+    return state.program_ids[axis]
+
+
+@rule(_jax.axis_index_p)
+def _axis_index(state: GPULowering, eqn: Any, *, axis_name: Any, **_: Any) -> Any:
+    name = axis_name[0] if isinstance(axis_name, tuple) and len(axis_name) == 1 else axis_name
+    if name not in state.axes:
+        raise state.fail(f"jax.lax.axis_index({name!r}) (the kernel's axes are "
+                         f"{sorted(state.axes)})")
+    return state.axes[name]
+
+
+@rule(*mlir_lowering.CALL_PRIMITIVES, lazy=True)
+def _call(state: GPULowering, eqn: Any, *args: Any, **_: Any) -> Any:
+    jaxpr, consts = mlir_lowering.called_jaxpr(eqn)
+    return lower_jaxpr(state, jaxpr, consts, args)
+
+
+@rule(_jax.cond_p, lazy=True)
+def _cond(state: GPULowering, eqn: Any, pred: Any, *args: Any, branches: Any, **_: Any) -> Any:
+    pred = state.value(pred)
+    if isinstance(pred, FA):
+        raise state.fail("a branch on an array")
+    if len(branches) != 2:
+        raise state.fail("lax.switch with more than two branches")
+    if eqn.outvars:
+        out_avals = [v.aval for v in eqn.outvars]
+        if any(a.shape for a in out_avals):
+            raise state.fail("a conditional returning arrays (write them to Refs instead)")
+    cond = arith.cmpi(arith.CmpIPredicate.ne, i32(pred) if not isinstance(pred.type,
+                      ir.IntegerType) or ir.IntegerType(pred.type).width != 1 else
+                      arith.extui(ir.IntegerType.get_signless(32), pred), i32(0))
+    keys = sorted(state.accs)
+    leaves_types: list[Any] = []
+    result_types = [element_type(v.aval.dtype) for v in eqn.outvars]
+    before = {k: state.accs[k] for k in keys}
+    acc_leaves, acc_tree = jax.tree_util.tree_flatten([before[k] for k in keys])
+    leaves_types = [leaf.type for leaf in acc_leaves]
+    op = scf.IfOp(cond, result_types + leaves_types, hasElse=True)
+    for block, branch in ((op.then_block, branches[1]), (op.else_block, branches[0])):
+        with ir.InsertionPoint(block):
+            for k in keys:
+                state.accs[k] = before[k]
+            outs = lower_jaxpr(state, branch.jaxpr, branch.consts, args)
+            outs = [state.value(o) for o in outs]
+            leaves = jax.tree_util.tree_flatten([state.accs[k] for k in keys])[0]
+            scf.YieldOp([*outs, *leaves])
+    results = list(op.results)
+    n = len(result_types)
+    done = jax.tree_util.tree_unflatten(acc_tree, results[n:])
+    for k, v in zip(keys, done):
+        state.accs[k] = v
+    return results[:n]
+
+
+@rule(_jax.scan_p, lazy=True)
+def _scan(state: GPULowering, eqn: Any, *args: Any, jaxpr: Any, length: int,
+          reverse: bool, **_: Any) -> Any:
+    consts, carry, xs, split_out = _jax.scan_parts(eqn.params, args)
+    if xs or reverse:
+        raise state.fail("lax.scan over arrays or reversed (use lax.fori_loop)")
+    carry = [state.value(c) for c in carry]
+
+    def body(i: ir.Value, vals: list[Any]) -> list[Any]:
+        outs, ys = split_out(lower_jaxpr(state, jaxpr.jaxpr, jaxpr.consts, [*consts, *vals]))
+        if ys:
+            raise state.fail("lax.scan with stacked outputs")
+        return outs
+
+    return emit_for(state, length, carry, body)
+
+
+@rule(_jax.while_p, lazy=True)
+def _while(state: GPULowering, eqn: Any, *args: Any, cond_jaxpr: Any, body_jaxpr: Any,
+           cond_nconsts: int, body_nconsts: int, **_: Any) -> Any:
+    cconsts = args[:cond_nconsts]
+    bconsts = args[cond_nconsts:cond_nconsts + body_nconsts]
+    init = [state.value(a) for a in args[cond_nconsts + body_nconsts:]]
+    # fori_loop(lo, hi, f, x) with dynamic bounds: (i, hi, x) carried, i < hi tested.
+    cj = cond_jaxpr.jaxpr
+    fori = (len(cj.eqns) == 1 and cj.eqns[0].primitive is lax.lt_p and not cconsts
+            and cj.eqns[0].invars[0] is cj.invars[0] and cj.eqns[0].invars[1] is cj.invars[1])
+    if not fori:
+        raise state.fail("a while loop (use lax.fori_loop)")
+    lo, hi, rest = init[0], init[1], init[2:]
+
+    def body(i: ir.Value, vals: list[Any]) -> list[Any]:
+        outs = lower_jaxpr(state, body_jaxpr.jaxpr, body_jaxpr.consts,
+                           [*bconsts, i, hi, *vals])
+        return outs[2:]
+
+    n = arith.maxsi(arith.subi(i32(hi), i32(lo)), i32(0))
+    outs = emit_for(state, n, rest, body, start=lo)
+    return [arith.maxsi(i32(hi), i32(lo)), hi, *outs]
+
+
+@rule(prims.run_scoped_p, lazy=True)
+def _run_scoped(state: GPULowering, eqn: Any, *consts: Any, jaxpr: Any, scoped: Any,
+                **_: Any) -> Any:
+    refs = []
+    for n, mref in enumerate(scoped):
+        if mref.memory_space is ACC_SPACE:
+            key = id(eqn) * 100 + n
+            state.accs[key] = mgpu.WGMMAAccumulator.zero(*mref.shape,
+                                                         element_type(mref.dtype))
+            refs.append(Ref("acc", tuple(mref.shape), mref.dtype, acc_key=key))
+        else:
+            raise state.fail(f"pl.run_scoped allocating {mref.memory_space} (allocate SMEM and "
+                             "barriers in scratch_shapes)")
+    outs = lower_jaxpr(state, jaxpr.jaxpr, jaxpr.consts, [*consts, *refs])
+    for r in refs:
+        state.accs.pop(r.acc_key, None)
+    return outs
+
+
+@rule(prims.multiple_of_p)
+def _multiple_of(state: GPULowering, eqn: Any, x: Any, **_: Any) -> Any:
+    return x
+
+
+# --- this backend's primitives -----------------------------------------------------------------
+
+
+def _views(state: GPULowering, eqn: Any, args: Sequence[Any]) -> list[Ref]:
+    roles = eqn.params["roles"]
+    n_refs = max(roles) + 1 if roles else 0
+    tree = eqn.params["tree"]
+    transforms = jax.tree_util.tree_unflatten(tree, list(args[n_refs:n_refs + tree.num_leaves]))
+    return [_view(state, args[r], t) for r, t in zip(roles, transforms)]
+
+
+def _gmem_window(ref: Ref) -> Any:
+    return ref.memref
+
+
+@rule(gp.copy_gmem_to_smem_p, lazy=True)
+def _copy_in(state: GPULowering, eqn: Any, *args: Any, **_: Any) -> Any:
+    src, dst, bar = _views(state, eqn, args)
+    state.launch.async_copy(
+        src_ref=src.memref, dst_ref=dst.memref,
+        gmem_transform=(tile_transform(dst.dtype),) if dst.tiled else (),
+        swizzle=SWIZZLE if dst.tiled else None, barrier=bar.barrier)
+    return []
+
+
+@rule(gp.copy_smem_to_gmem_p, lazy=True)
+def _copy_out(state: GPULowering, eqn: Any, *args: Any, **_: Any) -> Any:
+    src, dst = _views(state, eqn, args)
+    state.launch.async_copy(
+        src_ref=src.memref, dst_ref=dst.memref,
+        gmem_transform=(tile_transform(src.dtype),) if src.tiled else (),
+        swizzle=SWIZZLE if src.tiled else None)
+    return []
+
+
+@rule(gp.barrier_wait_p, lazy=True)
+def _barrier_wait(state: GPULowering, eqn: Any, *args: Any, **_: Any) -> Any:
+    (bar,) = _views(state, eqn, args)
+    bar.barrier.wait()
+    return []
+
+
+@rule(gp.barrier_arrive_p, lazy=True)
+def _barrier_arrive(state: GPULowering, eqn: Any, *args: Any, **_: Any) -> Any:
+    (bar,) = _views(state, eqn, args)
+    bar.barrier.arrive()
+    return []
+
+
+@rule(gp.commit_smem_p)
+def _commit(state: GPULowering, eqn: Any, **_: Any) -> Any:
+    mgpu.commit_shared()
+    return []
+
+
+@rule(gp.wait_smem_to_gmem_p)
+def _wait_out(state: GPULowering, eqn: Any, *, n: int, read_only: bool, **_: Any) -> Any:
+    state.launch.await_async_copy(n, await_read_only=read_only)
+    return []
+
+
+@rule(gp.wgmma_wait_p)
+def _wgmma_wait(state: GPULowering, eqn: Any, *, n: int, **_: Any) -> Any:
+    nvvm.wgmma_wait_group_sync_aligned(n)
+    return []
+
+
+@rule(gp.wgmma_p, lazy=True)
+def _wgmma(state: GPULowering, eqn: Any, *args: Any, a_is_ref: bool, **_: Any) -> Any:
+    views = _views(state, eqn, args)
+    acc = views[0]
+    if a_is_ref:
+        a, b = views[1], views[2]
+        if not a.tiled:
+            raise state.fail("plgpu.wgmma with an A operand in untiled SMEM")
+    else:
+        a, b = state.value(args[-1]), views[1]
+    if not b.tiled:
+        raise state.fail("plgpu.wgmma with a B operand that is not a tiled SMEM buffer "
+                         "(16-bit dtype, both dimensions multiples of 64)")
+    state.accs[acc.acc_key] = wgmma_into(state, state.accs[acc.acc_key], a, b)
+    return []
+
+
+def kernel_fn(call: KernelCall) -> Callable[..., Any]:
+    """:func:`build` in a context of its own (the module is carried as bytes from there)."""
+    with _jax.make_ir_context(), ir.Location.unknown():
+        return build(call)

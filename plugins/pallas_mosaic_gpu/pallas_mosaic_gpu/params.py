@@ -1,0 +1,227 @@
+"""The Mosaic GPU backend's compiler parameters, memory spaces, scratch types and meshes."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pallas_core.errors import PallasError, UnsupportedError
+from pallas_core.spec import CompilerParams as _CompilerParams
+from pallas_core.spec import MemoryRef, MemorySpace
+
+NAME = "mosaic_gpu"
+
+GMEM = MemorySpace("GMEM", backend=NAME)
+"""Global memory: whole arrays, read and written by TMA copies (or directly)."""
+SMEM = MemorySpace("SMEM", backend=NAME)
+"""Shared memory of one thread block: pipelined blocks and scratch buffers."""
+TMEM = MemorySpace("TMEM", backend=NAME)
+"""Tensor memory (Blackwell, sm_100 and newer); refused on Hopper targets."""
+ACC_SPACE = MemorySpace("ACC", backend=NAME, zeroed=True)
+"""Warpgroup-matmul accumulators held in registers (see :func:`ACC`)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BarrierSpace(MemorySpace):
+    """Where mbarriers live (shared memory); each barrier completes a phase after
+    ``num_arrivals`` arrivals. The interpreter counts completed phases in an int32."""
+
+    num_arrivals: int = 1
+
+
+LANE = "lane"
+SEQUENTIAL = "sequential"
+PARALLEL = "parallel"
+_SEMANTICS = {"parallel": PARALLEL, "sequential": SEQUENTIAL, "arbitrary": SEQUENTIAL}
+
+
+@dataclasses.dataclass(frozen=True)
+class Mesh:
+    """The launch of a ``plgpu.kernel``: a grid of thread blocks (``grid`` named by
+    ``grid_names``), optional clusters of blocks, and ``num_threads`` warpgroups per block
+    (named ``thread_name``). Its axes are read with ``jax.lax.axis_index(name)``."""
+
+    grid: tuple[int, ...] = ()
+    grid_names: tuple[str, ...] = ()
+    cluster: tuple[int, ...] = ()
+    cluster_names: tuple[str, ...] = ()
+    num_threads: int | None = None
+    thread_name: str | None = None
+
+    def __post_init__(self) -> None:
+        for field in ("grid", "grid_names", "cluster", "cluster_names"):
+            object.__setattr__(self, field, tuple(getattr(self, field)))
+        if len(self.grid) > 3 or len(self.cluster) > 3:
+            raise PallasError(f"plgpu.kernel(grid={self.grid}, cluster={self.cluster}): a CUDA "
+                              "launch has at most 3 grid and 3 cluster dimensions. Fix: fold "
+                              "axes together (e.g. grid=(b * h, n)).")
+        if self.grid_names and len(self.grid_names) != len(self.grid):
+            raise PallasError(f"plgpu.kernel: grid_names={self.grid_names} names "
+                              f"{len(self.grid_names)} axes but grid={self.grid} has "
+                              f"{len(self.grid)}. Fix: one name per grid axis.")
+        if len(self.cluster_names) != len(self.cluster):
+            raise PallasError(f"plgpu.kernel: cluster_names={self.cluster_names} must name each "
+                              f"of the {len(self.cluster)} cluster axes.")
+        if self.cluster and (len(self.cluster) > len(self.grid) or any(
+                g % c for g, c in zip(self.grid, self.cluster))):
+            raise PallasError(f"plgpu.kernel(grid={self.grid}, cluster={self.cluster}): each "
+                              "cluster dimension must divide the grid dimension it groups.")
+        if (self.num_threads is None) != (self.thread_name is None):
+            raise PallasError("plgpu.kernel: give num_threads and thread_name together (the "
+                              "number of warpgroups per block and the axis that indexes them).")
+        if self.num_threads is not None and not 1 <= self.num_threads <= 4:
+            raise PallasError(f"plgpu.kernel(num_threads={self.num_threads}): a block runs 1 "
+                              "to 4 warpgroups of 128 threads. Fix: num_threads in [1, 4].")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The mesh axes the core sees: grid axes, then cluster axes, then the thread axis."""
+        grid = self.grid_names or tuple(f"_grid{i}" for i in range(len(self.grid)))
+        thread = (self.thread_name,) if self.thread_name is not None else ()
+        return (*grid, *self.cluster_names, *thread)
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """The sizes of :attr:`names`: grid axes count clusters when there are clusters."""
+        grid = tuple(g // c for g, c in zip(self.grid, self.cluster + (1,) * 3))
+        thread = (self.num_threads,) if self.num_threads is not None else ()
+        return (*grid, *self.cluster, *thread)
+
+
+@dataclasses.dataclass(frozen=True)
+class GPUCompilerParams(_CompilerParams):
+    """Compiler parameters of the Mosaic GPU backend; passing them selects it.
+
+    * ``dimension_semantics``: per grid axis ``"parallel"`` (a CUDA grid dimension) or
+      ``"sequential"``/``"arbitrary"`` (a loop inside each thread block, its input blocks
+      pipelined with TMA). Sequential axes come last. Unset: every axis along which some
+      output block is revisited is sequential, the others parallel.
+    * ``max_concurrent_steps``: how many steps of the sequential loop have their input blocks
+      in flight (buffers per input); 1 means no overlap.
+    * ``delay_release``: steps to keep an input buffer after its step (for ``wgmma`` that is
+      still reading it); must be below ``max_concurrent_steps``.
+    * ``lowering_semantics``: ``"lane"`` (each warpgroup's arrays are spread over its lanes).
+    * ``approx_math``: use the GPU's fast approximate ``exp``/``log``/``tanh``.
+    * ``mesh``: set by :func:`kernel` (the launch of a ``plgpu.kernel``).
+    """
+
+    BACKEND: ClassVar[str] = NAME
+    dimension_semantics: Sequence[str] | None = None
+    max_concurrent_steps: int = 1
+    delay_release: int = 0
+    lowering_semantics: str = LANE
+    approx_math: bool = False
+    mesh: Mesh | None = None
+
+    def __post_init__(self) -> None:
+        if self.dimension_semantics is not None:
+            sem = []
+            for s in self.dimension_semantics:
+                key = str(getattr(s, "value", s)).lower()
+                if key not in _SEMANTICS:
+                    raise PallasError(
+                        f"plgpu.CompilerParams(dimension_semantics={self.dimension_semantics!r})"
+                        f": each entry must be 'parallel', 'sequential' or 'arbitrary', found "
+                        f"{s!r}. Fix: e.g. dimension_semantics=('parallel', 'sequential').")
+                sem.append(_SEMANTICS[key])
+            object.__setattr__(self, "dimension_semantics", tuple(sem))
+        steps = self.max_concurrent_steps
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+            raise PallasError(f"plgpu.CompilerParams(max_concurrent_steps={steps!r}): expected "
+                              "an int >= 1 (1: no overlap; 2: double buffering).")
+        delay = self.delay_release
+        if not isinstance(delay, int) or isinstance(delay, bool) or not 0 <= delay < steps:
+            raise PallasError(f"plgpu.CompilerParams(delay_release={delay!r}): expected an int "
+                              f"in [0, max_concurrent_steps={steps}). Fix: raise "
+                              "max_concurrent_steps or lower delay_release.")
+        semantics = str(getattr(self.lowering_semantics, "value", self.lowering_semantics))
+        if semantics.lower() != LANE:
+            raise UnsupportedError(
+                f"plgpu.CompilerParams(lowering_semantics={self.lowering_semantics!r}): only "
+                "lane semantics are supported. Fix: drop lowering_semantics.")
+        object.__setattr__(self, "lowering_semantics", LANE)
+
+
+CompilerParams = GPUCompilerParams
+
+
+def ACC(shape: Sequence[int], dtype: Any = jnp.float32) -> MemoryRef:  # noqa: N802 - JAX's name
+    """A ``wgmma`` accumulator of ``shape`` (M a multiple of 64, N of 8), held in registers
+    and zero at the start; read it with ``acc_ref[...]`` (which waits for pending wgmma)."""
+    shape = tuple(int(d) for d in shape)
+    if len(shape) != 2 or shape[0] % 64 or shape[1] % 8 or shape[1] > 256:
+        raise PallasError(f"plgpu.ACC({shape}): an accumulator is (M, N) with M a multiple of "
+                          "64 and N a multiple of 8, at most 256. Fix: e.g. ACC((64, 128)).")
+    if np.dtype(dtype) not in (np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.int32)):
+        raise PallasError(f"plgpu.ACC(dtype={np.dtype(dtype)}): accumulators are float32, "
+                          "float16 or int32.")
+    return ACC_SPACE(shape, dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class Barrier:
+    """``num_barriers`` mbarriers in shared memory, each completing a phase after
+    ``num_arrivals`` arrivals (``plgpu.barrier_arrive``) or, for barriers given to
+    ``copy_gmem_to_smem``, once the copy's bytes have landed.
+
+    ``num_threads=`` is an older spelling of ``num_arrivals`` and means the same.
+    """
+
+    num_arrivals: int = 1
+    num_barriers: int = 1
+    num_threads: dataclasses.InitVar[int | None] = None
+
+    def __post_init__(self, num_threads: int | None) -> None:
+        if num_threads is not None:
+            object.__setattr__(self, "num_arrivals", num_threads)
+        for field in ("num_arrivals", "num_barriers"):
+            v = getattr(self, field)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise PallasError(f"plgpu.Barrier({field}={v!r}): expected an int >= 1.")
+
+    def memory_ref(self) -> MemoryRef:
+        """The scratch description (``pl.run_scoped`` and ``scratch_shapes`` take it)."""
+        space = BarrierSpace("BARRIER", backend=NAME, zeroed=True,
+                             num_arrivals=self.num_arrivals)
+        return space((self.num_barriers,), np.int32)
+
+
+def kernel(body: Callable[..., None] | None = None, out_shape: Any = None, *,
+           scratch_shapes: Any = (), compiler_params: GPUCompilerParams | None = None,
+           grid: Sequence[int] = (), grid_names: Sequence[str] = (),
+           cluster: Sequence[int] = (), cluster_names: Sequence[str] = (),
+           num_threads: int | None = None, thread_name: str | None = None,
+           name: str | None = None, backend: str | None = None, interpret: Any = False,
+           **kwargs: Any) -> Any:
+    """Runs ``body(*in_refs, *out_refs, *scratch_refs)`` on every thread block of ``grid``
+    (and every warpgroup of a block with ``num_threads``). Inputs and outputs are whole
+    arrays in ``GMEM``; ``jax.lax.axis_index(name)`` reads a grid, cluster or thread axis.
+    Usable directly or as a decorator factory."""
+    from pallas_core.kernel import kernel as core_kernel
+    from pallas_core.spec import Mesh as CoreMesh
+
+    if kwargs:
+        raise PallasError(f"plgpu.kernel got unknown arguments {sorted(kwargs)}. Fix: see "
+                          "plgpu.kernel's signature (grid, grid_names, cluster, num_threads...).")
+    mesh = Mesh(tuple(grid), tuple(grid_names), tuple(cluster), tuple(cluster_names),
+                num_threads, thread_name)
+    params = dataclasses.replace(compiler_params or GPUCompilerParams(), mesh=mesh)
+    names, sizes = mesh.names, mesh.sizes
+    if not names:  # a single block: a mesh of one point
+        names, sizes = ("_grid0",), (1,)
+
+    def decorate(fn: Callable[..., None]) -> Any:
+        return core_kernel(fn, out_shape, mesh=CoreMesh(names, sizes, backend=NAME),
+                           scratch_shapes=scratch_shapes, compiler_params=params,
+                           name=name or getattr(fn, "__name__", "kernel"),
+                           backend=backend, interpret=interpret)
+
+    return decorate if body is None else decorate(body)
+
+
+ShapeDtypeStruct = jax.ShapeDtypeStruct

@@ -1,0 +1,226 @@
+"""Primitives of the Mosaic GPU backend, each with reference semantics for the interpreter.
+
+* ``copy_gmem_to_smem(src, dst, barrier)``: a TMA copy of a GMEM window into SMEM that
+  completes ``barrier``'s phase when its bytes have landed (``barrier_wait(barrier)``).
+* ``copy_smem_to_gmem(src, dst)``: a TMA copy of SMEM into a GMEM window, one of the
+  "bulk groups" that ``wait_smem_to_gmem(n)`` waits for until at most ``n`` are pending.
+* ``commit_smem()``: makes this warpgroup's SMEM writes visible to TMA (before a copy out).
+* ``barrier_arrive(barrier)`` / ``barrier_wait(barrier)``: mbarrier arrival and wait.
+* ``wgmma(acc, a, b)``: ``acc += a @ b`` on the warpgroup tensor cores (``a`` an SMEM Ref or
+  a value, ``b`` an SMEM Ref), asynchronous until ``wgmma_wait(n)``.
+
+The interpreter runs copies at once (a copy in completes its barrier's phase immediately), so
+a kernel that reads a destination before waiting still sees the copied data there; the
+barrier's int32 counts completed phases, and ``barrier_wait`` checks in checked mode that some
+phase completed (a wait that could never return is reported instead of hanging).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from pallas_core import _jax, semantics
+from pallas_core.copies import RefViews, bind_views
+from pallas_core.errors import PallasError
+from pallas_core.primitives import _ref_and_transforms
+
+
+class GPUSyncEffect(_jax.Effect):
+    """Waits and fences that touch no Ref (they order the kernel's memory traffic)."""
+
+
+GPU_SYNC = GPUSyncEffect()
+_jax.register_side_effect(GPUSyncEffect)
+
+
+def _ref_effects(*avals: Any, roles: tuple[int, ...], **_: Any) -> Any:
+    if not roles:
+        return [], {GPU_SYNC}
+    n_refs = max(roles) + 1
+    return [], {e for i in range(n_refs) for e in (_jax.ReadEffect(i), _jax.WriteEffect(i))}
+
+
+def _primitive(name: str) -> Any:
+    p = _jax.Primitive(name)
+    p.multiple_results = True
+    p.def_effectful_abstract_eval(_ref_effects)
+    return p
+
+
+copy_gmem_to_smem_p = _primitive("gpu_copy_gmem_to_smem")
+copy_smem_to_gmem_p = _primitive("gpu_copy_smem_to_gmem")
+barrier_arrive_p = _primitive("gpu_barrier_arrive")
+barrier_wait_p = _primitive("gpu_barrier_wait")
+wgmma_p = _primitive("gpu_wgmma")
+wait_smem_to_gmem_p = _primitive("gpu_wait_smem_to_gmem")
+commit_smem_p = _primitive("gpu_commit_smem")
+wgmma_wait_p = _primitive("gpu_wgmma_wait")
+
+_SRC, _DST, _BARRIER = 0, 1, 2
+
+
+def _aval(view: Any, fn: str) -> Any:
+    ref, transforms = _ref_and_transforms(view, None, fn)
+    return _jax.shape_after_transforms(_jax.ref_type_of(ref), transforms), ref
+
+
+def _space_name(ref: Any) -> str:
+    space = getattr(_jax.ref_type_of(ref), "memory_space", None)
+    return getattr(space, "name", str(space))
+
+
+def _check_copy(src: Any, dst: Any, fn: str, src_space: str, dst_space: str) -> None:
+    (s, s_ref), (d, d_ref) = _aval(src, fn), _aval(dst, fn)
+    if s.shape != d.shape or s.dtype != d.dtype:
+        raise PallasError(f"plgpu.{fn}: source {s.dtype}{list(s.shape)} and destination "
+                          f"{d.dtype}{list(d.shape)} differ. Fix: slice them to match "
+                          "(ref.at[...]).")
+    for ref, want, what in ((s_ref, src_space, "source"), (d_ref, dst_space, "destination")):
+        found = _space_name(ref)
+        ok = found == want or (want == "GMEM" and found in ("any", "None"))
+        if not ok:
+            raise PallasError(f"plgpu.{fn}: the {what} must be in {want}, found a Ref in "
+                              f"{found}. Fix: copy {src_space} -> {dst_space}.")
+
+
+def _check_barrier(barrier: Any, fn: str) -> None:
+    aval, ref = _aval(barrier, fn)
+    if _space_name(ref) != "BARRIER" or aval.shape != ():
+        raise PallasError(f"plgpu.{fn}: expected one barrier (a plgpu.Barrier scratch, indexed "
+                          f"to one barrier with barrier.at[i] when it holds several), found a "
+                          f"Ref {aval.dtype}{list(aval.shape)} in {_space_name(ref)}.")
+
+
+def copy_gmem_to_smem(src: Any, dst: Any, barrier: Any) -> None:
+    """Starts a TMA copy of ``src`` (GMEM, a window of it with ``.at[...]``) into ``dst``
+    (SMEM); ``barrier_wait(barrier)`` returns once it has landed."""
+    _check_copy(src, dst, "copy_gmem_to_smem", "GMEM", "SMEM")
+    _check_barrier(barrier, "copy_gmem_to_smem")
+    bind_views(copy_gmem_to_smem_p, [src, dst, barrier], [], "copy_gmem_to_smem")
+
+
+def copy_smem_to_gmem(src: Any, dst: Any) -> None:
+    """Starts a TMA copy of ``src`` (SMEM) into ``dst`` (GMEM); call ``commit_smem()`` after
+    writing ``src`` and before this, and ``wait_smem_to_gmem`` before reusing ``src``."""
+    _check_copy(src, dst, "copy_smem_to_gmem", "SMEM", "GMEM")
+    bind_views(copy_smem_to_gmem_p, [src, dst], [], "copy_smem_to_gmem")
+
+
+def wait_smem_to_gmem(n: int, wait_read_only: bool = False) -> None:
+    """Waits until at most ``n`` SMEM -> GMEM copies are pending (``wait_read_only``: until
+    their sources may be overwritten)."""
+    if not isinstance(n, int) or n < 0:
+        raise PallasError(f"plgpu.wait_smem_to_gmem({n!r}): expected an int >= 0.")
+    wait_smem_to_gmem_p.bind(tree=jax.tree_util.tree_structure(()), roles=(), n=n,
+                             read_only=bool(wait_read_only))
+
+
+def commit_smem() -> None:
+    """Makes this warpgroup's writes to SMEM visible to the TMA engine."""
+    commit_smem_p.bind(tree=jax.tree_util.tree_structure(()), roles=())
+
+
+def barrier_arrive(barrier: Any) -> None:
+    """Arrives on ``barrier`` (one of its ``num_arrivals``)."""
+    _check_barrier(barrier, "barrier_arrive")
+    bind_views(barrier_arrive_p, [barrier], [], "barrier_arrive")
+
+
+def barrier_wait(barrier: Any) -> None:
+    """Waits until ``barrier`` completes its current phase."""
+    _check_barrier(barrier, "barrier_wait")
+    bind_views(barrier_wait_p, [barrier], [], "barrier_wait")
+
+
+def wgmma(acc: Any, a: Any, b: Any) -> None:
+    """``acc += a @ b`` with warpgroup matrix-multiply-accumulate (asynchronous: reading
+    ``acc`` waits for it; ``wgmma_wait(n)`` leaves at most ``n`` in flight).
+
+    ``acc`` is a ``plgpu.ACC`` Ref (M, N); ``a`` an SMEM Ref or a value (M, K) in 16-bit
+    floats (or float32); ``b`` an SMEM Ref (K, N) of the same dtype.
+    """
+    acc_aval, acc_ref = _aval(acc, "wgmma")
+    if _space_name(acc_ref) != "ACC":
+        raise PallasError("plgpu.wgmma: the accumulator must be a plgpu.ACC Ref, found a Ref in "
+                          f"{_space_name(acc_ref)}. Fix: allocate it with plgpu.ACC((M, N)).")
+    a_is_ref = isinstance(_jax.typeof(_ref_and_transforms(a, None, "wgmma")[0]
+                                      if not isinstance(a, jax.Array) else a),
+                          _jax.AbstractRef)
+    a_aval = _aval(a, "wgmma")[0] if a_is_ref else jnp.asarray(a)
+    b_aval = _aval(b, "wgmma")[0]
+    (m, k), (k2, n) = a_aval.shape, b_aval.shape
+    if k != k2 or (m, n) != acc_aval.shape or a_aval.dtype != b_aval.dtype:
+        raise PallasError(f"plgpu.wgmma: acc {list(acc_aval.shape)} += a {a_aval.dtype}"
+                          f"{list(a_aval.shape)} @ b {b_aval.dtype}{list(b_aval.shape)} does "
+                          "not fit: expected acc (M, N), a (M, K), b (K, N), a and b of one "
+                          "dtype.")
+    views = [acc, a, b] if a_is_ref else [acc, b]
+    extra = [] if a_is_ref else [jnp.asarray(a)]
+    bind_views(wgmma_p, views, extra, "wgmma", a_is_ref=a_is_ref)
+
+
+def wgmma_wait(n: int) -> None:
+    """Waits until at most ``n`` wgmma groups are in flight."""
+    if not isinstance(n, int) or n < 0:
+        raise PallasError(f"plgpu.wgmma_wait({n!r}): expected an int >= 0.")
+    wgmma_wait_p.bind(tree=jax.tree_util.tree_structure(()), roles=(), n=n)
+
+
+# --- reference semantics ---------------------------------------------------------------------
+
+
+def _copy_in(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any) -> Any:
+    state = RefViews(args, tree, roles)
+    state.write(_DST, state.read(_SRC))
+    state.write(_BARRIER, state.read(_BARRIER) + 1)
+    return state.new_values(), []
+
+
+def _copy_out(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any) -> Any:
+    state = RefViews(args, tree, roles)
+    state.write(_DST, state.read(_SRC))
+    return state.new_values(), []
+
+
+def _arrive(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any) -> Any:
+    state = RefViews(args, tree, roles)
+    state.write(0, state.read(0) + 1)
+    return state.new_values(), []
+
+
+def _wait(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any) -> Any:
+    state = RefViews(args, tree, roles)
+    semantics.check_wait(state.read(0), 1, "a plgpu barrier (no copy or arrival completed it)")
+    return state.new_values(), []
+
+
+def _no_op(in_avals: Any, out_avals: Any, *args: Any, **params: Any) -> Any:
+    return [None] * len(args), []
+
+
+def _wgmma(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any,
+           a_is_ref: bool) -> Any:
+    state = RefViews(args, tree, roles)
+    acc = state.read(0)
+    a = state.read(1) if a_is_ref else state.rest[0]
+    b = state.read(2 if a_is_ref else 1)
+    prod = lax.dot(a, b, preferred_element_type=acc.dtype,
+                   precision=lax.Precision.HIGHEST)
+    state.write(0, acc + prod)
+    return state.new_values(), []
+
+
+SEMANTICS: tuple[semantics.PrimitiveSemantics, ...] = (
+    semantics.PrimitiveSemantics(copy_gmem_to_smem_p, discharge=_copy_in),
+    semantics.PrimitiveSemantics(copy_smem_to_gmem_p, discharge=_copy_out),
+    semantics.PrimitiveSemantics(barrier_arrive_p, discharge=_arrive),
+    semantics.PrimitiveSemantics(barrier_wait_p, discharge=_wait),
+    semantics.PrimitiveSemantics(wgmma_p, discharge=_wgmma),
+    semantics.PrimitiveSemantics(wait_smem_to_gmem_p, discharge=_no_op),
+    semantics.PrimitiveSemantics(commit_smem_p, discharge=_no_op),
+    semantics.PrimitiveSemantics(wgmma_wait_p, discharge=_no_op),
+)

@@ -1,0 +1,60 @@
+"""Checks of a kernel against Hopper's limits before lowering, with the fix in each message."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from pallas_core.errors import BlockSpecError, UnsupportedError
+from pallas_core.request import KernelCall
+from pallas_mosaic_gpu.params import ACC_SPACE, GMEM, BarrierSpace, GPUCompilerParams
+
+SMEM_BYTES = 227 * 1024
+"""Shared memory one thread block may use on Hopper (sm_90)."""
+TMA_MAX_BOX = 256
+"""The largest extent of one dimension of a TMA copy."""
+
+
+def check(call: KernelCall) -> None:
+    gm = call.grid_mapping
+    params = call.compiler_params if isinstance(call.compiler_params, GPUCompilerParams) else \
+        GPUCompilerParams()
+    if gm.num_scalar_prefetch:
+        raise UnsupportedError(
+            f"kernel {call.name!r}: scalar prefetch is a Mosaic TPU feature; the mosaic_gpu "
+            "backend does not support it. Fix: pass the scalars as an input in GMEM.")
+    used = 0
+    n_out = len(call.out_avals)
+    bms = list(gm.block_mappings)
+    for k, bm in enumerate(bms):
+        dt = np.dtype(bm.dtype)
+        if dt.itemsize == 8 or dt.kind == "c":
+            raise UnsupportedError(
+                f"kernel {call.name!r}, {bm.origin}: {dt} is not supported by the mosaic_gpu "
+                "backend. Fix: use 32-bit or narrower types.")
+        if bm.is_whole_array or bm.memory_space is GMEM:
+            continue
+        shape = bm.ref_shape
+        if shape and shape[-1] * dt.itemsize % 16:
+            raise BlockSpecError(
+                f"kernel {call.name!r}, {bm.origin}: block shape {bm.block_shape} has a minor "
+                f"dimension of {shape[-1] * dt.itemsize} bytes; TMA copies move multiples of 16 "
+                f"bytes. Fix: make the last block dimension a multiple of {16 // dt.itemsize}.")
+        if any(d > TMA_MAX_BOX for d in bm.full_block_shape):
+            raise BlockSpecError(
+                f"kernel {call.name!r}, {bm.origin}: block shape {bm.block_shape} has a "
+                f"dimension above {TMA_MAX_BOX}, the most one TMA copy moves. Fix: use blocks of "
+                f"at most {TMA_MAX_BOX} per dimension (and more grid steps).")
+        buffers = params.max_concurrent_steps if k < len(bms) - n_out else 1
+        used += buffers * math.prod(shape) * dt.itemsize
+    for a in gm.scratch_avals:
+        if a.memory_space is ACC_SPACE:
+            continue
+        size = math.prod(a.inner_aval.shape) * np.dtype(a.inner_aval.dtype).itemsize
+        used += 8 * a.inner_aval.shape[0] if isinstance(a.memory_space, BarrierSpace) else size
+    if used > SMEM_BYTES:
+        raise BlockSpecError(
+            f"kernel {call.name!r} needs {used} bytes of shared memory (blocks times "
+            f"max_concurrent_steps={params.max_concurrent_steps}, plus scratch); a Hopper thread "
+            f"block has {SMEM_BYTES}. Fix: use smaller blocks or fewer concurrent steps.")
