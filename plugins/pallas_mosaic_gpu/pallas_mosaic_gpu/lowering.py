@@ -99,9 +99,11 @@ class Ref:
 
 @dataclasses.dataclass
 class Loaded:
-    """``ref[...]`` of a whole SMEM Ref, not yet in registers (``wgmma`` reads SMEM)."""
+    """A read of an SMEM Ref, not yet in registers (``wgmma`` reads SMEM); ``transposed``
+    after ``.T``."""
 
     ref: Ref
+    transposed: bool = False
 
 
 @dataclasses.dataclass
@@ -202,6 +204,8 @@ class GPULowering(LoweringState):
     def value(self, v: Any) -> Any:
         """``v`` as something arithmetic applies to (reads of SMEM Refs are done here)."""
         if isinstance(v, Loaded):
+            if v.transposed:
+                raise self.fail("transposing an SMEM block other than as a dot operand")
             return load(v.ref)
         return v
 
@@ -683,7 +687,7 @@ def _get(state: GPULowering, eqn: Any, ref: Ref, *flat: Any, **_: Any) -> Any:
     if view.kind == "acc":
         nvvm.wgmma_wait_group_sync_aligned(0)
         return state.accs[view.acc_key].value
-    if view.kind == "smem" and view.shape == ref.shape and view.shape:
+    if view.kind == "smem" and len(view.shape) >= 1:
         return Loaded(view)
     return load(view)
 
@@ -976,6 +980,13 @@ def _reduce(state: GPULowering, eqn: Any, x: Any, *, axes: Any, **_: Any) -> Any
 # --- matmul ----------------------------------------------------------------------------------
 
 
+@rule(lax.transpose_p, lazy=True)
+def _transpose(state: GPULowering, eqn: Any, x: Any, *, permutation: Any, **_: Any) -> Any:
+    if isinstance(x, Loaded) and tuple(permutation) == (1, 0):
+        return Loaded(x.ref, not x.transposed)
+    raise state.fail("a transpose (other than of an SMEM block used as a dot operand)")
+
+
 def _operand_ref(state: GPULowering, v: Any, what: str) -> Ref:
     if not isinstance(v, Loaded) or not v.ref.tiled:
         raise state.fail(
@@ -1015,6 +1026,10 @@ def _dot(state: GPULowering, eqn: Any, a: Any, b: Any, *, dimension_numbers: Any
     if ba or bb or len(eqn.invars[0].aval.shape) != 2 or len(eqn.invars[1].aval.shape) != 2:
         raise state.fail("a batched or non-2-D dot")
     a_t, b_t = tuple(ca) == (0,), tuple(cb) == (1,)
+    if isinstance(a, Loaded) and a.transposed:
+        a, a_t = Loaded(a.ref), not a_t
+    if isinstance(b, Loaded) and b.transposed:
+        b, b_t = Loaded(b.ref), not b_t
     if not isinstance(b, Loaded):
         raise state.fail(
             "a dot whose right operand is not read straight from an SMEM block (wgmma reads "
@@ -1077,7 +1092,7 @@ def _cond(state: GPULowering, eqn: Any, pred: Any, *args: Any, branches: Any, **
     before = {k: state.accs[k] for k in keys}
     acc_leaves, acc_tree = jax.tree_util.tree_flatten([before[k] for k in keys])
     leaves_types = [leaf.type for leaf in acc_leaves]
-    op = scf.IfOp(cond, result_types + leaves_types, hasElse=True)
+    op = scf.IfOp(cond, result_types + leaves_types, has_else=True)
     for block, branch in ((op.then_block, branches[1]), (op.else_block, branches[0])):
         with ir.InsertionPoint(block):
             for k in keys:
@@ -1170,15 +1185,39 @@ def _views(state: GPULowering, eqn: Any, args: Sequence[Any]) -> list[Ref]:
     return [_view(state, args[r], t) for r, t in zip(roles, transforms)]
 
 
-def _gmem_window(ref: Ref) -> Any:
-    return ref.memref
+def _gmem_window(state: GPULowering, eqn: Any, args: Sequence[Any], role: int
+                 ) -> tuple[Any, tuple[Any, ...]]:
+    """The kernel's GMEM memref and the window of it a copy's view ``role`` names (TMA
+    descriptors are made for whole kernel operands; the window is the copy's box)."""
+    roles, tree = eqn.params["roles"], eqn.params["tree"]
+    n_refs = max(roles) + 1
+    transforms = jax.tree_util.tree_unflatten(tree, list(args[n_refs:n_refs + tree.num_leaves]))
+    ref = args[roles[role]]
+    if ref.kind != "gmem":
+        raise state.fail(f"a TMA copy whose GMEM side is a {ref.kind} Ref")
+    window: tuple[Any, ...] = ()
+    for t in transforms[role]:
+        indices = getattr(t, "indices", None)
+        if indices is None or window:
+            raise state.fail("this view of a GMEM Ref in a copy (one indexer, slices and ints)")
+        parts: list[Any] = []
+        for i in indices:
+            if isinstance(i, _jax.Slice):
+                start = i.start if isinstance(i.start, (int, np.integer)) else \
+                    state.value(i.start)
+                parts.append(mgpu.ds(index(start), i.size))
+            else:
+                parts.append(index(state.value(i)))
+        window = tuple(parts)
+    return ref.memref, window
 
 
 @rule(gp.copy_gmem_to_smem_p, lazy=True)
 def _copy_in(state: GPULowering, eqn: Any, *args: Any, **_: Any) -> Any:
-    src, dst, bar = _views(state, eqn, args)
+    _, dst, bar = _views(state, eqn, args)
+    src, window = _gmem_window(state, eqn, args, 0)
     state.launch.async_copy(
-        src_ref=src.memref, dst_ref=dst.memref,
+        src_ref=src, dst_ref=dst.memref, gmem_slice=window,
         gmem_transform=(tile_transform(dst.dtype),) if dst.tiled else (),
         swizzle=SWIZZLE if dst.tiled else None, barrier=bar.barrier)
     return []
@@ -1186,9 +1225,10 @@ def _copy_in(state: GPULowering, eqn: Any, *args: Any, **_: Any) -> Any:
 
 @rule(gp.copy_smem_to_gmem_p, lazy=True)
 def _copy_out(state: GPULowering, eqn: Any, *args: Any, **_: Any) -> Any:
-    src, dst = _views(state, eqn, args)
+    src, _ = _views(state, eqn, args)
+    dst, window = _gmem_window(state, eqn, args, 1)
     state.launch.async_copy(
-        src_ref=src.memref, dst_ref=dst.memref,
+        src_ref=src.memref, dst_ref=dst, gmem_slice=window,
         gmem_transform=(tile_transform(src.dtype),) if src.tiled else (),
         swizzle=SWIZZLE if src.tiled else None)
     return []

@@ -198,8 +198,8 @@ def _wait(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any) -> A
     return state.new_values(), []
 
 
-def _no_op(in_avals: Any, out_avals: Any, *args: Any, **params: Any) -> Any:
-    return [None] * len(args), []
+def _no_op(ctx: Any, *args: Any, **params: Any) -> Any:
+    return []
 
 
 def _wgmma(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any,
@@ -220,7 +220,7 @@ SEMANTICS: tuple[semantics.PrimitiveSemantics, ...] = (
     semantics.PrimitiveSemantics(barrier_arrive_p, discharge=_arrive),
     semantics.PrimitiveSemantics(barrier_wait_p, discharge=_wait),
     semantics.PrimitiveSemantics(wgmma_p, discharge=_wgmma),
-    semantics.PrimitiveSemantics(wait_smem_to_gmem_p, discharge=_no_op),
-    semantics.PrimitiveSemantics(commit_smem_p, discharge=_no_op),
-    semantics.PrimitiveSemantics(wgmma_wait_p, discharge=_no_op),
+    semantics.PrimitiveSemantics(wait_smem_to_gmem_p, evaluate=_no_op),
+    semantics.PrimitiveSemantics(commit_smem_p, evaluate=_no_op),
+    semantics.PrimitiveSemantics(wgmma_wait_p, evaluate=_no_op),
 )
