@@ -298,8 +298,9 @@ def plan(call: KernelCall) -> Plan:
     grid = tuple(gm.grid)
     if params.mesh is not None:
         mesh = params.mesh
-        dims = tuple(mesh.grid) + (1,) * (3 - len(mesh.grid))
         cluster = tuple(mesh.cluster) + (1,) * (3 - len(mesh.cluster))
+        dims = tuple(g * c for g, c in zip(tuple(mesh.grid) + (1,) * (3 - len(mesh.grid)),
+                                           cluster))
         threads = mesh.num_threads or 1
         return Plan(dims, cluster, (WARPGROUP * threads, 1, 1), tuple(range(len(grid))), (),
                     mesh)  # type: ignore[arg-type]
@@ -451,12 +452,13 @@ def _emit(state: GPULowering, pl_: Plan, gmem: list[Any], smem: list[Any],
         mesh = pl_.mesh
         dims = (gpu.Dimension.x, gpu.Dimension.y, gpu.Dimension.z)
         names = list(call.grid_mapping.grid_names or ())
-        for d in range(len(mesh.grid)):
+        for d in range(max(len(mesh.grid), len(mesh.cluster))):
             block = i32(gpu.block_id(dims[d]))
             c = mesh.cluster[d] if d < len(mesh.cluster) else 1
             ids[d] = arith.divui(block, i32(c)) if c > 1 else block
+        n_grid = max(len(mesh.grid), len(mesh.cluster) and 1)
         for j in range(len(mesh.cluster)):
-            ids[len(mesh.grid) + j] = i32(gpu.cluster_block_id(dims[j]))
+            ids[n_grid + j] = i32(gpu.cluster_block_id(dims[j]))
         if mesh.num_threads is not None:
             ids[len(names) - 1] = i32(mgpu.warpgroup_idx(sync=True))
         if not mesh.grid and mesh.num_threads is None:

@@ -42,9 +42,10 @@ _SEMANTICS = {"parallel": PARALLEL, "sequential": SEQUENTIAL, "arbitrary": SEQUE
 
 @dataclasses.dataclass(frozen=True)
 class Mesh:
-    """The launch of a ``plgpu.kernel``: a grid of thread blocks (``grid`` named by
-    ``grid_names``), optional clusters of blocks, and ``num_threads`` warpgroups per block
-    (named ``thread_name``). Its axes are read with ``jax.lax.axis_index(name)``."""
+    """The launch of a ``plgpu.kernel``: a grid (``grid``, named by ``grid_names``) of clusters
+    of ``cluster`` thread blocks (one block each without ``cluster``), and ``num_threads``
+    warpgroups per block (named ``thread_name``). The CUDA grid is ``grid * cluster``. Its
+    axes are read with ``jax.lax.axis_index(name)``."""
 
     grid: tuple[int, ...] = ()
     grid_names: tuple[str, ...] = ()
@@ -67,10 +68,9 @@ class Mesh:
         if len(self.cluster_names) != len(self.cluster):
             raise PallasError(f"plgpu.kernel: cluster_names={self.cluster_names} must name each "
                               f"of the {len(self.cluster)} cluster axes.")
-        if self.cluster and (len(self.cluster) > len(self.grid) or any(
-                g % c for g, c in zip(self.grid, self.cluster))):
-            raise PallasError(f"plgpu.kernel(grid={self.grid}, cluster={self.cluster}): each "
-                              "cluster dimension must divide the grid dimension it groups.")
+        if len(self.cluster) > max(len(self.grid), 1):
+            raise PallasError(f"plgpu.kernel(grid={self.grid}, cluster={self.cluster}): give a "
+                              "grid dimension for each cluster dimension.")
         if (self.num_threads is None) != (self.thread_name is None):
             raise PallasError("plgpu.kernel: give num_threads and thread_name together (the "
                               "number of warpgroups per block and the axis that indexes them).")
@@ -81,14 +81,15 @@ class Mesh:
     @property
     def names(self) -> tuple[str, ...]:
         """The mesh axes the core sees: grid axes, then cluster axes, then the thread axis."""
-        grid = self.grid_names or tuple(f"_grid{i}" for i in range(len(self.grid)))
+        grid = self.grid_names or tuple(f"_grid{i}" for i in range(max(len(self.grid),
+                                                                        bool(self.cluster))))
         thread = (self.thread_name,) if self.thread_name is not None else ()
         return (*grid, *self.cluster_names, *thread)
 
     @property
     def sizes(self) -> tuple[int, ...]:
-        """The sizes of :attr:`names`: grid axes count clusters when there are clusters."""
-        grid = tuple(g // c for g, c in zip(self.grid, self.cluster + (1,) * 3))
+        """The sizes of :attr:`names`."""
+        grid = tuple(self.grid) or ((1,) if self.cluster else ())
         thread = (self.num_threads,) if self.num_threads is not None else ()
         return (*grid, *self.cluster, *thread)
 

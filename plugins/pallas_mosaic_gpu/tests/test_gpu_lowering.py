@@ -1,0 +1,200 @@
+"""The Mosaic GPU backend without a GPU: every kernel lowers for ``cuda`` into the
+``mosaic_gpu_v2`` custom call, its module parses back and verifies, it holds the hardware
+operations the kernel asks for (TMA copies, mbarriers, wgmma), and the same kernel runs in the
+interpreter and matches ``jax.numpy`` on random inputs."""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import pallas_core as pl
+
+plgpu = pytest.importorskip("pallas_mosaic_gpu")
+from pallas_mosaic_gpu import inspection  # noqa: E402
+from pallas_mosaic_gpu import kernels as K  # noqa: E402
+
+
+def rand(seed: int, shape: tuple[int, ...], dtype=jnp.float32) -> jax.Array:
+    return jax.random.normal(jax.random.key(seed), shape, jnp.float32).astype(dtype)
+
+
+def attention_ref(q, k, v):
+    q, k, v = (t.astype(jnp.float32) for t in (q, k, v))
+    s = jnp.einsum("bqd,bkd->bqk", q, k) / math.sqrt(q.shape[-1])
+    return jnp.einsum("bqk,bkd->bqd", jax.nn.softmax(s, axis=-1), v)
+
+
+def matmul_ref(a, b):
+    return jnp.dot(a.astype(jnp.float32), b.astype(jnp.float32))
+
+
+CASES = {
+    # name: (kernel, args, reference, tolerance, operations the module must hold)
+    "add_one": (K.add_one, lambda: (rand(0, (256,)),), lambda x: x + 1, 0, ()),
+    "add_one_tma": (K.add_one_tma, lambda: (rand(1, (256,)),), lambda x: x + 1, 0,
+                    ("cp.async.bulk.tensor.shared.cluster.global", "mbarrier.try_wait",
+                     "cp.async.bulk.tensor.global.shared.cta", "fence.proxy")),
+    "blocked_add": (K.blocked_add, lambda: (rand(2, (256, 384)), rand(3, (256, 384))),
+                    lambda x, y: x + y, 0,
+                    ("cp.async.bulk.tensor.shared.cluster.global", "mbarrier.try_wait")),
+    "softmax": (K.softmax, lambda: (rand(4, (256, 128)),),
+                lambda x: jax.nn.softmax(x, axis=1), 1e-6, ("shfl.sync",)),
+    "matmul": (K.matmul, lambda: (rand(5, (256, 512), jnp.bfloat16),
+                                  rand(6, (512, 384), jnp.bfloat16)),
+               matmul_ref, 0.5, ("wgmma.mma_async", "wgmma.wait.group",
+                                 "cp.async.bulk.tensor.shared.cluster.global")),
+    "attention": (K.attention, lambda: tuple(rand(7 + i, (2, 256, 128), jnp.bfloat16)
+                                             for i in range(3)),
+                  attention_ref, 2e-2, ("wgmma.mma_async", "mbarrier.try_wait")),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def lowered(name: str):
+    fn, args, *_ = CASES[name]
+    return jax.jit(fn).trace(*args()).lower(lowering_platforms=("cuda",))
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_lowers_for_cuda_and_verifies(name: str) -> None:
+    calls = inspection.custom_calls(lowered(name))
+    assert len(calls) == 1
+    module = inspection.check_call(calls[0])
+    text = str(module)
+    assert "stable_mosaic_gpu" not in text and "gpu.launch" in text
+    assert re.search(r"mosaic_gpu.arch_major = 9", text)
+    for op in CASES[name][4]:
+        assert op in text, f"{name}: {op} missing from the module"
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_interpreter_matches_jax_numpy(name: str) -> None:
+    fn, args, ref, tol, _ = CASES[name]
+    a = args()
+    out = fn(*a, backend="interpret")
+    expected = ref(*a)
+    assert out.shape == expected.shape and out.dtype == a[0].dtype
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(expected, np.float32),
+                               atol=tol, rtol=tol)
+
+
+def test_custom_call_operands_and_results() -> None:
+    text = lowered("matmul").as_text()
+    call = next(line for line in text.splitlines() if "mosaic_gpu_v2" in line)
+    assert "(tensor<256x512xbf16>, tensor<512x384xbf16>) -> tensor<256x384xbf16>" in call
+
+
+def _launch_grid(name: str) -> tuple[int, ...]:
+    return _launch_grid_text(str(inspection.check_call(inspection.custom_calls(lowered(name))[0])))
+
+
+def _launch_grid_text(text: str) -> tuple[int, ...]:
+    launch = re.search(r"gpu\.launch.*?blocks\(.*?\) in \((.*?)\) threads\(.*?\) in \((.*?)\)",
+                       text)
+    assert launch, "no gpu.launch"
+    consts = dict(re.findall(r"(%\w+) = arith.constant (\d+) : index", text))
+    grid = tuple(int(consts[v.split("=")[1].strip()]) for v in launch.group(1).split(","))
+    block = tuple(int(consts[v.split("=")[1].strip()]) for v in launch.group(2).split(","))
+    return grid + block
+
+
+@pytest.mark.parametrize("name,grid", [
+    ("add_one", (2, 1, 1)), ("blocked_add", (12, 1, 1)), ("softmax", (4, 1, 1)),
+    ("matmul", (6, 1, 1)), ("attention", (8, 1, 1))])
+def test_launch_grid(name: str, grid: tuple[int, ...]) -> None:
+    """Parallel grid axes become thread blocks (the matmul's K axis is a loop inside one);
+    each block is one warpgroup of 128 threads."""
+    assert _launch_grid(name) == (*grid, 128, 1, 1)
+
+
+def test_pipelined_matmul_variants_match() -> None:
+    a, b = rand(10, (128, 512), jnp.bfloat16), rand(11, (512, 128), jnp.bfloat16)
+    for steps, delay in ((1, 0), (3, 0), (3, 1)):
+        out = K.matmul(a, b, max_concurrent_steps=steps, delay_release=delay,
+                       backend="interpret")
+        np.testing.assert_allclose(np.asarray(out, np.float32), matmul_ref(a, b), atol=0.5,
+                                   rtol=2e-2)
+        low = jax.jit(functools.partial(K.matmul, max_concurrent_steps=steps,
+                                        delay_release=delay)).trace(a, b).lower(
+            lowering_platforms=("cuda",))
+        inspection.check_call(inspection.custom_calls(low)[0])
+
+
+def test_generic_dot_accumulating_in_smem_scratch() -> None:
+    """The portable 3-D-grid matmul (``acc_ref[...] += jnp.dot(a_ref[...], b_ref[...])`` into a
+    float32 SMEM scratch) lowers through wgmma too."""
+    def kernel(a_ref, b_ref, o_ref, acc_ref):
+        @pl.when(pl.program_id(2) == 0)
+        def _():
+            acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
+        acc_ref[...] += jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.float32)
+
+        @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
+        def _():
+            o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+
+    def mm(a, b, backend="mosaic_gpu"):
+        return pl.pallas_call(
+            kernel, jax.ShapeDtypeStruct((a.shape[0], b.shape[1]), a.dtype), grid=(2, 2, 4),
+            in_specs=[pl.BlockSpec((64, 64), lambda i, j, k: (i, k)),
+                      pl.BlockSpec((64, 64), lambda i, j, k: (k, j))],
+            out_specs=pl.BlockSpec((64, 64), lambda i, j, k: (i, j)),
+            scratch_shapes=[plgpu.SMEM((64, 64), jnp.float32)], backend=backend)(a, b)
+
+    a, b = rand(12, (128, 256), jnp.bfloat16), rand(13, (256, 128), jnp.bfloat16)
+    np.testing.assert_allclose(np.asarray(mm(a, b, "interpret"), np.float32), matmul_ref(a, b),
+                               atol=0.5, rtol=2e-2)
+    low = jax.jit(mm).trace(a, b).lower(lowering_platforms=("cuda",))
+    text = str(inspection.check_call(inspection.custom_calls(low)[0]))
+    assert "wgmma.mma_async" in text
+    assert _grid_of(low) == 4  # the K axis is revisiting: a loop, not thread blocks
+
+
+def _grid_of(low) -> int:
+    text = str(inspection.check_call(inspection.custom_calls(low)[0]))
+    launch = re.search(r"gpu\.launch.*?blocks\(.*?\) in \(%\w+ = (%\w+)", text)
+    consts = dict(re.findall(r"(%\w+) = arith.constant (\d+) : index", text))
+    return int(consts[launch.group(1)])
+
+
+def test_kernel_with_warpgroups_and_clusters() -> None:
+    """``plgpu.kernel`` with clusters of 2 blocks and two warpgroups per block: the axes read by
+    ``lax.axis_index`` are the cluster's grid position, the block's place in its cluster and
+    the warpgroup; the CUDA grid is grid * cluster."""
+    out_shape = jax.ShapeDtypeStruct((3, 2, 2, 128), jnp.float32)
+
+    def body(o_ref):
+        g, c, w = lax.axis_index("g"), lax.axis_index("c"), lax.axis_index("wg")
+        value = (g * 100 + c * 10 + w).astype(jnp.float32)
+        o_ref[g, c, w, :] = lax.broadcasted_iota(jnp.float32, (128,), 0) + value
+
+    def run(backend):
+        return plgpu.kernel(body, out_shape=out_shape, grid=(3,), grid_names=("g",),
+                            cluster=(2,), cluster_names=("c",), num_threads=2,
+                            thread_name="wg", backend=backend)()
+
+    g, c, w, i = np.meshgrid(*[np.arange(n) for n in out_shape.shape], indexing="ij")
+    np.testing.assert_array_equal(run("interpret"), g * 100 + c * 10 + w + i)
+    low = jax.jit(lambda: run("mosaic_gpu")).trace().lower(lowering_platforms=("cuda",))
+    text = str(inspection.check_call(inspection.custom_calls(low)[0]))
+    assert "clusters(" in text and "gpu.cluster_block_id" in text
+    assert _launch_grid_text(text) == (6, 1, 1, 256, 1, 1)
+
+
+def test_stages() -> None:
+    x = rand(20, (256, 128))
+    (st,) = pl.stages(K.softmax, x, backend="mosaic_gpu", target="sm_90a")
+    assert set(st.stages) >= {"jaxpr", "stablehlo", "mosaic_gpu", "mosaic_gpu_bytecode"}
+    assert "gpu.launch" in st["mosaic_gpu"]
+    assert isinstance(st["mosaic_gpu_bytecode"], bytes)
+    assert "mosaic_gpu_v2" in st["stablehlo"]
+    with pytest.raises(pl.PallasError, match="sm_90a"):
+        pl.stages(K.softmax, x, backend="mosaic_gpu", target="sm_75")
