@@ -302,8 +302,8 @@ def plan(call: KernelCall) -> Plan:
         dims = tuple(g * c for g, c in zip(tuple(mesh.grid) + (1,) * (3 - len(mesh.grid)),
                                            cluster))
         threads = mesh.num_threads or 1
-        return Plan(dims, cluster, (WARPGROUP * threads, 1, 1), tuple(range(len(grid))), (),
-                    mesh)  # type: ignore[arg-type]
+        return Plan(dims, cluster, (WARPGROUP * threads, 1, 1),  # type: ignore[arg-type]
+                    tuple(range(len(grid))), (), mesh)
     nb = gm.num_batch_axes
     user = list(params.dimension_semantics or ())
     if user and len(user) != len(gm.user_grid):
@@ -571,7 +571,11 @@ def _emit(state: GPULowering, pl_: Plan, gmem: list[Any], smem: list[Any],
     if steps == 1:
         step_body(0)
     else:
-        emit_for(state, steps, [], lambda i, vals: (step_body(i), [])[1])
+        def loop_body(i: ir.Value, vals: list[Any]) -> list[Any]:
+            step_body(i)
+            return []
+
+        emit_for(state, steps, [], loop_body)
     if out_bufs:
         state.launch.await_async_copy(0)
 
@@ -598,9 +602,10 @@ def emit_for(state: GPULowering, n: Any, init: list[Any],
             outs = body(i32(op.induction_variable), list(inner[len(keys):]))
             result = [state.accs[k] for k in keys] + [state.value(o) for o in outs]
             out_leaves, out_tree = jax.tree_util.tree_flatten(result)
-            if out_tree == tree:
+            same = bool(out_tree == tree)  # type: ignore[operator]
+            if same:
                 scf.YieldOp(out_leaves)
-        if out_tree == tree:
+        if same:
             done = jax.tree_util.tree_unflatten(tree, list(op.results))
             for k, v in zip(keys, done[:len(keys)]):
                 state.accs[k] = v
@@ -613,8 +618,6 @@ def emit_for(state: GPULowering, n: Any, init: list[Any],
                 old = relayout(old, new.layout)
             new_init.append(old)
         init = new_init
-        for k, new in zip(keys, result[:len(keys)]):
-            state.accs[k] = state.accs[k]  # accumulators keep their layout
     raise UnsupportedError(
         f"a loop whose carried values change layout in kernel {state.call.name!r} "
         f"(at {state.location})")
@@ -642,7 +645,7 @@ def _view(state: GPULowering, ref: Ref, transforms: Any) -> Ref:
             raise state.fail(f"indexing a {ref.kind} Ref")
         idx: list[Any] = []
         shape: list[int] = []
-        for i, d in zip(indices, ref.shape):
+        for i in indices:
             if isinstance(i, _jax.Slice):
                 if not isinstance(i.stride, int) or i.stride != 1:
                     raise state.fail("a strided Ref slice")
@@ -651,7 +654,7 @@ def _view(state: GPULowering, ref: Ref, transforms: Any) -> Ref:
                     idx.append(slice(int(start), int(start) + i.size))
                 else:
                     idx.append(mgpu.ds(index(start), i.size))
-                shape.append(i.size)
+                shape.append(int(i.size))
             else:
                 v = state.value(i)
                 if isinstance(v, FA):
@@ -674,8 +677,8 @@ def _view(state: GPULowering, ref: Ref, transforms: Any) -> Ref:
 
 
 def _full(i: Any, d: int) -> bool:
-    return (isinstance(i, _jax.Slice) and isinstance(i.start, (int, np.integer))
-            and i.start == 0 and i.size == d)
+    return bool(isinstance(i, _jax.Slice) and isinstance(i.start, (int, np.integer))
+                and i.start == 0 and i.size == d)
 
 
 def _transforms(eqn: Any, args: Sequence[Any], n_before: int) -> Any:
@@ -863,7 +866,7 @@ def _integer_pow(state: GPULowering, eqn: Any, x: Any, *, y: int, **_: Any) -> A
     if y < 1:
         raise state.fail(f"integer_pow with exponent {y}")
     out = x
-    for _ in range(y - 1):
+    for _step in range(y - 1):
         out = out * x if isinstance(x, FA) else (
             arith.mulf(out, x) if is_float(eqn.invars[0].aval.dtype) else arith.muli(out, x))
     return _rewrap(out, exp)
@@ -871,7 +874,8 @@ def _integer_pow(state: GPULowering, eqn: Any, x: Any, *, y: int, **_: Any) -> A
 
 @rule(lax.select_n_p)
 def _select(state: GPULowering, eqn: Any, pred: Any, *cases: Any, **_: Any) -> Any:
-    (pred, *cases), exp = _unexpand(state, eqn, [pred, *cases])
+    unwrapped, exp = _unexpand(state, eqn, [pred, *cases])
+    pred, cases = unwrapped[0], tuple(unwrapped[1:])
     if len(cases) != 2:
         raise state.fail("select_n with more than two cases")
     on_false, on_true = cases
@@ -954,8 +958,9 @@ def _reshape(state: GPULowering, eqn: Any, x: Any, *dyn: Any, **_: Any) -> Any:
     if isinstance(x.layout, mgpu.WGSplatFragLayout):
         return FA.splat(x.registers.flat[0], shape, is_signed=x.is_signed)
     if tuple(d for d in shape if d != 1) == tuple(d for d in x.shape if d != 1):
-        kept = tuple(i for i, d in enumerate(shape) if d != 1)
-        return Expanded(x, shape, kept) if len(kept) == len(x.shape) else x.reshape(shape)
+        kept_dims = tuple(i for i, d in enumerate(shape) if d != 1)
+        return Expanded(x, shape, kept_dims) if len(kept_dims) == len(x.shape) else \
+            x.reshape(shape)
     try:
         return x.reshape(shape)
     except (NotImplementedError, ValueError) as e:
@@ -999,14 +1004,14 @@ def _operand_ref(state: GPULowering, v: Any, what: str) -> Ref:
 
 def _transposed(ref: Ref) -> Any:
     rank = len(tile_shape(ref.shape, ref.dtype))
-    perm = list(range(rank - 4)) + [rank - 3, rank - 4, rank - 1, rank - 2]
+    perm = [*range(rank - 4), rank - 3, rank - 4, rank - 1, rank - 2]
     return mgpu.memref_transpose(ref.memref, tuple(perm))
 
 
 def wgmma_into(state: GPULowering, acc: Any, a: Any, b: Any, a_t: bool = False,
                b_t: bool = False) -> Any:
     """``acc + a @ b`` (``a``/``b`` transposed when asked) issued as wgmma."""
-    if isinstance(a, Loaded) or isinstance(a, Ref):
+    if isinstance(a, (Loaded, Ref)):
         a_ref = a.ref if isinstance(a, Loaded) else a
         a_op = _transposed(a_ref) if a_t else a_ref.memref
     else:
@@ -1216,7 +1221,7 @@ def _gmem_window(state: GPULowering, eqn: Any, args: Sequence[Any], role: int
 
 @rule(gp.copy_gmem_to_smem_p, lazy=True)
 def _copy_in(state: GPULowering, eqn: Any, *args: Any, **_: Any) -> Any:
-    _, dst, bar = _views(state, eqn, args)
+    _src_view, dst, bar = _views(state, eqn, args)
     src, window = _gmem_window(state, eqn, args, 0)
     state.launch.async_copy(
         src_ref=src, dst_ref=dst.memref, gmem_slice=window,
@@ -1227,7 +1232,7 @@ def _copy_in(state: GPULowering, eqn: Any, *args: Any, **_: Any) -> Any:
 
 @rule(gp.copy_smem_to_gmem_p, lazy=True)
 def _copy_out(state: GPULowering, eqn: Any, *args: Any, **_: Any) -> Any:
-    src, _ = _views(state, eqn, args)
+    src, _dst_view = _views(state, eqn, args)
     dst, window = _gmem_window(state, eqn, args, 1)
     state.launch.async_copy(
         src_ref=src.memref, dst_ref=dst, gmem_slice=window,

@@ -151,7 +151,7 @@ class GPUCompilerParams(_CompilerParams):
 CompilerParams = GPUCompilerParams
 
 
-def ACC(shape: Sequence[int], dtype: Any = jnp.float32) -> MemoryRef:  # noqa: N802 - JAX's name
+def ACC(shape: Sequence[int], dtype: Any = jnp.float32) -> MemoryRef:
     """A ``wgmma`` accumulator of ``shape`` (M a multiple of 64, N of 8), held in registers
     and zero at the start; read it with ``acc_ref[...]`` (which waits for pending wgmma)."""
     shape = tuple(int(d) for d in shape)

@@ -19,7 +19,7 @@ import pallas_core as pl
 
 plgpu = pytest.importorskip("pallas_mosaic_gpu")
 from pallas_mosaic_gpu import inspection  # noqa: E402
-from pallas_mosaic_gpu import kernels as K  # noqa: E402
+from pallas_mosaic_gpu import kernels as K  # noqa: E402, N812
 
 
 def rand(seed: int, shape: tuple[int, ...], dtype=jnp.float32) -> jax.Array:
@@ -57,7 +57,7 @@ CASES = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def lowered(name: str):
     fn, args, *_ = CASES[name]
     return jax.jit(fn).trace(*args()).lower(lowering_platforms=("cuda",))

@@ -1,0 +1,143 @@
+"""Misuse of the Mosaic GPU backend gets a PallasError that says what was expected and the fix."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import pallas_core as pl
+
+plgpu = pytest.importorskip("pallas_mosaic_gpu")
+
+
+def lower(fn, *args):
+    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
+
+
+def copy_kernel(block, dtype=jnp.float32, **params):
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...]
+
+    def fn(x):
+        spec = pl.BlockSpec(block, lambda i: (i,) + (0,) * (len(block) - 1))
+        return pl.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype),
+                              grid=(x.shape[0] // block[0],), in_specs=[spec], out_specs=spec,
+                              compiler_params=plgpu.CompilerParams(**params))(x)
+    return fn
+
+
+def test_tmem_is_refused_on_hopper() -> None:
+    def kernel(x_ref, o_ref, t_ref):
+        o_ref[...] = x_ref[...]
+
+    def fn(x):
+        return pl.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype),
+                              scratch_shapes=[plgpu.TMEM((128, 128), jnp.float32)],
+                              backend="mosaic_gpu")(x)
+    with pytest.raises(pl.PallasError, match=r"TMEM.*Blackwell"):
+        lower(fn, jnp.ones((128, 128)))
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(dimension_semantics=("parallel", "diagonal")), "'parallel', 'sequential'"),
+    (dict(max_concurrent_steps=0), "max_concurrent_steps"),
+    (dict(max_concurrent_steps=2, delay_release=2), "delay_release"),
+    (dict(lowering_semantics="warpgroup"), "lane"),
+])
+def test_bad_compiler_params(kwargs, match) -> None:
+    with pytest.raises(pl.PallasError, match=match):
+        plgpu.CompilerParams(**kwargs)
+
+
+def test_block_minor_dimension_must_be_16_bytes() -> None:
+    with pytest.raises(pl.PallasError, match="multiple of 4"):
+        lower(copy_kernel((8, 2)), jnp.ones((16, 2)))
+
+
+def test_block_dimension_above_tma_box() -> None:
+    with pytest.raises(pl.PallasError, match="at most 256"):
+        lower(copy_kernel((512, 128)), jnp.ones((1024, 128)))
+
+
+def test_shared_memory_budget() -> None:
+    with pytest.raises(pl.PallasError, match=r"bytes of shared memory.*max_concurrent_steps"):
+        lower(copy_kernel((256, 256), max_concurrent_steps=1), jnp.ones((512, 256)))
+
+
+def test_sequential_axes_must_be_last() -> None:
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...]
+
+    def fn(x):
+        spec = pl.BlockSpec((64, 128), lambda i, j: (i, 0))
+        return pl.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(2, 2),
+                              in_specs=[spec], out_specs=spec,
+                              compiler_params=plgpu.CompilerParams(
+                                  dimension_semantics=("sequential", "parallel")))(x)
+    with pytest.raises(pl.PallasError, match="sequential grid axes must come last"):
+        lower(fn, jnp.ones((128, 128)))
+
+
+def test_dot_needs_b_in_shared_memory() -> None:
+    def kernel(a_ref, b_ref, o_ref):
+        o_ref[...] = jnp.dot(a_ref[...], b_ref[...] * 2, preferred_element_type=jnp.float32)
+
+    def fn(a, b):
+        return pl.pallas_call(kernel, jax.ShapeDtypeStruct((64, 64), jnp.float32),
+                              backend="mosaic_gpu")(a, b)
+    a = jnp.ones((64, 64), jnp.bfloat16)
+    with pytest.raises(pl.PallasError, match=r"right operand.*SMEM"):
+        lower(fn, a, a)
+
+
+def test_copy_in_the_wrong_direction() -> None:
+    @functools.partial(plgpu.kernel, out_shape=jax.ShapeDtypeStruct((128,), jnp.float32),
+                       scratch_shapes=[plgpu.SMEM((128,), jnp.float32), plgpu.Barrier()])
+    def kernel(x_ref, o_ref, smem, bar):
+        plgpu.copy_gmem_to_smem(smem, x_ref, bar.at[0])
+
+    with pytest.raises(pl.PallasError, match="source must be in GMEM"):
+        jax.jit(kernel).trace(jnp.ones((128,)))
+
+
+def test_wgmma_needs_an_accumulator() -> None:
+    @functools.partial(plgpu.kernel, out_shape=jax.ShapeDtypeStruct((64, 64), jnp.float32),
+                       scratch_shapes=[plgpu.SMEM((64, 64), jnp.bfloat16)])
+    def kernel(o_ref, smem):
+        plgpu.wgmma(o_ref, smem, smem)
+
+    with pytest.raises(pl.PallasError, match=r"plgpu\.ACC"):
+        jax.jit(kernel).trace()
+
+
+def test_barrier_spellings() -> None:
+    assert plgpu.Barrier(num_threads=3) == plgpu.Barrier(num_arrivals=3)
+    with pytest.raises(pl.PallasError, match="num_barriers"):
+        plgpu.Barrier(num_barriers=0)
+
+
+@pytest.mark.parametrize("shape", [(32, 128), (64, 300)])
+def test_acc_shape(shape) -> None:
+    with pytest.raises(pl.PallasError, match="multiple of 64"):
+        plgpu.ACC(shape)
+
+
+def test_mesh_checks() -> None:
+    with pytest.raises(pl.PallasError, match="at most 3"):
+        plgpu.Mesh(grid=(1, 1, 1, 1))
+    with pytest.raises(pl.PallasError, match="num_threads and thread_name together"):
+        plgpu.Mesh(grid=(2,), num_threads=2)
+
+
+def test_unsupported_op_names_kernel_and_line() -> None:
+    def kernel(x_ref, o_ref):
+        o_ref[...] = jnp.cumsum(x_ref[...], axis=1)
+
+    def fn(x):
+        return pl.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype),
+                              backend="mosaic_gpu")(x)
+    with pytest.raises(pl.PallasError, match=r"cumsum.*test_gpu_errors.py:\d+"):
+        lower(fn, jnp.ones((64, 128)))
