@@ -46,9 +46,9 @@ def test_error_classes_form_one_hierarchy():
 
 def test_unknown_first_party_backend_names_the_package_and_installed_backends():
     x = _rand((8, 128))
-    with _raises(pl.BackendNotFoundError, "no backend named 'mosaic_gpu'",
-                 "Installed backends:", "interpret", "pip install pallas-mosaic-gpu"):
-        pl.pallas_call(copy_kernel, _sds(x), backend="mosaic_gpu")(x)
+    with _raises(pl.BackendNotFoundError, "no backend named 'sparsecore'",
+                 "Installed backends:", "interpret", "pip install pallas-sparsecore"):
+        pl.pallas_call(copy_kernel, _sds(x), backend="sparsecore")(x)
 
 
 def test_unknown_third_party_backend_suggests_spelling_and_lists_installed():
