@@ -1189,7 +1189,10 @@ def _views(state: GPULowering, eqn: Any, args: Sequence[Any]) -> list[Ref]:
     n_refs = max(roles) + 1 if roles else 0
     tree = eqn.params["tree"]
     transforms = jax.tree_util.tree_unflatten(tree, list(args[n_refs:n_refs + tree.num_leaves]))
-    return [_view(state, args[r], t) for r, t in zip(roles, transforms)]
+    views = [_view(state, args[r], t) for r, t in zip(roles, transforms)]
+    # A Barrier of one barrier may be passed without indexing it.
+    return [dataclasses.replace(v, barrier=v.barrier[0], shape=())
+            if v.kind == "barrier" and v.shape == (1,) else v for v in views]
 
 
 def _gmem_window(state: GPULowering, eqn: Any, args: Sequence[Any], role: int

@@ -140,7 +140,8 @@ class GPUCompilerParams(_CompilerParams):
             raise PallasError(f"plgpu.CompilerParams(delay_release={delay!r}): expected an int "
                               f"in [0, max_concurrent_steps={steps}). Fix: raise "
                               "max_concurrent_steps or lower delay_release.")
-        semantics = str(getattr(self.lowering_semantics, "value", self.lowering_semantics))
+        ls = self.lowering_semantics
+        semantics = str(getattr(ls, "name", ls) if not isinstance(ls, str) else ls)
         if semantics.lower() != LANE:
             raise UnsupportedError(
                 f"plgpu.CompilerParams(lowering_semantics={self.lowering_semantics!r}): only "
@@ -211,7 +212,13 @@ def kernel(body: Callable[..., None] | None = None, out_shape: Any = None, *,
                           "plgpu.kernel's signature (grid, grid_names, cluster, num_threads...).")
     mesh = Mesh(tuple(grid), tuple(grid_names), tuple(cluster), tuple(cluster_names),
                 num_threads, thread_name)
+    if compiler_params is not None and not isinstance(compiler_params, GPUCompilerParams):
+        raise PallasError(f"plgpu.kernel(compiler_params=...) takes plgpu.CompilerParams, found "
+                          f"{type(compiler_params).__name__}. Fix: choose another backend with "
+                          "backend= (e.g. backend='interpret').")
     params = dataclasses.replace(compiler_params or GPUCompilerParams(), mesh=mesh)
+    if interpret and backend is None:
+        backend = "interpret"
     names, sizes = mesh.names, mesh.sizes
     if not names:  # a single block: a mesh of one point
         names, sizes = ("_grid0",), (1,)

@@ -89,9 +89,9 @@ def _check_copy(src: Any, dst: Any, fn: str, src_space: str, dst_space: str) -> 
 
 def _check_barrier(barrier: Any, fn: str) -> None:
     aval, ref = _aval(barrier, fn)
-    if _space_name(ref) != "BARRIER" or aval.shape != ():
-        raise PallasError(f"plgpu.{fn}: expected one barrier (a plgpu.Barrier scratch, indexed "
-                          f"to one barrier with barrier.at[i] when it holds several), found a "
+    if _space_name(ref) != "BARRIER" or aval.shape not in ((), (1,)):
+        raise PallasError(f"plgpu.{fn}: expected one barrier (a plgpu.Barrier scratch of one "
+                          f"barrier, or barrier.at[i] of one holding several), found a "
                           f"Ref {aval.dtype}{list(aval.shape)} in {_space_name(ref)}.")
 
 
@@ -140,8 +140,9 @@ def wgmma(acc: Any, a: Any, b: Any) -> None:
     """``acc += a @ b`` with warpgroup matrix-multiply-accumulate (asynchronous: reading
     ``acc`` waits for it; ``wgmma_wait(n)`` leaves at most ``n`` in flight).
 
-    ``acc`` is a ``plgpu.ACC`` Ref (M, N); ``a`` an SMEM Ref or a value (M, K) in 16-bit
-    floats (or float32); ``b`` an SMEM Ref (K, N) of the same dtype.
+    ``acc`` is a ``plgpu.ACC`` Ref (M, N); ``a`` an SMEM Ref or a value (M, K) in a 16-bit
+    float dtype; ``b`` an SMEM Ref (K, N) of the same dtype. The SMEM operands' two minor
+    dimensions must be multiples of 64 (so that they are tiled for wgmma).
     """
     acc_aval, acc_ref = _aval(acc, "wgmma")
     if _space_name(acc_ref) != "ACC":

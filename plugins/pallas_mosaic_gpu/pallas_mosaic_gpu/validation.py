@@ -49,6 +49,11 @@ def check(call: KernelCall) -> None:
         buffers = params.max_concurrent_steps if k < len(bms) - n_out else 1
         used += buffers * math.prod(shape) * dt.itemsize
     for a in gm.scratch_avals:
+        if a.memory_space is GMEM:
+            raise UnsupportedError(
+                f"kernel {call.name!r}: a GMEM scratch buffer; the mosaic_gpu backend allocates "
+                "scratch in shared memory only. Fix: use plgpu.SMEM(...) scratch, or pass the "
+                "global buffer as an operand.")
         if a.memory_space is ACC_SPACE:
             continue
         size = math.prod(a.inner_aval.shape) * np.dtype(a.inner_aval.dtype).itemsize

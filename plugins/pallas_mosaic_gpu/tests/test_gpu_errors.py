@@ -6,6 +6,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import pallas_core as pl
@@ -141,3 +142,43 @@ def test_unsupported_op_names_kernel_and_line() -> None:
                               backend="mosaic_gpu")(x)
     with pytest.raises(pl.PallasError, match=r"cumsum.*test_gpu_errors.py:\d+"):
         lower(fn, jnp.ones((64, 128)))
+
+
+def test_gmem_scratch_is_refused() -> None:
+    def kernel(x_ref, o_ref, g_ref):
+        o_ref[...] = x_ref[...]
+
+    def fn(x):
+        return pl.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype),
+                              scratch_shapes=[plgpu.GMEM((128,), jnp.float32)],
+                              backend="mosaic_gpu")(x)
+    with pytest.raises(pl.PallasError, match=r"GMEM scratch.*plgpu\.SMEM"):
+        lower(fn, jnp.ones((128, 128)))
+
+
+def test_single_barrier_needs_no_index_and_interpret_flag() -> None:
+    def body(x_ref, o_ref, smem, bar):
+        plgpu.copy_gmem_to_smem(x_ref, smem, bar)
+        plgpu.barrier_wait(bar)
+        o_ref[...] = smem[...] * 2.0
+
+    def make(**kw):
+        return plgpu.kernel(body, out_shape=jax.ShapeDtypeStruct((128,), jnp.float32),
+                            scratch_shapes=[plgpu.SMEM((128,), jnp.float32), plgpu.Barrier()],
+                            **kw)
+
+    x = jax.random.normal(jax.random.key(0), (128,))
+    lower(make(), x)
+    np.testing.assert_allclose(make(interpret=True)(x), x * 2.0)
+
+
+def test_lowering_semantics_enum_of_jax_is_accepted() -> None:
+    import enum
+
+    class LoweringSemantics(enum.Enum):
+        Lane = 1
+        Warpgroup = 2
+    assert plgpu.CompilerParams(lowering_semantics=LoweringSemantics.Lane).lowering_semantics \
+        == "lane"
+    with pytest.raises(pl.PallasError, match="lane"):
+        plgpu.CompilerParams(lowering_semantics=LoweringSemantics.Warpgroup)
