@@ -199,7 +199,6 @@ class GPULowering(LoweringState):
     axes: dict[str, ir.Value] = dataclasses.field(default_factory=dict)
     accs: dict[int, Any] = dataclasses.field(default_factory=dict)
     approx: bool = False
-    smem_pool: list[Any] = dataclasses.field(default_factory=list)
 
     def value(self, v: Any) -> Any:
         """``v`` as something arithmetic applies to (reads of SMEM Refs are done here)."""
@@ -530,12 +529,10 @@ def _emit(state: GPULowering, pl_: Plan, gmem: list[Any], smem: list[Any],
                 block_refs.append(Ref("smem", bm.ref_shape, bm.dtype, buf, tiled=tiled))
             else:
                 block_refs.append(Ref("gmem", bm.array_shape, bm.dtype, gmem[n_in + k]))
-        state.axes = {}
         names = call.grid_mapping.grid_names
         full = grid_indices(step)
         state.program_ids = full[gm.num_batch_axes:]
-        if names:
-            state.axes = dict(zip(names, full))
+        state.axes = dict(zip(names, full)) if names else {}
         lower_jaxpr(state, call.jaxpr.jaxpr, call.jaxpr.consts, [*block_refs, *scratch_vals])
         if in_bufs and steps > slots:
             # Refill the buffer step `step - delay` used with step `step - delay + slots`.
@@ -1094,7 +1091,6 @@ def _cond(state: GPULowering, eqn: Any, pred: Any, *args: Any, branches: Any, **
                       ir.IntegerType) or ir.IntegerType(pred.type).width != 1 else
                       arith.extui(ir.IntegerType.get_signless(32), pred), i32(0))
     keys = sorted(state.accs)
-    leaves_types: list[Any] = []
     result_types = [element_type(v.aval.dtype) for v in eqn.outvars]
     before = {k: state.accs[k] for k in keys}
     acc_leaves, acc_tree = jax.tree_util.tree_flatten([before[k] for k in keys])
