@@ -19,6 +19,15 @@ from pallas_mosaic_gpu.params import (
     ShapeDtypeStruct,
     kernel,
 )
+from pallas_mosaic_gpu.pipeline import (
+    atomic_add,
+    atomic_and,
+    atomic_max,
+    atomic_min,
+    atomic_or,
+    atomic_xor,
+    emit_pipeline,
+)
 from pallas_mosaic_gpu.plugin import __version__
 from pallas_mosaic_gpu.primitives import (
     barrier_arrive,
@@ -31,7 +40,8 @@ from pallas_mosaic_gpu.primitives import (
     wgmma_wait,
 )
 
-__all__ = ["__version__", "ACC", "Barrier", "barrier_arrive", "barrier_wait", "commit_smem",
-           "CompilerParams", "copy_gmem_to_smem", "copy_smem_to_gmem", "GMEM",
+__all__ = ["__version__", "ACC", "atomic_add", "atomic_and", "atomic_max", "atomic_min",
+           "atomic_or", "atomic_xor", "Barrier", "barrier_arrive", "barrier_wait", "commit_smem",
+           "CompilerParams", "copy_gmem_to_smem", "copy_smem_to_gmem", "emit_pipeline", "GMEM",
            "GPUCompilerParams", "kernel", "Mesh", "ShapeDtypeStruct", "SMEM", "TMEM",
            "wait_smem_to_gmem", "wgmma", "wgmma_wait"]

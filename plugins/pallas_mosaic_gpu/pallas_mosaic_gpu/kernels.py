@@ -167,3 +167,90 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, block_q: int = 64,
                         plgpu.SMEM((2, block_k, d), v.dtype),
                         plgpu.Barrier(num_arrivals=1, num_barriers=4)],
         backend=backend or plgpu.NAME)(q, k, v)
+
+
+def pipelined_add(x: jax.Array, y: jax.Array, *, block: tuple[int, int] = (64, 128),
+                  max_concurrent_steps: int = 2, backend: str | None = None) -> jax.Array:
+    """``x + y`` by one thread block that streams (64, 128) blocks through SMEM with
+    ``plgpu.emit_pipeline`` (``plgpu.kernel`` over GMEM operands)."""
+    from pallas_mosaic_gpu.pipeline import emit_pipeline
+    grid = (x.shape[0] // block[0], x.shape[1] // block[1])
+    spec = pl.BlockSpec(block, lambda i, j: (i, j))
+
+    @functools.partial(plgpu.kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                       backend=backend or plgpu.NAME)
+    def kernel(x_gmem: Any, y_gmem: Any, o_gmem: Any) -> None:
+        def body(_idx: Any, x_smem: Any, y_smem: Any, o_smem: Any) -> None:
+            o_smem[...] = x_smem[...] + y_smem[...]
+
+        emit_pipeline(body, grid=grid, in_specs=[spec, spec], out_specs=[spec],
+                      max_concurrent_steps=max_concurrent_steps)(x_gmem, y_gmem, o_gmem)
+
+    return kernel(x, y)  # type: ignore[no-any-return]
+
+
+def matmul_pipeline(a: jax.Array, b: jax.Array, *, tile_m: int = 128, tile_n: int = 128,
+                    tile_k: int = 64, max_concurrent_steps: int = 2,
+                    backend: str | None = None) -> jax.Array:
+    """``a @ b`` in 16-bit floats as JAX's Mosaic GPU examples write it: a ``plgpu.kernel``
+    grid of (M, N) tiles, each running ``plgpu.emit_pipeline`` over K with the float32
+    accumulator carried in registers (``init_carry``)."""
+    from pallas_mosaic_gpu.pipeline import emit_pipeline
+    m, k = a.shape
+    _, n = b.shape
+
+    @functools.partial(plgpu.kernel, out_shape=jax.ShapeDtypeStruct((m, n), a.dtype),
+                       grid=(m // tile_m, n // tile_n), grid_names=("m", "n"),
+                       scratch_shapes=[plgpu.SMEM((tile_m, tile_n), a.dtype)],
+                       backend=backend or plgpu.NAME)
+    def kernel(a_gmem: Any, b_gmem: Any, o_gmem: Any, o_smem: Any) -> None:
+        mi, ni = lax.axis_index("m"), lax.axis_index("n")
+
+        def body(_idx: Any, a_smem: Any, b_smem: Any, acc: Any) -> Any:
+            return acc + jnp.dot(a_smem[...], b_smem[...], preferred_element_type=jnp.float32)
+
+        acc = emit_pipeline(
+            body, grid=(k // tile_k,),
+            in_specs=[pl.BlockSpec((tile_m, tile_k), lambda kk: (mi, kk)),
+                      pl.BlockSpec((tile_k, tile_n), lambda kk: (kk, ni))],
+            max_concurrent_steps=max_concurrent_steps,
+            init_carry=jnp.zeros((tile_m, tile_n), jnp.float32))(a_gmem, b_gmem)
+        o_smem[...] = acc.astype(o_smem.dtype)
+        gpu.commit_smem()
+        gpu.copy_smem_to_gmem(o_smem, o_gmem.at[pl.ds(mi * tile_m, tile_m),
+                                                 pl.ds(ni * tile_n, tile_n)])
+        gpu.wait_smem_to_gmem(0)
+
+    return kernel(a, b)  # type: ignore[no-any-return]
+
+
+def block_reduce(x: jax.Array, *, op: str = "add", block_rows: int = 64,
+                 backend: str | None = None) -> jax.Array:
+    """The elementwise ``op`` ("add", "max", "min", and for integers "and", "or", "xor") of
+    the ``block_rows``-row blocks of ``x``: one thread block per block, each folding its
+    TMA-staged block into the GMEM result with ``plgpu.atomic_<op>``. The result starts as
+    the op's identity in an input aliased to the output (``input_output_aliases``)."""
+    from pallas_mosaic_gpu import pipeline
+    rows, cols = x.shape
+    dt = jnp.dtype(x.dtype)
+    init: Any
+    if op == "add":
+        init = 0
+    elif op in ("max", "min"):
+        info = jnp.finfo(dt) if jnp.issubdtype(dt, jnp.floating) else jnp.iinfo(dt)
+        init = info.min if op == "max" else info.max
+    else:
+        init = {"and": -1, "or": 0, "xor": 0}[op]
+    atomic = getattr(pipeline, f"atomic_{op}")
+
+    def kernel(x_ref: Any, acc_in: Any, acc_ref: Any) -> None:
+        del acc_in  # the same buffer as acc_ref
+        atomic(acc_ref, x_ref[...])
+
+    gmem = pl.BlockSpec(memory_space=plgpu.GMEM)
+    return pl.pallas_call(  # type: ignore[no-any-return]
+        kernel, jax.ShapeDtypeStruct((block_rows, cols), x.dtype),
+        grid=(rows // block_rows,),
+        in_specs=[pl.BlockSpec((block_rows, cols), lambda i: (i, 0)), gmem],
+        out_specs=gmem, input_output_aliases={1: 0},
+        backend=backend or plgpu.NAME)(x, jnp.full((block_rows, cols), init, x.dtype))

@@ -198,10 +198,14 @@ class GPULowering(LoweringState):
     launch: Any = None
     axes: dict[str, ir.Value] = dataclasses.field(default_factory=dict)
     accs: dict[int, Any] = dataclasses.field(default_factory=dict)
+    scoped: dict[int, list[Any]] = dataclasses.field(default_factory=dict)
+    """The Refs each ``pl.run_scoped`` (by equation) allocated in shared memory."""
     approx: bool = False
 
     def value(self, v: Any) -> Any:
         """``v`` as something arithmetic applies to (reads of SMEM Refs are done here)."""
+        if isinstance(v, Unavailable):
+            raise self.fail(v.what)
         if isinstance(v, Loaded):
             if v.transposed:
                 raise self.fail("transposing an SMEM block other than as a dot operand")
@@ -353,6 +357,56 @@ def _check_spaces(call: KernelCall) -> None:
                 "(plgpu.ACC) on Hopper.")
 
 
+def _sub_jaxprs(params: Any) -> list[Any]:
+    out: list[Any] = []
+    for v in params.values():
+        for x in (v if isinstance(v, (tuple, list)) else (v,)):
+            if hasattr(x, "eqns"):
+                out.append(x)
+            elif hasattr(x, "jaxpr") and hasattr(x.jaxpr, "eqns"):
+                out.append(x.jaxpr)
+    return out
+
+
+def scoped_allocations(call: KernelCall
+                       ) -> list[tuple[int, list[tuple[str, tuple[int, ...], Any, int]]]]:
+    """The shared memory every ``pl.run_scoped`` of the kernel allocates, one region per
+    ``run_scoped`` (keyed by its equation): ``(kind, shape, dtype, num_arrivals)`` with kind
+    ``"smem"``, ``"barrier"`` or ``"acc"`` (registers)."""
+    found: list[tuple[int, list[tuple[str, tuple[int, ...], Any, int]]]] = []
+    seen: set[int] = set()
+
+    def walk(jaxpr: Any) -> None:
+        for eqn in jaxpr.eqns:
+            if eqn.primitive is prims.run_scoped_p and id(eqn) not in seen:
+                seen.add(id(eqn))
+                allocs = []
+                for mref in eqn.params["scoped"]:
+                    space = mref.memory_space
+                    if space is ACC_SPACE:
+                        allocs.append(("acc", tuple(mref.shape), mref.dtype, 0))
+                    elif isinstance(space, BarrierSpace):
+                        allocs.append(("barrier", tuple(mref.shape), mref.dtype,
+                                       space.num_arrivals))
+                    elif space is TMEM:
+                        raise UnsupportedError(
+                            f"kernel {call.name!r}: pl.run_scoped allocates TMEM, which only "
+                            "Blackwell (sm_100) GPUs have. Fix: use SMEM or plgpu.ACC.")
+                    elif space is GMEM:
+                        raise UnsupportedError(
+                            f"kernel {call.name!r}: pl.run_scoped allocates GMEM; the "
+                            "mosaic_gpu backend allocates scratch in shared memory only. Fix: "
+                            "allocate plgpu.SMEM, or pass the global buffer as an operand.")
+                    else:
+                        allocs.append(("smem", tuple(mref.shape), mref.dtype, 0))
+                found.append((id(eqn), allocs))
+            for sub in _sub_jaxprs(eqn.params):
+                walk(sub)
+
+    walk(call.jaxpr.jaxpr)
+    return found
+
+
 def build(call: KernelCall) -> Callable[..., Any]:
     """The Mosaic GPU kernel of ``call`` as a function of its operands (``mgpu.as_gpu_kernel``);
     it must be called inside an MLIR context (see :func:`kernel_fn`)."""
@@ -395,21 +449,56 @@ def build(call: KernelCall) -> Callable[..., Any]:
         else:
             smem.append(jax.ShapeDtypeStruct(buf_shape(shape, dtype), dtype))
             scratch_refs.append(("smem", shape, dtype))
+    n_main = len(smem)
+    scoped = scoped_allocations(call)
+    for _, allocs in scoped:
+        for kind, shape, dtype, arrivals in allocs:
+            if kind == "barrier":
+                smem.append(mgpu.Barrier(arrivals, num_barriers=shape[0]))
+            elif kind == "smem":
+                smem.append(jax.ShapeDtypeStruct(buf_shape(shape, dtype), dtype))
     smem_tree = tuple(smem)
 
+    # Aliased inputs are the library's in-out operands: passed after the other inputs, their
+    # buffers written in place and returned after the other outputs.
+    aliases = dict(call.input_output_aliases)
+    plain_in = [i for i in range(len(ins)) if i not in aliases]
+    alias_in = sorted(aliases)
+    plain_out = [j for j in range(len(outs)) if j not in aliases.values()]
+
     def body(launch: Any, *args: Any) -> None:
-        gmem = list(args[:-1])
+        refs = list(args[:-1])
+        gmem_in: list[Any] = [None] * len(ins)
+        for i, r in zip(plain_in + alias_in, refs):
+            gmem_in[i] = r
+        gmem_out: list[Any] = [None] * len(outs)
+        for j, r in zip(plain_out, refs[len(ins):]):
+            gmem_out[j] = r
+        for i in alias_in:
+            gmem_out[aliases[i]] = gmem_in[i]
+        gmem = gmem_in + gmem_out
         smem_refs = list(args[-1])
         state = GPULowering(call, "mosaic_gpu", launch=launch, approx=params.approx_math)
-        _emit(state, pl_, gmem, smem_refs, buffers, scratch_refs, slots, steps,
+        rest = iter(smem_refs[n_main:])
+        for key, allocs in scoped:
+            state.scoped[key] = [
+                Ref(kind, tuple(shape), dtype, barrier=next(rest)) if kind == "barrier" else
+                Ref(kind, tuple(shape), dtype, memref=next(rest),
+                    tiled=is_tileable(shape, dtype)) if kind == "smem" else None
+                for kind, shape, dtype, _ in allocs]
+        _emit(state, pl_, gmem, smem_refs[:n_main], buffers, scratch_refs, slots, steps,
               params.delay_release)
 
-    in_shapes = tuple(jax.ShapeDtypeStruct(bm.array_shape, bm.dtype) for bm in ins)
-    out_shapes = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in call.out_avals)
+    in_shapes = tuple(jax.ShapeDtypeStruct(ins[i].array_shape, ins[i].dtype) for i in plain_in)
+    inout_shapes = tuple(jax.ShapeDtypeStruct(ins[i].array_shape, ins[i].dtype)
+                         for i in alias_in)
+    out_shapes = tuple(jax.ShapeDtypeStruct(call.out_avals[j].shape, call.out_avals[j].dtype)
+                       for j in plain_out)
     name = "".join(c if c.isalnum() or c == "_" else "_" for c in call.name) or "kernel"
     try:
-        return mgpu.as_gpu_kernel(body, pl_.grid, pl_.block, in_shapes, out_shapes, smem_tree,
-                                  cluster=pl_.cluster, module_name=name, kernel_name=name)
+        kernel = mgpu.as_gpu_kernel(body, pl_.grid, pl_.block, in_shapes, out_shapes,
+                                    smem_tree, cluster=pl_.cluster, module_name=name,
+                                    kernel_name=name, inout_shape=inout_shapes)
     except (ValueError, NotImplementedError, TypeError, IndexError) as e:
         if isinstance(e, PallasError):
             raise
@@ -417,6 +506,17 @@ def build(call: KernelCall) -> Callable[..., Any]:
             f"kernel {call.name!r} could not be lowered by the mosaic_gpu backend: "
             f"{type(e).__name__}: {e}. Fix: see docs/backends/mosaic_gpu.md for what the "
             "backend supports, or run with backend='interpret'.") from e
+
+    def run(*operands: Any) -> list[Any]:
+        res = list(kernel(*[operands[i] for i in plain_in + alias_in]))
+        out: list[Any] = [None] * len(outs)
+        for j, r in zip(plain_out, res):
+            out[j] = r
+        for i, r in zip(alias_in, res[len(plain_out):]):
+            out[aliases[i]] = r
+        return out
+
+    return run
 
 
 def _emit(state: GPULowering, pl_: Plan, gmem: list[Any], smem: list[Any],
@@ -709,6 +809,46 @@ def _swap(state: GPULowering, eqn: Any, ref: Ref, value: Any, *flat: Any, **_: A
         old = load(view)
     store(view, value)
     return old
+
+
+@dataclasses.dataclass
+class Unavailable:
+    """A value this backend does not produce (the previous contents an atomic returns)."""
+
+    what: str
+
+
+_ATOMIC_OPS = {"add", "max", "min", "and", "or", "xor"}
+
+
+@rule(prims.atomic_rmw_p, lazy=True)
+def _atomic(state: GPULowering, eqn: Any, ref: Ref, value: Any, *rest: Any, op: Any,
+            has_mask: bool, tree: Any) -> Any:
+    if has_mask:
+        raise state.fail("a masked atomic (mask=)")
+    if op.value not in _ATOMIC_OPS:
+        raise state.fail(f"pl.atomic_{op.value}")
+    view = _view(state, ref, _transforms(eqn, [ref, value, *rest], 2))
+    if view.kind not in ("gmem", "smem") or view.tiled:
+        raise state.fail(f"an atomic on a {view.kind} Ref" +
+                         (" (a tiled SMEM buffer)" if view.tiled else ""))
+    if view.shape == ():
+        raise state.fail("an atomic on a single element (give it a 1-D Ref of 128 or more "
+                         "elements, one per thread)")
+    value = state.value(value)
+    if not isinstance(value, FA):
+        value = splat(value, view.shape, view.dtype)
+    value = relayout(value, layout_for(view.shape))
+    try:
+        if value.layout == WGMMA:
+            value.store_untiled(view.memref, optimized=False, atomic=op.value)
+        else:
+            value.store_untiled(view.memref, atomic=op.value)
+    except (NotImplementedError, ValueError) as e:
+        raise state.fail(f"atomic_{op.value} on {view.dtype} in {view.kind.upper()} ({e})"
+                         ) from e
+    return Unavailable(f"the previous contents returned by pl.atomic_{op.value} (Mosaic GPU "
+                       "atomics return nothing; use plgpu.atomic_" + op.value + ")")
 
 
 # --- elementwise -----------------------------------------------------------------------------
@@ -1157,6 +1297,9 @@ def _while(state: GPULowering, eqn: Any, *args: Any, cond_jaxpr: Any, body_jaxpr
 def _run_scoped(state: GPULowering, eqn: Any, *consts: Any, jaxpr: Any, scoped: Any,
                 **_: Any) -> Any:
     refs = []
+    allocated = state.scoped.get(id(eqn))
+    if allocated is None:
+        raise PallasError("internal: a pl.run_scoped the shared-memory plan did not see")
     for n, mref in enumerate(scoped):
         if mref.memory_space is ACC_SPACE:
             key = id(eqn) * 100 + n
@@ -1164,8 +1307,7 @@ def _run_scoped(state: GPULowering, eqn: Any, *consts: Any, jaxpr: Any, scoped: 
                                                          element_type(mref.dtype))
             refs.append(Ref("acc", tuple(mref.shape), mref.dtype, acc_key=key))
         else:
-            raise state.fail(f"pl.run_scoped allocating {mref.memory_space} (allocate SMEM and "
-                             "barriers in scratch_shapes)")
+            refs.append(allocated[n])
     outs = lower_jaxpr(state, jaxpr.jaxpr, jaxpr.consts, [*consts, *refs])
     for r in refs:
         state.accs.pop(r.acc_key, None)

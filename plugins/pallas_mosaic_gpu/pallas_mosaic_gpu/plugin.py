@@ -46,11 +46,7 @@ def pallas_lower(request: LoweringRequest) -> Any:
     if request.backend != NAME:
         return None
     fn = lowering.kernel_fn(request.call)
-    if request.call.input_output_aliases:
-        raise PallasError(
-            f"kernel {request.call.name!r}: input_output_aliases are not supported by the "
-            "mosaic_gpu backend yet. Fix: return a new output.")
-    return request.lower_jax(lambda *args: list(fn(*args)))
+    return request.lower_jax(fn)
 
 
 @hookimpl

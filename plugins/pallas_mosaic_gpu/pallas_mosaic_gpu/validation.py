@@ -58,8 +58,16 @@ def check(call: KernelCall) -> None:
             continue
         size = math.prod(a.inner_aval.shape) * np.dtype(a.inner_aval.dtype).itemsize
         used += 8 * a.inner_aval.shape[0] if isinstance(a.memory_space, BarrierSpace) else size
+    from pallas_mosaic_gpu.lowering import scoped_allocations
+    for _, allocs in scoped_allocations(call):
+        for kind, shape, dtype, _arrivals in allocs:
+            if kind == "smem":
+                used += math.prod(shape) * np.dtype(dtype).itemsize
+            elif kind == "barrier":
+                used += 8 * shape[0]
     if used > SMEM_BYTES:
         raise BlockSpecError(
             f"kernel {call.name!r} needs {used} bytes of shared memory (blocks times "
-            f"max_concurrent_steps={params.max_concurrent_steps}, plus scratch); a Hopper thread "
+            f"max_concurrent_steps={params.max_concurrent_steps}, plus scratch and "
+            f"pl.run_scoped buffers); a Hopper thread "
             f"block has {SMEM_BYTES}. Fix: use smaller blocks or fewer concurrent steps.")

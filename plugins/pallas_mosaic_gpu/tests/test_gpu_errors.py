@@ -182,3 +182,57 @@ def test_lowering_semantics_enum_of_jax_is_accepted() -> None:
         == "lane"
     with pytest.raises(pl.PallasError, match="lane"):
         plgpu.CompilerParams(lowering_semantics=LoweringSemantics.Warpgroup)
+
+
+def _atomic_kernel(body, dtype=jnp.float32):
+    def fn(x):
+        @functools.partial(plgpu.kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                           backend="mosaic_gpu")
+        def kernel(x_ref, o_ref):
+            body(x_ref, o_ref)
+        return kernel(x)
+    return fn
+
+
+def test_float_atomic_max_is_refused() -> None:
+    from pallas_mosaic_gpu import kernels
+    with pytest.raises(pl.UnsupportedError, match=r"atomic_max on float32"):
+        lower(functools.partial(kernels.block_reduce, op="max"), jnp.ones((128, 128)))
+
+
+def test_using_the_result_of_an_atomic_is_refused() -> None:
+    def body(x_ref, o_ref):
+        old = pl.atomic_add(o_ref, ..., x_ref[...])
+        x_ref[...] = old
+    with pytest.raises(pl.UnsupportedError, match=r"previous contents.*plgpu.atomic_add"):
+        lower(_atomic_kernel(body), jnp.ones((256,)))
+
+
+def test_masked_atomic_is_refused() -> None:
+    def body(x_ref, o_ref):
+        v = x_ref[...]
+        pl.atomic_add(o_ref, ..., v, mask=v > 0)
+    with pytest.raises(pl.UnsupportedError, match=r"masked atomic"):
+        lower(_atomic_kernel(body), jnp.ones((256,)))
+
+
+def test_emit_pipeline_checks_its_refs_and_specs() -> None:
+    spec = pl.BlockSpec((64, 128), lambda i: (i, 0))
+
+    def fn(specs, n_refs):
+        @functools.partial(plgpu.kernel, out_shape=jax.ShapeDtypeStruct((128, 128), jnp.float32),
+                           backend="interpret")
+        def kernel(x_ref, o_ref):
+            plgpu.emit_pipeline(lambda idx, *r: None, grid=(2,), in_specs=specs,
+                                out_specs=[spec])(*[x_ref, o_ref][:n_refs])
+        return kernel(jnp.ones((128, 128)))
+
+    with pytest.raises(pl.PallasError, match=r"1 in_specs and 1 out_specs but was called "
+                       r"with 1 Refs"):
+        fn([spec], 1)
+    with pytest.raises(pl.PallasError, match=r"1-D block_shape .* for a 2-D Ref"):
+        fn([pl.BlockSpec((64,), lambda i: (i,))], 2)
+    with pytest.raises(pl.PallasError, match=r"block_shape and an index_map"):
+        fn([pl.BlockSpec(memory_space=plgpu.GMEM)], 2)
+    with pytest.raises(pl.PallasError, match=r"grid must be positive ints"):
+        plgpu.emit_pipeline(lambda *a: None, grid=(0,))

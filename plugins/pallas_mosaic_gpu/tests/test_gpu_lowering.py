@@ -51,6 +51,17 @@ CASES = {
                                   rand(6, (512, 384), jnp.bfloat16)),
                matmul_ref, 0.5, ("wgmma.mma_async", "wgmma.wait.group",
                                  "cp.async.bulk.tensor.shared.cluster.global")),
+    "pipelined_add": (K.pipelined_add, lambda: (rand(12, (256, 384)), rand(13, (256, 384))),
+                      lambda x, y: x + y, 0,
+                      ("cp.async.bulk.tensor.shared.cluster.global", "mbarrier.try_wait",
+                       "cp.async.bulk.tensor.global.shared.cta")),
+    "matmul_pipeline": (K.matmul_pipeline, lambda: (rand(14, (256, 512), jnp.bfloat16),
+                                                    rand(15, (512, 384), jnp.bfloat16)),
+                        matmul_ref, 0.5, ("wgmma.mma_async", "mbarrier.try_wait",
+                                          "cp.async.bulk.tensor.shared.cluster.global")),
+    "block_reduce": (K.block_reduce, lambda: (rand(16, (512, 128)),),
+                     lambda x: x.reshape(8, 64, 128).sum(0), 1e-5,
+                     ("relaxed.gpu.add.f32", "cp.async.bulk.tensor.shared.cluster.global")),
     "attention": (K.attention, lambda: tuple(rand(7 + i, (2, 256, 128), jnp.bfloat16)
                                              for i in range(3)),
                   attention_ref, 2e-2, ("wgmma.mma_async", "mbarrier.try_wait")),
@@ -198,3 +209,84 @@ def test_stages() -> None:
     assert "mosaic_gpu_v2" in st["stablehlo"]
     with pytest.raises(pl.PallasError, match="sm_90a"):
         pl.stages(K.softmax, x, backend="mosaic_gpu", target="sm_75")
+
+
+_INT_FOLDS = {"add": jnp.sum, "max": jnp.max, "min": jnp.min,
+              "and": lambda r, axis: lax.reduce(r, np.int32(-1), lax.bitwise_and, (axis,)),
+              "or": lambda r, axis: lax.reduce(r, np.int32(0), lax.bitwise_or, (axis,)),
+              "xor": lambda r, axis: lax.reduce(r, np.int32(0), lax.bitwise_xor, (axis,))}
+
+
+@pytest.mark.parametrize("op", sorted(_INT_FOLDS))
+def test_integer_atomics(op: str) -> None:
+    """Every ``plgpu.atomic_*`` on int32: the interpreter folds the blocks like jax.numpy,
+    and the lowering holds the PTX reduction of that op on global memory."""
+    x = jax.random.randint(jax.random.key(20), (512, 128), -(2**20), 2**20, jnp.int32)
+    out = K.block_reduce(x, op=op, backend="interpret")
+    expected = _INT_FOLDS[op](x.reshape(8, 64, 128), axis=0)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(expected))
+    low = jax.jit(functools.partial(K.block_reduce, op=op)).trace(x).lower(
+        lowering_platforms=("cuda",))
+    text = str(inspection.check_call(inspection.custom_calls(low)[0]))
+    suffix = "s32" if op in ("add", "max", "min") else "b32"
+    # JAX 0.10 spells it red.relaxed.gpu.<op>, 0.11 red.global.relaxed.gpu.<op>.
+    assert re.search(rf"red(\.global)?\.relaxed\.gpu\.{op}\.{suffix}", text)
+
+
+def test_aliased_operand_is_written_in_place() -> None:
+    """input_output_aliases: the aliased input is the custom call's in-out operand (its
+    result aliases the operand) and the kernel adds into its contents."""
+    x = rand(21, (512, 128))
+    low = jax.jit(K.block_reduce).trace(x).lower(lowering_platforms=("cuda",))
+    text = low.as_text()
+    call = next(line for line in text.splitlines() if "mosaic_gpu_v2" in line)
+    assert "output_operand_aliases" in call
+    assert "(tensor<512x128xf32>, tensor<64x128xf32>) -> tensor<64x128xf32>" in call
+
+
+@pytest.mark.parametrize("steps", [1, 2, 4])
+def test_emit_pipeline_depths(steps: int) -> None:
+    """emit_pipeline with 1 (no overlap), 2 and 4 buffers per input matches jax.numpy in the
+    interpreter and lowers, with one TMA barrier wait per input and step in its loop."""
+    a, b = rand(22, (128, 512), jnp.bfloat16), rand(23, (512, 128), jnp.bfloat16)
+    f = functools.partial(K.matmul_pipeline, max_concurrent_steps=steps)
+    out = f(a, b, backend="interpret")
+    np.testing.assert_allclose(np.asarray(out, np.float32), matmul_ref(a, b), atol=0.5,
+                               rtol=2e-2)
+    low = jax.jit(f).trace(a, b).lower(lowering_platforms=("cuda",))
+    text = str(inspection.check_call(inspection.custom_calls(low)[0]))
+    assert "scf.for" in text and "wgmma.mma_async" in text
+
+
+def test_emit_pipeline_revisited_output_block_accumulates() -> None:
+    """An output block named by consecutive steps stays in SMEM across them (a sum over
+    column blocks written with emit_pipeline): it matches jax.numpy in the interpreter, and
+    the lowered loop stores the block only when its index changes (under an scf.if)."""
+    x = rand(24, (128, 512))
+
+    def colblock_sum(x, backend):
+        @functools.partial(plgpu.kernel,
+                           out_shape=jax.ShapeDtypeStruct((128, 128), jnp.float32),
+                           backend=backend)
+        def kernel(x_gmem, o_gmem):
+            def body(idx, x_smem, o_smem):
+                @pl.when(idx[1] == 0)
+                def _():
+                    o_smem[...] = jnp.zeros_like(o_smem)
+                o_smem[...] += x_smem[...]
+
+            plgpu.emit_pipeline(body, grid=(1, 4),
+                                in_specs=[pl.BlockSpec((128, 128), lambda i, j: (i, j))],
+                                out_specs=[pl.BlockSpec((128, 128), lambda i, j: (i, 0))],
+                                max_concurrent_steps=2)(x_gmem, o_gmem)
+        return kernel(x)
+
+    out = colblock_sum(x, "interpret")
+    np.testing.assert_allclose(out, x.reshape(128, 4, 128).sum(1), rtol=1e-5, atol=1e-5)
+    low = jax.jit(functools.partial(colblock_sum, backend="mosaic_gpu")).trace(x).lower(
+        lowering_platforms=("cuda",))
+    text = str(inspection.check_call(inspection.custom_calls(low)[0]))
+    store = "cp.async.bulk.tensor.global.shared.cta"
+    assert store in text
+    body = text[text.index("scf.for"):]
+    assert body.index("scf.if") < body.index(store)
