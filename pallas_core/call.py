@@ -372,9 +372,11 @@ def validate(call: KernelCall, backend: str) -> None:
         spaces = [(bm.origin, bm.memory_space) for bm in call.grid_mapping.block_mappings]
         spaces += [(f"scratch {i}", a.memory_space)
                    for i, a in enumerate(call.grid_mapping.scratch_avals)]
+        declared = manager.memory_spaces(backend)
         for origin, space in spaces:
             owner = getattr(space, "backend", None)
-            if owner is not None and owner != backend:
+            # A backend may adopt another's memory spaces (SparseCore uses pltpu.VMEM, ...).
+            if owner is not None and owner != backend and not any(space is d for d in declared):
                 raise UnsupportedError(
                     f"kernel {call.name!r}: {origin} is in memory space {space}, which belongs "
                     f"to the {owner!r} backend, but the kernel is lowered by {backend!r}. Fix: "

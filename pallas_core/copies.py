@@ -45,16 +45,42 @@ copy_start_p.def_effectful_abstract_eval(_ref_effects)
 copy_wait_p.def_effectful_abstract_eval(_ref_effects)
 
 
+def _is_ref(i: Any) -> bool:
+    if isinstance(i, _jax.Slice) or isinstance(i, (int, slice)):
+        return False
+    if hasattr(i, "transforms"):  # a view of a Ref
+        return True
+    try:
+        return isinstance(_jax.typeof(i), _jax.AbstractRef)
+    except TypeError:
+        return False
+
+
+def _read_ref_indices(transforms: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Indexers whose indices are Refs (``table.at[idx_ref]``) read them: the copy is indexed
+    by the Ref's contents when it starts (an indirect, gather or scatter, copy)."""
+    out = []
+    for t in transforms:
+        indices = getattr(t, "indices", None)
+        if indices is not None and any(_is_ref(i) for i in indices):
+            indices = tuple(i[...] if _is_ref(i) else i for i in indices)
+            t = _jax.NDIndexer(indices, t.shape, t.int_indexer_shape)
+        out.append(t)
+    return tuple(out)
+
+
 def _split(ref_view: Any, fn: str) -> tuple[Any, tuple[Any, ...]]:
-    return _ref_and_transforms(ref_view, None, fn)
+    ref, transforms = _ref_and_transforms(ref_view, None, fn)
+    return ref, _read_ref_indices(transforms)
 
 
-def bind_views(prim: Any, views: list[Any], extra: list[Any], fn: str, **params: Any) -> None:
+def bind_views(prim: Any, views: list[Any], extra: list[Any], fn: str, **params: Any) -> Any:
     """Binds ``prim`` on the distinct Refs behind ``views`` (two views of one Ref, such as two
     semaphores of one array, share an operand); ``roles[k]`` is view ``k``'s operand.
 
     The operands are the distinct Refs, then the leaves of the views' transforms (params
-    ``tree``, ``roles``), then ``extra``. Backends that add primitives on Ref views use this
+    ``tree``, ``roles``), then ``extra``; returns what ``prim`` returns. Backends that add
+    primitives on Ref views use this
     with :class:`RefViews` in their reference semantics. ``fn`` names the caller in errors."""
     refs: list[Any] = []
     roles = []
@@ -65,7 +91,7 @@ def bind_views(prim: Any, views: list[Any], extra: list[Any], fn: str, **params:
             index = len(refs) - 1
         roles.append(index)
     flat, tree = jax.tree_util.tree_flatten(tuple(_split(v, fn)[1] for v in views))
-    prim.bind(*refs, *flat, *extra, tree=tree, roles=tuple(roles), **params)
+    return prim.bind(*refs, *flat, *extra, tree=tree, roles=tuple(roles), **params)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +108,8 @@ class AsyncCopy:
     send_sem: Any = None
     device_id: Any = None
     device_id_type: DeviceIdType = DeviceIdType.MESH
+    add: bool = False
+    """Add the source into the destination instead of overwriting it (SparseCore DMAs)."""
 
     def _check(self) -> None:
         (src, src_t), (dst, dst_t) = _split(self.src, "async_copy"), _split(self.dst, "async_copy")
@@ -109,8 +137,9 @@ class AsyncCopy:
         views = [self.src, self.dst, self.sem]
         if self.is_remote:
             views.append(self.send_sem)
+        params = {"add": True} if self.add else {}
         bind_views(copy_start_p, views, self._device_ids(), "async_copy.start",
-              remote=self.is_remote, device_id_type=self.device_id_type)
+                   remote=self.is_remote, device_id_type=self.device_id_type, **params)
 
     def wait(self) -> None:
         """Waits for a local copy; for a remote one, ``wait_send()`` then ``wait_recv()``."""
@@ -133,18 +162,23 @@ class AsyncCopy:
     def _wait(self, kind: str) -> None:
         sem = self.send_sem if kind == "send" else self.sem
         # Remote waits carry the device ids too: backends name the peer when they wait.
-        bind_views(copy_wait_p, [self.src, self.dst, sem], self._device_ids(), "async_copy.wait",
-              kind=kind, device_id_type=self.device_id_type)
+        params = {"add": True} if self.add else {}
+        bind_views(copy_wait_p, [self.src, self.dst, sem], self._device_ids(),
+                   "async_copy.wait", kind=kind, device_id_type=self.device_id_type, **params)
 
 
-def make_async_copy(src: Any, dst: Any, sem: Any) -> AsyncCopy:
-    """A local copy from ``src`` to ``dst`` signalled on ``sem`` (not started)."""
-    return AsyncCopy(src, dst, sem)
+def make_async_copy(src: Any, dst: Any, sem: Any, *, add: bool = False) -> AsyncCopy:
+    """A local copy from ``src`` to ``dst`` signalled on ``sem`` (not started); with ``add``,
+    ``dst += src`` (duplicate indices of a scatter accumulate)."""
+    return AsyncCopy(src, dst, sem, add=add)
 
 
-def async_copy(src: Any, dst: Any, sem: Any) -> AsyncCopy:
-    """Starts a local copy from ``src`` to ``dst``; ``.wait()`` on the result completes it."""
-    copy = make_async_copy(src, dst, sem)
+def async_copy(src: Any, dst: Any, sem: Any, *, add: bool = False) -> AsyncCopy:
+    """Starts a local copy from ``src`` to ``dst``; ``.wait()`` on the result completes it.
+
+    A view indexed by an integer vector or a Ref of them (``table.at[idx_ref]``) gathers or
+    scatters rows along its leading dimension; ``add=True`` adds into the destination."""
+    copy = make_async_copy(src, dst, sem, add=add)
     copy.start()
     return copy
 
@@ -189,13 +223,35 @@ class RefViews:
         self.values[ref] = _jax.transform_swap_array(self.values[ref], self.transforms[role],
                                                      value)[1]
 
+    def add(self, role: int, value: Any) -> None:
+        """``view += value``; where the view gathers rows by an index vector (its first
+        index), repeated indices accumulate, as a scatter-add does."""
+        ref = self.roles[role]
+        transforms = self.transforms[role]
+        x = self.values[ref]
+        if (len(transforms) == 1 and getattr(transforms[0], "int_indexer_shape", ())
+                and _scatter_form(transforms[0], x.shape)):
+            idx = transforms[0].indices[0]
+            self.values[ref] = x.at[idx].add(value.astype(x.dtype), mode="drop")
+            return
+        self.write(role, self.read(role) + value)
+
     def new_values(self) -> list[Any]:
         return [*self.values, *([None] * (self.n_args - self.n_refs))]
 
 
+def _scatter_form(indexer: Any, shape: tuple[int, ...]) -> bool:
+    """The indexer is ``[index_vector, :, :, ...]`` (whole trailing dimensions)."""
+    first, *rest = indexer.indices
+    if getattr(first, "shape", ()) == () or len(getattr(first, "shape", ())) != 1:
+        return False
+    return all(isinstance(r, _jax.Slice) and isinstance(r.start, int) and r.start == 0
+               and r.size == d and r.stride == 1 for r, d in zip(rest, shape[1:]))
+
+
 def _copy_start_discharge(in_avals: Any, out_avals: Any, *args: Any, tree: Any,
                           roles: tuple[int, ...], remote: bool,
-                          device_id_type: DeviceIdType) -> Any:
+                          device_id_type: DeviceIdType, add: bool = False) -> Any:
     state = RefViews(args, tree, roles)
     if not remote:
         state.write(_SEM, state.read(_SEM) + 1)
@@ -210,13 +266,16 @@ def _copy_start_discharge(in_avals: Any, out_avals: Any, *args: Any, tree: Any,
 
 def _copy_wait_discharge(in_avals: Any, out_avals: Any, *args: Any, tree: Any,
                          roles: tuple[int, ...], kind: str,
-                         device_id_type: DeviceIdType) -> Any:
+                         device_id_type: DeviceIdType, add: bool = False) -> Any:
     state = RefViews(args, tree, roles)
     count = state.read(_SEM)
     semantics.check_wait(count, 1, f"the {kind} semaphore of an async copy")
     state.write(_SEM, count - 1)
     if kind == "local":
-        state.write(_DST, state.read(_SRC))
+        if add:
+            state.add(_DST, state.read(_SRC))
+        else:
+            state.write(_DST, state.read(_SRC))
     return state.new_values(), []
 
 

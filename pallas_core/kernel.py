@@ -142,6 +142,11 @@ def _mesh_call(fn: Callable[..., None], out: Any, mesh: Mesh, args: Any, *,
     def whole(tree: Any) -> Any:
         return jax.tree_util.tree_map(lambda _: BlockSpec(memory_space=ANY), tree)
 
+    user_params = kwargs.get("compiler_params")
+    kwargs["compiler_params"] = mesh.compiler_params_for(user_params)
+    if kwargs.get("interpret") and backend is None and user_params is None:
+        backend = "interpret"  # parameters the mesh added do not outrank interpret=True
+
     return pallas_call(
         fn, out, grid=mesh.axis_sizes, in_specs=whole(tuple(args)), out_specs=whole(out),
         name=name or fn.__name__,

@@ -202,6 +202,11 @@ class Mesh:
                 "give one size per name."
             )
 
+    def compiler_params_for(self, params: Any) -> Any:
+        """The compiler parameters a kernel on this mesh runs with, given the user's (maybe
+        ``None``). A backend's mesh may add what its lowering needs (the chip, say)."""
+        return params
+
     @property
     def shape(self) -> Mapping[str, int]:
         """Axis name to size, in order."""

@@ -45,6 +45,8 @@ class Lowering(LoweringState):
 
     mesh_axes: tuple[tuple[str, int], ...] = ()
     """``(name, size)`` of the mesh axes, major to minor; device ids are linear over them."""
+    rules: Any = None
+    """The rules to lower with (``None``: this backend's; the SparseCore backend extends them)."""
 
 
 Rule = mlir_lowering.Rule
@@ -167,7 +169,8 @@ def module_text(module: ir.Module) -> str:
 def lower_jaxpr(lowering: Lowering, jaxpr: Any, consts: Sequence[Any],
                 args: Sequence[Any]) -> list[Any]:
     """Emits ``jaxpr`` at the current insertion point; returns its outputs' values."""
-    return mlir_lowering.lower_jaxpr(lowering, RULES, jaxpr, consts, args, _literal)
+    return mlir_lowering.lower_jaxpr(lowering, lowering.rules or RULES, jaxpr, consts, args,
+                                     _literal)
 
 
 _literal = mlir_lowering.splat_literal(mir.constant, "Mosaic")
@@ -509,6 +512,9 @@ def _view(lowering: Lowering, ref: ir.Value, transforms: Sequence[Any]) -> ir.Va
                 raise lowering.fail("strided or dynamically sized views of a Ref")
             start, size = idx.start, idx.size
         else:
+            if isinstance(idx, ir.Value) and mir.shape_of(idx):
+                raise lowering.fail("a copy indexed by a vector of indices (a gather or "
+                                    "scatter DMA; SparseCore only)")
             start, size = idx, 1
             dropped.append(d)
         starts.append(start if isinstance(start, ir.Value) else mir.constant(start, np.int32))
@@ -563,6 +569,8 @@ def _copy_device_id(lowering: Lowering, eqn: Any, args: Sequence[Any]) -> ir.Val
 
 @rule(copies.copy_start_p)
 def _copy_start(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
+    if eqn.params.get("add"):
+        raise lowering.fail("an adding copy (add=True; a SparseCore DMA) on a TensorCore")
     if not eqn.params["remote"]:
         src, dst, sem = _role_views(lowering, eqn, args)
         tpu.EnqueueDMAOp(src, dst, target_semaphore=sem)

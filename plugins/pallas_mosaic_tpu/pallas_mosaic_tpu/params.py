@@ -111,12 +111,13 @@ def create_tensorcore_mesh(axis_name: str, num_cores: int = 1) -> Mesh:
     return Mesh((axis_name,), (num_cores,), backend=NAME)
 
 
-def sync_copy(src: Any, dst: Any) -> None:
-    """Copies ``src`` into ``dst`` with the DMA engine and waits (HBM and VMEM alike)."""
+def sync_copy(src: Any, dst: Any, *, add: bool = False) -> None:
+    """Copies ``src`` into ``dst`` with the DMA engine and waits (HBM and VMEM alike); with
+    ``add`` (SparseCore), adds ``src`` into ``dst``."""
     from pallas_core.copies import async_copy
     from pallas_core.primitives import run_scoped
 
-    run_scoped(lambda sem: async_copy(src, dst, sem).wait(), SemaphoreType.DMA)
+    run_scoped(lambda sem: async_copy(src, dst, sem, add=add).wait(), SemaphoreType.DMA)
 
 
 def get_barrier_semaphore() -> Any:

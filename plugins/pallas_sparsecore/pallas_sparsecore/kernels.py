@@ -1,0 +1,174 @@
+"""Example SparseCore kernels (used by the tests and ``examples/sparsecore.py``). Each runs on
+the ``sparsecore`` backend for ``target`` (a chip name, no TPU needed to lower), or in the
+interpreter with ``interpret=True``.
+
+The work is split over the ``workers = num_cores * num_subcores`` vector subcores of the mesh;
+subcore ``w = core * num_subcores + subcore`` takes the ``w``-th contiguous share.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+import pallas_core as pl
+import pallas_mosaic_tpu as pltpu
+from pallas_sparsecore import params as scp
+from pallas_sparsecore import primitives as plsc
+
+
+def _mesh(num_cores: int | None, num_subcores: int | None, target: str | None
+          ) -> scp.SubcoreMesh:
+    return scp.VectorSubcoreMesh(core_axis_name="core", subcore_axis_name="subcore",
+                                 num_cores=num_cores, num_subcores=num_subcores, target=target)
+
+
+def _worker(mesh: scp.SubcoreMesh) -> Any:
+    return lax.axis_index("core") * mesh.num_subcores + lax.axis_index("subcore")
+
+
+def _share(total: int, mesh: scp.SubcoreMesh, what: str) -> int:
+    workers = mesh.num_cores * mesh.num_subcores
+    if total % workers:
+        raise pl.PallasError(f"{what} ({total}) must split evenly over the {workers} subcores of "
+                             "the mesh. Fix: pad it, or use a mesh with fewer subcores.")
+    return total // workers
+
+
+def embedding_lookup(table: jax.Array, idx: jax.Array, *, num_cores: int | None = None,
+                     num_subcores: int | None = None, target: str | None = None,
+                     interpret: bool = False) -> jax.Array:
+    """``table[idx]``: each subcore copies its share of the indices to VMEM, gathers those rows
+    of the HBM table with one indirect DMA, and writes them back to HBM."""
+    mesh = _mesh(num_cores, num_subcores, target)
+    n = _share(idx.shape[0], mesh, "the number of lookups")
+    d = table.shape[1]
+
+    @pl.kernel(out_type=jax.ShapeDtypeStruct((idx.shape[0], d), table.dtype), mesh=mesh,
+               scratch_types=[pltpu.VMEM((n,), jnp.int32), pltpu.VMEM((n, d), table.dtype)],
+               interpret=interpret)
+    def kernel(table_hbm: Any, idx_hbm: Any, out_hbm: Any, idx_vmem: Any, rows_vmem: Any
+               ) -> None:
+        rows = pl.ds(_worker(mesh) * n, n)
+        pltpu.sync_copy(idx_hbm.at[rows], idx_vmem)
+        pltpu.sync_copy(table_hbm.at[idx_vmem], rows_vmem)
+        pltpu.sync_copy(rows_vmem, out_hbm.at[rows])
+
+    return kernel(table, idx.astype(jnp.int32))  # type: ignore[no-any-return]
+
+
+def scatter_add(updates: jax.Array, idx: jax.Array, num_rows: int, *,
+                num_cores: int | None = None, num_subcores: int | None = None,
+                target: str | None = None, interpret: bool = False) -> jax.Array:
+    """``zeros((num_rows, d)).at[idx].add(updates)`` (the gradient of an embedding lookup):
+    each subcore scatter-adds its share of the rows into the HBM result with one adding
+    indirect DMA; repeated indices accumulate."""
+    mesh = _mesh(num_cores, num_subcores, target)
+    n = _share(idx.shape[0], mesh, "the number of updates")
+    d = updates.shape[1]
+
+    def run(refs: Any) -> None:
+        upd_ref, idx_ref, out = refs
+
+        @pl.core_map(mesh, interpret=interpret, name="scatter_add")
+        def _() -> None:
+            def body(idx_vmem: Any, rows_vmem: Any) -> None:
+                rows = pl.ds(_worker(mesh) * n, n)
+                pltpu.sync_copy(idx_ref.at[rows], idx_vmem)
+                pltpu.sync_copy(upd_ref.at[rows], rows_vmem)
+                pltpu.sync_copy(rows_vmem, out.at[idx_vmem], add=True)
+
+            pl.run_scoped(body, pltpu.VMEM((n,), jnp.int32),
+                          pltpu.VMEM((n, d), updates.dtype))
+
+    _, _, result = pl.run_state(run)((updates, idx.astype(jnp.int32),
+                                      jnp.zeros((num_rows, d), updates.dtype)))
+    return result  # type: ignore[no-any-return]
+
+
+def segment_sum(values: jax.Array, segment_ids: jax.Array, num_segments: int, *,
+                num_cores: int | None = None, num_subcores: int | None = None,
+                target: str | None = None, interpret: bool = False) -> jax.Array:
+    """``jax.ops.segment_sum(values, segment_ids, num_segments)`` over a ragged batch of
+    float32 values: each subcore walks its share one register (``num_lanes`` values) at a
+    time, adds every value into its segment's slot of a VMEM accumulator with
+    ``plsc.addupdate_scatter`` (lanes of one segment accumulate), then adds the accumulator
+    into the HBM result with an adding DMA."""
+    mesh = _mesh(num_cores, num_subcores, target)
+    lanes = mesh.info.num_lanes
+    n = _share(values.shape[0], mesh, "the number of values")
+    if n % lanes or num_segments % lanes:
+        raise pl.PallasError(
+            f"segment_sum: each subcore's share ({n}) and num_segments ({num_segments}) must be "
+            f"multiples of the {lanes} lanes. Fix: pad the batch and the segment count.")
+
+    def run(refs: Any) -> None:
+        val_ref, seg_ref, slots_ref, out = refs
+
+        @pl.core_map(mesh, interpret=interpret, name="segment_sum")
+        def _() -> None:
+            def body(vals: Any, segs: Any, acc: Any, slots: Any) -> None:
+                share = pl.ds(_worker(mesh) * n, n)
+                pltpu.sync_copy(val_ref.at[share], vals)
+                pltpu.sync_copy(seg_ref.at[share], segs)
+                pltpu.sync_copy(slots_ref, slots)
+
+                @plsc.parallel_loop(0, num_segments, lanes)
+                def _zero(i: Any) -> None:
+                    acc[pl.ds(i, lanes)] = jnp.zeros((lanes,), jnp.float32)
+
+                @pl.loop(0, n, step=lanes)
+                def _add(i: Any) -> None:
+                    plsc.addupdate_scatter(acc, [segs[pl.ds(i, lanes)]],
+                                           vals[pl.ds(i, lanes)])
+
+                pltpu.sync_copy(acc, out.at[slots], add=True)
+
+            pl.run_scoped(body, pltpu.VMEM((n,), jnp.float32), pltpu.VMEM((n,), jnp.int32),
+                          pltpu.VMEM((num_segments,), jnp.float32),
+                          pltpu.VMEM((num_segments,), jnp.int32))
+
+    *_, result = pl.run_state(run)((values.astype(jnp.float32),
+                                    segment_ids.astype(jnp.int32),
+                                    jnp.arange(num_segments, dtype=jnp.int32),
+                                    jnp.zeros((num_segments,), jnp.float32)))
+    return result  # type: ignore[no-any-return]
+
+
+def sort_key_val(keys: jax.Array, values: jax.Array, *, descending: bool = False,
+                 num_cores: int | None = None, num_subcores: int | None = None,
+                 target: str | None = None, interpret: bool = False
+                 ) -> tuple[jax.Array, jax.Array]:
+    """Sorts each row of ``keys`` (``(rows, num_lanes)``, one register per row) carrying
+    ``values`` along, with ``plsc.sort_key_val``; the rows are split over the subcores."""
+    mesh = _mesh(num_cores, num_subcores, target)
+    lanes = mesh.info.num_lanes
+    rows = _share(keys.shape[0], mesh, "the number of rows")
+    if keys.shape[1:] != (lanes,):
+        raise pl.PallasError(f"sort_key_val sorts rows of {lanes} lanes, found keys of shape "
+                             f"{keys.shape}. Fix: reshape to (-1, {lanes}).")
+    out = (jax.ShapeDtypeStruct(keys.shape, keys.dtype),
+           jax.ShapeDtypeStruct(values.shape, values.dtype))
+
+    @pl.kernel(out_type=out, mesh=mesh, interpret=interpret,
+               scratch_types=[pltpu.VMEM((rows, lanes), keys.dtype),
+                              pltpu.VMEM((rows, lanes), values.dtype)])
+    def kernel(k_hbm: Any, v_hbm: Any, ko_hbm: Any, vo_hbm: Any, k_vmem: Any, v_vmem: Any
+               ) -> None:
+        share = pl.ds(_worker(mesh) * rows, rows)
+        pltpu.sync_copy(k_hbm.at[share], k_vmem)
+        pltpu.sync_copy(v_hbm.at[share], v_vmem)
+
+        @pl.loop(0, rows)
+        def _sort(r: Any) -> None:
+            sk, sv = plsc.sort_key_val(k_vmem[r], v_vmem[r], descending=descending)
+            k_vmem[r] = sk
+            v_vmem[r] = sv
+
+        pltpu.sync_copy(k_vmem, ko_hbm.at[share])
+        pltpu.sync_copy(v_vmem, vo_hbm.at[share])
+
+    return kernel(keys, values)  # type: ignore[no-any-return]

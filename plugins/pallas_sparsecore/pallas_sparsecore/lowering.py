@@ -1,0 +1,423 @@
+"""Lowering of a SparseCore kernel (``pl.kernel`` on a subcore mesh) to a Mosaic module whose
+kernel function runs on the vector (or scalar) subcores.
+
+The kernel takes the core and subcore indices (``i32``), every operand whole in HBM, then its
+scratch (VMEM per subcore, VMEM_SHARED per core, SMEM, semaphores). Its attributes name the
+core type (``#tpu.core_type<sc_vector_subcore>``), the mesh (``iteration_bounds``, one
+``core_parallel`` and one ``subcore_parallel`` dimension) and a trivial window per operand.
+Elementwise math, control flow and plain DMAs use the Mosaic TPU backend's rules; VMEM reads
+and writes, gather/scatter DMAs and the SparseCore primitives have rules here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import arith, func, memref, scf
+from jaxlib.mosaic.python import tpu
+
+from pallas_core import _jax, copies, mlir_lowering
+from pallas_core.errors import PallasError
+from pallas_core.request import KernelCall
+from pallas_core.spec import ANY
+from pallas_mosaic_tpu import ir as mir
+import pallas_mosaic_tpu.primitives  # noqa: F401 - its rules join the TensorCore rules first
+from pallas_mosaic_tpu import lowering as tl
+from pallas_mosaic_tpu.lowering import Lowering
+from pallas_mosaic_tpu.params import DMA_SEMAPHORE, HBM, SEMAPHORE, SMEM
+from pallas_sparsecore import primitives as sc
+from pallas_sparsecore.params import NAME, VMEM_SHARED, SCCompilerParams
+
+RULES = mlir_lowering.Rules(tl.RULES)
+rule = RULES.rule
+
+
+def params_of(call: KernelCall) -> SCCompilerParams:
+    params = call.compiler_params
+    if not isinstance(params, SCCompilerParams):
+        raise PallasError(
+            f"kernel {call.name!r}: the sparsecore backend runs pl.kernel on a SparseCore mesh "
+            "(plsc.VectorSubcoreMesh or plsc.ScalarSubcoreMesh). Fix: pass such a mesh.")
+    return params
+
+
+def _space_name(space: Any) -> str:
+    if space is VMEM_SHARED:
+        return "vmem_shared"
+    if space is SMEM:
+        return "smem"
+    if space is HBM or space is None or space is ANY:
+        return "hbm"
+    return "vmem"
+
+
+def _scratch_type(shape: Sequence[int], dtype: Any, space: Any) -> ir.Type:
+    if space is SEMAPHORE or space is DMA_SEMAPHORE:
+        return tl._scratch_type(shape, dtype, space)
+    return mir.memref(shape, dtype, _space_name(space))
+
+
+def lower_kernel(call: KernelCall) -> tuple[ir.Module, str]:
+    """The Mosaic module of the SparseCore kernel ``call`` and its function's name."""
+    params = params_of(call)
+    gm = call.grid_mapping
+    name = "".join(c if c.isalnum() or c == "_" else "_" for c in call.name) or "kernel"
+    ctx = mir.new_context()
+    with ctx, ir.Location.unknown():
+        module = ir.Module.create()
+        i32 = ir.IntegerType.get_signless(32)
+        grid_types = [i32] * len(gm.grid)
+        operand_types = [mir.memref(bm.array_shape, bm.dtype, _space_name(bm.memory_space))
+                         for bm in gm.block_mappings]
+        scratch_types = [_scratch_type(a.inner_aval.shape, a.inner_aval.dtype, a.memory_space)
+                         for a in gm.scratch_avals]
+        with ir.InsertionPoint(module.body):
+            kernel = func.FuncOp(name, (grid_types + operand_types + scratch_types, []))
+        attrs = kernel.attributes
+        kinds = ["core_parallel", "subcore_parallel"][:len(gm.grid)]
+        attrs["dimension_semantics"] = ir.ArrayAttr.get(
+            [ir.Attribute.parse(f"#tpu.dimension_semantics<{k}>") for k in kinds])
+        attrs["iteration_bounds"] = ir.DenseI64ArrayAttr.get(list(gm.grid))
+        dims = ", ".join(f"d{i}" for i in range(len(gm.grid)))
+        attrs["window_params"] = ir.ArrayAttr.get([ir.DictAttr.get({
+            "transform_indices": ir.Attribute.parse(
+                f"affine_map<({dims}) -> ({', '.join(['0'] * len(bm.array_shape))})>")})
+            for bm in gm.block_mappings])
+        i64 = ir.IntegerType.get_signless(64)
+        attrs["scalar_prefetch"] = ir.IntegerAttr.get(i64, 0)
+        attrs["scratch_operands"] = ir.IntegerAttr.get(i64, len(scratch_types))
+        attrs["tpu.core_type"] = ir.Attribute.parse(
+            f"#tpu.core_type<sc_{params.kernel_type}_subcore>")
+        entry = kernel.add_entry_block()
+        with ir.InsertionPoint(entry):
+            args = list(entry.arguments)
+            lowering = Lowering(call, NAME, args[:len(gm.grid)], rules=RULES)
+            tl.lower_jaxpr(lowering, call.jaxpr.jaxpr, call.jaxpr.consts, args[len(gm.grid):])
+            func.ReturnOp([])
+        if not module.operation.verify():
+            raise PallasError(f"the SparseCore module of kernel {call.name!r} does not verify")
+    return module, name
+
+
+# --- Ref reads and writes --------------------------------------------------------------------
+
+
+def _space(ref: ir.Value) -> str:
+    text = str(ir.MemRefType(ref.type).memory_space)
+    for s in ("vmem_shared", "vmem", "smem", "hbm"):
+        if f"<{s}>" in text:
+            return s
+    return "vmem"
+
+
+def _access(lowering: Lowering, eqn: Any, ref: ir.Value, transforms: Sequence[Any]
+            ) -> tuple[list[ir.Value], list[int], list[int]]:
+    space = _space(ref)
+    if space in ("hbm", "vmem_shared"):
+        raise lowering.fail(
+            f"reading or writing {space.upper()} directly (the vector subcores access VMEM "
+            "and SMEM; copy the data with pltpu.sync_copy first)")
+    return tl._indices(lowering, ref, transforms)
+
+
+@rule(_jax.get_p)
+def _get(lowering: Lowering, eqn: Any, ref: ir.Value, *args: Any) -> ir.Value:
+    transforms = tl._transforms(eqn, args)
+    starts, sizes, dropped = _access(lowering, eqn, ref, transforms)
+    out = eqn.outvars[0].aval
+    if _space(ref) == "smem":
+        if any(s != 1 for s in sizes):
+            raise lowering.fail("vector reads from SMEM")
+        return memref.LoadOp(ref, starts).result
+    if not out.shape:
+        raise lowering.fail("reading a single element of a VMEM Ref (read a vector, "
+                            "ref[pl.ds(i, num_lanes)], and take its element)")
+    full = tpu.VectorLoadOp(mir.value_type(sizes, out.dtype), ref, starts, []).result
+    if dropped:
+        from jaxlib.mlir.dialects import vector
+        return vector.ShapeCastOp(mir.value_type(out.shape, out.dtype), full).result
+    return full
+
+
+@rule(_jax.swap_p)
+def _swap(lowering: Lowering, eqn: Any, ref: ir.Value, value: ir.Value, *args: Any) -> Any:
+    transforms = tl._transforms(eqn, args)
+    starts, sizes, dropped = _access(lowering, eqn, ref, transforms)
+    dtype = eqn.invars[1].aval.dtype
+    if _space(ref) == "smem":
+        old = memref.LoadOp(ref, starts).result
+        memref.StoreOp(value, ref, starts)
+        return old
+    if not sizes or all(s == 1 for s in sizes) and not mir.shape_of(value):
+        raise lowering.fail("writing a single element of a VMEM Ref")
+    value = mir.broadcast_to(value, [s for d, s in enumerate(sizes) if d not in dropped])
+    from jaxlib.mlir.dialects import vector
+    if list(mir.shape_of(value)) != sizes:
+        value = vector.ShapeCastOp(mir.value_type(sizes, dtype), value).result
+    old = tpu.VectorLoadOp(mir.value_type(sizes, dtype), ref, starts, []).result
+    tpu.VectorStoreOp(value, ref, starts, [])
+    if dropped:
+        out = eqn.outvars[0].aval
+        return vector.ShapeCastOp(mir.value_type(out.shape, out.dtype), old).result
+    return old
+
+
+# --- DMAs: plain ones as on a TensorCore, gathers and scatters indirect ------------------------
+
+
+def _indirect_split(lowering: Lowering, ref: ir.Value, transforms: Sequence[Any]
+                    ) -> tuple[ir.Value, ir.Value] | None:
+    """``(base memref, offsets vector)`` when the view indexes its leading dimension with a
+    vector, else ``None``."""
+    if len(transforms) != 1:
+        return None
+    indices = getattr(transforms[0], "indices", ())
+    if not indices or not (isinstance(indices[0], ir.Value) and mir.shape_of(indices[0])):
+        return None
+    shape = ir.MemRefType(ref.type).shape
+    for i, d in zip(indices[1:], shape[1:]):
+        if not (isinstance(i, _jax.Slice) and isinstance(i.start, int) and i.start == 0
+                and i.size == d):
+            raise lowering.fail("a gather or scatter DMA that also slices the trailing "
+                                "dimensions (index the leading dimension only)")
+    return ref, indices[0]
+
+
+def _copy_views(lowering: Lowering, eqn: Any, args: Sequence[Any]) -> Any:
+    roles, tree = eqn.params["roles"], eqn.params["tree"]
+    n_refs = max(roles) + 1
+    transforms = jax.tree_util.tree_unflatten(tree, list(args[n_refs:n_refs + tree.num_leaves]))
+    refs = [args[r] for r in roles]
+    src_ind = _indirect_split(lowering, refs[0], transforms[0])
+    dst_ind = _indirect_split(lowering, refs[1], transforms[1])
+    if src_ind and dst_ind:
+        raise lowering.fail("a DMA that gathers and scatters at once")
+    views = [src_ind[0] if src_ind else tl._view(lowering, refs[0], transforms[0]),
+             dst_ind[0] if dst_ind else tl._view(lowering, refs[1], transforms[1]),
+             tl._view(lowering, refs[2], transforms[2])]
+    offsets = src_ind[1] if src_ind else (dst_ind[1] if dst_ind else None)
+    return views, offsets
+
+
+@rule(copies.copy_start_p)
+def _copy_start(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
+    if eqn.params["remote"]:
+        raise lowering.fail("a remote copy from a SparseCore")
+    (src, dst, sem), offsets = _copy_views(lowering, eqn, args)
+    add = bool(eqn.params.get("add"))
+    if offsets is None:
+        if add:
+            raise lowering.fail("an adding copy (add=True) without an index vector (SparseCore "
+                                "DMAs add only when they scatter or gather)")
+        tpu.EnqueueDMAOp(src, dst, target_semaphore=sem)
+    else:
+        tpu.EnqueueIndirectDMAOp(src, dst, offsets, sem, add=add)
+    return []
+
+
+@rule(copies.copy_wait_p)
+def _copy_wait(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
+    (src, dst, sem), offsets = _copy_views(lowering, eqn, args)
+    if offsets is None:
+        tpu.WaitDMA2Op(sem, src, dst)
+    else:
+        tpu.WaitIndirectDMAOp(sem, src, dst)
+    return []
+
+
+# --- SparseCore primitives -------------------------------------------------------------------
+
+
+def _views(lowering: Lowering, eqn: Any, args: Sequence[Any]) -> tuple[list[ir.Value], list[Any]]:
+    roles, tree = eqn.params["roles"], eqn.params["tree"]
+    n_refs = max(roles) + 1
+    transforms = jax.tree_util.tree_unflatten(tree, list(args[n_refs:n_refs + tree.num_leaves]))
+    views = [tl._view(lowering, args[r], t) for r, t in zip(roles, transforms)]
+    for v in views:
+        if _space(v) != "vmem":
+            raise lowering.fail(f"a register gather, scatter or masked access on "
+                                f"{_space(v).upper()} (it works on VMEM)")
+    return views, list(args[n_refs + tree.num_leaves:])
+
+
+def _zeros(n: int) -> list[ir.Value]:
+    return [mir.index(0) for _ in range(n)]
+
+
+@rule(sc.load_gather_p)
+def _load_gather(lowering: Lowering, eqn: Any, *args: Any) -> ir.Value:
+    (ref,), rest = _views(lowering, eqn, args)
+    p = eqn.params
+    idx, mask = rest[:p["n_idx"]], rest[p["n_idx"]] if p["has_mask"] else None
+    out = eqn.outvars[0].aval
+    return tpu.VectorLoadIdxOp(mir.value_type(out.shape, out.dtype), ref, idx, mask=mask).result
+
+
+@rule(sc.store_scatter_p)
+def _store_scatter(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
+    (ref,), rest = _views(lowering, eqn, args)
+    p = eqn.params
+    idx, x = rest[:p["n_idx"]], rest[p["n_idx"]]
+    mask = rest[p["n_idx"] + 1] if p["has_mask"] else None
+    tpu.VectorStoreIdxOp(x, ref, idx, mask=mask, add=True if p["add"] else None)
+    return []
+
+
+@rule(sc.load_expanded_p)
+def _load_expanded(lowering: Lowering, eqn: Any, *args: Any) -> ir.Value:
+    (ref,), (mask,) = _views(lowering, eqn, args)
+    out = eqn.outvars[0].aval
+    rank = len(ir.MemRefType(ref.type).shape)
+    return tpu.VectorLoadOp(mir.value_type(out.shape, out.dtype), ref, _zeros(rank), [],
+                            mask=mask).result
+
+
+@rule(sc.store_compressed_p)
+def _store_compressed(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
+    (ref,), (x, mask) = _views(lowering, eqn, args)
+    rank = len(ir.MemRefType(ref.type).shape)
+    tpu.VectorStoreOp(x, ref, _zeros(rank), [], mask=mask,
+                      add=True if eqn.params["add"] else None)
+    return []
+
+
+@rule(sc.addupdate_p)
+def _addupdate(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
+    (ref,), (x,) = _views(lowering, eqn, args)
+    rank = len(ir.MemRefType(ref.type).shape)
+    tpu.VectorStoreOp(x, ref, _zeros(rank), [], add=True)
+    return []
+
+
+_SIGN = 0x80000000
+
+
+def _flip_sign(x: ir.Value, dtype: Any) -> ir.Value:
+    """int32 lanes with the sign bit flipped: the hardware compares them unsigned."""
+    if np.dtype(dtype) != np.int32:
+        return x
+    bit = mir.constant(np.int32(-_SIGN), np.int32, mir.shape_of(x))
+    return arith.XOrIOp(x, bit).result
+
+
+def _scan(kind: str, x: ir.Value, mask: ir.Value | None, dtype: Any) -> ir.Value:
+    attr = ir.Attribute.parse(f"#tpu.reduction_kind<{kind}>")
+    try:
+        op = tpu.ScanOp(x.type, x, attr, 0, mask=mask)  # jaxlib 0.11: with the dimension
+    except TypeError:
+        op = tpu.ScanOp(x.type, x, attr, mask=mask)
+    return op.result
+
+
+def _all_true(like: ir.Value) -> ir.Value:
+    t = ir.VectorType.get(list(mir.shape_of(like)), ir.IntegerType.get_signless(1))
+    return arith.ConstantOp(t, ir.DenseElementsAttr.get_splat(
+        t, ir.IntegerAttr.get(ir.IntegerType.get_signless(1), 1))).result
+
+
+@rule(sc.cumsum_p)
+def _cumsum(lowering: Lowering, eqn: Any, x: ir.Value, *m: ir.Value) -> ir.Value:
+    return _scan("sum", x, m[0] if m else _all_true(x), eqn.invars[0].aval.dtype)
+
+
+@rule(sc.cummax_p)
+def _cummax(lowering: Lowering, eqn: Any, x: ir.Value, *m: ir.Value) -> ir.Value:
+    dtype = eqn.invars[0].aval.dtype
+    out = _scan("max", _flip_sign(x, dtype), m[0] if m else _all_true(x), dtype)
+    return _flip_sign(out, dtype)
+
+
+@rule(sc.sort_p)
+def _sort(lowering: Lowering, eqn: Any, k: ir.Value, v: ir.Value, *m: ir.Value) -> list[Any]:
+    dtype = eqn.invars[0].aval.dtype
+    mask_t = ir.VectorType.get(list(mir.shape_of(k)), ir.IntegerType.get_signless(1))
+    op = tpu.SortOp(mask_t, k.type, v.type, _flip_sign(k, dtype), v,
+                    mask=m[0] if m else None,
+                    descending=True if eqn.params["descending"] else None)
+    out_mask, keys, vals = op.results
+    return [_flip_sign(keys, dtype), vals, out_mask]
+
+
+@rule(sc.scan_count_p)
+def _scan_count(lowering: Lowering, eqn: Any, x: ir.Value, *m: ir.Value) -> list[Any]:
+    shape = list(mir.shape_of(x))
+    mask_t = ir.VectorType.get(shape, ir.IntegerType.get_signless(1))
+    counts_t = ir.VectorType.get(shape, ir.IntegerType.get_signless(32))
+    op = tpu.ScanCountOp(m[0] if m else _all_true(x), x, results=[mask_t, counts_t])
+    last, counts = op.results
+    return [counts, last]
+
+
+def _all_reduce(kind: str, eqn: Any, x: ir.Value) -> ir.Value:
+    out = eqn.outvars[0].aval
+    return tpu.AllReduceOp(mir.value_type(out.shape, out.dtype), x, 0,
+                           ir.Attribute.parse(f"#tpu.reduction_kind<{kind}>")).result
+
+
+@rule(sc.popcount_p)
+def _popcount(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
+    return _all_reduce("sum", eqn, x)
+
+
+@rule(sc.ffs_p)
+def _ffs(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
+    return _all_reduce("find_first_set", eqn, x)
+
+
+@rule(sc.bitcast_p)
+def _bitcast(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
+    from jaxlib.mlir.dialects import vector
+    out = eqn.outvars[0].aval
+    return vector.BitCastOp(mir.value_type(out.shape, out.dtype), x).result
+
+
+@rule(sc.pack_p)
+def _pack(lowering: Lowering, eqn: Any, a: ir.Value, b: ir.Value) -> ir.Value:
+    out = eqn.outvars[0].aval
+    fmt = ir.Attribute.parse(f"#tpu.pack_format<{eqn.params['format'].value}>")
+    return tpu.PackSubelementsOp(mir.value_type(out.shape, out.dtype), [a, b], [0, 1],
+                                 fmt).result
+
+
+@rule(sc.unpack_p)
+def _unpack(lowering: Lowering, eqn: Any, ab: ir.Value) -> list[Any]:
+    out = eqn.outvars[0].aval
+    fmt = ir.Attribute.parse(f"#tpu.pack_format<{eqn.params['format'].value}>")
+    t = mir.value_type(out.shape, out.dtype)
+    return [tpu.UnpackSubelementsOp(t, ab, i, fmt).result for i in (0, 1)]
+
+
+@rule(sc.subcore_barrier_p)
+def _barrier(lowering: Lowering, eqn: Any) -> list[Any]:
+    if params_of(lowering.call).kernel_type != "vector":
+        raise lowering.fail("plsc.subcore_barrier in a scalar-subcore kernel")
+    tpu.BarrierOp(mir.index(0))
+    return []
+
+
+@rule(sc.parallel_loop_p)
+def _parallel_marker(lowering: Lowering, eqn: Any) -> list[Any]:
+    return []
+
+
+@rule(_jax.scan_p)
+def _scan_loop(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
+    """A ``fori_loop``; one written by ``plsc.parallel_loop`` (its body starts with the
+    marker) becomes an ``scf.for`` the compiler may software-pipeline."""
+    body = eqn.params["jaxpr"].jaxpr
+    marker = next((e for e in body.eqns if e.primitive is sc.parallel_loop_p), None)
+    block = ir.InsertionPoint.current.block
+    before = len(block.operations)
+    outs = tl._scan(lowering, eqn, *args)
+    if marker is not None:
+        loops = [op for op in list(block.operations)[before:]
+                 if isinstance(op.opview, scf.ForOp)]
+        loop = loops[-1].opview
+        loop.attributes["sc.parallel_access"] = ir.UnitAttr.get()
+        loop.attributes["sc.loop_unroll_factor"] = ir.IntegerAttr.get(
+            ir.IntegerType.get_signless(64), marker.params["unroll"])
+    return outs

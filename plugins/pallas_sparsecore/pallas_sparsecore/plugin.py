@@ -1,0 +1,92 @@
+"""Hook implementations of the SparseCore backend (entry point ``sparsecore``)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from pallas_core import _jax
+from pallas_core.errors import PallasError
+from pallas_core.hookspecs import hookimpl
+from pallas_core.plugins import BackendInfo
+from pallas_core.request import KernelCall, LoweringRequest
+from pallas_core.spec import ANY
+from pallas_mosaic_tpu import ir as mir
+from pallas_mosaic_tpu.params import DMA_SEMAPHORE, HBM, SEMAPHORE, SMEM, VMEM
+from pallas_sparsecore import lowering, primitives, validation
+from pallas_sparsecore.params import CHIPS, NAME, VMEM_SHARED, SCCompilerParams
+
+__version__ = "0.1.0"
+CUSTOM_CALL_TARGET = "tpu_custom_call"
+
+
+def backend_config(call: KernelCall, body: bytes) -> str:
+    """The JSON configuration of the ``tpu_custom_call`` for a SparseCore kernel."""
+    params = lowering.params_of(call)
+    config: dict[str, Any] = {"body": base64.b64encode(body).decode("ascii")}
+    if call.cost_estimate is not None:
+        ce = call.cost_estimate
+        config["cost_estimate"] = {"bytes_accessed": ce.bytes_accessed, "flops": ce.flops,
+                                   "remote_bytes_transferred": ce.remote_bytes_transferred,
+                                   "transcendentals": ce.transcendentals}
+    config["serialization_format"] = 1
+    if params.needs_layout_passes:
+        config["needs_layout_passes"] = True
+    full: dict[str, Any] = {"custom_call_config": config}
+    tiling = "TILING_SPARSE_CORE" if params.use_tc_tiling_on_sc is False else "TILING_COMPACT"
+    full["sparse_core_config"] = {"tiling": tiling}
+    full["device_type"] = "DEVICE_TYPE_SPARSECORE"
+    if call.grid_mapping.grid[0] == 1:
+        full["megachip_parallelism_config"] = {"cores": ["0"]}
+    return json.dumps(full)
+
+
+@hookimpl
+def pallas_describe() -> BackendInfo:
+    return BackendInfo(name=NAME, version=__version__, platforms=("tpu",),
+                       compiler_params_type=SCCompilerParams, default_for=(),
+                       package="pallas-sparsecore", capabilities=frozenset())
+
+
+@hookimpl
+def pallas_memory_spaces() -> Any:
+    return (VMEM, VMEM_SHARED, ANY, HBM, SMEM, SEMAPHORE, DMA_SEMAPHORE)
+
+
+@hookimpl
+def pallas_primitives() -> Any:
+    return primitives.SEMANTICS
+
+
+@hookimpl
+def pallas_validate(call: KernelCall, backend: str) -> None:
+    # Interpreted SparseCore kernels are checked against their chip too.
+    if backend == NAME or isinstance(call.compiler_params, SCCompilerParams):
+        validation.check(call)
+
+
+@hookimpl
+def pallas_lower(request: LoweringRequest) -> Any:
+    if request.backend != NAME:
+        return None
+    call = request.call
+    module, name = lowering.lower_kernel(call)
+    return _jax.emit_custom_call(
+        request.ctx, CUSTOM_CALL_TARGET, request.operands, call.out_avals,
+        backend_config=backend_config(call, mir.serialize(module)), api_version=1,
+        extra_attributes={"kernel_name": name},
+        operand_output_aliases=dict(call.input_output_aliases) or None)
+
+
+@hookimpl
+def pallas_stages(call: KernelCall, backend: str, target: str | None) -> Mapping[str, Any] | None:
+    if backend != NAME:
+        return None
+    if target is not None and target not in CHIPS:
+        raise PallasError(
+            f"pl.stages(backend='sparsecore', target={target!r}): unknown chip. Fix: use one "
+            f"of {sorted(CHIPS)}.")
+    module, _ = lowering.lower_kernel(call)
+    return {"mosaic": lowering.tl.module_text(module)}
