@@ -46,7 +46,7 @@ copy_wait_p.def_effectful_abstract_eval(_ref_effects)
 
 
 def _is_ref(i: Any) -> bool:
-    if isinstance(i, _jax.Slice) or isinstance(i, (int, slice)):
+    if isinstance(i, (_jax.Slice, int, slice)):
         return False
     if hasattr(i, "transforms"):  # a view of a Ref
         return True
@@ -229,7 +229,7 @@ class RefViews:
         ref = self.roles[role]
         transforms = self.transforms[role]
         x = self.values[ref]
-        if (len(transforms) == 1 and getattr(transforms[0], "int_indexer_shape", ())
+        if (len(transforms) == 1 and bool(getattr(transforms[0], "int_indexer_shape", None))
                 and _scatter_form(transforms[0], x.shape)):
             idx = transforms[0].indices[0]
             self.values[ref] = x.at[idx].add(value.astype(x.dtype), mode="drop")

@@ -40,6 +40,14 @@ def _kernel_func(module: ir.Module) -> Any:
     raise ValueError("no Mosaic kernel function in the module")
 
 
+def _transform_name(attr: ir.Attribute) -> str:
+    """A window's index map: a function's name, or (SparseCore) an affine map's text."""
+    try:
+        return str(ir.FlatSymbolRefAttr(attr).value)
+    except ValueError:
+        return str(attr)
+
+
 def summary(module: ir.Module) -> dict[str, Any]:
     """What the runtime acts on: grid, semantics, prefetch and scratch counts, windows, and
     the types (memory spaces included) of the kernel's operands."""
@@ -57,8 +65,8 @@ def summary(module: ir.Module) -> dict[str, Any]:
             windows.append({
                 "window_bounds": (tuple(ir.DenseI64ArrayAttr(d["window_bounds"]))
                                   if "window_bounds" in d else None),
-                "transform": (ir.FlatSymbolRefAttr(d["transform_indices"]).value
-                              if "transform_indices" in d else None),
+                "transform": _transform_name(d["transform_indices"])
+                if "transform_indices" in d else None,
             })
     return {
         "iteration_bounds": tuple(ir.DenseI64ArrayAttr(bounds)) if bounds is not None else (),

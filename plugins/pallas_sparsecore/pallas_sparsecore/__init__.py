@@ -12,8 +12,8 @@ from __future__ import annotations
 from pallas_sparsecore.params import (
     VMEM_SHARED,
     CompilerParams,
-    SCCompilerParams,
     ScalarSubcoreMesh,
+    SCCompilerParams,
     SparseCoreInfo,
     SubcoreMesh,
     VectorSubcoreMesh,

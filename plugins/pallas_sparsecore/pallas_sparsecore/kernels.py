@@ -12,10 +12,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import pallas_mosaic_tpu as pltpu
 from jax import lax
 
 import pallas_core as pl
-import pallas_mosaic_tpu as pltpu
 from pallas_sparsecore import params as scp
 from pallas_sparsecore import primitives as plsc
 

@@ -16,19 +16,19 @@ from typing import Any
 
 import jax
 import numpy as np
+import pallas_mosaic_tpu.primitives  # noqa: F401 - its rules join the TensorCore rules first
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith, func, memref, scf
 from jaxlib.mosaic.python import tpu
+from pallas_mosaic_tpu import ir as mir
+from pallas_mosaic_tpu import lowering as tl
+from pallas_mosaic_tpu.lowering import Lowering
+from pallas_mosaic_tpu.params import DMA_SEMAPHORE, HBM, SEMAPHORE, SMEM
 
 from pallas_core import _jax, copies, mlir_lowering
 from pallas_core.errors import PallasError
 from pallas_core.request import KernelCall
 from pallas_core.spec import ANY
-from pallas_mosaic_tpu import ir as mir
-import pallas_mosaic_tpu.primitives  # noqa: F401 - its rules join the TensorCore rules first
-from pallas_mosaic_tpu import lowering as tl
-from pallas_mosaic_tpu.lowering import Lowering
-from pallas_mosaic_tpu.params import DMA_SEMAPHORE, HBM, SEMAPHORE, SMEM
 from pallas_sparsecore import primitives as sc
 from pallas_sparsecore.params import NAME, VMEM_SHARED, SCCompilerParams
 
@@ -152,7 +152,7 @@ def _swap(lowering: Lowering, eqn: Any, ref: ir.Value, value: ir.Value, *args: A
         old = memref.LoadOp(ref, starts).result
         memref.StoreOp(value, ref, starts)
         return old
-    if not sizes or all(s == 1 for s in sizes) and not mir.shape_of(value):
+    if not sizes or (all(s == 1 for s in sizes) and not mir.shape_of(value)):
         raise lowering.fail("writing a single element of a VMEM Ref")
     value = mir.broadcast_to(value, [s for d, s in enumerate(sizes) if d not in dropped])
     from jaxlib.mlir.dialects import vector

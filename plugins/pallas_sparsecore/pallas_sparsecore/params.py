@@ -58,7 +58,7 @@ def _ambient_device_kind() -> str | None:
         kind = getattr(device, "device_kind", None)
         if kind:
             return str(kind)
-    except Exception:  # noqa: BLE001 - no abstract mesh API or none set
+    except Exception:
         pass
     try:
         devices = jax.devices("tpu")
@@ -149,7 +149,7 @@ class SubcoreMesh(Mesh):
         return self.axis_sizes[1] if self.kernel_type == "vector" else 1
 
     def compiler_params_for(self, params: Any) -> Any:
-        fields = {"target": self.target, "kernel_type": self.kernel_type,
+        fields: dict[str, Any] = {"target": self.target, "kernel_type": self.kernel_type,
                   "num_cores": self.num_cores,
                   "num_subcores": self.num_subcores if self.kernel_type == "vector" else None}
         if params is None:
@@ -175,7 +175,7 @@ def _target(target: str | None) -> str:
     return kind if kind is not None else DEFAULT_TARGET
 
 
-def VectorSubcoreMesh(*, core_axis_name: str, subcore_axis_name: str,  # noqa: N802
+def VectorSubcoreMesh(*, core_axis_name: str, subcore_axis_name: str,
                       num_cores: int | None = None, num_subcores: int | None = None,
                       target: str | None = None) -> SubcoreMesh:
     """The vector subcores of ``num_cores`` SparseCores (default: all the chip has), each with
@@ -193,7 +193,7 @@ def VectorSubcoreMesh(*, core_axis_name: str, subcore_axis_name: str,  # noqa: N
                        kernel_type="vector", target=chip)
 
 
-def ScalarSubcoreMesh(*, axis_name: str, num_cores: int | None = None,  # noqa: N802
+def ScalarSubcoreMesh(*, axis_name: str, num_cores: int | None = None,
                       target: str | None = None) -> SubcoreMesh:
     """The scalar subcores of ``num_cores`` SparseCores (one per core);
     ``lax.axis_index(axis_name)`` names one."""

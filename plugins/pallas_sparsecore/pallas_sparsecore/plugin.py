@@ -7,14 +7,15 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from pallas_mosaic_tpu import ir as mir
+from pallas_mosaic_tpu.params import DMA_SEMAPHORE, HBM, SEMAPHORE, SMEM, VMEM
+
 from pallas_core import _jax
 from pallas_core.errors import PallasError
 from pallas_core.hookspecs import hookimpl
 from pallas_core.plugins import BackendInfo
 from pallas_core.request import KernelCall, LoweringRequest
 from pallas_core.spec import ANY
-from pallas_mosaic_tpu import ir as mir
-from pallas_mosaic_tpu.params import DMA_SEMAPHORE, HBM, SEMAPHORE, SMEM, VMEM
 from pallas_sparsecore import lowering, primitives, validation
 from pallas_sparsecore.params import CHIPS, NAME, VMEM_SHARED, SCCompilerParams
 

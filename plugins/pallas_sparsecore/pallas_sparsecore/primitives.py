@@ -435,7 +435,7 @@ unpack_p = _value_primitive("unpack", lambda ab, *, format, dtype: (
                      dtype),) * 2, multiple=True)
 
 
-def pack(a: Any, b: Any, /, *, format: PackFormat,  # noqa: A002 - JAX's keyword
+def pack(a: Any, b: Any, /, *, format: PackFormat,
          preferred_element_type: Any = None) -> jax.Array:
     """Two 1-D float32 (int32) vectors converted to bfloat16 (int16) and packed into one
     register in ``format``."""
@@ -447,7 +447,7 @@ def pack(a: Any, b: Any, /, *, format: PackFormat,  # noqa: A002 - JAX's keyword
                        dtype=_narrow(a.dtype, preferred_element_type, "pack"))
 
 
-def unpack(ab: Any, /, *, format: PackFormat,  # noqa: A002 - JAX's keyword
+def unpack(ab: Any, /, *, format: PackFormat,
            preferred_element_type: Any = None) -> tuple[jax.Array, jax.Array]:
     """The inverse of :func:`pack`: two vectors widened to float32 (int32)."""
     ab = jnp.asarray(ab)
