@@ -13,7 +13,6 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 from pallas_sparsecore import kernels
 
 

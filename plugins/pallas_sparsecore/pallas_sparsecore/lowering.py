@@ -184,7 +184,21 @@ def _indirect_split(lowering: Lowering, ref: ir.Value, transforms: Sequence[Any]
                 and i.size == d):
             raise lowering.fail("a gather or scatter DMA that also slices the trailing "
                                 "dimensions (index the leading dimension only)")
-    return ref, indices[0]
+    return ref, _offsets_memref(indices[0])
+
+
+def _offsets_memref(offsets: ir.Value) -> ir.Value:
+    """The VMEM Ref an index vector was read whole from (``table.at[idx_ref]``): the DMA
+    engine takes its offsets from memory, as JAX emits them; other vectors are passed as
+    they are."""
+    owner = offsets.owner
+    if isinstance(owner, ir.Operation) or hasattr(owner, "operation"):
+        op = owner.operation if hasattr(owner, "operation") else owner
+        if op.name == "tpu.vector_load":
+            base = op.operands[0]
+            if tuple(ir.MemRefType(base.type).shape) == mir.shape_of(offsets):
+                return base
+    return offsets
 
 
 def _copy_views(lowering: Lowering, eqn: Any, args: Sequence[Any]) -> Any:
@@ -336,7 +350,7 @@ def _sort(lowering: Lowering, eqn: Any, k: ir.Value, v: ir.Value, *m: ir.Value) 
     dtype = eqn.invars[0].aval.dtype
     mask_t = ir.VectorType.get(list(mir.shape_of(k)), ir.IntegerType.get_signless(1))
     op = tpu.SortOp(mask_t, k.type, v.type, _flip_sign(k, dtype), v,
-                    mask=m[0] if m else None,
+                    mask=m[0] if m else _all_true(k),
                     descending=True if eqn.params["descending"] else None)
     out_mask, keys, vals = op.results
     return [_flip_sign(keys, dtype), vals, out_mask]
