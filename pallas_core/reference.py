@@ -12,7 +12,7 @@ branch statically.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -65,16 +65,17 @@ def sub_jaxprs(params: Mapping[str, Any]) -> list[Any]:
     return found
 
 
+def all_eqns(jaxpr: Any) -> Iterator[Any]:
+    """Every equation of ``jaxpr``, each followed by those of the jaxprs it holds, in order."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for sub in sub_jaxprs(eqn.params):
+            yield from all_eqns(sub)
+
+
 def find_eqn(jaxpr: Any, primitives: Any) -> Any | None:
     """The first equation of ``jaxpr`` (nested jaxprs included) applying one of ``primitives``."""
-    for eqn in jaxpr.eqns:
-        if eqn.primitive in primitives:
-            return eqn
-        for sub in sub_jaxprs(eqn.params):
-            found = find_eqn(sub, primitives)
-            if found is not None:
-                return found
-    return None
+    return next((eqn for eqn in all_eqns(jaxpr) if eqn.primitive in primitives), None)
 
 
 def evaluate(closed: Any, args: Sequence[Any], ctx: ReferenceContext, rules: Rules) -> list[Any]:

@@ -37,7 +37,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith, gpu, nvvm, scf
 from jaxlib.mlir.dialects import math as mmath
 
-from pallas_core import _jax, mlir_lowering
+from pallas_core import _jax, mlir_lowering, reference
 from pallas_core import primitives as prims
 from pallas_core.errors import PallasError, UnsupportedError
 from pallas_core.grid_mapping import BlockMapping
@@ -357,17 +357,6 @@ def _check_spaces(call: KernelCall) -> None:
                 "(plgpu.ACC) on Hopper.")
 
 
-def _sub_jaxprs(params: Any) -> list[Any]:
-    out: list[Any] = []
-    for v in params.values():
-        for x in (v if isinstance(v, (tuple, list)) else (v,)):
-            if hasattr(x, "eqns"):
-                out.append(x)
-            elif hasattr(x, "jaxpr") and hasattr(x.jaxpr, "eqns"):
-                out.append(x.jaxpr)
-    return out
-
-
 def scoped_allocations(call: KernelCall
                        ) -> list[tuple[int, list[tuple[str, tuple[int, ...], Any, int]]]]:
     """The shared memory every ``pl.run_scoped`` of the kernel allocates, one region per
@@ -375,35 +364,29 @@ def scoped_allocations(call: KernelCall
     ``"smem"``, ``"barrier"`` or ``"acc"`` (registers)."""
     found: list[tuple[int, list[tuple[str, tuple[int, ...], Any, int]]]] = []
     seen: set[int] = set()
-
-    def walk(jaxpr: Any) -> None:
-        for eqn in jaxpr.eqns:
-            if eqn.primitive is prims.run_scoped_p and id(eqn) not in seen:
-                seen.add(id(eqn))
-                allocs = []
-                for mref in eqn.params["scoped"]:
-                    space = mref.memory_space
-                    if space is ACC_SPACE:
-                        allocs.append(("acc", tuple(mref.shape), mref.dtype, 0))
-                    elif isinstance(space, BarrierSpace):
-                        allocs.append(("barrier", tuple(mref.shape), mref.dtype,
-                                       space.num_arrivals))
-                    elif space is TMEM:
-                        raise UnsupportedError(
-                            f"kernel {call.name!r}: pl.run_scoped allocates TMEM, which only "
-                            "Blackwell (sm_100) GPUs have. Fix: use SMEM or plgpu.ACC.")
-                    elif space is GMEM:
-                        raise UnsupportedError(
-                            f"kernel {call.name!r}: pl.run_scoped allocates GMEM; the "
-                            "mosaic_gpu backend allocates scratch in shared memory only. Fix: "
-                            "allocate plgpu.SMEM, or pass the global buffer as an operand.")
-                    else:
-                        allocs.append(("smem", tuple(mref.shape), mref.dtype, 0))
-                found.append((id(eqn), allocs))
-            for sub in _sub_jaxprs(eqn.params):
-                walk(sub)
-
-    walk(call.jaxpr.jaxpr)
+    for eqn in reference.all_eqns(call.jaxpr.jaxpr):
+        if eqn.primitive is not prims.run_scoped_p or id(eqn) in seen:
+            continue
+        seen.add(id(eqn))
+        allocs = []
+        for mref in eqn.params["scoped"]:
+            space = mref.memory_space
+            if space is ACC_SPACE:
+                allocs.append(("acc", tuple(mref.shape), mref.dtype, 0))
+            elif isinstance(space, BarrierSpace):
+                allocs.append(("barrier", tuple(mref.shape), mref.dtype, space.num_arrivals))
+            elif space is TMEM:
+                raise UnsupportedError(
+                    f"kernel {call.name!r}: pl.run_scoped allocates TMEM, which only "
+                    "Blackwell (sm_100) GPUs have. Fix: use SMEM or plgpu.ACC.")
+            elif space is GMEM:
+                raise UnsupportedError(
+                    f"kernel {call.name!r}: pl.run_scoped allocates GMEM; the mosaic_gpu "
+                    "backend allocates scratch in shared memory only. Fix: allocate "
+                    "plgpu.SMEM, or pass the global buffer as an operand.")
+            else:
+                allocs.append(("smem", tuple(mref.shape), mref.dtype, 0))
+        found.append((id(eqn), allocs))
     return found
 
 

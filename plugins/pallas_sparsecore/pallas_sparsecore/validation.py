@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from pallas_core import reference
 from pallas_core.errors import PallasError
 from pallas_core.request import KernelCall
 from pallas_sparsecore import primitives as sc
@@ -22,16 +21,6 @@ _LANE_CHECKED = {sc.load_gather_p, sc.store_scatter_p, sc.sort_p, sc.cumsum_p, s
                  sc.scan_count_p}
 
 
-def _eqns(jaxpr: Any) -> Any:
-    for eqn in jaxpr.eqns:
-        yield eqn
-        for v in eqn.params.values():
-            for x in (v if isinstance(v, (tuple, list)) else (v,)):
-                inner = getattr(x, "jaxpr", x)
-                if hasattr(inner, "eqns"):
-                    yield from _eqns(inner)
-
-
 def check(call: KernelCall) -> None:
     """Raises a ``PallasError`` for what the chip cannot run: a vector-subcore primitive in a
     scalar-subcore kernel, register operands whose length is not the lane count."""
@@ -40,7 +29,7 @@ def check(call: KernelCall) -> None:
         return
     info = params.info
     lanes = info.num_lanes
-    for eqn in _eqns(call.jaxpr.jaxpr):
+    for eqn in reference.all_eqns(call.jaxpr.jaxpr):
         name = _VECTOR_ONLY.get(eqn.primitive)
         if name is None:
             continue
