@@ -32,8 +32,10 @@ CHIPS = {"v4": "TPU v4", "v5e": "TPU v5 lite", "v5p": "TPU v5p", "v6e": "TPU v6 
 """TPU generations ``pl.stages(..., target=...)`` accepts, with their JAX device kinds."""
 
 
-def backend_config(call: KernelCall, body: bytes, has_communication: bool = False) -> str:
-    """The JSON configuration of the ``tpu_custom_call`` (key order as TPU runtimes expect)."""
+def custom_call_config(call: KernelCall, body: bytes, has_communication: bool = False,
+                       needs_layout_passes: bool = True) -> dict[str, Any]:
+    """The ``custom_call_config`` part of a ``tpu_custom_call``'s configuration (key order as
+    TPU runtimes expect); the SparseCore backend builds on it."""
     config: dict[str, Any] = {"body": base64.b64encode(body).decode("ascii")}
     params = call.compiler_params
     if has_communication:
@@ -46,12 +48,29 @@ def backend_config(call: KernelCall, body: bytes, has_communication: bool = Fals
                                    "remote_bytes_transferred": ce.remote_bytes_transferred,
                                    "transcendentals": ce.transcendentals}
     config["serialization_format"] = 1
-    config["needs_layout_passes"] = True
-    full: dict[str, Any] = {"custom_call_config": config}
+    if needs_layout_passes:
+        config["needs_layout_passes"] = True
+    return config
+
+
+def backend_config(call: KernelCall, body: bytes, has_communication: bool = False) -> str:
+    """The JSON configuration of the ``tpu_custom_call`` of a TensorCore kernel."""
+    params = call.compiler_params
+    full: dict[str, Any] = {"custom_call_config": custom_call_config(call, body,
+                                                                     has_communication)}
     if isinstance(params, TPUCompilerParams) and params.vmem_limit_bytes is not None:
         full["scoped_memory_configs"] = [
             {"memory_space": 1, "offset": 0, "size": params.vmem_limit_bytes}]
     return json.dumps(full)
+
+
+def emit_tpu_custom_call(request: LoweringRequest, config: str, kernel_name: str) -> Any:
+    """The ``tpu_custom_call`` running a Mosaic kernel on the request's operands."""
+    call = request.call
+    return _jax.emit_custom_call(
+        request.ctx, CUSTOM_CALL_TARGET, request.operands, call.out_avals,
+        backend_config=config, api_version=1, extra_attributes={"kernel_name": kernel_name},
+        operand_output_aliases=dict(call.input_output_aliases) or None)
 
 
 @hookimpl
@@ -83,12 +102,8 @@ def pallas_lower(request: LoweringRequest) -> Any:
         return None
     call = request.call
     module, name = lowering.lower_kernel(call, _jax.manual_axes(request.ctx))
-    return _jax.emit_custom_call(
-        request.ctx, CUSTOM_CALL_TARGET, request.operands, call.out_avals,
-        backend_config=backend_config(call, mir.serialize(module),
-                                      mir.has_communication(module)), api_version=1,
-        extra_attributes={"kernel_name": name},
-        operand_output_aliases=dict(call.input_output_aliases) or None)
+    config = backend_config(call, mir.serialize(module), mir.has_communication(module))
+    return emit_tpu_custom_call(request, config, name)
 
 
 @hookimpl

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import Mapping
 from typing import Any
 
 from pallas_mosaic_tpu import ir as mir
+from pallas_mosaic_tpu import plugin as tpu_plugin
 from pallas_mosaic_tpu.params import DMA_SEMAPHORE, HBM, SEMAPHORE, SMEM, VMEM
 
-from pallas_core import _jax
 from pallas_core.errors import PallasError
 from pallas_core.hookspecs import hookimpl
 from pallas_core.plugins import BackendInfo
@@ -20,22 +19,14 @@ from pallas_sparsecore import lowering, primitives, validation
 from pallas_sparsecore.params import CHIPS, NAME, VMEM_SHARED, SCCompilerParams
 
 __version__ = "0.1.0"
-CUSTOM_CALL_TARGET = "tpu_custom_call"
 
 
 def backend_config(call: KernelCall, body: bytes) -> str:
-    """The JSON configuration of the ``tpu_custom_call`` for a SparseCore kernel."""
+    """The JSON configuration of the ``tpu_custom_call`` for a SparseCore kernel: the
+    TensorCore's ``custom_call_config``, then the SparseCore's keys."""
     params = lowering.params_of(call)
-    config: dict[str, Any] = {"body": base64.b64encode(body).decode("ascii")}
-    if call.cost_estimate is not None:
-        ce = call.cost_estimate
-        config["cost_estimate"] = {"bytes_accessed": ce.bytes_accessed, "flops": ce.flops,
-                                   "remote_bytes_transferred": ce.remote_bytes_transferred,
-                                   "transcendentals": ce.transcendentals}
-    config["serialization_format"] = 1
-    if params.needs_layout_passes:
-        config["needs_layout_passes"] = True
-    full: dict[str, Any] = {"custom_call_config": config}
+    full: dict[str, Any] = {"custom_call_config": tpu_plugin.custom_call_config(
+        call, body, needs_layout_passes=params.needs_layout_passes)}
     tiling = "TILING_SPARSE_CORE" if params.use_tc_tiling_on_sc is False else "TILING_COMPACT"
     full["sparse_core_config"] = {"tiling": tiling}
     full["device_type"] = "DEVICE_TYPE_SPARSECORE"
@@ -72,13 +63,9 @@ def pallas_validate(call: KernelCall, backend: str) -> None:
 def pallas_lower(request: LoweringRequest) -> Any:
     if request.backend != NAME:
         return None
-    call = request.call
-    module, name = lowering.lower_kernel(call)
-    return _jax.emit_custom_call(
-        request.ctx, CUSTOM_CALL_TARGET, request.operands, call.out_avals,
-        backend_config=backend_config(call, mir.serialize(module)), api_version=1,
-        extra_attributes={"kernel_name": name},
-        operand_output_aliases=dict(call.input_output_aliases) or None)
+    module, name = lowering.lower_kernel(request.call)
+    return tpu_plugin.emit_tpu_custom_call(
+        request, backend_config(request.call, mir.serialize(module)), name)
 
 
 @hookimpl
