@@ -97,36 +97,33 @@ def test_unknown_or_sparsecore_less_chip(target, match) -> None:
         plsc.get_sparse_core_info(target)
 
 
-def test_reading_hbm_directly_is_refused() -> None:
+def one_subcore_kernel(body):
+    """``body(x_hbm, o_hbm, v)`` on one v7x subcore, 16 float32 in and out, a VMEM buffer."""
     mesh = plsc.VectorSubcoreMesh(core_axis_name="c", subcore_axis_name="s", num_cores=1,
                                   num_subcores=1, target="v7x")
 
     def fn(x):
-        @pl.kernel(out_type=jax.ShapeDtypeStruct((16,), jnp.float32), mesh=mesh,
-                   scratch_types=[pltpu.VMEM((16,), jnp.float32)])
-        def k(x_hbm, o_hbm, v):
-            v[...] = x_hbm[...]
-            pltpu.sync_copy(v, o_hbm)
-        return k(x)
+        return pl.kernel(body, out_type=jax.ShapeDtypeStruct((16,), jnp.float32), mesh=mesh,
+                         scratch_types=[pltpu.VMEM((16,), jnp.float32)])(x)
+    return fn
+
+
+def test_reading_hbm_directly_is_refused() -> None:
+    def body(x_hbm, o_hbm, v):
+        v[...] = x_hbm[...]
+        pltpu.sync_copy(v, o_hbm)
 
     with pytest.raises(pl.UnsupportedError, match=r"reading or writing HBM directly.*sync_copy"):
-        lower(fn, jnp.ones((16,)))
+        lower(one_subcore_kernel(body), jnp.ones((16,)))
 
 
 def test_adding_copy_needs_an_index_vector() -> None:
-    mesh = plsc.VectorSubcoreMesh(core_axis_name="c", subcore_axis_name="s", num_cores=1,
-                                  num_subcores=1, target="v7x")
-
-    def fn(x):
-        @pl.kernel(out_type=jax.ShapeDtypeStruct((16,), jnp.float32), mesh=mesh,
-                   scratch_types=[pltpu.VMEM((16,), jnp.float32)])
-        def k(x_hbm, o_hbm, v):
-            pltpu.sync_copy(x_hbm, v)
-            pltpu.sync_copy(v, o_hbm, add=True)
-        return k(x)
+    def body(x_hbm, o_hbm, v):
+        pltpu.sync_copy(x_hbm, v)
+        pltpu.sync_copy(v, o_hbm, add=True)
 
     with pytest.raises(pl.UnsupportedError, match=r"adding copy \(add=True\) without an index"):
-        lower(fn, jnp.ones((16,)))
+        lower(one_subcore_kernel(body), jnp.ones((16,)))
 
 
 def test_barrier_in_the_interpreter_needs_one_subcore_per_core() -> None:
