@@ -336,6 +336,21 @@ def input_effects_by_position(jaxpr: Jaxpr, num_inputs: int) -> set[Any]:
     return out
 
 
+def jaxpr_from_eqns(invars: Sequence[Any], outvars: Sequence[Any],
+                    eqns: Sequence[Any]) -> ClosedJaxpr:
+    """A closed jaxpr of some equations of another jaxpr: ``invars`` must hold every variable
+    the equations read that none of them defines."""
+    effs = pe.make_jaxpr_effects([], list(invars), list(outvars), list(eqns))
+    dbg = core.DebugInfo("part of a kernel", "", tuple(f"in{i}" for i in range(len(invars))),
+                         tuple(f"out{i}" for i in range(len(outvars))))
+    return ClosedJaxpr(Jaxpr([], list(invars), list(outvars), list(eqns), effs, dbg), [])
+
+
+def is_var(atom: Any) -> bool:
+    """Whether a jaxpr atom is a variable (neither a literal nor a dropped output)."""
+    return isinstance(atom, core.Var) and not isinstance(atom, core.DropVar)
+
+
 def convert_constvars(jaxpr: Jaxpr) -> Jaxpr:
     """Moves a jaxpr's constvars to the front of its invars."""
     return pe.convert_constvars_jaxpr(jaxpr)

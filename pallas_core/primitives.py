@@ -44,6 +44,11 @@ def _bound(var: contextvars.ContextVar[Any], value: Any) -> Iterator[None]:
         var.reset(token)
 
 
+def current_kernel_context() -> KernelTraceContext | None:
+    """The grid of the kernel being traced (``None`` outside a kernel body)."""
+    return _TRACE_CONTEXT.get()
+
+
 def kernel_trace_context(ctx: KernelTraceContext) -> contextlib.AbstractContextManager[None]:
     """Makes ``ctx`` the grid that ``program_id``/``num_programs`` refer to while tracing."""
     return _bound(_TRACE_CONTEXT, ctx)

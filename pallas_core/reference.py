@@ -45,12 +45,30 @@ def semantics_rules() -> Rules:
         for sem in group:
             if sem.evaluate is not None:
                 rules[sem.primitive] = sem.evaluate
+            elif sem.barrier is not None:
+                # Where the points of a mesh run in lockstep, a barrier is where one phase
+                # ends; where one point runs alone it has nothing to wait for.
+                rules[sem.primitive] = _no_op
             else:
                 _jax.register_discharge_rule(sem.primitive)(sem.discharge)
     return rules
 
 
+def _no_op(ctx: ReferenceContext, *args: Any, **params: Any) -> list[Any]:
+    return []
+
+
 manager.add_listener(semantics_rules.cache_clear)
+
+
+@functools.cache
+def barrier_rules() -> Mapping[Any, Callable[..., Any]]:
+    """Barrier primitive -> its ``barrier`` rule (params -> synchronised mesh axis names)."""
+    return {sem.primitive: sem.barrier for group in manager.hook.pallas_primitives()
+            for sem in group if sem.barrier is not None}
+
+
+manager.add_listener(barrier_rules.cache_clear)
 
 
 def sub_jaxprs(params: Mapping[str, Any]) -> list[Any]:

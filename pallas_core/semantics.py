@@ -49,17 +49,24 @@ class ReferenceContext:
 
 @dataclasses.dataclass(frozen=True)
 class PrimitiveSemantics:
-    """A primitive and its reference semantics (give ``discharge`` or ``evaluate``)."""
+    """A primitive and its reference semantics (give one of ``discharge``, ``evaluate`` or
+    ``barrier``)."""
 
     primitive: _jax.Primitive
     discharge: Callable[..., Any] | None = None
     evaluate: Callable[..., Any] | None = None
+    barrier: Callable[..., tuple[str, ...] | None] | None = None
+    """For a barrier: given the equation's params, the names of the mesh axes whose points wait
+    for each other there (``None``: every axis of the kernel's grid). Interpreters run those
+    points in lockstep, phase by phase, instead of one after another."""
 
     def __post_init__(self) -> None:
-        if (self.discharge is None) == (self.evaluate is None):
+        given = [r for r in (self.discharge, self.evaluate, self.barrier) if r is not None]
+        if len(given) != 1:
             raise PallasError(
                 f"PrimitiveSemantics for {self.primitive.name!r} needs exactly one of "
-                "`discharge` (primitives that touch Refs) or `evaluate` (the others)."
+                "`discharge` (primitives that touch Refs), `barrier` (primitives that make the "
+                "points of a mesh wait for each other) or `evaluate` (the others)."
             )
 
 

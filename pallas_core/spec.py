@@ -35,6 +35,9 @@ class MemorySpace:
     """The backend that defines this space; ``None`` for the core's own spaces."""
     zeroed: bool = False
     """Buffers here start at zero (semaphores do); others start undefined."""
+    shared: bool = False
+    """One buffer serves all the points of a mesh that a barrier synchronises (SparseCore's
+    shared VMEM: one per core, for all its subcores); otherwise each point has its own."""
 
     ANY: ClassVar[MemorySpace]
 

@@ -11,8 +11,9 @@ Poisoning of uninitialised memory is done where buffers are created (``grid.run_
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
@@ -93,8 +94,17 @@ def discharge(call: KernelCall, checked: bool) -> Any:
     gm = call.grid_mapping
     if not checked:
         return _jax.discharge_state(call.jaxpr, axis_sizes=gm.axis_env)
+    fresh = _jax.ClosedJaxpr(call.jaxpr.jaxpr, call.jaxpr.consts)  # not the cached discharge
+    with checked_rules(call):
+        return _jax.discharge_state(fresh, axis_sizes=gm.axis_env)
+
+
+@contextlib.contextmanager
+def checked_rules(call: KernelCall) -> Iterator[None]:
+    """Within the block, discharging (parts of) ``call``'s kernel applies checked mode: reads
+    and writes check their bounds, ``run_scoped`` buffers start poisoned."""
     names = _ref_names(call)
-    n_axes = len(gm.user_grid)
+    n_axes = len(call.grid_mapping.user_grid)
 
     def wrap(prim: Any, rule: Any) -> Any:
         def checked_rule(in_avals: Any, out_avals: Any, ref: Any, *args: Any,
@@ -115,10 +125,9 @@ def discharge(call: KernelCall, checked: bool) -> Any:
             return rule(in_avals, out_avals, ref, *args, **params)
         return checked_rule
 
-    fresh = _jax.ClosedJaxpr(call.jaxpr.jaxpr, call.jaxpr.consts)  # not the cached discharge
     with (_jax.discharge_rules_wrapped(wrap, [_jax.get_p, _jax.swap_p]),
           semantics.checked_discharge()):
-        return _jax.discharge_state(fresh, axis_sizes=gm.axis_env)
+        yield
 
 
 def _sizes(indexer: Any) -> tuple[int, ...]:

@@ -19,44 +19,10 @@ import numpy as np
 from jax import lax
 
 from pallas_core import reference
-from pallas_core.grid_mapping import BlockMapping
 from pallas_core.request import KernelCall
 from pallas_core.semantics import ReferenceContext, uninitialized
-from pallas_interpret import checks, fast
+from pallas_interpret import blocks, checks, fast, lockstep
 from pallas_interpret.params import InterpretParams
-
-
-def _padded_shape(bm: BlockMapping) -> tuple[int, ...]:
-    return tuple(-(-d // b) * b for d, b in zip(bm.array_shape, bm.full_block_shape))
-
-
-def _pad(x: Any, bm: BlockMapping, checked: bool) -> Any:
-    target = _padded_shape(bm)
-    if tuple(x.shape) == target:
-        return x
-    fill = uninitialized((), x.dtype, checked)
-    return lax.pad(x, fill, [(0, t - d, 0) for d, t in zip(x.shape, target)])
-
-
-def _unravel(step: Any, grid: Sequence[int]) -> tuple[Any, ...]:
-    ids = []
-    for size in reversed(grid):
-        ids.append(step % size)
-        step = step // size
-    return tuple(reversed(ids))
-
-
-def _starts(bm: BlockMapping, ids: Sequence[Any], prefetch: Sequence[Any] = ()) -> list[Any]:
-    return [i * b for i, b in zip(bm.block_indices(*ids, *prefetch), bm.full_block_shape)]
-
-
-def _read_block(buf: Any, bm: BlockMapping, starts: Sequence[Any]) -> Any:
-    block = lax.dynamic_slice(buf, starts, bm.full_block_shape)
-    return block.reshape(bm.ref_shape)
-
-
-def _write_block(buf: Any, bm: BlockMapping, starts: Sequence[Any], block: Any) -> Any:
-    return lax.dynamic_update_slice(buf, block.reshape(bm.full_block_shape), starts)
 
 
 def run(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
@@ -64,6 +30,8 @@ def run(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
     """The outputs of ``call`` on ``args``: batched where that is proven safe and allowed by
     ``params``, else step by step."""
     params = params or InterpretParams()
+    if lockstep.needs_lockstep(call):
+        return lockstep.run(call, args, rules, params)
     if params.fast and not params.checked and params.shuffle_seed is None:
         plan = fast.plan(call)
         if plan is not None:
@@ -89,10 +57,10 @@ def run_exact(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
     if checked:
         checks.check_races(call, parallel)
     kernel = checks.discharge(call, checked)
-    ins = [_pad(x, bm, checked) for x, bm in zip(args, gm.inputs)]
+    ins = [blocks.pad(x, bm, checked) for x, bm in zip(args, gm.inputs)]
     aliased = {o: i for i, o in call.input_output_aliases}
-    outs = [_pad(args[aliased[k]], bm, checked) if k in aliased
-            else uninitialized(_padded_shape(bm), bm.dtype, checked)
+    outs = [blocks.pad(args[aliased[k]], bm, checked) if k in aliased
+            else uninitialized(blocks.padded_shape(bm), bm.dtype, checked)
             for k, bm in enumerate(gm.outputs)]
     scratch = [jnp.zeros(a.inner_aval.shape, a.inner_aval.dtype)
                if getattr(a.memory_space, "zeroed", False)
@@ -113,18 +81,18 @@ def run_exact(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
         bufs = list(ins)
         for j, buf in zip(written, written_ins):
             bufs[j] = buf
-        ids = _unravel(k, gm.grid)
+        ids = blocks.unravel(k, gm.grid)
         if order is not None:
             ids = tuple(perm[i] for perm, i in zip(order, ids))
         ctx = ReferenceContext(ids, gm.grid, gm.num_batch_axes, gm.grid_names, checked)
-        in_starts = [_starts(bm, ids, prefetch) for bm in gm.inputs]
-        out_starts = [_starts(bm, ids, prefetch) for bm in gm.outputs]
-        blocks = [_read_block(x, bm, s) for x, bm, s in zip(bufs, gm.inputs, in_starts)]
-        blocks += [_read_block(o, bm, s) for o, bm, s in zip(outs, gm.outputs, out_starts)]
-        results = reference.evaluate(kernel, [*blocks, *scratch], ctx, rules)
-        new_outs = [_write_block(o, bm, s, b) for o, bm, s, b in
+        in_starts = [blocks.starts(bm, ids, prefetch) for bm in gm.inputs]
+        out_starts = [blocks.starts(bm, ids, prefetch) for bm in gm.outputs]
+        views = [blocks.read_block(x, bm, s) for x, bm, s in zip(bufs, gm.inputs, in_starts)]
+        views += [blocks.read_block(o, bm, s) for o, bm, s in zip(outs, gm.outputs, out_starts)]
+        results = reference.evaluate(kernel, [*views, *scratch], ctx, rules)
+        new_outs = [blocks.write_block(o, bm, s, b) for o, bm, s, b in
                     zip(outs, gm.outputs, out_starts, results[n_in:n_in + n_out])]
-        new_ins = [_write_block(bufs[j], gm.inputs[j], in_starts[j], results[j])
+        new_ins = [blocks.write_block(bufs[j], gm.inputs[j], in_starts[j], results[j])
                    for j in written]
         return new_outs, list(results[n_in + n_out:]), new_ins
 
@@ -135,8 +103,7 @@ def run_exact(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
     elif num_steps > 1:
         carry = lax.fori_loop(0, num_steps, step, carry)
     outs = carry[0]
-    return [lax.slice(o, (0,) * o.ndim, bm.array_shape) if tuple(o.shape) != bm.array_shape
-            else o for o, bm in zip(outs, gm.outputs)]
+    return [blocks.unpad(o, bm) for o, bm in zip(outs, gm.outputs)]
 
 
 def run_jitted(call: KernelCall, rules: reference.Rules,

@@ -19,6 +19,7 @@ import numpy as np
 from jax import lax
 
 from pallas_core import _jax
+from pallas_core import primitives as prims
 from pallas_core.copies import RefViews, bind_views
 from pallas_core.errors import PallasError
 from pallas_core.semantics import PrimitiveSemantics, ReferenceContext
@@ -493,24 +494,19 @@ _barrier_effect = SubcoreBarrierEffect()
 _jax.register_side_effect(SubcoreBarrierEffect)
 subcore_barrier_p = _jax.Primitive("sc_subcore_barrier")
 subcore_barrier_p.multiple_results = True
-subcore_barrier_p.def_effectful_abstract_eval(lambda: ([], {_barrier_effect}))
+subcore_barrier_p.def_effectful_abstract_eval(lambda *, axis_names: ([], {_barrier_effect}))
 
 
 def subcore_barrier() -> None:
     """Waits until every vector subcore of this SparseCore has reached the barrier."""
-    subcore_barrier_p.bind()
+    ctx = prims.current_kernel_context()
+    names = ctx.grid_names if ctx is not None else None
+    # A vector-subcore mesh is (core, subcore): the barrier waits for one core's subcores.
+    subcore_barrier_p.bind(axis_names=(names[-1],) if names and len(names) > 1 else None)
 
 
-def _barrier_reference(ctx: ReferenceContext) -> list[Any]:
-    grid = ctx.grid[ctx.num_batch_axes:]
-    if len(grid) >= 2 and grid[1] > 1:
-        raise PallasError(
-            "plsc.subcore_barrier in the interpreter: it runs the subcores of a mesh one after "
-            f"another ({grid[1]} per core here), so it cannot stop one subcore until the others "
-            "arrive. Fix: interpret the kernel on a mesh of num_subcores=1, or combine the "
-            "subcores' results with atomic adds (plsc.addupdate, sync_copy(..., add=True)), "
-            "which do not need a barrier.")
-    return []
+def _barrier_axes(*, axis_names: tuple[str, ...] | None) -> tuple[str, ...] | None:
+    return axis_names
 
 
 parallel_loop_p = _jax.Primitive("sc_parallel_loop")
@@ -569,7 +565,7 @@ SEMANTICS: tuple[PrimitiveSemantics, ...] = (
     PrimitiveSemantics(bitcast_p, evaluate=_bitcast_reference),
     PrimitiveSemantics(pack_p, evaluate=_pack_reference),
     PrimitiveSemantics(unpack_p, evaluate=_unpack_reference),
-    PrimitiveSemantics(subcore_barrier_p, evaluate=_barrier_reference),
+    PrimitiveSemantics(subcore_barrier_p, barrier=_barrier_axes),
     PrimitiveSemantics(parallel_loop_p, evaluate=_no_op),
 )
 

@@ -124,15 +124,3 @@ def test_adding_copy_needs_an_index_vector() -> None:
 
     with pytest.raises(pl.UnsupportedError, match=r"adding copy \(add=True\) without an index"):
         lower(one_subcore_kernel(body), jnp.ones((16,)))
-
-
-def test_barrier_in_the_interpreter_needs_one_subcore_per_core() -> None:
-    mesh = plsc.VectorSubcoreMesh(core_axis_name="c", subcore_axis_name="s", num_cores=1,
-                                  num_subcores=2, target="v7x")
-
-    @pl.kernel(out_type=jax.ShapeDtypeStruct((16,), jnp.float32), mesh=mesh, interpret=True)
-    def k(x_hbm, o_hbm):
-        plsc.subcore_barrier()
-
-    with pytest.raises(pl.PallasError, match=r"subcore_barrier in the interpreter.*Fix"):
-        k(jnp.ones((16,)))
