@@ -1,5 +1,6 @@
 """SparseCore examples: an embedding lookup, the scatter-add of its gradient (repeated
-indices), a segment sum over a ragged batch and a key-value sort, each run in the interpreter
+indices; once straight into HBM, once accumulated in each core's shared VMEM between subcore
+barriers), a segment sum over a ragged batch and a key-value sort, each run in the interpreter
 and checked against jax.numpy, then lowered for a TPU v7x's SparseCores (no TPU needed).
 
 Needs the SparseCore plugin: ``pip install -e . -e plugins/pallas_interpret
@@ -31,6 +32,8 @@ def main() -> None:
         "embedding_lookup": (kernels.embedding_lookup, (table, idx), table[idx]),
         "scatter_add": (functools.partial(kernels.scatter_add, num_rows=100), (grads, idx),
                         jnp.zeros((100, 128)).at[idx].add(grads)),
+        "scatter_add_shared": (functools.partial(kernels.scatter_add_shared, num_rows=256),
+                               (grads, idx), jnp.zeros((256, 128)).at[idx].add(grads)),
         "segment_sum": (functools.partial(kernels.segment_sum, num_segments=64),
                         (values, segments), jax.ops.segment_sum(values, segments, 64)),
         "sort_key_val": (kernels.sort_key_val, (keys, vals),

@@ -47,6 +47,9 @@ class Lowering(LoweringState):
     """``(name, size)`` of the mesh axes, major to minor; device ids are linear over them."""
     rules: Any = None
     """The rules to lower with (``None``: this backend's; the SparseCore backend extends them)."""
+    scratch_type: Any = None
+    """``(shape, dtype, memory_space) -> memref type`` of scratch and ``run_scoped`` buffers
+    (``None``: this backend's; the SparseCore backend adds its shared VMEM)."""
 
 
 Rule = mlir_lowering.Rule
@@ -487,7 +490,7 @@ def _run_scoped(lowering: Lowering, eqn: Any, *outer: Any) -> list[Any]:
     with ir.InsertionPoint(block):
         scoped = []
         for t in eqn.params["scoped"]:
-            ty = _scratch_type(t.shape, t.dtype, t.memory_space)
+            ty = (lowering.scratch_type or _scratch_type)(t.shape, t.dtype, t.memory_space)
             if t.memory_space in (SEMAPHORE, DMA_SEMAPHORE):
                 scoped.append(tpu.AllocaSemaphoreOp(ty).result)
             else:

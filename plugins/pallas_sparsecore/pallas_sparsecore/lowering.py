@@ -95,7 +95,8 @@ def lower_kernel(call: KernelCall) -> tuple[ir.Module, str]:
         entry = kernel.add_entry_block()
         with ir.InsertionPoint(entry):
             args = list(entry.arguments)
-            lowering = Lowering(call, NAME, args[:len(gm.grid)], rules=RULES)
+            lowering = Lowering(call, NAME, args[:len(gm.grid)], rules=RULES,
+                                scratch_type=_scratch_type)
             tl.lower_jaxpr(lowering, call.jaxpr.jaxpr, call.jaxpr.consts, args[len(gm.grid):])
             func.ReturnOp([])
         if not module.operation.verify():

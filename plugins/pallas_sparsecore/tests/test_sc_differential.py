@@ -119,6 +119,47 @@ def jax_scatter_add(updates, idx, num_rows):
     return acc[...]
 
 
+# As for scatter_add; the accumulator is a run_scoped VMEM_SHARED buffer between two barriers.
+def jax_scatter_add_shared(updates, idx, num_rows):
+    n, d = idx.shape[0] // (NC * NS), updates.shape[1]
+    rows = num_rows // NS
+    acc_hbm = jax.new_ref(jnp.zeros((num_rows, d), updates.dtype))
+
+    @jpl.kernel(mesh=_mesh(), name="scatter_add_shared")
+    def kernel(upd_ref, idx_ref, out):
+        subcore = lax.axis_index("subcore")
+
+        def body(acc, idx_vmem, upd_vmem, tile, slots):
+            mine = jpl.ds(subcore * rows, rows)
+
+            @jpl.loop(0, rows)
+            def _zero(r):
+                @jplsc.parallel_loop(0, d, L)
+                def _(j):
+                    tile[r, jpl.ds(j, L)] = jnp.zeros((L,), tile.dtype)
+
+            @jplsc.parallel_loop(0, rows, L)
+            def _slots(i):
+                slots[jpl.ds(i, L)] = subcore * rows + i + lax.iota(jnp.int32, L)
+
+            jpltpu.sync_copy(tile, acc.at[mine])
+            jplsc.subcore_barrier()
+            share = jpl.ds(_worker() * n, n)
+            jpltpu.sync_copy(idx_ref.at[share], idx_vmem)
+            jpltpu.sync_copy(upd_ref.at[share], upd_vmem)
+            jpltpu.sync_copy(upd_vmem, acc.at[idx_vmem], add=True)
+            jplsc.subcore_barrier()
+            jpltpu.sync_copy(acc.at[mine], tile)
+            jpltpu.sync_copy(tile, out.at[slots], add=True)
+
+        jpl.run_scoped(body, jpltpu.VMEM_SHARED((num_rows, d), updates.dtype),
+                       jpltpu.VMEM((n,), jnp.int32), jpltpu.VMEM((n, d), updates.dtype),
+                       jpltpu.VMEM((rows, d), updates.dtype), jpltpu.VMEM((rows,), jnp.int32))
+
+    kernel(updates, idx, acc_hbm)
+    return acc_hbm[...]
+
+
 # As for scatter_add: ours is run_state + core_map, JAX's is pl.kernel over a zero new_ref.
 def jax_segment_sum(values, segment_ids, num_segments):
     n = values.shape[0] // (NC * NS)
@@ -185,6 +226,9 @@ CASES = {
     "scatter_add": (functools.partial(K.scatter_add, num_rows=48),
                     functools.partial(jax_scatter_add, num_rows=48),
                     (S((512, 128), F32), S((512,), I32)), True),
+    "scatter_add_shared": (functools.partial(K.scatter_add_shared, num_rows=256),
+                           functools.partial(jax_scatter_add_shared, num_rows=256),
+                           (S((1024, 128), F32), S((1024,), I32)), True),
     "segment_sum": (functools.partial(K.segment_sum, num_segments=64),
                     functools.partial(jax_segment_sum, num_segments=64),
                     (S((2048,), F32), S((2048,), I32)), True),
@@ -244,7 +288,7 @@ def _attr(op, name):
 
 SC_OPS = ("tpu.enqueue_indirect_dma", "tpu.wait_indirect_dma", "tpu.enqueue_dma",
           "tpu.wait_dma2", "tpu.vector_store_idx", "tpu.vector_load_idx", "tpu.sort",
-          "tpu.scan")
+          "tpu.scan", "tpu.barrier", "memref.alloca")
 
 
 def _op_key(op):
@@ -256,6 +300,8 @@ def _op_key(op):
         return name, f"descending={_flag(op, 'descending')}"
     if name == "tpu.scan":
         return name, f"kind={_attr(op, 'kind')}"
+    if name == "memref.alloca":  # a run_scoped buffer: its shape, type and memory space
+        return name, str(op.results[0].type)
     if name == "scf.for":
         return (name, f"sc.parallel_access={'sc.parallel_access' in op.attributes}",
                 f"sc.loop_unroll_factor={_attr(op, 'sc.loop_unroll_factor')}")
@@ -274,7 +320,7 @@ def sc_signatures(module):
             for op in _walk(_kernel_func(module))
             if op.name in ("tpu.enqueue_indirect_dma", "tpu.wait_indirect_dma",
                            "tpu.vector_store_idx", "tpu.vector_load_idx", "tpu.sort",
-                           "tpu.scan")]
+                           "tpu.scan", "tpu.barrier", "memref.alloca")]
 
 
 def _num_operands(text):

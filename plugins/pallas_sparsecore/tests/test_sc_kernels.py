@@ -1,5 +1,6 @@
 """The SparseCore backend without a TPU: the example kernels (embedding lookup, scatter-add of
-its gradient with repeated indices, a segment sum over a ragged batch, a key-value sort) lower
+its gradient with repeated indices, straight into HBM or through shared VMEM between subcore
+barriers, a segment sum over a ragged batch, a key-value sort) lower
 for ``tpu`` into a ``tpu_custom_call`` whose Mosaic module deserialises and verifies, runs on
 the vector subcores of the named chip and holds the operations the kernel asks for; and the
 same kernels run in the interpreter on random inputs (duplicates included) and match
@@ -44,6 +45,11 @@ CASES = {
         lambda: (_normal(2, (512, 128)), _ints(3, (512,), 48)),
         lambda u, i: jnp.zeros((48, 128), jnp.float32).at[i].add(u),
         ("tpu.enqueue_indirect_dma", "add = true")),
+    "scatter_add_shared": (
+        functools.partial(K.scatter_add_shared, num_rows=256),
+        lambda: (_normal(8, (1024, 128)), _ints(9, (1024,), 256)),
+        lambda u, i: jnp.zeros((256, 128), jnp.float32).at[i].add(u),
+        ("vmem_shared", "tpu.barrier", "tpu.enqueue_indirect_dma", "add = true")),
     "segment_sum": (
         functools.partial(K.segment_sum, num_segments=64),
         lambda: (_normal(4, (2048,)), jnp.sort(_ints(5, (2048,), 64))),
