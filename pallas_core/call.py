@@ -273,7 +273,10 @@ def pallas_call(
             out_avals=tuple(_jax.ShapedArray(o.shape, o.dtype) for o in out_leaves),
             backend=chosen, compiler_params=_freeze_params(compiler_params),
             input_output_aliases=aliases, cost_estimate=cost_estimate, debug=debug,
-            interpret=bool(interpret), source=_source_of(kernel),
+            # A params object (``interpret=pallas_interpret.InterpretParams(...)``) is kept for
+            # the interpreter to read; anything else counts as a flag.
+            interpret=(interpret if hasattr(interpret, "BACKEND") else bool(interpret)),
+            source=_source_of(kernel),
         )
         if debug:
             print(f"pallas_call {kernel_name} ({call.source}): grid {gm.grid}")

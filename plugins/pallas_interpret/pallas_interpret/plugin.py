@@ -18,8 +18,11 @@ __version__ = "0.1.0"
 
 
 def _params(call: KernelCall) -> InterpretParams:
-    params = call.compiler_params
-    return params if isinstance(params, InterpretParams) else InterpretParams()
+    """The interpreter's params: ``compiler_params=``, else ``interpret=``, else the defaults."""
+    for params in (call.compiler_params, call.interpret):
+        if isinstance(params, InterpretParams):
+            return params
+    return InterpretParams()
 
 
 @hookimpl

@@ -65,6 +65,21 @@ def test_uninitialised_output_read_is_poisoned(dtype: Any) -> None:
     np.testing.assert_array_equal(out, x * 2)
 
 
+def test_params_passed_as_interpret_are_honoured() -> None:
+    """``interpret=InterpretParams(checked=True)`` (JAX's spelling) turns checked mode on as
+    ``compiler_params=`` does; with ``interpret=True`` the memory is zeros."""
+
+    def kernel(o_ref: Any, seen_ref: Any) -> None:
+        seen_ref[...] = o_ref[...]
+        o_ref[...] = jnp.ones_like(o_ref)
+
+    shape = jax.ShapeDtypeStruct((8,), jnp.float32)
+    _, seen = _run(pl.pallas_call(kernel, (shape, shape), interpret=CHECKED))
+    assert np.isnan(np.asarray(seen)).all()
+    _, seen = _run(pl.pallas_call(kernel, (shape, shape), interpret=True))
+    np.testing.assert_array_equal(seen, np.zeros(8, np.float32))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_unwritten_output_blocks_and_edge_padding_are_poisoned(dtype: Any) -> None:
     """Output blocks that no grid step writes, and the padding of an input's partial edge block

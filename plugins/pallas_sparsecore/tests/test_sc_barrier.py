@@ -75,7 +75,7 @@ def test_the_same_kernel_lowers_with_its_barrier() -> None:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_shuffled_subcore_order_gives_the_same_result(seed) -> None:
     x = rand(seed, (8, L))
-    out = rotate(2, 4, compiler_params=pli.InterpretParams(shuffle_seed=seed))(x)
+    out = rotate(2, 4, interpret=pli.InterpretParams(shuffle_seed=seed))(x)
     np.testing.assert_allclose(out, rotate_reference(x, 2, 4), rtol=1e-6)
 
 
@@ -185,12 +185,13 @@ def test_barrier_that_only_some_subcores_reach_is_reported() -> None:
             rand(11, (8, L))))
 
 
-def racy(seed):
+def racy(seed, via):
     """After the barrier each subcore overwrites its shared row and reads its neighbour's in
-    the same phase: what it reads depends on the order in which the subcores run."""
+    the same phase: what it reads depends on the order in which the subcores run. The seed is
+    passed ``via`` compiler_params= or interpret=."""
     def fn(x):
         @pl.kernel(out_type=jax.ShapeDtypeStruct(x.shape, x.dtype), mesh=mesh(1, 4),
-                   compiler_params=pli.InterpretParams(shuffle_seed=seed),
+                   **{via: pli.InterpretParams(shuffle_seed=seed)},
                    scratch_types=[plsc.VMEM_SHARED((4, L), x.dtype), pltpu.VMEM((L,), x.dtype)])
         def k(x_hbm, o_hbm, shared, v):
             s = lax.axis_index("s")
@@ -204,10 +205,11 @@ def racy(seed):
     return fn
 
 
-def test_shuffled_order_exposes_a_race_within_a_phase() -> None:
+@pytest.mark.parametrize("via", ["compiler_params", "interpret"])
+def test_shuffled_order_exposes_a_race_within_a_phase(via) -> None:
     x = rand(12, (4, L))
-    results = {seed: np.asarray(racy(seed)(x)) for seed in range(6)}
-    assert any(not np.array_equal(results[0], r) for r in results.values())
+    results = [np.asarray(racy(seed, via)(x)) for seed in range(6)]
+    assert any(not np.array_equal(results[0], r) for r in results[1:])
 
 
 def test_checked_mode_poisons_shared_vmem_nobody_wrote() -> None:
