@@ -395,6 +395,13 @@ def with_varying_axes(aval: Any, like: Sequence[Any]) -> Any:
     return core.ShapedArray(aval.shape, aval.dtype, sharding=sharding, manual_axis_type=mat)
 
 
+def mosaic_serde_version() -> int:
+    """The Mosaic format version JAX writes into ``tpu_custom_call`` bodies when it cannot ask a
+    TPU runtime which it reads (its forward-compatible version: 11 in JAX 0.10, 15 in 0.11)."""
+    from jax._src import tpu_custom_call
+    return int(getattr(tpu_custom_call, "_FWD_COMPAT_VERSION", 11))
+
+
 def lowering_platforms(ctx: Any) -> tuple[str, ...]:
     """The platforms a lowering rule is lowering for (``cpu``, ``cuda``, ``tpu``, ...)."""
     platforms = ctx.platforms if ctx.platforms is not None else ctx.module_context.platforms

@@ -22,15 +22,28 @@ from pallas_mosaic_tpu import ir as mir
 _CALL = re.compile(r'custom_call @tpu_custom_call\(.*?backend_config = "((?:[^"\\]|\\.)*)"')
 
 
-def kernels(stablehlo_text: str) -> list[tuple[dict[str, Any], ir.Module]]:
-    """``(backend config without body, module)`` of every ``tpu_custom_call`` in the text."""
+def _configs(stablehlo_text: str) -> list[dict[str, Any]]:
+    """The backend config of every ``tpu_custom_call`` in the text."""
     found = []
     for match in _CALL.finditer(stablehlo_text):
         raw = re.sub(r"\\([0-9A-Fa-f]{2})", lambda m: chr(int(m.group(1), 16)), match.group(1))
-        config = json.loads(raw)
+        found.append(json.loads(raw))
+    return found
+
+
+def kernels(stablehlo_text: str) -> list[tuple[dict[str, Any], ir.Module]]:
+    """``(backend config without body, module)`` of every ``tpu_custom_call`` in the text."""
+    found = []
+    for config in _configs(stablehlo_text):
         body = config["custom_call_config"].pop("body")
         found.append((config, mir.deserialize(body.encode("ascii"))))
     return found
+
+
+def format_versions(stablehlo_text: str) -> list[int]:
+    """The Mosaic format version each ``tpu_custom_call`` body declares."""
+    return [mir.serialized_version(c["custom_call_config"]["body"].encode("ascii"))
+            for c in _configs(stablehlo_text)]
 
 
 def _kernel_func(module: ir.Module) -> Any:

@@ -13,14 +13,12 @@ from jaxlib.mlir._mlir_libs import _jax_mlir_ext
 from jaxlib.mlir.dialects import arith, vector
 from jaxlib.mosaic.python import tpu
 
+from pallas_core import _jax
 from pallas_core.mlir_lowering import (  # noqa: F401 - re-exported for the rules
     element_type,
     is_float,
     is_unsigned,
 )
-
-# The Mosaic format version written when no TPU says which it reads (what JAX writes on CPU).
-SERDE_VERSION = 11
 
 
 def new_context() -> ir.Context:
@@ -41,7 +39,8 @@ def serialize(module: ir.Module) -> bytes:
         module.context.allow_unregistered_dialects = True
         try:
             passmanager.PassManager.parse(
-                f"builtin.module(mosaic-serde{{serialize=true target-version={SERDE_VERSION}}})"
+                "builtin.module(mosaic-serde{serialize=true "
+                f"target-version={_jax.mosaic_serde_version()}}})"
             ).run(copy.operation)
             buf = io.BytesIO()
             copy.operation.write_bytecode(buf, desired_version=0)
@@ -57,11 +56,22 @@ def has_communication(module: ir.Module) -> bool:
         return bool(tpu.private_has_communication(module.operation)[0])
 
 
+def _bytecode(body: bytes) -> bytes:
+    return body if body.startswith(b"ML\xefR") else base64.b64decode(body)
+
+
+def serialized_version(body: bytes) -> int:
+    """The Mosaic format version a serialised module declares (``stable_mosaic.version``)."""
+    with new_context() as ctx, ir.Location.unknown():
+        ctx.allow_unregistered_dialects = True
+        module = ir.Module.parse(_bytecode(body))
+        return int(ir.IntegerAttr(module.operation.attributes["stable_mosaic.version"]).value)
+
+
 def deserialize(body: bytes) -> ir.Module:
     """A serialised Mosaic module (base64 of the bytecode, or the bytecode) parsed and verified
     in a fresh context."""
-    if not body.startswith(b"ML\xefR"):
-        body = base64.b64decode(body)
+    body = _bytecode(body)
     ctx = new_context()
     with ctx, ir.Location.unknown():
         ctx.allow_unregistered_dialects = True

@@ -198,12 +198,14 @@ def test_lowers_for_tpu_and_the_module_verifies(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_agrees_with_jax_experimental_pallas(name: str) -> None:
     build, args = CASES[name]
-    (ours_config, ours), = inspection.kernels(_lowered(build, pl, args))
+    text = _lowered(build, pl, args)
+    (ours_config, ours), = inspection.kernels(text)
     # Some JAX versions ask which chip they lower for; name one (no TPU is attached here).
     with _jax.assume_device("TPU v5 lite", "tpu"):
         reference = _lowered(build, jax_pl, args)
     (theirs_config, theirs), = inspection.kernels(reference)
     assert ours_config == theirs_config
+    assert inspection.format_versions(text) == inspection.format_versions(reference)
     a, b = inspection.summary(ours), inspection.summary(theirs)
     assert a == b
     prefetch = [IDX] if a["scalar_prefetch"] else []

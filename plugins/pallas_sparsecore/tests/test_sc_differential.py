@@ -23,7 +23,7 @@ abstract mesh whose device is a ``TPU7x``: the same chip, 2 SparseCores of 16 ve
   is masked).
 
 Textual details that do not change what the chip does (SSA names, redundant slices, how a loop
-counts its trip, ``stable_mosaic.version``) are not compared.
+counts its trip) are not compared; the Mosaic format version the bodies declare is.
 """
 
 from __future__ import annotations
@@ -357,6 +357,9 @@ def test_backend_config_agrees(name):
     ours, theirs = found["ours"][1], found["jax"][1]  # the body is already removed
     assert ours == theirs
     assert ours["device_type"] == "DEVICE_TYPE_SPARSECORE"
+    # and the bodies declare the same Mosaic format version
+    assert (inspection.format_versions(found["ours"][0])
+            == inspection.format_versions(found["jax"][0]))
 
 
 @pytest.mark.parametrize("name", NAMES)
