@@ -233,3 +233,23 @@ def test_checked_mode_poisons_shared_vmem_nobody_wrote() -> None:
     out = np.asarray(fn(x))
     np.testing.assert_array_equal(out[[1, 3]], np.asarray(x)[[2, 0]])
     assert np.isnan(out[[0, 2]]).all()
+
+
+def test_checked_mode_reports_out_of_bounds_reads_between_barriers() -> None:
+    def fn(x):
+        @pl.kernel(out_type=jax.ShapeDtypeStruct((4, L), x.dtype), mesh=mesh(1, 4),
+                   interpret=pli.InterpretParams(checked=True),
+                   scratch_types=[plsc.VMEM_SHARED((4, L), x.dtype), pltpu.VMEM((2 * L,), x.dtype),
+                                  pltpu.VMEM((L,), x.dtype)])
+        def k(x_hbm, o_hbm, shared, v, w):
+            s = lax.axis_index("s")
+            pltpu.sync_copy(x_hbm, v)
+            plsc.subcore_barrier()
+            w[...] = v[pl.ds(s * 8, L)]  # subcore 3 reads past the end of v
+            pltpu.sync_copy(w, o_hbm.at[s])
+        return k(x)
+
+    with pytest.raises(Exception, match=r"out-of-bounds read of scratch 1 in kernel 'k' at grid "
+                       r"step \(0, 3\).*index starting at \(24,\)"):
+        jax.block_until_ready(fn(rand(14, (2 * L,))))
+        jax.effects_barrier()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from typing import Any
 
@@ -13,6 +14,8 @@ import pytest
 import pallas_core as pl
 
 pallas_triton = pytest.importorskip("pallas_triton")
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                                  reason="compiling to PTX and cubin needs the triton package")
 
 
 def _copy(x_ref: Any, o_ref: Any) -> None:
@@ -78,6 +81,7 @@ def test_lowering_for_cpu_is_refused_with_the_fix() -> None:
         jax.block_until_ready(fn(x))
 
 
+@needs_triton
 def test_bad_target_is_explained() -> None:
     x = jnp.ones((128,))
     fn = pl.pallas_call(_copy, jax.ShapeDtypeStruct(x.shape, x.dtype), backend="triton")
@@ -85,6 +89,7 @@ def test_bad_target_is_explained() -> None:
         pl.stages(fn, x, backend="triton", target="hopper")
 
 
+@needs_triton
 def test_revisited_output_blocks_run_in_order_inside_one_program() -> None:
     """The K axis of a 3-D-grid matmul becomes a loop in each program, not parallel programs
     racing on one output block."""
@@ -103,6 +108,7 @@ def test_revisited_output_blocks_run_in_order_inside_one_program() -> None:
     assert "scf.for" in stages["ttir"]
 
 
+@needs_triton
 @pytest.mark.parametrize("atomic", [pl.atomic_max, pl.atomic_min])
 def test_float_atomic_max_min_use_integer_atomics_on_the_bits(atomic: Any) -> None:
     """Float compares of the bit patterns would be wrong for negatives (PTX atom.max.s32 on
@@ -120,6 +126,7 @@ def test_float_atomic_max_min_use_integer_atomics_on_the_bits(atomic: Any) -> No
     assert "fmax" not in ttir and stages["cubin"]
 
 
+@needs_triton
 def test_atomic_cas_past_the_array_end_leaves_memory_alone() -> None:
     """tt.atomic_cas has no mask: lanes past the array's end must be redirected, not issued."""
     def kernel(x_ref: Any, o_ref: Any) -> None:
@@ -152,6 +159,7 @@ def test_float16_atomic_max_is_refused() -> None:
         _lower(fn, jnp.ones(128, jnp.float16))
 
 
+@needs_triton
 def test_boolean_arrays_are_bytes_in_memory() -> None:
     """Booleans load as bytes compared with 0 and store as 0/1 bytes (XLA's layout)."""
     def kernel(m_ref: Any, x_ref: Any, o_ref: Any, keep_ref: Any) -> None:
@@ -170,6 +178,7 @@ def test_boolean_arrays_are_bytes_in_memory() -> None:
     np.testing.assert_array_equal(keep, x > 0.0)
 
 
+@needs_triton
 def test_float16_to_bfloat16_cast_compiles() -> None:
     def kernel(x_ref: Any, o_ref: Any) -> None:
         o_ref[...] = x_ref[...].astype(jnp.bfloat16)
