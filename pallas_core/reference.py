@@ -184,13 +184,18 @@ def _inline(key: str) -> Callable[..., Any]:
     return handler
 
 
+CALL_BODIES: Mapping[Any, str] = {
+    _jax.jit_p: "jaxpr",
+    _jax.closed_call_p: "call_jaxpr",
+    _jax.custom_jvp_call_p: "call_jaxpr",
+    _jax.custom_vjp_call_p: "call_jaxpr",
+}
+"""Primitives that call a jaxpr (evaluated inline here), and the parameter holding it."""
+
 _CONTROL_FLOW: dict[Any, Callable[..., Any]] = {
     _jax.cond_p: _cond,
     _jax.while_p: _while,
     _jax.scan_p: _scan,
-    _jax.jit_p: _inline("jaxpr"),
-    _jax.closed_call_p: _inline("call_jaxpr"),
-    _jax.custom_jvp_call_p: _inline("call_jaxpr"),
-    _jax.custom_vjp_call_p: _inline("call_jaxpr"),
+    **{prim: _inline(key) for prim, key in CALL_BODIES.items()},
 }
 """Primitives whose bodies are evaluated here (with the rules) instead of bound as they are."""

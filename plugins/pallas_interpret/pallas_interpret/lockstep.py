@@ -403,10 +403,7 @@ _STRUCTURED: dict[Any, Callable[..., tuple[list[_Entry], Slots]]] = {
     _jax.cond_p: _cond,
     _jax.while_p: _while,
     _jax.scan_p: _scan,
-    _jax.jit_p: _inline("jaxpr"),
-    _jax.closed_call_p: _inline("call_jaxpr"),
-    _jax.custom_jvp_call_p: _inline("call_jaxpr"),
-    _jax.custom_vjp_call_p: _inline("call_jaxpr"),
+    **{prim: _inline(key) for prim, key in reference.CALL_BODIES.items()},
 }
 """Equations that may hold a barrier, and how the group runs them phase by phase."""
 
