@@ -11,6 +11,7 @@ from pallas_core import _jax
 from pallas_core import primitives as prims
 from pallas_core.call import pallas_call
 from pallas_core.errors import KernelSignatureError, PallasError, UnsupportedError
+from pallas_core.plugins import manager
 from pallas_core.spec import ANY, BlockSpec, CostEstimate, Mesh
 
 
@@ -143,7 +144,9 @@ def _mesh_call(fn: Callable[..., None], out: Any, mesh: Mesh, args: Any, *,
         return jax.tree_util.tree_map(lambda _: BlockSpec(memory_space=ANY), tree)
 
     user_params = kwargs.get("compiler_params")
-    kwargs["compiler_params"] = mesh.compiler_params_for(user_params)
+    if manager.backend_for_params(user_params) != "interpret":
+        # The interpreter runs any mesh: its params go through as they are.
+        kwargs["compiler_params"] = mesh.compiler_params_for(user_params)
     if kwargs.get("interpret") and backend is None and user_params is None:
         backend = "interpret"  # parameters the mesh added do not outrank interpret=True
 

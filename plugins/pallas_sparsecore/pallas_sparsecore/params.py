@@ -161,8 +161,6 @@ class SubcoreMesh(Mesh):
                     f"plsc.CompilerParams(target={params.target!r}) disagrees with the mesh's "
                     f"chip {self.target!r}. Fix: name the chip once, on the mesh.")
             return dataclasses.replace(params, **fields)
-        if getattr(type(params), "BACKEND", None) == "interpret":
-            return params  # the interpreter's params choose it; the mesh has nothing to add
         raise PallasError(
             f"a SparseCore mesh kernel got compiler_params of type {type(params).__name__}. "
             "Fix: pass plsc.CompilerParams(...) (JAX's pltpu.CompilerParams fields "
