@@ -56,29 +56,32 @@ def has_communication(module: ir.Module) -> bool:
         return bool(tpu.private_has_communication(module.operation)[0])
 
 
-def _bytecode(body: bytes) -> bytes:
-    return body if body.startswith(b"ML\xefR") else base64.b64decode(body)
+def _parse_serialized(body: bytes) -> ir.Module:
+    """A serialised Mosaic module (base64 of the bytecode, or the bytecode) parsed as stored,
+    in a fresh context that still allows the unregistered ``stable_mosaic`` forms."""
+    if not body.startswith(b"ML\xefR"):
+        body = base64.b64decode(body)
+    ctx = new_context()
+    ctx.allow_unregistered_dialects = True
+    with ctx, ir.Location.unknown():
+        return ir.Module.parse(body)
 
 
 def serialized_version(body: bytes) -> int:
     """The Mosaic format version a serialised module declares (``stable_mosaic.version``)."""
-    with new_context() as ctx, ir.Location.unknown():
-        ctx.allow_unregistered_dialects = True
-        module = ir.Module.parse(_bytecode(body))
+    module = _parse_serialized(body)
+    with module.context:
         return int(ir.IntegerAttr(module.operation.attributes["stable_mosaic.version"]).value)
 
 
 def deserialize(body: bytes) -> ir.Module:
     """A serialised Mosaic module (base64 of the bytecode, or the bytecode) parsed and verified
     in a fresh context."""
-    body = _bytecode(body)
-    ctx = new_context()
-    with ctx, ir.Location.unknown():
-        ctx.allow_unregistered_dialects = True
-        module = ir.Module.parse(body)
+    module = _parse_serialized(body)
+    with module.context, ir.Location.unknown():
         passmanager.PassManager.parse(
             "builtin.module(mosaic-serde{serialize=false})").run(module.operation)
-        ctx.allow_unregistered_dialects = False
+        module.context.allow_unregistered_dialects = False
         module.operation.verify()
     return module
 
