@@ -319,6 +319,15 @@ def uninitialized(shape: Sequence[int], dtype: Any, checked: bool = False) -> An
     return jnp.zeros(tuple(shape), dtype)
 
 
+def fresh_buffer(shape: Sequence[int], dtype: Any, memory_space: Any, checked: bool = False
+                 ) -> Any:
+    """A newly allocated buffer in ``memory_space``: zeros where the space says so
+    (semaphores), else :func:`uninitialized`."""
+    if getattr(memory_space, "zeroed", False):
+        return jnp.zeros(tuple(shape), dtype)
+    return uninitialized(shape, dtype, checked)
+
+
 _CHECKED = contextvars.ContextVar("pallas_reference_checked", default=False)
 
 
@@ -336,8 +345,7 @@ def checked_discharge() -> Iterator[None]:
 def _run_scoped_discharge(in_avals: Any, out_avals: Any, *args: Any, jaxpr: Any,
                           scoped: tuple[Any, ...]) -> Any:
     discharged = _jax.discharge_state(jaxpr)
-    fresh = [jnp.zeros(t.shape, t.dtype) if getattr(t.memory_space, "zeroed", False)
-             else uninitialized(t.shape, t.dtype, _CHECKED.get()) for t in scoped]
+    fresh = [fresh_buffer(t.shape, t.dtype, t.memory_space, _CHECKED.get()) for t in scoped]
     res = _jax.eval_jaxpr(discharged.jaxpr, discharged.consts, *args, *fresh)
     n_out = len(out_avals)
     outs, finals = res[:n_out], iter(res[n_out:])

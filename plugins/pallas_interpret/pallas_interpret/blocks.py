@@ -9,6 +9,7 @@ from typing import Any
 from jax import lax
 
 from pallas_core.grid_mapping import BlockMapping
+from pallas_core.request import KernelCall
 from pallas_core.semantics import uninitialized
 
 
@@ -56,3 +57,16 @@ def unpad(x: Any, bm: BlockMapping) -> Any:
     if tuple(x.shape) == tuple(bm.array_shape):
         return x
     return lax.slice(x, (0,) * x.ndim, bm.array_shape)
+
+
+def initial_operands(call: KernelCall, args: Sequence[Any], checked: bool
+                     ) -> tuple[list[Any], list[Any]]:
+    """The call's inputs and outputs before any step, padded to whole blocks: aliased outputs
+    start from their input, the others uninitialised."""
+    gm = call.grid_mapping
+    ins = [pad(x, bm, checked) for x, bm in zip(args, gm.inputs)]
+    aliased = {o: i for i, o in call.input_output_aliases}
+    outs = [pad(args[aliased[k]], bm, checked) if k in aliased
+            else uninitialized(padded_shape(bm), bm.dtype, checked)
+            for k, bm in enumerate(gm.outputs)]
+    return ins, outs

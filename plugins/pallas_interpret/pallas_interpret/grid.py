@@ -20,7 +20,7 @@ from jax import lax
 
 from pallas_core import reference
 from pallas_core.request import KernelCall
-from pallas_core.semantics import ReferenceContext, uninitialized
+from pallas_core.semantics import ReferenceContext, fresh_buffer
 from pallas_interpret import blocks, checks, fast, lockstep
 from pallas_interpret.params import InterpretParams
 
@@ -30,8 +30,9 @@ def run(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
     """The outputs of ``call`` on ``args``: batched where that is proven safe and allowed by
     ``params``, else step by step."""
     params = params or InterpretParams()
-    if lockstep.needs_lockstep(call):
-        return lockstep.run(call, args, rules, params)
+    axes = lockstep.lockstep_axes(call)
+    if axes is not None:
+        return lockstep.run(call, args, rules, params, axes)
     if params.fast and not params.checked and params.shuffle_seed is None:
         plan = fast.plan(call)
         if plan is not None:
@@ -57,14 +58,8 @@ def run_exact(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
     if checked:
         checks.check_races(call, parallel)
     kernel = checks.discharge(call, checked)
-    ins = [blocks.pad(x, bm, checked) for x, bm in zip(args, gm.inputs)]
-    aliased = {o: i for i, o in call.input_output_aliases}
-    outs = [blocks.pad(args[aliased[k]], bm, checked) if k in aliased
-            else uninitialized(blocks.padded_shape(bm), bm.dtype, checked)
-            for k, bm in enumerate(gm.outputs)]
-    scratch = [jnp.zeros(a.inner_aval.shape, a.inner_aval.dtype)
-               if getattr(a.memory_space, "zeroed", False)
-               else uninitialized(a.inner_aval.shape, a.inner_aval.dtype, checked)
+    ins, outs = blocks.initial_operands(call, args, checked)
+    scratch = [fresh_buffer(a.inner_aval.shape, a.inner_aval.dtype, a.memory_space, checked)
                for a in gm.scratch_avals]
     n_in, n_out = gm.num_inputs, gm.num_outputs
     prefetch = list(args[:gm.num_scalar_prefetch])

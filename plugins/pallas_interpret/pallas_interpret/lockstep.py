@@ -37,7 +37,7 @@ from pallas_core import grid_mapping as gmap
 from pallas_core import primitives as prims
 from pallas_core.errors import PallasError, UnsupportedError
 from pallas_core.request import KernelCall
-from pallas_core.semantics import ReferenceContext, uninitialized
+from pallas_core.semantics import ReferenceContext, fresh_buffer
 from pallas_interpret import blocks, checks
 from pallas_interpret.params import InterpretParams
 
@@ -77,10 +77,13 @@ def barrier_axes(call: KernelCall) -> tuple[int, ...] | None:
     return next(iter(found)) if found else None
 
 
-def needs_lockstep(call: KernelCall) -> bool:
-    """Whether ``call`` has barriers that make more than one point wait for another."""
+def lockstep_axes(call: KernelCall) -> tuple[int, ...] | None:
+    """The axes to run in lockstep: those of ``call``'s barriers, when more than one point
+    waits at them; ``None`` when the kernel can run step by step."""
     axes = barrier_axes(call)
-    return axes is not None and math.prod(call.grid_mapping.grid[a] for a in axes) > 1
+    if axes is None or math.prod(call.grid_mapping.grid[a] for a in axes) == 1:
+        return None
+    return axes
 
 
 # --- what the environment holds -------------------------------------------------------------
@@ -140,11 +143,7 @@ class _Runner:
     def fresh_buffer(self, shape: Sequence[int], dtype: Any, memory_space: Any) -> tuple[int, Any]:
         shared = bool(getattr(memory_space, "shared", False))
         full = tuple(shape) if shared else (self.members, *shape)
-        if getattr(memory_space, "zeroed", False):
-            value = jnp.zeros(full, dtype)
-        else:
-            value = uninitialized(full, dtype, self.checked)
-        return self.new_slot(shared), value
+        return self.new_slot(shared), fresh_buffer(full, dtype, memory_space, self.checked)
 
     # --- where the points are
 
@@ -412,19 +411,15 @@ _STRUCTURED: dict[Any, Callable[..., tuple[list[_Entry], Slots]]] = {
 
 
 def run(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
-        params: InterpretParams) -> list[Any]:
-    """The outputs of ``call`` on ``args``, each barrier group run in lockstep."""
+        params: InterpretParams, axes: tuple[int, ...]) -> list[Any]:
+    """The outputs of ``call`` on ``args``, the points along ``axes`` (see
+    :func:`lockstep_axes`) run in lockstep."""
     gm = call.grid_mapping
-    axes = barrier_axes(call)
-    assert axes is not None
     _check_one_block_per_group(call, axes)
     runner = _Runner(call, rules, params, axes)
     checked = params.checked
-    aliased = {o: i for i, o in call.input_output_aliases}
-    arrays = [blocks.pad(x, bm, checked) for x, bm in zip(args, gm.inputs)]
-    arrays += [blocks.pad(args[aliased[k]], bm, checked) if k in aliased
-               else uninitialized(blocks.padded_shape(bm), bm.dtype, checked)
-               for k, bm in enumerate(gm.outputs)]
+    ins, outs = blocks.initial_operands(call, args, checked)
+    arrays = [*ins, *outs]
     prefetch = list(args[:gm.num_scalar_prefetch])
     block_slots = [runner.new_slot(True) for _ in gm.block_mappings]
     scratch: Slots = {}
