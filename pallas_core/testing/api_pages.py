@@ -4,8 +4,8 @@
 A page's table has rows ``| `name` | status | notes |``; status is one of :data:`STATUSES`.
 Notes opening with a version mark ("New in 0.11", "Removed in 0.11", "Deprecated in 0.10")
 say that only some JAX versions list the name. ``core`` rows name their replacement
-(``pl.<attr>``) in the notes. Each backend's coverage test builds an :class:`ApiPage` and calls
-its checks, one test each:
+(``pl.<attr>``) in the notes. Each backend's coverage test builds an :class:`ApiPage` and runs
+its checks, one test each, by subclassing :class:`ApiPageTests`:
 
 * :meth:`ApiPage.check_rows` — rows well formed, no name twice, non-supported rows explained;
 * :meth:`ApiPage.check_every_jax_name_listed` — upgrading JAX fails until the page covers the
@@ -146,3 +146,28 @@ class ApiPage:
             assert hasattr(pl, found.group(1)), (
                 f"{self.where(row)}: pallas_core has no attribute {found.group(1)!r}. Fix: name "
                 "the core's replacement, or change the status.")
+
+
+class ApiPageTests:
+    """Every check of :class:`ApiPage` as a pytest test: subclass it as ``Test...`` and set
+    ``page``."""
+
+    page: ApiPage
+
+    def test_rows_are_well_formed(self) -> None:
+        self.page.check_rows()
+
+    def test_every_jax_name_is_listed(self) -> None:
+        self.page.check_every_jax_name_listed()
+
+    def test_version_marks_match_installed_jax(self) -> None:
+        self.page.check_version_marks()
+
+    def test_supported_rows_exist(self) -> None:
+        self.page.check_supported_rows_exist()
+
+    def test_jax_names_we_export_are_marked_supported(self) -> None:
+        self.page.check_exports_marked_supported()
+
+    def test_core_rows_name_an_existing_pl_attribute(self) -> None:
+        self.page.check_core_rows()

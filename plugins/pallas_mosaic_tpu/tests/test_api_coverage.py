@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from jax.experimental.pallas import tpu as jax_pltpu
 
-from pallas_core.testing.api_pages import ApiPage
+from pallas_core.testing.api_pages import ApiPage, ApiPageTests
 
 pltpu = pytest.importorskip("pallas_mosaic_tpu")
 
@@ -27,25 +27,5 @@ PAGE = ApiPage(Path(__file__).resolve().parents[3] / "docs" / "backends" / "mosa
                jax_pltpu, pltpu)
 
 
-def test_rows_are_well_formed() -> None:
-    PAGE.check_rows()
-
-
-def test_every_jax_name_is_listed() -> None:
-    PAGE.check_every_jax_name_listed()
-
-
-def test_version_marks_match_installed_jax() -> None:
-    PAGE.check_version_marks()
-
-
-def test_supported_rows_exist() -> None:
-    PAGE.check_supported_rows_exist()
-
-
-def test_jax_names_we_export_are_marked_supported() -> None:
-    PAGE.check_exports_marked_supported()
-
-
-def test_core_rows_name_an_existing_pl_attribute() -> None:
-    PAGE.check_core_rows()
+class TestPage(ApiPageTests):
+    page = PAGE
