@@ -402,6 +402,15 @@ def mosaic_serde_version() -> int:
     return int(getattr(tpu_custom_call, "_FWD_COMPAT_VERSION", 11))
 
 
+def jit_keyed_setting(name: str, default: Any = None) -> Any:
+    """A thread-local setting that ``jax.jit`` includes in its cache key and trace context, so a
+    function traced under one value is traced again under another. ``.value`` reads it;
+    ``.swap_local(v)`` sets it for this thread and returns the previous value for
+    ``.set_local``; ``.set_global(v)`` sets it for every thread. Values must be hashable."""
+    return _config.config_ext.Config(name, default, include_in_jit_key=True,
+                                     include_in_trace_context=True)
+
+
 def lowering_platforms(ctx: Any) -> tuple[str, ...]:
     """The platforms a lowering rule is lowering for (``cpu``, ``cuda``, ``tpu``, ...)."""
     platforms = ctx.platforms if ctx.platforms is not None else ctx.module_context.platforms

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
 import types
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -37,11 +38,22 @@ _COMPILER_PARAMS_KEYS = {"mosaic": "mosaic_tpu", "mosaic_tpu": "mosaic_tpu",
 
 
 def resolve_backend(backend: str | None, compiler_params: Any, interpret: Any) -> str | None:
-    """The backend chosen at call time: ``backend=`` > params type > ``interpret=``."""
+    """The backend chosen at call time: ``backend=`` > ``interpret=`` > params type.
+
+    ``interpret=`` outranks the type of ``compiler_params`` as in JAX: kernels written for a
+    backend pass its params together with ``interpret=True`` to run on CPU. A forced
+    interpret mode (:func:`force_interpret_mode`, ``pltpu.force_tpu_interpret_mode()``) counts
+    as ``interpret=`` its params.
+    """
     if backend is not None:
         if not isinstance(backend, str):
             raise PallasError(f"backend= must be a backend name (str), found {backend!r}.")
         return manager.get(backend).info.name
+    if interpret is None or interpret is False:
+        interpret = forced_interpret_params()
+    if interpret is not None and interpret is not False:
+        name = getattr(type(interpret), "BACKEND", None) if _is_params(interpret) else None
+        return manager.get(name if isinstance(name, str) else "interpret").info.name
     if compiler_params is not None:
         if isinstance(compiler_params, Mapping):
             keys = [_COMPILER_PARAMS_KEYS.get(str(k), str(k)) for k in compiler_params]
@@ -56,9 +68,40 @@ def resolve_backend(backend: str | None, compiler_params: Any, interpret: Any) -
                     "Fix: pass the CompilerParams class of the backend you mean (e.g. "
                     "pallas_interpret.CompilerParams), or install the backend they belong to.")
             return manager.get(name).info.name
-    if interpret:
-        return manager.get("interpret").info.name
     return None
+
+
+def _is_params(interpret: Any) -> bool:
+    """``interpret=`` is a params object (``pltpu.InterpretParams(...)``), not a flag."""
+    return not isinstance(interpret, (bool, int, np.integer))
+
+
+# Part of jax.jit's cache key: a function traced outside forced interpret mode is traced again
+# inside it, instead of reusing a trace that lowers for the hardware.
+_FORCED_INTERPRET = _jax.jit_keyed_setting("pallas_core_forced_interpret")
+
+
+def forced_interpret_params() -> Any:
+    """The ``interpret=`` value forced on every ``pallas_call`` now (``None``: none is)."""
+    return _FORCED_INTERPRET.value
+
+
+@contextlib.contextmanager
+def force_interpret_mode(params: Any = True) -> Iterator[None]:
+    """Within the block, every ``pallas_call`` and ``pl.kernel`` traced runs as if called with
+    ``interpret=params`` (``True``, or an interpreter params object): kernels that take no
+    ``interpret`` argument run on CPU without editing their source. ``None`` turns it off."""
+    prev = _FORCED_INTERPRET.swap_local(params)
+    try:
+        yield
+    finally:
+        _FORCED_INTERPRET.set_local(prev)
+
+
+def set_interpret_mode(params: Any = True) -> None:
+    """Forces ``interpret=params`` on every later ``pallas_call`` in this process, until called
+    again (``None`` turns it off); :func:`force_interpret_mode` is the scoped form."""
+    _FORCED_INTERPRET.set_global(params)
 
 
 def _freeze_params(params: Any) -> Any:
@@ -252,10 +295,14 @@ def pallas_call(
         )
     out_leaves, out_tree = _out_shape_leaves(out_shape, kernel_name)
     aliases = _normalize_aliases(input_output_aliases, kernel_name)
-    chosen = resolve_backend(backend, compiler_params, interpret)
+    resolve_backend(backend, compiler_params, interpret)  # an unknown name fails here
 
     @functools.wraps(kernel)
     def wrapped(*args: Any) -> Any:
+        mode = interpret
+        if backend is None and (interpret is None or interpret is False):
+            mode = forced_interpret_params() or False
+        chosen = resolve_backend(backend, compiler_params, mode)
         flat_args, in_tree = jax.tree_util.tree_flatten(args)
         for i, a in enumerate(flat_args):
             if not hasattr(a, "shape") or not hasattr(a, "dtype"):
@@ -275,7 +322,7 @@ def pallas_call(
             input_output_aliases=aliases, cost_estimate=cost_estimate, debug=debug,
             # A params object (``interpret=pallas_interpret.InterpretParams(...)``) is kept for
             # the interpreter to read; anything else counts as a flag.
-            interpret=(interpret if hasattr(interpret, "BACKEND") else bool(interpret)),
+            interpret=(mode if _is_params(mode) else bool(mode)),
             source=_source_of(kernel),
         )
         if debug:
@@ -286,7 +333,8 @@ def pallas_call(
         outs = pallas_call_p.bind(*flat_args, call=call)
         return jax.tree_util.tree_unflatten(out_tree, outs)
 
-    # Compiled once per argument shapes when called outside jit; inlined inside jit.
+    # Compiled once per argument shapes (and forced interpret mode) when called outside jit;
+    # inlined inside jit.
     return jax.jit(wrapped, inline=True)
 
 
@@ -422,7 +470,8 @@ def _lowering(ctx: Any, *operands: Any, call: KernelCall) -> Sequence[Any]:
             f"kernel {call.name!r} uses backend {backend!r}, which lowers for "
             f"{info.platforms}, but the program is being lowered for {unsupported[0]!r}. Fix: "
             f"lower for one of {info.platforms} (e.g. lowering_platforms=({info.platforms[0]!r},)"
-            "), or choose another backend (backend='interpret' runs anywhere)."
+            "), or run it in the interpreter (interpret=True, or backend='interpret'), which "
+            "runs anywhere."
         )
     request = LoweringRequest(call, backend, platform, ctx, tuple(operands))
     try:

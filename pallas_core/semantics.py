@@ -309,12 +309,30 @@ def _semaphore_read_discharge(in_avals: Any, out_avals: Any, sem: Any, *flat: An
     return (None,) * (len(flat) + 1), value
 
 
+_UNINITIALIZED_MEMORY: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "pallas_uninitialized_memory", default="nan")
+
+
+@contextlib.contextmanager
+def uninitialized_memory(mode: str) -> Iterator[None]:
+    """Within the block, memory nobody has written reads as ``"nan"`` (NaN for floats, the
+    minimum for integers, False for bools: what JAX's interpret mode fills in) or ``"zero"``."""
+    token = _UNINITIALIZED_MEMORY.set(mode)
+    try:
+        yield
+    finally:
+        _UNINITIALIZED_MEMORY.reset(token)
+
+
 def uninitialized(shape: Sequence[int], dtype: Any, checked: bool = False) -> Any:
-    """The contents of memory nobody has written: zeros, or poison in checked mode."""
+    """The contents of memory nobody has written (edge-block padding, outputs before their
+    first write, scratch): poison (NaN, the integer minimum) as in JAX's interpret mode, zeros
+    under ``uninitialized_memory("zero")``; always poison in checked mode."""
     dtype = jnp.dtype(dtype)
-    if checked and jnp.issubdtype(dtype, jnp.inexact):
+    poison = checked or _UNINITIALIZED_MEMORY.get() == "nan"
+    if poison and jnp.issubdtype(dtype, jnp.inexact):
         return jnp.full(tuple(shape), jnp.nan, dtype)
-    if checked and jnp.issubdtype(dtype, jnp.integer):
+    if poison and jnp.issubdtype(dtype, jnp.integer):
         return jnp.full(tuple(shape), jnp.iinfo(dtype).min, dtype)
     return jnp.zeros(tuple(shape), dtype)
 

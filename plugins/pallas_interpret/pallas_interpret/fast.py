@@ -120,7 +120,8 @@ def _to_blocked(x: Any, bm: BlockMapping) -> Any:
     counts, block = _counts(bm), bm.full_block_shape
     padded = tuple(n * b for n, b in zip(counts, block))
     if tuple(x.shape) != padded:
-        x = lax.pad(x, jnp.zeros((), x.dtype), [(0, p - d, 0) for d, p in zip(x.shape, padded)])
+        pads = [(0, p - d, 0) for d, p in zip(x.shape, padded)]
+        x = lax.pad(x, uninitialized((), x.dtype), pads)
     return x.reshape(tuple(v for nb in zip(counts, block) for v in nb))
 
 

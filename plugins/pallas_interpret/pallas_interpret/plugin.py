@@ -7,22 +7,22 @@ from typing import Any
 
 import jax
 
-from pallas_core import _jax, reference
+from pallas_core import _jax, reference, semantics
 from pallas_core.hookspecs import hookimpl
 from pallas_core.plugins import BackendInfo
 from pallas_core.request import KernelCall, LoweringRequest
 from pallas_interpret import grid
-from pallas_interpret.params import NAME, InterpretParams
+from pallas_interpret.params import NAME, InterpretParams, from_interpret_arg
 
 __version__ = "0.1.0"
 
 
 def _params(call: KernelCall) -> InterpretParams:
-    """The interpreter's params: ``compiler_params=``, else ``interpret=``, else the defaults."""
-    for params in (call.compiler_params, call.interpret):
-        if isinstance(params, InterpretParams):
-            return params
-    return InterpretParams()
+    """The interpreter's params: ``compiler_params=``, else ``interpret=`` (ours, or JAX-style
+    interpret params translated), else the defaults."""
+    if isinstance(call.compiler_params, InterpretParams):
+        return call.compiler_params
+    return from_interpret_arg(call.interpret)
 
 
 @hookimpl
@@ -46,7 +46,8 @@ def pallas_lower(request: LoweringRequest) -> Any:
     if request.backend != NAME:
         return None
     call, rules, params = request.call, reference.semantics_rules(), _params(request.call)
-    return request.lower_jax(lambda *args: grid.run(call, args, rules, params))
+    with semantics.uninitialized_memory(params.uninitialized_memory):
+        return request.lower_jax(lambda *args: grid.run(call, args, rules, params))
 
 
 @hookimpl

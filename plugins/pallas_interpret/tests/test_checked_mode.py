@@ -67,7 +67,8 @@ def test_uninitialised_output_read_is_poisoned(dtype: Any) -> None:
 
 def test_params_passed_as_interpret_are_honoured() -> None:
     """``interpret=InterpretParams(checked=True)`` (JAX's spelling) turns checked mode on as
-    ``compiler_params=`` does; with ``interpret=True`` the memory is zeros."""
+    ``compiler_params=`` does; with ``interpret=True`` unwritten memory reads as JAX's
+    interpret mode fills it (NaN), and ``uninitialized_memory="zero"`` makes it zeros."""
 
     def kernel(o_ref: Any, seen_ref: Any) -> None:
         seen_ref[...] = o_ref[...]
@@ -77,6 +78,9 @@ def test_params_passed_as_interpret_are_honoured() -> None:
     _, seen = _run(pl.pallas_call(kernel, (shape, shape), interpret=CHECKED))
     assert np.isnan(np.asarray(seen)).all()
     _, seen = _run(pl.pallas_call(kernel, (shape, shape), interpret=True))
+    assert np.isnan(np.asarray(seen)).all()
+    zero = InterpretParams(uninitialized_memory="zero")
+    _, seen = _run(pl.pallas_call(kernel, (shape, shape), interpret=zero))
     np.testing.assert_array_equal(seen, np.zeros(8, np.float32))
 
 

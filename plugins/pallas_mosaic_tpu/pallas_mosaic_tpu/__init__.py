@@ -27,6 +27,12 @@ from pallas_mosaic_tpu.params import (
     get_barrier_semaphore,
     sync_copy,
 )
+from pallas_mosaic_tpu.interpret import (
+    InterpretParams,
+    force_tpu_interpret_mode,
+    reset_tpu_interpret_mode_state,
+    set_tpu_interpret_mode,
+)
 from pallas_mosaic_tpu.pipeline import emit_pipeline
 from pallas_mosaic_tpu.plugin import __version__
 from pallas_mosaic_tpu.primitives import bitcast, prng_random_bits, prng_seed, roll
@@ -35,7 +41,8 @@ CompilerParams = TPUCompilerParams
 
 __all__ = ["__version__", "ANY", "ARBITRARY", "async_copy", "async_remote_copy", "bitcast",
            "CompilerParams", "CORE_PARALLEL", "create_tensorcore_mesh", "DMA_SEMAPHORE",
-           "emit_pipeline", "get_barrier_semaphore", "GridDimensionSemantics", "HBM",
-           "make_async_copy", "make_async_remote_copy", "PARALLEL", "PrefetchScalarGridSpec",
-           "prng_random_bits", "prng_seed", "roll", "SEMAPHORE", "SemaphoreType", "SMEM",
-           "sync_copy", "TPUCompilerParams", "VMEM"]
+           "emit_pipeline", "force_tpu_interpret_mode", "get_barrier_semaphore",
+           "GridDimensionSemantics", "HBM", "InterpretParams", "make_async_copy",
+           "make_async_remote_copy", "PARALLEL", "PrefetchScalarGridSpec", "prng_random_bits",
+           "prng_seed", "reset_tpu_interpret_mode_state", "roll", "SEMAPHORE", "SemaphoreType",
+           "set_tpu_interpret_mode", "SMEM", "sync_copy", "TPUCompilerParams", "VMEM"]
