@@ -140,13 +140,15 @@ def emit_custom_call(ctx: Any, target: str, operands: Sequence[Any], out_avals: 
                      backend_config: dict[str, Any] | str | bytes, api_version: int = 4,
                      operand_output_aliases: dict[int, int] | None = None,
                      extra_attributes: dict[str, Any] | None = None,
-                     has_side_effect: bool = False) -> list[Any]:
+                     has_side_effect: bool = False,
+                     frontend_attributes: dict[str, str] | None = None) -> list[Any]:
     """Emits a row-major ``stablehlo.custom_call`` into the program being lowered.
 
     A dict ``backend_config`` maps names to Python values (``str``, ``bytes``, ``bool``,
     ``int``) and becomes the ``mhlo.backend_config`` dictionary (``api_version=4``); a string
     or bytes is passed as it is (``api_version=1``). ``extra_attributes`` (Python values too)
-    are set on the call.
+    are set on the call; ``frontend_attributes`` (strings) become its
+    ``mhlo.frontend_attributes``.
     """
     def attr(v: Any) -> Any:
         if isinstance(v, bool):
@@ -171,6 +173,9 @@ def emit_custom_call(ctx: Any, target: str, operands: Sequence[Any], out_avals: 
         operand_layouts=[list(reversed(range(len(a.shape)))) for a in in_avals],
         result_layouts=[list(reversed(range(len(a.shape)))) for a in out_avals],
     )
+    if frontend_attributes:
+        call.attributes["mhlo.frontend_attributes"] = mlir.ir.DictAttr.get(
+            {k: mlir.ir.StringAttr.get(v) for k, v in frontend_attributes.items()})
     return list(call.results)
 
 

@@ -206,18 +206,20 @@ def make_block_mapping(spec: Any, x: Any, grid: tuple[int, ...], origin: str,
                         len(prefetch_avals))
 
 
-def check_index_maps_in_bounds(gm: GridMapping, kernel_name: str) -> None:
+def check_index_maps_in_bounds(gm: GridMapping, kernel_name: str, inputs: bool = True) -> None:
     """Raises ``OutOfBoundsError`` if any index map leaves its array on any grid point.
 
     Evaluated ahead of time on every grid point (index maps are pure functions of the grid
-    indices); grids larger than ``MAX_STATIC_CHECK_POINTS`` are not checked here.
+    indices); grids larger than ``MAX_STATIC_CHECK_POINTS`` are not checked here. With
+    ``inputs=False`` only outputs are checked (for an interpreter that reads input blocks
+    outside their arrays as uninitialized memory).
     """
     tables = block_index_tables(gm)
     if tables is None:
         return
     points, per_operand = tables
-    for bm, block_idx in zip(gm.block_mappings, per_operand):
-        if bm.is_whole_array or not bm.array_shape:
+    for k, (bm, block_idx) in enumerate(zip(gm.block_mappings, per_operand)):
+        if bm.is_whole_array or not bm.array_shape or (not inputs and k < gm.num_inputs):
             continue
         _raise_if_out_of_bounds(bm, block_idx, points, kernel_name)
 
@@ -273,9 +275,9 @@ def _raise_if_out_of_bounds(bm: BlockMapping, block_idx: np.ndarray, points: np.
         hint = (" Index maps return block indices, not element offsets: write "
                 f"lambda i: {good}, not lambda i: {bad_map}.")
     raise OutOfBoundsError(
-        f"In kernel {kernel_name!r}, the index map of {bm.origin} returned block index "
-        f"{tuple(int(v) for v in block_idx[step])} at grid step "
-        f"{tuple(int(v) for v in points[step])}, outside the array: dimension {dim} of shape "
+        f"Out-of-bounds block index {tuple(int(v) for v in block_idx[step])} for {bm.origin} "
+        f"in kernel {kernel_name!r} at grid step {tuple(int(v) for v in points[step])}: its "
+        f"index map leaves the array: dimension {dim} of shape "
         f"{bm.array_shape} in blocks of "
         f"{bm.full_block_shape} has {n_blocks[dim]} blocks (valid indices 0..{n_blocks[dim] - 1})."
         f"{hint}"

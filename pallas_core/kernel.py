@@ -147,8 +147,8 @@ def _mesh_call(fn: Callable[..., None], out: Any, mesh: Mesh, args: Any, *,
     if manager.backend_for_params(user_params) != "interpret":
         # The interpreter runs any mesh: its params go through as they are.
         kwargs["compiler_params"] = mesh.compiler_params_for(user_params)
-    if backend is None and not kwargs.get("interpret"):
-        kwargs["interpret"] = forced_interpret_params() or False
+    if backend is None and forced_interpret_params() is not None:
+        kwargs["interpret"] = forced_interpret_params()
 
     return pallas_call(
         fn, out, grid=mesh.axis_sizes, in_specs=whole(tuple(args)), out_specs=whole(out),

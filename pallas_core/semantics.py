@@ -316,7 +316,9 @@ _UNINITIALIZED_MEMORY: contextvars.ContextVar[str] = contextvars.ContextVar(
 @contextlib.contextmanager
 def uninitialized_memory(mode: str) -> Iterator[None]:
     """Within the block, memory nobody has written reads as ``"nan"`` (NaN for floats, the
-    minimum for integers, False for bools: what JAX's interpret mode fills in) or ``"zero"``."""
+    minimum for integers, False for bools: what JAX's interpret mode fills in), ``"nan_max"``
+    (NaN, the maximum for integers, True for bools: what JAX's TPU interpret mode fills in) or
+    ``"zero"``."""
     token = _UNINITIALIZED_MEMORY.set(mode)
     try:
         yield
@@ -326,14 +328,21 @@ def uninitialized_memory(mode: str) -> Iterator[None]:
 
 def uninitialized(shape: Sequence[int], dtype: Any, checked: bool = False) -> Any:
     """The contents of memory nobody has written (edge-block padding, outputs before their
-    first write, scratch): poison (NaN, the integer minimum) as in JAX's interpret mode, zeros
-    under ``uninitialized_memory("zero")``; always poison in checked mode."""
+    first write, scratch), as :func:`uninitialized_memory` says (poison unless ``"zero"``, in
+    checked mode too). ``checked`` is accepted for callers that track it and changes nothing."""
+    del checked
     dtype = jnp.dtype(dtype)
-    poison = checked or _UNINITIALIZED_MEMORY.get() == "nan"
-    if poison and jnp.issubdtype(dtype, jnp.inexact):
+    mode = _UNINITIALIZED_MEMORY.get()
+    if mode == "zero":
+        return jnp.zeros(tuple(shape), dtype)
+    high = mode == "nan_max"
+    if jnp.issubdtype(dtype, jnp.inexact):
         return jnp.full(tuple(shape), jnp.nan, dtype)
-    if poison and jnp.issubdtype(dtype, jnp.integer):
-        return jnp.full(tuple(shape), jnp.iinfo(dtype).min, dtype)
+    if jnp.issubdtype(dtype, jnp.integer):
+        info = jnp.iinfo(dtype)
+        return jnp.full(tuple(shape), info.max if high else info.min, dtype)
+    if dtype == jnp.bool_:
+        return jnp.full(tuple(shape), high, dtype)
     return jnp.zeros(tuple(shape), dtype)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import jax.numpy as jnp
 from jax import lax
 
 from pallas_core.grid_mapping import BlockMapping
@@ -44,6 +45,18 @@ def starts(bm: BlockMapping, ids: Sequence[Any], prefetch: Sequence[Any] = ()) -
 def read_block(buf: Any, bm: BlockMapping, starts: Sequence[Any]) -> Any:
     """The block at ``starts``, shaped as the kernel's Ref."""
     block = lax.dynamic_slice(buf, starts, bm.full_block_shape)
+    return block.reshape(bm.ref_shape)
+
+
+def read_block_filled(buf: Any, bm: BlockMapping, starts: Sequence[Any]) -> Any:
+    """:func:`read_block`, with the elements that lie outside the array (a block index past
+    its end, or negative) read as uninitialized memory."""
+    block = lax.dynamic_slice(buf, starts, bm.full_block_shape)
+    ok = jnp.ones(bm.full_block_shape, jnp.bool_)
+    for d, (s, n) in enumerate(zip(starts, bm.array_shape)):
+        pos = s + lax.broadcasted_iota(jnp.int32, bm.full_block_shape, d)
+        ok = ok & (pos >= 0) & (pos < n)
+    block = jnp.where(ok, block, uninitialized((), block.dtype))
     return block.reshape(bm.ref_shape)
 
 

@@ -1,10 +1,16 @@
-"""The interpreter's checked mode: races between parallel grid steps, accesses outside Refs.
+"""The interpreter's checked mode: races between parallel grid steps, accesses outside Refs,
+and (with ``tpu_memory``) the uses of memory a TPU does not allow.
 
 * Races are found ahead of time from the index maps: two grid steps that differ along a
   parallel axis and write the same output block may run at the same time on the hardware.
-* Reads and writes outside a Ref (``x_ref[pl.ds(start, n)]`` with ``start + n`` past the end)
-  are checked while the kernel runs: the discharge rules of reads and writes are wrapped with a
-  bounds check that reports the Ref, the grid step and the index on the host.
+* Revisits (``tpu_memory``) too: a step that returns to an output block its core has left.
+* Reads and writes of Refs (``x_ref[...]``, ``pl.load``/``pl.store``, the copies that
+  ``pltpu.sync_copy``/``async_copy`` make) are checked while the kernel runs: their discharge
+  rules are replaced by ones that place each element (:mod:`pallas_interpret.access`), read
+  uninitialized memory or drop writes outside the Ref, and report on the host an access outside
+  the Ref's limit (a read only with ``out_of_bounds_reads="raise"``).
+* Direct reads and writes of HBM Refs, and HBM buffers from ``pl.run_scoped``, are refused
+  while the kernel is traced (``tpu_memory``).
 
 Poisoning of uninitialised memory is done where buffers are created (``grid.run_exact``).
 """
@@ -13,26 +19,49 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
+from jax.experimental import io_callback
 
 from pallas_core import _jax, semantics
+from pallas_core import copies as _copies
 from pallas_core import grid_mapping as gmap
 from pallas_core import primitives as prims
 from pallas_core.errors import OutOfBoundsError, PallasError
 from pallas_core.request import KernelCall
+from pallas_interpret import access
+from pallas_interpret.params import InterpretParams
 
 
 class RaceError(PallasError):
     """Two grid steps that may run in parallel write the same output block."""
 
 
-def check_races(call: KernelCall, parallel: Sequence[int]) -> None:
-    """Raises ``RaceError`` if steps differing along a ``parallel`` axis share an output block.
+class RaceWarning(UserWarning):
+    """A race found with ``InterpretParams(on_race="warn")``."""
+
+
+class RevisitError(PallasError, RuntimeError):
+    """A core returns to an output block after leaving it (TPU memory model)."""
+
+
+class HbmAccessError(PallasError, ValueError):
+    """A kernel reads or writes an HBM Ref directly, or allocates HBM in ``pl.run_scoped``
+    (TPU memory model)."""
+
+
+def check_races(call: KernelCall, parallel: Sequence[int], cores: np.ndarray | None = None,
+                warn: bool = False) -> None:
+    """Raises ``RaceError`` (``warn``: warns with a ``RaceWarning``, once per output) if steps
+    differing along a ``parallel`` axis share an output block; given ``cores`` (the simulated
+    core of each grid step, in lexicographic order), if steps on different cores share one
+    instead (steps of one core never run at the same time).
 
     Whole-array outputs (memory space ``ANY``) are not checked here: each step sees the whole
     array, and whether two steps write the same elements depends on the kernel.
@@ -48,21 +77,75 @@ def check_races(call: KernelCall, parallel: Sequence[int]) -> None:
     for bm, table in zip(gm.outputs, per_operand[gm.num_inputs:]):
         if bm.is_whole_array:
             continue
-        first: dict[tuple[int, ...], int] = {}
-        for step, block in enumerate(map(tuple, table.tolist())):
-            other = first.setdefault(block, step)
-            if other != step and (points[other, par] != points[step, par]).any():
-                axis = par[int(np.argmax(points[other, par] != points[step, par]))]
-                user_axis = axis - gm.num_batch_axes
-                raise RaceError(
-                    f"data race in kernel {call.name!r}: {bm.origin} block {block} is written at "
-                    f"grid steps {tuple(points[other].tolist())} and "
-                    f"{tuple(points[step].tolist())}, which differ along parallel grid axis "
-                    f"{user_axis} and may run at the same time. Fix: give each step along axis "
-                    f"{user_axis} its own output block (make the index map depend on it), or "
-                    "make the axis sequential (e.g. 'arbitrary' dimension semantics on TPU; "
-                    "on GPUs, loop inside the kernel instead)."
-                )
+        race = _first_race(table, points, par, cores, gm.num_batch_axes)
+        if race is not None:
+            error = _race_error(call, bm, points, *race)
+            if not warn:
+                raise error
+            warnings.warn(str(error), RaceWarning, stacklevel=2)
+
+
+def _first_race(table: np.ndarray, points: np.ndarray, par: list[int], cores: Any,
+                num_batch_axes: int) -> tuple[Any, ...] | None:
+    first: dict[tuple[int, ...], int] = {}
+    for step, block in enumerate(map(tuple, table.tolist())):
+        other = first.setdefault(block, step)
+        if other == step:
+            continue
+        if cores is not None and cores[other] != cores[step]:
+            return block, other, step, f"run on cores {int(cores[other])} and {int(cores[step])}", None
+        if cores is None and (points[other, par] != points[step, par]).any():
+            axis = par[int(np.argmax(points[other, par] != points[step, par]))] - num_batch_axes
+            return block, other, step, f"differ along parallel grid axis {axis}", axis
+    return None
+
+
+def _race_error(call: KernelCall, bm: Any, points: np.ndarray, block: tuple[int, ...],
+                other: int, step: int, why: str, axis: int | None) -> RaceError:
+    along = "the parallel axes" if axis is None else f"axis {axis}"
+    return RaceError(
+        f"data race in kernel {call.name!r}: {bm.origin} block {block} is written at grid "
+        f"steps {tuple(points[other].tolist())} and {tuple(points[step].tolist())}, which "
+        f"{why} and may run at the same time. Fix: give each step along {along} its own output "
+        "block (make the index map depend on it), or make the axis sequential (e.g. "
+        "'arbitrary' dimension semantics on TPU; on GPUs, loop inside the kernel instead).")
+
+
+def _in_hbm(space: Any) -> bool:
+    return str(getattr(space, "name", "")).upper() in ("HBM", "ANY")
+
+
+def check_revisits(call: KernelCall, order: np.ndarray, cores: np.ndarray) -> None:
+    """Raises ``RevisitError`` if a core, visiting the grid points in ``order`` (``cores[k]``
+    runs step ``k``), comes back to a block of an output (not in HBM, not aliased) after
+    moving to another: a TPU writes the block back when it leaves it and does not read it
+    again, so the earlier writes would be lost. Unknown ahead of time (index maps reading
+    scalar-prefetch operands, huge grids): not checked."""
+    gm = call.grid_mapping
+    tables = gmap.block_index_tables(gm)
+    if tables is None or not len(order):
+        return
+    lex = np.ravel_multi_index(tuple(order.T), gm.grid) if gm.grid else np.zeros(1, np.int64)
+    aliased = {o for _, o in call.input_output_aliases}
+    nb = gm.num_batch_axes
+    for o, (bm, table) in enumerate(zip(gm.outputs, tables[1][gm.num_inputs:])):
+        if o in aliased or _in_hbm(bm.memory_space):
+            continue
+        blocks = [tuple(b) for b in table[lex].tolist()]
+        last: dict[tuple[Any, int], int] = {}
+        for k, block in enumerate(blocks):
+            core = int(cores[k])
+            before = last.get((block, core))
+            last[(block, core)] = k
+            if before is not None and before != k - 1:
+                point = lambda step: tuple(order[step][nb:].tolist())  # noqa: E731
+                raise RevisitError(
+                    f"Revisited block {block} of output {o} in iteration {point(k)} of kernel "
+                    f"{call.name!r} ({bm.origin}, core {core}): the core left the block after "
+                    f"iteration {point(before)}. A TPU copies an output block back "
+                    "when the grid leaves it and never reads it again, so the earlier writes "
+                    "would be overwritten. Fix: make the steps that write one output block "
+                    "consecutive (iterate the grid axes the block does not depend on innermost).")
 
 
 def _ref_names(call: KernelCall) -> dict[int, str]:
@@ -72,76 +155,187 @@ def _ref_names(call: KernelCall) -> dict[int, str]:
     return {id(v.aval): n for v, n in zip(call.jaxpr.jaxpr.invars, names)}
 
 
-def _in_bounds(indexer: Any, shape: Sequence[int]) -> tuple[Any, list[Any]]:
-    """Whether every index of ``indexer`` lies inside ``shape``; and the starts, for messages."""
-    ok = jnp.bool_(True)
-    starts = []
-    for idx, dim in zip(indexer.indices, shape):
-        if isinstance(idx, _jax.Slice):
-            start = jnp.asarray(idx.start, jnp.int32)
-            last = start + (idx.size - 1) * idx.stride
-            ok = ok & (start >= 0) & (last < dim)
-            starts.append(start)
-        else:
-            i = jnp.asarray(idx, jnp.int32)
-            ok = ok & jnp.all((i >= 0) & (i < dim))
-            starts.append(jnp.min(i) if i.ndim else i)
-    return ok, starts
-
-
-def discharge(call: KernelCall, checked: bool) -> Any:
-    """The kernel with its Refs discharged; in checked mode with bounds checks on accesses."""
+def discharge(call: KernelCall, params: InterpretParams | bool) -> Any:
+    """The kernel with its Refs discharged; in checked mode with checked accesses."""
     gm = call.grid_mapping
+    checked = params if isinstance(params, bool) else params.checked
     if not checked:
         return _jax.discharge_state(call.jaxpr, axis_sizes=gm.axis_env)
     fresh = _jax.ClosedJaxpr(call.jaxpr.jaxpr, call.jaxpr.consts)  # not the cached discharge
-    with checked_rules(call):
+    with checked_rules(call, None if isinstance(params, bool) else params):
         return _jax.discharge_state(fresh, axis_sizes=gm.axis_env)
 
 
-@contextlib.contextmanager
-def checked_rules(call: KernelCall) -> Iterator[None]:
-    """Within the block, discharging (parts of) ``call``'s kernel applies checked mode: reads
-    and writes check their bounds, ``run_scoped`` buffers start poisoned."""
-    names = _ref_names(call)
-    n_axes = len(call.grid_mapping.user_grid)
+class _Checker:
+    """The checked discharge rules of one kernel (see the module docstring)."""
 
-    def wrap(prim: Any, rule: Any) -> Any:
-        def checked_rule(in_avals: Any, out_avals: Any, ref: Any, *args: Any,
-                         **params: Any) -> Any:
-            tree = params["tree"]
-            flat = args[1:] if prim is _jax.swap_p else args
-            transforms = jax.tree_util.tree_unflatten(tree, flat[:tree.num_leaves])
-            shape = in_avals[0].inner_aval.shape
-            if len(transforms) == 1 and isinstance(transforms[0], _jax.NDIndexer):
-                ok, starts = _in_bounds(transforms[0], shape)
-                step = [prims.program_id_p.bind(axis=a) for a in range(n_axes)]
-                what = "write to" if prim is _jax.swap_p else "read of"
-                name = names.get(id(in_avals[0]), f"a Ref of shape {shape}")
-                report = functools.partial(_report, kernel=call.name, what=what, name=name,
-                                           shape=tuple(shape), sizes=_sizes(transforms[0]))
-                jax.debug.callback(report, ok, jnp.stack(starts) if starts else jnp.zeros(0),
-                                   jnp.stack(step) if step else jnp.zeros(0))
-            return rule(in_avals, out_avals, ref, *args, **params)
-        return checked_rule
+    def __init__(self, call: KernelCall, params: InterpretParams):
+        self.call, self.params = call, params
+        self.names = _ref_names(call)
+        self.n_axes = len(call.grid_mapping.user_grid)
+        self.generation = (access.tpu_generation() if params.buffer_bounds == "padded"
+                           else None)
 
-    with (_jax.discharge_rules_wrapped(wrap, [_jax.get_p, _jax.swap_p]),
-          semantics.checked_discharge()):
-        yield
+    def name(self, aval: Any) -> str:
+        return self.names.get(id(aval), f"a Ref of shape {tuple(aval.shape)}")
+
+    def refuse_hbm(self, aval: Any, what: str) -> None:
+        space = getattr(aval, "memory_space", None)
+        if self.params.tpu_memory and _in_hbm(space):
+            raise HbmAccessError(
+                f"kernel {self.call.name!r} {what} {self.name(aval)} directly, but it is in "
+                f"{str(space.name).upper()}, which TPU cores cannot address. Fix: copy it to or from VMEM "
+                "with pltpu.sync_copy or pltpu.async_copy (or give it a VMEM BlockSpec).")
+
+    def locate(self, aval: Any, transforms: Any) -> access.Access | None:
+        """Where an access lies, or ``None`` when it needs no check (or cannot be placed)."""
+        acc = access.locate(transforms, aval.shape)
+        if acc is None or access.statically_inside(acc, aval.shape):
+            return None
+        return acc
+
+    def guard(self, value: Any, acc: access.Access, aval: Any, ref: Any, what: str,
+              mask: Any = None, read: bool = False) -> Any:
+        """``value``, after a host check that ``acc`` stays within ``aval``'s limit (reads only
+        checked with ``out_of_bounds_reads="raise"``). The check waits for ``ref`` (the Ref's
+        value before the access), and ``value`` for the check, so that of two bad accesses to
+        one Ref the first is reported."""
+        if read and self.params.out_of_bounds_reads != "raise":
+            return value
+        limit = access.limit_shape(aval, self.params.buffer_bounds == "padded", self.generation)
+        outside = ~access.inside(acc, limit)
+        if mask is not None:
+            outside = outside & mask
+        outside = lax.optimization_barrier((outside, ref))[0]
+        step = [prims.program_id_p.bind(axis=a) for a in range(self.n_axes)]
+        starts = jnp.stack([jnp.asarray(s, jnp.int32) for s in acc.starts]) if acc.starts else (
+            jnp.zeros(0, jnp.int32))
+        padded = tuple(limit) != tuple(aval.shape)
+        report = functools.partial(
+            _report, kernel=self.call.name, what=what, name=self.name(aval), sizes=acc.sizes,
+            shape=tuple(limit), padded=padded, masked=mask is not None)
+        token = io_callback(report, jax.ShapeDtypeStruct((), jnp.int32), jnp.any(outside),
+                            starts, jnp.stack(step) if step else jnp.zeros(0, jnp.int32))
+        return lax.optimization_barrier((value, token))[0]
+
+    def fill(self, dtype: Any) -> Any:
+        return semantics.uninitialized((), dtype)
+
+    # --- the rules
+
+    def get(self, rule: Any, in_avals: Any, out_avals: Any, x: Any, *flat: Any, tree: Any,
+            **params: Any) -> Any:
+        aval = in_avals[0]
+        self.refuse_hbm(aval, "reads")
+        acc = self.locate(aval, jax.tree_util.tree_unflatten(tree, flat))
+        if acc is None:
+            return rule(in_avals, out_avals, x, *flat, tree=tree, **params)
+        value = self.guard(access.read(x, acc, self.fill(x.dtype)), acc, aval, x, "read of",
+                           read=True)
+        return (None,) * (len(flat) + 1), value
+
+    def swap(self, rule: Any, in_avals: Any, out_avals: Any, x: Any, val: Any, *flat: Any,
+             tree: Any, **params: Any) -> Any:
+        aval = in_avals[0]
+        self.refuse_hbm(aval, "writes")
+        acc = self.locate(aval, jax.tree_util.tree_unflatten(tree, flat))
+        if acc is None:
+            return rule(in_avals, out_avals, x, val, *flat, tree=tree, **params)
+        old = access.read(x, acc, self.fill(x.dtype))
+        new = self.guard(access.write(x, acc, val), acc, aval, x, "write to")
+        return (new, None) + (None,) * len(flat), old
+
+    def masked_load(self, rule: Any, in_avals: Any, out_avals: Any, x: Any, *args: Any,
+                    tree: Any, has_other: bool) -> Any:
+        aval = in_avals[0]
+        self.refuse_hbm(aval, "loads from")
+        n = tree.num_leaves
+        acc = self.locate(aval, jax.tree_util.tree_unflatten(tree, args[:n]))
+        if acc is None:
+            return rule(in_avals, out_avals, x, *args, tree=tree, has_other=has_other)
+        mask = args[n]
+        value = access.read(x, acc, self.fill(x.dtype))
+        if has_other:
+            value = jnp.where(mask, value, args[n + 1])
+        value = self.guard(value, acc, aval, x, "masked read of", mask, read=True)
+        return (None,) * (len(args) + 1), value
+
+    def masked_swap(self, rule: Any, in_avals: Any, out_avals: Any, x: Any, val: Any,
+                    *args: Any, tree: Any) -> Any:
+        aval = in_avals[0]
+        self.refuse_hbm(aval, "stores to")
+        n = tree.num_leaves
+        acc = self.locate(aval, jax.tree_util.tree_unflatten(tree, args[:n]))
+        if acc is None:
+            return rule(in_avals, out_avals, x, val, *args, tree=tree)
+        mask = args[n]
+        old = access.read(x, acc, self.fill(x.dtype))
+        new = self.guard(access.write(x, acc, val, mask), acc, aval, x, "masked swap of",
+                         mask)
+        return (new, None) + (None,) * len(args), old
+
+    def copy_wait(self, rule: Any, in_avals: Any, out_avals: Any, *args: Any, tree: Any,
+                  roles: tuple[int, ...], kind: str, **params: Any) -> Any:
+        views = _copies.RefViews(args, tree, roles)
+        src, dst = roles[0], roles[1]
+        src_acc = access.locate(views.transforms[0], in_avals[src].shape)
+        dst_acc = access.locate(views.transforms[1], in_avals[dst].shape)
+        if kind != "local" or params.get("add") or src_acc is None or dst_acc is None or (
+                access.statically_inside(src_acc, in_avals[src].shape)
+                and access.statically_inside(dst_acc, in_avals[dst].shape)):
+            return rule(in_avals, out_avals, *args, tree=tree, roles=roles, kind=kind, **params)
+        # A local copy completes on wait (as the core's rule has it), element by element here.
+        count = views.read(2)
+        semantics.check_wait(count, 1, "the local semaphore of an async copy")
+        views.write(2, count - 1)
+        value = access.read(args[src], src_acc, self.fill(args[src].dtype))
+        value = self.guard(value, src_acc, in_avals[src], args[src], "read of", read=True)
+        new_dst = access.write(args[dst], dst_acc, value)
+        views.values[dst] = self.guard(new_dst, dst_acc, in_avals[dst], args[dst], "write to")
+        return views.new_values(), []
+
+    def run_scoped(self, rule: Any, in_avals: Any, out_avals: Any, *args: Any,
+                   **params: Any) -> Any:
+        if self.params.tpu_memory and not self.params.allow_hbm_allocation_in_run_scoped:
+            for t in params["scoped"]:
+                if _in_hbm(getattr(t, "memory_space", None)):
+                    raise HbmAccessError(
+                        f"Cannot allocate HBM in `run_scoped` of kernel {self.call.name!r}: "
+                        f"it asks for a {str(t.memory_space.name).upper()} buffer of shape {tuple(t.shape)}, "
+                        "and TPUs allocate run_scoped buffers only in VMEM, SMEM and "
+                        "semaphores. Fix: pass the HBM buffer in (or as scratch), or, to try "
+                        "it in the interpreter anyway, "
+                        "InterpretParams(allow_hbm_allocation_in_run_scoped=True).")
+        return rule(in_avals, out_avals, *args, **params)
 
 
-def _sizes(indexer: Any) -> tuple[int, ...]:
-    return tuple(int(getattr(i, "size", 1)) for i in indexer.indices)
-
-
-def _report(ok: Any, starts: Any, step: Any, *, kernel: str, what: str, name: str,
-            shape: tuple[int, ...], sizes: tuple[int, ...]) -> None:
-    if bool(ok):
-        return
+def _report(outside: Any, starts: Any, step: Any, *, kernel: str, what: str, name: str,
+            sizes: tuple[int, ...], shape: tuple[int, ...], padded: bool, masked: bool) -> Any:
+    if not bool(outside):
+        return np.int32(0)
+    where = "padded shape" if padded else "shape"
+    lanes = " (in lanes where the mask is set)" if masked else ""
     raise OutOfBoundsError(
-        f"out-of-bounds {what} {name} in kernel {kernel!r} at grid step "
+        f"Out-of-bounds {what} {name} in kernel {kernel!r} at grid step "
         f"{tuple(int(s) for s in np.asarray(step))}: index starting at "
-        f"{tuple(int(s) for s in np.asarray(starts))} with sizes {sizes} does not fit in the "
-        f"Ref's shape {shape}. Fix: keep pl.ds(start, size) within the block, or use "
+        f"{tuple(int(s) for s in np.asarray(starts))} with sizes {sizes} does not fit{lanes} in "
+        f"the Ref's {where} {shape}. Fix: keep pl.ds(start, size) within the Ref, or use "
         "pl.load/pl.store with a mask for partial accesses."
     )
+
+
+@contextlib.contextmanager
+def checked_rules(call: KernelCall, params: InterpretParams | None = None) -> Iterator[None]:
+    """Within the block, discharging (parts of) ``call``'s kernel applies checked mode: reads
+    and writes are checked (see the module docstring), ``run_scoped`` buffers start poisoned."""
+    checker = _Checker(call, params or InterpretParams(checked=True))
+    methods = {_jax.get_p: checker.get, _jax.swap_p: checker.swap,
+               prims.masked_load_p: checker.masked_load,
+               prims.masked_swap_p: checker.masked_swap,
+               _copies.copy_wait_p: checker.copy_wait, prims.run_scoped_p: checker.run_scoped}
+
+    def wrap(prim: Any, rule: Any) -> Any:
+        return functools.partial(methods[prim], rule)
+
+    with (_jax.discharge_rules_wrapped(wrap, list(methods)), semantics.checked_discharge()):
+        yield

@@ -9,19 +9,18 @@ contents of its output block; scratch buffers persist across steps. Where it is 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
+from jax.experimental import io_callback
 
 from pallas_core import reference
 from pallas_core.request import KernelCall
 from pallas_core.semantics import ReferenceContext, fresh_buffer
-from pallas_interpret import blocks, checks, fast, lockstep
+from pallas_interpret import blocks, checks, fast, lockstep, schedule, skip_float
 from pallas_interpret.params import InterpretParams
 
 
@@ -30,75 +29,130 @@ def run(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
     """The outputs of ``call`` on ``args``: batched where that is proven safe and allowed by
     ``params``, else step by step."""
     params = params or InterpretParams()
+    if params.skip_floating_point_ops:
+        call = call.replace(jaxpr=skip_float.transform(call.jaxpr, call.grid_mapping.axis_env))
     axes = lockstep.lockstep_axes(call)
     if axes is not None:
         return lockstep.run(call, args, rules, params, axes)
-    if params.fast and not params.checked and params.shuffle_seed is None:
+    if params.fast and not (params.checked or params.tpu_memory or params.num_cores > 1
+                            or params.shuffle_seed is not None or params.grid_point_recorder):
         plan = fast.plan(call)
         if plan is not None:
             return fast.run(call, args, plan, rules)
     return run_exact(call, args, rules, params)
 
 
-def _shuffled_order(grid: tuple[int, ...], axes: Sequence[int], seed: int) -> list[Any]:
-    """Per grid axis, a permutation of its indices (identity for axes not in ``axes``)."""
-    rng = np.random.default_rng(seed)
-    return [jnp.asarray(rng.permutation(n) if a in axes else np.arange(n), jnp.int32)
-            for a, n in enumerate(grid)]
-
-
 def run_exact(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
               params: InterpretParams | None = None) -> list[Any]:
-    """The outputs of ``call`` on ``args``, one grid step after another."""
+    """The outputs of ``call`` on ``args``, one grid step after another (in the order, and on
+    the simulated cores, of :mod:`pallas_interpret.schedule`)."""
     params = params or InterpretParams()
     checked = params.checked
     gm = call.grid_mapping
     parallel = params.resolved_parallel_axes(gm.user_grid, call.compiler_params)
     parallel = tuple(a + gm.num_batch_axes for a in parallel) + tuple(range(gm.num_batch_axes))
-    if checked:
-        checks.check_races(call, parallel)
-    kernel = checks.discharge(call, checked)
+    sched = schedule.make(gm.grid, parallel, params.shuffle_seed, params.num_cores, call.name)
+    if checked and params.detect_races:
+        # With the TPU memory model, only steps on different simulated cores race.
+        checks.check_races(call, parallel, sched.cores_by_point() if params.tpu_memory else None,
+                           warn=params.on_race == "warn")
+    if params.tpu_memory:
+        checks.check_revisits(call, sched.points(), sched.cores())
+    kernel = checks.discharge(call, params)
     ins, outs = blocks.initial_operands(call, args, checked)
-    scratch = [fresh_buffer(a.inner_aval.shape, a.inner_aval.dtype, a.memory_space, checked)
-               for a in gm.scratch_avals]
+    scratch0 = [fresh_buffer(a.inner_aval.shape, a.inner_aval.dtype, a.memory_space, checked)
+                for a in gm.scratch_avals]
     n_in, n_out = gm.num_inputs, gm.num_outputs
     prefetch = list(args[:gm.num_scalar_prefetch])
-    order = (None if params.shuffle_seed is None
-             else _shuffled_order(gm.grid, parallel, params.shuffle_seed))
+    inputs = _InputBlocks(call, params, kernel)
 
-    # Inputs the kernel writes: the write stays visible to later steps that read the block.
-    written = [k for k in range(n_in)
-               if kernel.jaxpr.outvars[k] is not kernel.jaxpr.invars[k]]
-
-    def step(k: Any, carry: tuple[list[Any], list[Any], list[Any]]
-             ) -> tuple[list[Any], list[Any], list[Any]]:
-        outs, scratch, written_ins = carry
-        bufs = list(ins)
-        for j, buf in zip(written, written_ins):
-            bufs[j] = buf
-        ids = blocks.unravel(k, gm.grid)
-        if order is not None:
-            ids = tuple(perm[i] for perm, i in zip(order, ids))
+    def step(k: Any, carry: tuple[Any, ...]) -> tuple[Any, ...]:
+        outs, scratch, in_state, token = carry
+        ids = sched.point(k)
+        first = sched.first_of_core(k)
+        if sched.num_cores > 1 and scratch:
+            scratch = lax.cond(first, lambda: list(scratch0), lambda: list(scratch))
+        if params.grid_point_recorder is not None:
+            token = io_callback(params.grid_point_recorder, jax.ShapeDtypeStruct((), jnp.int32),
+                                token, jnp.stack(ids[gm.num_batch_axes:]).astype(jnp.int32)
+                                if gm.grid else jnp.zeros(0, jnp.int32),
+                                sched.core(k).astype(jnp.int32))
         ctx = ReferenceContext(ids, gm.grid, gm.num_batch_axes, gm.grid_names, checked)
         in_starts = [blocks.starts(bm, ids, prefetch) for bm in gm.inputs]
         out_starts = [blocks.starts(bm, ids, prefetch) for bm in gm.outputs]
-        views = [blocks.read_block(x, bm, s) for x, bm, s in zip(bufs, gm.inputs, in_starts)]
+        views = inputs.read(ins, outs, in_starts, in_state, first)
         views += [blocks.read_block(o, bm, s) for o, bm, s in zip(outs, gm.outputs, out_starts)]
         results = reference.evaluate(kernel, [*views, *scratch], ctx, rules)
         new_outs = [blocks.write_block(o, bm, s, b) for o, bm, s, b in
                     zip(outs, gm.outputs, out_starts, results[n_in:n_in + n_out])]
-        new_ins = [blocks.write_block(bufs[j], gm.inputs[j], in_starts[j], results[j])
-                   for j in written]
-        return new_outs, list(results[n_in + n_out:]), new_ins
+        in_state = inputs.after(ins, in_state, in_starts, results[:n_in])
+        return new_outs, list(results[n_in + n_out:]), in_state, token
 
-    num_steps = math.prod(gm.grid)
-    carry = (outs, scratch, [ins[j] for j in written])
-    if num_steps == 1:
+    carry = (outs, scratch0, inputs.initial(ins), jnp.int32(0))
+    if sched.num_steps == 1:
         carry = step(jnp.int32(0), carry)
-    elif num_steps > 1:
-        carry = lax.fori_loop(0, num_steps, step, carry)
+    elif sched.num_steps > 1:
+        carry = lax.fori_loop(0, sched.num_steps, step, carry)
     outs = carry[0]
     return [blocks.unpad(o, bm) for o, bm in zip(outs, gm.outputs)]
+
+
+class _InputBlocks:
+    """How the steps see input blocks.
+
+    By default a kernel's write to an input block stays visible to every later step that reads
+    the block (it is written back to the input). With ``tpu_memory``, as on a TPU, each input
+    has one block buffer, filled (from the output it is aliased to, if any) when its block
+    index changes or a core starts; a kernel's writes to it last until then.
+    """
+
+    def __init__(self, call: KernelCall, params: InterpretParams, kernel: Any) -> None:
+        self.gm = call.grid_mapping
+        self.tpu = params.tpu_memory
+        self.fill_outside = params.out_of_bounds_reads == "uninitialized"
+        self.alias = dict(call.input_output_aliases)
+        outvars, invars = kernel.jaxpr.outvars, kernel.jaxpr.invars
+        self.written = [j for j in range(self.gm.num_inputs) if outvars[j] is not invars[j]]
+
+    def initial(self, ins: list[Any]) -> list[Any]:
+        """The carried state: per input, its block buffer and where it came from (TPU);
+        else the inputs the kernel writes."""
+        if self.tpu:
+            return [(jnp.zeros(bm.ref_shape, bm.dtype), [jnp.int32(0)] * len(bm.array_shape))
+                    for bm in self.gm.inputs]
+        return [ins[j] for j in self.written]
+
+    def _read(self, src: Any, bm: Any, starts: Any) -> Any:
+        if self.fill_outside:
+            return blocks.read_block_filled(src, bm, starts)
+        return blocks.read_block(src, bm, starts)
+
+    def read(self, ins: list[Any], outs: list[Any], starts: list[Any], state: list[Any],
+             first: Any) -> list[Any]:
+        """The input blocks a step sees."""
+        if not self.tpu:
+            bufs = list(ins)
+            for j, buf in zip(self.written, state):
+                bufs[j] = buf
+            return [self._read(b, bm, s) for b, bm, s in zip(bufs, self.gm.inputs, starts)]
+        views = []
+        for j, bm in enumerate(self.gm.inputs):
+            block = self._read(outs[self.alias[j]] if j in self.alias else ins[j], bm, starts[j])
+            cached, cached_starts = state[j]
+            refill = first
+            for a, b in zip(starts[j], cached_starts):
+                refill = refill | (jnp.asarray(a, jnp.int32) != b)
+            views.append(lax.select(jnp.broadcast_to(refill, block.shape), block, cached))
+        return views
+
+    def after(self, ins: list[Any], state: list[Any], starts: list[Any],
+              results: Sequence[Any]) -> list[Any]:
+        """The state after a step whose kernel left ``results`` in the input blocks."""
+        if self.tpu:
+            return [(r, [jnp.asarray(s, jnp.int32) for s in st])
+                    for r, st in zip(results, starts)]
+        return [blocks.write_block(x, self.gm.inputs[j], starts[j], results[j])
+                for j, x in zip(self.written, state)]
 
 
 def run_jitted(call: KernelCall, rules: reference.Rules,

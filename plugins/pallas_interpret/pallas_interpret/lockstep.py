@@ -122,6 +122,7 @@ class _Runner:
                  axes: tuple[int, ...]):
         gm = call.grid_mapping
         self.call, self.rules, self.checked = call, rules, params.checked
+        self.params = params
         self.grid = gm.grid
         self.axes = axes
         self.group_axes = tuple(a for a in range(len(gm.grid)) if a not in axes)
@@ -251,7 +252,7 @@ class _Runner:
         return slots
 
     def discharge_context(self) -> contextlib.AbstractContextManager[None]:
-        return checks.checked_rules(self.call) if self.checked else contextlib.nullcontext()
+        return checks.checked_rules(self.call, self.params) if self.checked else contextlib.nullcontext()
 
     # --- equations that hold a barrier
 

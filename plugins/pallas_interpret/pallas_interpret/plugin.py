@@ -46,7 +46,7 @@ def pallas_lower(request: LoweringRequest) -> Any:
     if request.backend != NAME:
         return None
     call, rules, params = request.call, reference.semantics_rules(), _params(request.call)
-    with semantics.uninitialized_memory(params.uninitialized_memory):
+    with semantics.uninitialized_memory(params.fill):
         return request.lower_jax(lambda *args: grid.run(call, args, rules, params))
 
 

@@ -163,7 +163,7 @@ def _oob_write(params: Any) -> Any:
 
 def test_out_of_bounds_read_is_reported() -> None:
     x = np.arange(8, dtype=np.float32)
-    with pytest.raises(Exception, match=r"out-of-bounds read of input 0 \(x_ref\) in kernel "
+    with pytest.raises(Exception, match=r"Out-of-bounds read of input 0 \(x_ref\) in kernel "
                        r"'oob_read' at grid step \(2,\): index starting at \(6,\) with sizes "
                        r"\(4,\) does not fit in the Ref's shape \(8,\)"):
         _run(_oob_read(CHECKED), x)
@@ -171,7 +171,7 @@ def test_out_of_bounds_read_is_reported() -> None:
 
 def test_out_of_bounds_write_is_reported() -> None:
     x = np.ones((2, 2), np.float32)
-    with pytest.raises(Exception, match=r"out-of-bounds write to output 0 \(o_ref\) in kernel "
+    with pytest.raises(Exception, match=r"Out-of-bounds write to output 0 \(o_ref\) in kernel "
                        r"'oob_write' at grid step \(0, 2\): index starting at \(5,\)"):
         _run(_oob_write(CHECKED), x)
 

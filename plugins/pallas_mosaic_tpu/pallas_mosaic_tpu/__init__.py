@@ -21,6 +21,7 @@ from pallas_mosaic_tpu.params import (
     GridDimensionSemantics,
     PrefetchScalarGridSpec,
     SemaphoreType,
+    SideEffectType,
     TPUCompilerParams,
     async_remote_copy,
     create_tensorcore_mesh,
@@ -35,14 +36,22 @@ from pallas_mosaic_tpu.interpret import (
 )
 from pallas_mosaic_tpu.pipeline import emit_pipeline
 from pallas_mosaic_tpu.plugin import __version__
-from pallas_mosaic_tpu.primitives import bitcast, prng_random_bits, prng_seed, roll
+from pallas_mosaic_tpu.primitives import (
+    bitcast,
+    load,
+    prng_random_bits,
+    prng_seed,
+    roll,
+    store,
+)
 
 CompilerParams = TPUCompilerParams
 
 __all__ = ["__version__", "ANY", "ARBITRARY", "async_copy", "async_remote_copy", "bitcast",
            "CompilerParams", "CORE_PARALLEL", "create_tensorcore_mesh", "DMA_SEMAPHORE",
            "emit_pipeline", "force_tpu_interpret_mode", "get_barrier_semaphore",
-           "GridDimensionSemantics", "HBM", "InterpretParams", "make_async_copy",
+           "GridDimensionSemantics", "HBM", "InterpretParams", "load", "make_async_copy",
            "make_async_remote_copy", "PARALLEL", "PrefetchScalarGridSpec", "prng_random_bits",
            "prng_seed", "reset_tpu_interpret_mode_state", "roll", "SEMAPHORE", "SemaphoreType",
-           "set_tpu_interpret_mode", "SMEM", "sync_copy", "TPUCompilerParams", "VMEM"]
+           "set_tpu_interpret_mode", "SideEffectType", "SMEM", "store", "sync_copy",
+           "TPUCompilerParams", "VMEM"]

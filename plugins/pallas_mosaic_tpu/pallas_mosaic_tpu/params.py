@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -54,21 +54,80 @@ class SemaphoreType(enum.Enum):
         return self(())
 
 
+class SideEffectType(enum.Enum):
+    """How XLA may treat a kernel's custom call (``CompilerParams(has_side_effects=...)``)."""
+
+    PURE = "pure"
+    """Deduplicated or removed when its results are unused (``has_side_effects=False``)."""
+    DATAFLOW_SIDE_EFFECTING = "dataflow_side_effecting"
+    """Never deduplicated, but removed when its results are unused."""
+    SIDE_EFFECTING = "side_effecting"
+    """Never deduplicated nor removed (``has_side_effects=True``)."""
+
+
+class _Flags(Mapping[str, Any]):
+    """A read-only, hashable mapping (``CompilerParams(flags=...)``)."""
+
+    def __init__(self, items: Mapping[str, Any]) -> None:
+        self._items = dict(items)
+
+    def __getitem__(self, key: str) -> Any:
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self._items.items())))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Mapping) and dict(self) == dict(other)
+
+    def __repr__(self) -> str:
+        return repr(self._items)
+
+
 @dataclasses.dataclass(frozen=True)
 class TPUCompilerParams(_CompilerParams):
     """Compiler parameters of the Mosaic TPU backend; passing them selects it.
 
+    The fields of ``jax.experimental.pallas.tpu.CompilerParams``:
     ``dimension_semantics``: per grid axis, ``PARALLEL`` (or ``"parallel"``), ``ARBITRARY``
     or ``CORE_PARALLEL``; unset axes are arbitrary (sequential). ``vmem_limit_bytes``: the
-    scoped VMEM the kernel may use.
+    scoped VMEM the kernel may use. ``collective_id``: the barrier semaphore's id.
+    ``has_side_effects``: ``True`` (or a :class:`SideEffectType`) keeps XLA from deduplicating
+    (and, unless ``DATAFLOW_SIDE_EFFECTING``, removing) the kernel's custom call.
+    ``allow_input_fusion`` (per input), ``flags`` (Mosaic compiler flags, name to bool, int or
+    float), ``internal_scratch_in_bytes``, ``serialization_format``,
+    ``disable_bounds_checks``, ``disable_semaphore_checks``, ``skip_device_barrier``,
+    ``shape_invariant_numerics`` and ``needs_layout_passes`` go into the custom call's
+    configuration as JAX writes them. ``allow_collective_id_without_custom_barrier``,
+    ``use_tc_tiling_on_sc`` and ``fuse_transposed_lhs_in_matmul`` are accepted and change
+    nothing in this lowering.
     """
 
     BACKEND: ClassVar[str] = NAME
     dimension_semantics: Sequence[Any] | None = None
+    allow_input_fusion: Sequence[bool] | None = None
     vmem_limit_bytes: int | None = None
     collective_id: int | None = None
     """Names the barrier semaphore of kernels that use ``get_barrier_semaphore`` (kernels
     synchronising different groups of devices need different ids)."""
+    has_side_effects: bool | SideEffectType = False
+    flags: Mapping[str, Any] | None = None
+    internal_scratch_in_bytes: int | None = None
+    serialization_format: int = 1
+    disable_bounds_checks: bool = False
+    disable_semaphore_checks: bool = False
+    skip_device_barrier: bool = False
+    allow_collective_id_without_custom_barrier: bool = False
+    shape_invariant_numerics: bool = True
+    use_tc_tiling_on_sc: bool | None = None
+    needs_layout_passes: bool = True
+    fuse_transposed_lhs_in_matmul: bool = False
 
     def __post_init__(self) -> None:
         if self.dimension_semantics is not None:
@@ -89,6 +148,27 @@ class TPUCompilerParams(_CompilerParams):
         if limit is not None and (not isinstance(limit, int) or limit <= 0):
             raise PallasError(f"CompilerParams(vmem_limit_bytes={limit!r}): expected a positive "
                               "int. Fix: e.g. vmem_limit_bytes=32 * 2**20.")
+        if not isinstance(self.has_side_effects, (bool, SideEffectType)):
+            raise PallasError(
+                f"CompilerParams(has_side_effects={self.has_side_effects!r}): expected a bool or "
+                "a pltpu.SideEffectType. Fix: e.g. has_side_effects=True.")
+        if self.allow_input_fusion is not None:
+            object.__setattr__(self, "allow_input_fusion",
+                               tuple(bool(b) for b in self.allow_input_fusion))
+        if self.flags is not None:
+            bad = [k for k, v in self.flags.items() if not isinstance(v, (bool, int, float))]
+            if bad:
+                raise PallasError(
+                    f"CompilerParams(flags=...): flag {bad[0]!r} has value "
+                    f"{self.flags[bad[0]]!r}; Mosaic flags are bools, ints or floats.")
+            object.__setattr__(self, "flags", _Flags(self.flags))
+
+    @property
+    def side_effect_type(self) -> SideEffectType:
+        """``has_side_effects`` as a :class:`SideEffectType`."""
+        if isinstance(self.has_side_effects, SideEffectType):
+            return self.has_side_effects
+        return SideEffectType.SIDE_EFFECTING if self.has_side_effects else SideEffectType.PURE
 
 
 def PrefetchScalarGridSpec(num_scalar_prefetch: int, grid: Any = (), in_specs: Any = None,

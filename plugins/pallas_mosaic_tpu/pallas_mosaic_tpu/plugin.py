@@ -22,6 +22,7 @@ from pallas_mosaic_tpu.params import (
     SEMAPHORE,
     SMEM,
     VMEM,
+    SideEffectType,
     TPUCompilerParams,
 )
 
@@ -38,19 +39,40 @@ def custom_call_config(call: KernelCall, body: bytes, has_communication: bool = 
     TPU runtimes expect); the SparseCore backend builds on it."""
     config: dict[str, Any] = {"body": base64.b64encode(body).decode("ascii")}
     params = call.compiler_params
+    tpu_params = params if isinstance(params, TPUCompilerParams) else None
     if has_communication:
         config["has_communication"] = True
-    if isinstance(params, TPUCompilerParams) and params.collective_id is not None:
-        config["collective_id"] = params.collective_id
+    if tpu_params is not None and tpu_params.collective_id is not None:
+        config["collective_id"] = tpu_params.collective_id
     if call.cost_estimate is not None:
         ce = call.cost_estimate
         config["cost_estimate"] = {"bytes_accessed": ce.bytes_accessed, "flops": ce.flops,
                                    "remote_bytes_transferred": ce.remote_bytes_transferred,
                                    "transcendentals": ce.transcendentals}
-    config["serialization_format"] = 1
-    if needs_layout_passes:
+    config["serialization_format"] = (1 if tpu_params is None
+                                      else tpu_params.serialization_format)
+    if needs_layout_passes and (tpu_params is None or tpu_params.needs_layout_passes):
         config["needs_layout_passes"] = True
+    if tpu_params is None:
+        return config
+    if not tpu_params.shape_invariant_numerics:
+        config["shape_invariant_numerics"] = False
+    if tpu_params.allow_input_fusion is not None:
+        config["allow_input_fusion"] = list(tpu_params.allow_input_fusion)
+    if tpu_params.internal_scratch_in_bytes is not None:
+        config["internal_scratch_in_bytes"] = tpu_params.internal_scratch_in_bytes
+    for flag in ("disable_bounds_checks", "disable_semaphore_checks", "skip_device_barrier"):
+        if getattr(tpu_params, flag):
+            config[flag] = True
     return config
+
+
+def _flag_value(value: Any) -> dict[str, Any]:
+    if isinstance(value, bool):
+        return {"boolean_value": value}
+    if isinstance(value, int):
+        return {"integer_value": value}
+    return {"double_value": value}
 
 
 def backend_config(call: KernelCall, body: bytes, has_communication: bool = False) -> str:
@@ -61,16 +83,26 @@ def backend_config(call: KernelCall, body: bytes, has_communication: bool = Fals
     if isinstance(params, TPUCompilerParams) and params.vmem_limit_bytes is not None:
         full["scoped_memory_configs"] = [
             {"memory_space": 1, "offset": 0, "size": params.vmem_limit_bytes}]
+    if isinstance(params, TPUCompilerParams) and params.flags is not None:
+        full["flag_configs"] = [{"flag_type": k, "value": _flag_value(v)}
+                                for k, v in params.flags.items()]
     return json.dumps(full)
 
 
 def emit_tpu_custom_call(request: LoweringRequest, config: str, kernel_name: str) -> Any:
-    """The ``tpu_custom_call`` running a Mosaic kernel on the request's operands."""
+    """The ``tpu_custom_call`` running a Mosaic kernel on the request's operands, marked as
+    side-effecting as ``CompilerParams(has_side_effects=...)`` asks."""
     call = request.call
+    params = call.compiler_params
+    effect = (params.side_effect_type if isinstance(params, TPUCompilerParams)
+              else SideEffectType.PURE)
+    frontend = ({"xla_allow_dce_side_effecting_op": "true"}
+                if effect is SideEffectType.DATAFLOW_SIDE_EFFECTING else None)
     return _jax.emit_custom_call(
         request.ctx, CUSTOM_CALL_TARGET, request.operands, call.out_avals,
         backend_config=config, api_version=1, extra_attributes={"kernel_name": kernel_name},
-        operand_output_aliases=dict(call.input_output_aliases) or None)
+        operand_output_aliases=dict(call.input_output_aliases) or None,
+        has_side_effect=effect is not SideEffectType.PURE, frontend_attributes=frontend)
 
 
 @hookimpl

@@ -10,6 +10,9 @@ interpreter and a Mosaic lowering rule.
   least significant bits); going to a narrower one unpacks them the same way.
 * ``prng_seed(*seeds)`` / ``prng_random_bits(shape)``: the TPU core's stateful hardware PRNG
   (``tpu.prng_set_seed_32`` / ``tpu.prng_random_bits``).
+* ``load(ref, *, mask=None)`` / ``store(ref, val, *, mask=None)``: the whole of ``ref`` (a Ref
+  or a view of one, ``ref.at[...]``), read or written only where ``mask`` is set: the core's
+  ``pl.load``/``pl.store`` of the full view, with their reference semantics.
 
 The interpreter cannot reproduce the hardware's random bits. It gives the PRNG deterministic
 semantics of its own: ``prng_seed`` makes a threefry key from the seeds, each draw splits it;
@@ -35,6 +38,7 @@ from jaxlib.mlir.dialects import arith
 from jaxlib.mosaic.python import tpu
 
 from pallas_core import _jax
+from pallas_core import primitives as pl_primitives
 from pallas_core.errors import PallasError, UnsupportedError
 from pallas_core.semantics import PrimitiveSemantics, ReferenceContext
 from pallas_mosaic_tpu import ir as mir
@@ -344,6 +348,23 @@ def _prng_random_bits_lowering(lowering: Lowering, eqn: Any) -> ir.Value:
         raise lowering.fail(f"pltpu.prng_random_bits of rank {len(shape)} (shape {shape}; "
                             "Mosaic draws rank >= 2: draw (1, n) and reshape)")
     return tpu.PRNGRandomBitsOp(mir.value_type(shape, jnp.int32)).result
+
+
+# --- masked loads and stores --------------------------------------------------------------
+
+
+def load(ref: Any, *, mask: jax.Array | None = None) -> jax.Array:
+    """Reads all of ``ref`` (a Ref or a view ``ref.at[...]``); with ``mask`` (a bool array of
+    the view's shape), only the elements where it is True are read and the others are
+    undefined. Without a mask this is ``ref[...]``."""
+    return pl_primitives.load(ref, ..., mask=mask)
+
+
+def store(ref: Any, val: jax.Array, *, mask: jax.Array | None = None) -> None:
+    """Writes ``val`` to all of ``ref`` (a Ref or a view ``ref.at[...]``); with ``mask``, only
+    where it is True (elements of the view where it is False may lie outside the Ref). Without
+    a mask this is ``ref[...] = val``."""
+    pl_primitives.store(ref, ..., val, mask=mask)
 
 
 SEMANTICS: tuple[PrimitiveSemantics, ...] = (
