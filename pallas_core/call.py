@@ -14,11 +14,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_core import _jax
+from pallas_core import _jax, autodiff
 from pallas_core import grid_mapping as gmap
 from pallas_core import primitives as prims
 from pallas_core.errors import (
-    AutodiffError,
     KernelSignatureError,
     KernelTraceError,
     LoweringError,
@@ -501,16 +500,27 @@ _jax.register_lowering(pallas_call_p, _lowering)
 
 
 
+def _bind(*args: Any, call: KernelCall) -> Sequence[Any]:
+    return pallas_call_p.bind(*args, call=call)  # type: ignore[no-any-return]
+
+
 def _jvp(primals: Any, tangents: Any, *, call: KernelCall) -> Any:
-    raise AutodiffError(
-        f"jax.grad/jvp reached pallas_call kernel {call.name!r} ({call.source}), which has no "
-        "automatic derivative. Fix: wrap the function that calls pl.pallas_call in "
-        "jax.custom_vjp (or jax.custom_jvp) and write its backward pass, typically as another "
-        "pallas_call."
-    )
+    return autodiff.jvp(_bind, primals, tangents, call)
+
+
+def _linearize(is_vjp: bool, nonzeros: Sequence[bool], *primals: Any, call: KernelCall) -> Any:
+    # jax.vjp/jax.grad linearize too (is_vjp): they fail only if they transpose the result.
+    del is_vjp
+    return autodiff.linearize(_bind, nonzeros, primals, call)
+
+
+def _transpose(cotangents: Any, *args: Any, call: KernelCall) -> Any:
+    raise autodiff.transpose(call)
 
 
 _jax.primitive_jvps[pallas_call_p] = _jvp
+_jax.primitive_linearizations[pallas_call_p] = _linearize
+_jax.primitive_transposes[pallas_call_p] = _transpose
 
 
 def _batch(axis_data: Any, args: Sequence[Any], dims: Sequence[Any], *,
@@ -522,6 +532,7 @@ def _batch(axis_data: Any, args: Sequence[Any], dims: Sequence[Any], *,
         return list(outs), [None] * len(outs)
     args = [jnp.moveaxis(a, d, 0) if d is not None else a for a, d in zip(args, dims)]
     batched = [d is not None for d in dims]
+    n_same = autodiff.outputs_independent_of(call, batched)
     if any(batched[:gm.num_scalar_prefetch]):
         raise UnsupportedError(
             f"jax.vmap over a scalar-prefetch operand of kernel {call.name!r} is not supported: "
@@ -543,7 +554,9 @@ def _batch(axis_data: Any, args: Sequence[Any], dims: Sequence[Any], *,
         grid_mapping=new_gm,
         out_avals=tuple(_jax.ShapedArray((size, *a.shape), a.dtype) for a in call.out_avals))
     outs = pallas_call_p.bind(*args, call=new_call)
-    return list(outs), [0] * len(outs)
+    # Outputs that do not depend on the batched inputs are the same in every batch element.
+    return ([o[0] for o in outs[:n_same]] + list(outs[n_same:]),
+            [None] * n_same + [0] * (len(outs) - n_same))
 
 
 def _batch_block_mapping(bm: gmap.BlockMapping, batched: bool, grid: tuple[int, ...],

@@ -43,7 +43,8 @@ class LoweringError(PallasError):
 
 
 class AutodiffError(PallasError, TypeError):
-    """Differentiation reached a ``pallas_call`` that has no derivative rule."""
+    """Differentiation cannot go through a kernel: reverse mode (kernels have forward-mode
+    derivatives only), or a kernel body with an operation that has no derivative."""
 
 
 def unsupported(feature: str, backend: str, fix: str = "") -> UnsupportedError:
