@@ -294,30 +294,41 @@ def _semaphore_signal_discharge(in_avals: Any, out_avals: Any, sem: Any, *args: 
 
 
 def _semaphore_wait_discharge(in_avals: Any, out_avals: Any, sem: Any, *args: Any, tree: Any,
-                              decrement: bool) -> Any:
+                              decrement: bool, cores: int = 1) -> Any:
     n = tree.num_leaves
     flat, value = args[:n], args[n]
     old = _jax.transform_array(sem, jax.tree_util.tree_unflatten(tree, flat))
-    check_wait(old, value, "pl.semaphore_wait")
+    check_wait(old, value, "pl.semaphore_wait", cores)
     if not decrement:
         return (None,) * (len(args) + 1), []
     _, new = _read_modify_write(sem, flat, tree, lambda cur: cur - value)
     return (new,) + (None,) * len(args), []
 
 
-def check_wait(count: Any, value: Any, what: str) -> None:
+def check_wait(count: Any, value: Any, what: str, cores: int = 1) -> None:
     """In checked mode, reports a wait for ``value`` on a semaphore at ``count`` that can never
-    finish: steps run one at a time here, so no later step can signal it first."""
+    finish: steps run one at a time here, so no later step can signal it first. ``cores``: the
+    kernel runs on a mesh of that many cores, which the interpreter also runs one by one."""
     if _CHECKED.get():
-        jax.debug.callback(functools.partial(_report_deadlock, what=what), count, value)
+        jax.debug.callback(functools.partial(_report_deadlock, what=what, cores=cores), count,
+                           value)
 
 
-def _report_deadlock(count: Any, value: Any, *, what: str) -> None:
-    if int(count) < int(value):
+def _report_deadlock(count: Any, value: Any, *, what: str, cores: int = 1) -> None:
+    if int(count) >= int(value):
+        return
+    if cores > 1:
         raise PallasError(
-            f"deadlock: {what} waits for {int(value)} on a semaphore at {int(count)}, and "
-            "no step still to run can signal it. Fix: signal the semaphore (or start the copy "
-            "that signals it) before waiting on it.")
+            f"deadlock: {what} waits for {int(value)} on a semaphore at {int(count)}. The "
+            f"interpreter runs the {cores} cores of the kernel's mesh one after another (and "
+            "allocates a core's pl.run_scoped semaphores afresh when it runs), so a signal "
+            "from another core (semaphore_signal(core_index=...)) may not reach this wait "
+            "here although it would on the hardware. Fix: signal the semaphore before waiting "
+            "on it, or run this kernel without checked mode if another core signals it.")
+    raise PallasError(
+        f"deadlock: {what} waits for {int(value)} on a semaphore at {int(count)}, and "
+        "no step still to run can signal it. Fix: signal the semaphore (or start the copy "
+        "that signals it) before waiting on it.")
 
 
 def _semaphore_read_discharge(in_avals: Any, out_avals: Any, sem: Any, *flat: Any,
