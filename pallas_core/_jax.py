@@ -249,6 +249,23 @@ def manual_axes(ctx: Any) -> tuple[tuple[str, int], ...]:
     return tuple((n, int(mesh.shape[n])) for n in mesh.axis_names if n in manual)
 
 
+@contextlib.contextmanager
+def no_mesh() -> Iterator[None]:
+    """Within the block no mesh is current, neither a device mesh nor an abstract one, so
+    values computed eagerly there (constants folded while a kernel is evaluated) live on one
+    device even while a ``shard_map`` is being lowered, whose mesh is current otherwise."""
+    from jax._src import mesh as mesh_lib
+
+    prev_devices = _config.device_context.swap_local(mesh_lib.empty_concrete_mesh)
+    prev_abstract = _config.abstract_mesh_context_manager.swap_local(
+        mesh_lib.empty_abstract_mesh)
+    try:
+        yield
+    finally:
+        _config.abstract_mesh_context_manager.set_local(prev_abstract)
+        _config.device_context.set_local(prev_devices)
+
+
 def scan_parts(
     params: Any, operands: Sequence[Any]
 ) -> tuple[list[Any], list[Any], list[Any], Callable[[Sequence[Any]], tuple[list[Any], list[Any]]]]:

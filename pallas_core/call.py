@@ -211,6 +211,16 @@ def trace_kernel(kernel: Callable[..., Any], gm: gmap.GridMapping, in_tree: Any,
                 f"kernel {kernel_name!r} ({_source_of(kernel)}) failed while being traced: "
                 f"{type(e).__name__}: {e}"
             ) from e
+        except AssertionError as e:
+            if "DShapedArray" not in str(e):
+                raise
+            # JAX's own check, on a value whose shape is only known when the kernel runs.
+            raise KernelTraceError(
+                f"kernel {kernel_name!r} ({_source_of(kernel)}) reads or writes a slice of "
+                "traced length (pl.ds(start, n) with n known only when the kernel runs), "
+                "which JAX cannot trace. Fix: access a static maximum length with a mask "
+                "(pl.load(ref.at[pl.ds(start, MAX)], mask=jnp.arange(MAX) < n)), or branch "
+                "(lax.switch) over the few lengths that occur.") from e
         if result is not None:
             raise KernelSignatureError(
                 f"kernel {kernel_name!r} returned {type(result).__name__}; kernels return "

@@ -243,64 +243,92 @@ def device_index(device_id: Sequence[Any], mesh_coordinates: bool) -> Any:
     return index
 
 
-def exchange(value: Any, target: Any) -> tuple[Any, Any]:
-    """Every device sends ``value`` to device ``target``; returns what this device received
-    (``value``'s shape; zeros if nothing) and how many devices sent to it."""
-    axes = _require_devices("a remote copy")
+def gather_devices(tree: Any) -> Any:
+    """Each leaf of ``tree`` as every device holds it, stacked along a new leading axis in the
+    order of the devices' logical indices (a collective: every device must reach it)."""
+    axes = _require_devices("a cross-device primitive")
     names = tuple(n for n, _ in axes)
-    values = lax.all_gather(value, names, tiled=False).reshape((-1, *jnp.shape(value)))
-    targets = lax.all_gather(target, names, tiled=False).reshape(-1)
-    to_me = targets == my_device_index()
-    count = jnp.sum(to_me.astype(jnp.int32))
-    sender = jnp.argmax(to_me)  # the first device sending here; several is a race
-    received = jnp.where(count > 0, values[sender], jnp.zeros_like(value))
-    return received, count
+    return jax.tree_util.tree_map(
+        lambda x: lax.all_gather(x, names, tiled=False).reshape((-1, *jnp.shape(x))), tree)
+
+
+def receive(payload: Any, target: Any, state: Any, deliver: Callable[[Any, Any], Any]) -> Any:
+    """Point-to-point delivery between the devices of a ``shard_map``.
+
+    Every device sends ``payload`` (a pytree) to the device whose logical index is ``target``.
+    This device applies ``deliver(state, payload)`` for each payload sent to it, in the order
+    of the senders' indices, and returns the final ``state``. What a payload addresses on the
+    receiver (a destination slice, a semaphore) is the sender's to say, so it travels with it.
+    """
+    payloads = gather_devices(payload)
+    targets = gather_devices(jnp.asarray(target, jnp.int32))
+    me = my_device_index()
+
+    def one(sender: Any, state: Any) -> Any:
+        sent = jax.tree_util.tree_map(lambda x: x[sender], payloads)
+        return lax.cond(targets[sender] == me, lambda st: deliver(st, sent), lambda st: st,
+                        state)
+
+    return lax.fori_loop(0, targets.shape[0], one, state)
 
 
 def _semaphore_signal_discharge(in_avals: Any, out_avals: Any, sem: Any, *args: Any, tree: Any,
-                                has_device_id: bool, device_id_type: Any) -> Any:
+                                has_device_id: bool, device_id_type: Any,
+                                has_core_index: bool = False) -> Any:
+    # A core index needs nothing more: the cores of a mesh run one after another here and
+    # share one copy of each semaphore.
     n = tree.num_leaves
-    flat, inc = args[:n], args[n]
-    if has_device_id:
-        target = device_index(args[n + 1:], device_id_type.value == "mesh")
-        inc = _sum_from_senders(inc, target)  # what the devices signalling this one add up to
-    _, new = _read_modify_write(sem, flat, tree, lambda old: old + inc)
+    flat, inc = list(args[:n]), args[n]
+    if not has_device_id:
+        _, new = _read_modify_write(sem, flat, tree, lambda old: old + inc)
+        return (new,) + (None,) * len(args), []
+    ids = args[n + 1:len(args) - int(has_core_index)]
+    target = device_index(ids, device_id_type.value == "mesh")
+
+    def deliver(value: Any, sent: tuple[Any, list[Any]]) -> Any:
+        sent_inc, sent_flat = sent  # the sender's increment, and its view of the semaphore
+        return _read_modify_write(value, sent_flat, tree, lambda old: old + sent_inc)[1]
+
+    new = receive((inc, flat), target, sem, deliver)
     return (new,) + (None,) * len(args), []
 
 
-def _sum_from_senders(inc: Any, target: Any) -> Any:
-    axes = _require_devices("a remote signal")
-    names = tuple(n for n, _ in axes)
-    incs = lax.all_gather(inc, names, tiled=False).reshape(-1)
-    targets = lax.all_gather(target, names, tiled=False).reshape(-1)
-    return jnp.sum(jnp.where(targets == my_device_index(), incs, 0))
-
-
 def _semaphore_wait_discharge(in_avals: Any, out_avals: Any, sem: Any, *args: Any, tree: Any,
-                              decrement: bool) -> Any:
+                              decrement: bool, cores: int = 1) -> Any:
     n = tree.num_leaves
     flat, value = args[:n], args[n]
     old = _jax.transform_array(sem, jax.tree_util.tree_unflatten(tree, flat))
-    check_wait(old, value, "pl.semaphore_wait")
+    check_wait(old, value, "pl.semaphore_wait", cores)
     if not decrement:
         return (None,) * (len(args) + 1), []
     _, new = _read_modify_write(sem, flat, tree, lambda cur: cur - value)
     return (new,) + (None,) * len(args), []
 
 
-def check_wait(count: Any, value: Any, what: str) -> None:
+def check_wait(count: Any, value: Any, what: str, cores: int = 1) -> None:
     """In checked mode, reports a wait for ``value`` on a semaphore at ``count`` that can never
-    finish: steps run one at a time here, so no later step can signal it first."""
+    finish: steps run one at a time here, so no later step can signal it first. ``cores``: the
+    kernel runs on a mesh of that many cores, which the interpreter also runs one by one."""
     if _CHECKED.get():
-        jax.debug.callback(functools.partial(_report_deadlock, what=what), count, value)
+        jax.debug.callback(functools.partial(_report_deadlock, what=what, cores=cores), count,
+                           value)
 
 
-def _report_deadlock(count: Any, value: Any, *, what: str) -> None:
-    if int(count) < int(value):
+def _report_deadlock(count: Any, value: Any, *, what: str, cores: int = 1) -> None:
+    if int(count) >= int(value):
+        return
+    if cores > 1:
         raise PallasError(
-            f"deadlock: {what} waits for {int(value)} on a semaphore at {int(count)}, and "
-            "no step still to run can signal it. Fix: signal the semaphore (or start the copy "
-            "that signals it) before waiting on it.")
+            f"deadlock: {what} waits for {int(value)} on a semaphore at {int(count)}. The "
+            f"interpreter runs the {cores} cores of the kernel's mesh one after another (and "
+            "allocates a core's pl.run_scoped semaphores afresh when it runs), so a signal "
+            "from another core (semaphore_signal(core_index=...)) may not reach this wait "
+            "here although it would on the hardware. Fix: signal the semaphore before waiting "
+            "on it, or run this kernel without checked mode if another core signals it.")
+    raise PallasError(
+        f"deadlock: {what} waits for {int(value)} on a semaphore at {int(count)}, and "
+        "no step still to run can signal it. Fix: signal the semaphore (or start the copy "
+        "that signals it) before waiting on it.")
 
 
 def _semaphore_read_discharge(in_avals: Any, out_avals: Any, sem: Any, *flat: Any,

@@ -574,13 +574,15 @@ def _copy_device_id(lowering: Lowering, eqn: Any, args: Sequence[Any]) -> ir.Val
 def _copy_start(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
     if eqn.params.get("add"):
         raise lowering.fail("an adding copy (add=True; a SparseCore DMA) on a TensorCore")
+    priority = eqn.params.get("priority", 0)
+    queue = {"priority": priority} if priority else {}
     if not eqn.params["remote"]:
         src, dst, sem = _role_views(lowering, eqn, args)
-        tpu.EnqueueDMAOp(src, dst, target_semaphore=sem)
+        tpu.EnqueueDMAOp(src, dst, target_semaphore=sem, **queue)
         return []
     src, dst, recv_sem, send_sem = _role_views(lowering, eqn, args)
     tpu.EnqueueDMAOp(src, dst, source_semaphore=send_sem, target_semaphore=recv_sem,
-                     device_id=_copy_device_id(lowering, eqn, args))
+                     device_id=_copy_device_id(lowering, eqn, args), **queue)
     return []
 
 
@@ -607,9 +609,13 @@ def _semaphore(lowering: Lowering, eqn: Any, args: Sequence[Any]) -> ir.Value:
 @rule(prims.semaphore_signal_p)
 def _semaphore_signal(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
     n = 1 + eqn.params["tree"].num_leaves
-    device = (_device_id(lowering, args[n + 1:], eqn.params["device_id_type"])
+    has_core = eqn.params.get("has_core_index", False)
+    ids = args[n + 1:len(args) - int(has_core)]
+    device = (_device_id(lowering, ids, eqn.params["device_id_type"])
               if eqn.params["has_device_id"] else None)
-    tpu.SemaphoreSignalOp(_semaphore(lowering, eqn, args), args[n], device_id=device)
+    core = args[-1] if has_core else None
+    tpu.SemaphoreSignalOp(_semaphore(lowering, eqn, args), args[n], device_id=device,
+                          core_id=core)
     return []
 
 
