@@ -64,25 +64,25 @@ from pallas_core.spec import (
     MemorySpace,
     Mesh,
     Squeezed,
-    cdiv,
     no_block_spec,
     squeezed,
 )
 from pallas_core.stages import KernelStages, stages
+from pallas_core.utils import align_to, cdiv, next_power_of_2, strides_from_shape
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ANY", "atomic_add", "atomic_and", "atomic_cas", "atomic_max", "atomic_min", "atomic_or",
+    "align_to", "ANY", "atomic_add", "atomic_and", "atomic_cas", "atomic_max", "atomic_min", "atomic_or",
     "atomic_xchg", "atomic_xor", "AutodiffError", "Backend", "BackendInfo",
     "BackendNotFoundError", "BlockMapping", "BlockSpec", "BlockSpecError", "broadcast_to",
     "cdiv", "CompilerParams", "core_map", "CostEstimate", "debug_print", "DeviceIdType", "ds",
     "dslice", "empty", "empty_like", "GridMapping", "GridSpec", "kernel", "KernelCall",
     "KernelSignatureError", "KernelStages", "KernelTraceError", "load", "loop",
     "LoweringError", "LoweringRequest", "MemoryRef", "MemorySpace", "Mesh", "multiple_of",
-    "no_block_spec", "num_programs", "OutOfBoundsError", "pallas_call", "pallas_call_p",
+    "next_power_of_2", "no_block_spec", "num_programs", "OutOfBoundsError", "pallas_call", "pallas_call_p",
     "PallasError", "PluginLoadError", "PrimitiveSemantics", "program_id", "ReferenceContext",
     "register_backend", "run_scoped", "run_state", "semaphore_read", "semaphore_signal",
-    "semaphore_wait", "Slice", "Squeezed", "squeezed", "stages", "store", "swap",
+    "semaphore_wait", "Slice", "Squeezed", "squeezed", "stages", "store", "strides_from_shape", "swap",
     "UnsupportedError", "when",
 ]

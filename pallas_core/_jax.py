@@ -56,6 +56,8 @@ Effect = effects.Effect
 typeof = core.typeof
 Tracer = core.Tracer
 eval_jaxpr = core.eval_jaxpr
+is_dim = core.is_dim
+"""A static size: a Python/NumPy int, a concrete integer, or a symbolic dimension."""
 eval_context = core.eval_context
 """Evaluates eagerly, outside whatever trace (jit, shard_map, ...) is current."""
 

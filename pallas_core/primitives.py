@@ -19,7 +19,7 @@ from jax import lax
 
 from pallas_core import _jax
 from pallas_core.errors import KernelSignatureError, PallasError
-from pallas_core.spec import MemoryRef, cdiv
+from pallas_core.spec import MemoryRef
 
 
 @dataclasses.dataclass(frozen=True)
@@ -523,7 +523,7 @@ def loop(lower: Any, upper: Any, *, init_carry: Any = None, step: Any = 1,
                               "use ints or integer arrays.")
     if isinstance(step, int) and step == 0:
         raise PallasError("pl.loop(step=0) would never end. Fix: use a non-zero step.")
-    num = cdiv(upper - lower, step)
+    num = _trip_count(upper - lower, step)
 
     def decorator(body: Callable[..., Any]) -> Any:
         if init_carry is None:
@@ -536,6 +536,16 @@ def loop(lower: Any, upper: Any, *, init_carry: Any = None, step: Any = 1,
         return lax.fori_loop(0, num, fn, init_carry, unroll=unroll)
 
     return decorator
+
+
+def _trip_count(span: Any, step: Any) -> Any:
+    """``len(range(0, span, step))``: a ceiling division that also holds for negative steps
+    (``pl.cdiv`` does not), with truncating divisions only on traced values."""
+    if _jax.is_dim(span) and _jax.is_dim(step):
+        return max(0, -(-span // step))
+    if _jax.is_dim(step):
+        return lax.div(span + step - (1 if step > 0 else -1), step)
+    return jnp.where(step > 0, lax.div(span + step - 1, step), lax.div(span + step + 1, step))
 
 
 def empty(shape: Sequence[int], dtype: Any) -> jax.Array:

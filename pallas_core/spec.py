@@ -17,11 +17,6 @@ import numpy as np
 from pallas_core.errors import BlockSpecError
 
 
-def cdiv(a: Any, b: Any) -> Any:
-    """Ceiling division: the number of blocks of size ``b`` that cover ``a``."""
-    return -(-a // b)
-
-
 @dataclasses.dataclass(frozen=True)
 class MemorySpace:
     """A place where a Ref may live (``pl.ANY``; plugins add e.g. ``pltpu.VMEM``).
