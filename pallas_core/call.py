@@ -414,6 +414,14 @@ def validate(call: KernelCall, backend: str) -> None:
                     f"to the {owner!r} backend, but the kernel is lowered by {backend!r}. Fix: "
                     f"pass backend={owner!r}, or use a memory space of {backend!r} (or pl.ANY)."
                 )
+    if "pipeline_mode" not in info.capabilities:
+        for bm in call.grid_mapping.block_mappings:
+            if bm.pipeline_mode is not None:
+                raise UnsupportedError(
+                    f"kernel {call.name!r}: {bm.origin} has pipeline_mode={bm.pipeline_mode}, "
+                    f"but the {backend!r} backend has no pipelines whose buffers pl.Buffered "
+                    "could set. Fix: drop pipeline_mode= for this backend (it never changes "
+                    "results).")
     manager.hook.pallas_validate(call=call, backend=backend)
 
 
@@ -536,11 +544,10 @@ def _batch_block_mapping(bm: gmap.BlockMapping, batched: bool, grid: tuple[int, 
 
     jaxpr, _, consts = _jax.trace_to_jaxpr(index_map, avals, name="index_map")
     if not batched:
-        return gmap.BlockMapping(bm.origin, bm.array_shape, bm.dtype, bm.block_shape,
-                                 _close(jaxpr, consts), bm.memory_space, len(pf_avals))
-    return gmap.BlockMapping(bm.origin, (size, *bm.array_shape), bm.dtype,
-                             (None, *bm.block_shape), _close(jaxpr, consts), bm.memory_space,
-                             len(pf_avals))
+        return dataclasses.replace(bm, index_map=_close(jaxpr, consts))
+    return dataclasses.replace(bm, array_shape=(size, *bm.array_shape),
+                               block_shape=(None, *bm.block_shape),
+                               index_map=_close(jaxpr, consts))
 
 
 _jax.register_batching_rule(pallas_call_p, _batch)

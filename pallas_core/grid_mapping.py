@@ -39,6 +39,8 @@ class BlockMapping:
     memory_space: MemorySpace | None = None
     num_prefetch: int = 0
     """How many scalar-prefetch Refs the index map takes after the grid indices."""
+    pipeline_mode: Any = None
+    """The BlockSpec's ``pl.Buffered`` (``None``: the backend's default buffering)."""
 
     @property
     def ref_shape(self) -> tuple[int, ...]:
@@ -203,7 +205,7 @@ def make_block_mapping(spec: Any, x: Any, grid: tuple[int, ...], origin: str,
         block = _normalize_block_shape(spec, shape, origin, kernel_name)
     index_map = _trace_index_map(spec, grid, shape, origin, kernel_name, prefetch_avals)
     return BlockMapping(origin, shape, np.dtype(x.dtype), block, index_map, spec.memory_space,
-                        len(prefetch_avals))
+                        len(prefetch_avals), spec.pipeline_mode)
 
 
 def check_index_maps_in_bounds(gm: GridMapping, kernel_name: str) -> None:

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from pallas_core import _jax
-from pallas_core.errors import KernelSignatureError, PallasError
+from pallas_core.errors import KernelSignatureError, PallasError, UnsupportedError
 from pallas_core.spec import MemoryRef
 
 
@@ -401,8 +401,17 @@ def _semaphore_access(sem: Any, fn: str) -> tuple[Any, list[Any], Any]:
 
 
 def semaphore_signal(sem: Any, inc: Any = 1, *, device_id: Any = None,
-                     device_id_type: DeviceIdType = DeviceIdType.MESH) -> None:
-    """Adds ``inc`` to a semaphore (on device ``device_id`` when given)."""
+                     device_id_type: DeviceIdType = DeviceIdType.MESH,
+                     core_index: Any = None) -> None:
+    """Adds ``inc`` to a semaphore (on device ``device_id`` when given).
+
+    ``core_index`` (another core's copy of the semaphore) is not supported.
+    """
+    if core_index is not None:
+        raise UnsupportedError(
+            "pl.semaphore_signal(core_index=...) (signalling another core's semaphore) is not "
+            "supported. Fix: synchronise cores through semaphores in shared memory, or signal "
+            "the device with device_id=.")
     ref, flat, tree = _semaphore_access(sem, "semaphore_signal")
     args = [*flat, jnp.asarray(inc, jnp.int32)]
     if device_id is not None:
@@ -463,11 +472,18 @@ def _as_memory_ref(ty: Any) -> MemoryRef:
     return MemoryRef(tuple(ty.shape), jnp.dtype(ty.dtype), None)
 
 
-def run_scoped(f: Callable[..., Any], *types: Any, **kw_types: Any) -> Any:
+def run_scoped(f: Callable[..., Any], *types: Any, collective_axes: Any = (),
+               **kw_types: Any) -> Any:
     """Calls ``f`` with freshly allocated Refs described by ``types``; returns ``f``'s result.
 
-    The Refs live only for the duration of the call.
+    The Refs live only for the duration of the call. ``collective_axes`` (one allocation shared
+    by the cores along mesh axes) is not supported.
     """
+    if collective_axes not in ((), None):
+        raise UnsupportedError(
+            f"pl.run_scoped(collective_axes={collective_axes!r}) (one buffer shared by the "
+            "cores along mesh axes) is not supported. Fix: allocate per core (no "
+            "collective_axes), or use a backend's shared memory space.")
     flat_types, types_tree = jax.tree_util.tree_flatten((types, kw_types))
     scoped = tuple(_as_memory_ref(t) for t in flat_types)
     avals = [scratch_aval(t) for t in scoped]
@@ -548,9 +564,9 @@ def _trip_count(span: Any, step: Any) -> Any:
     return jnp.where(step > 0, lax.div(span + step - 1, step), lax.div(span + step + 1, step))
 
 
-def empty(shape: Sequence[int], dtype: Any) -> jax.Array:
+def empty(shape: Sequence[int], dtype: Any, *, out_sharding: Any = None) -> jax.Array:
     """An array whose contents are unspecified (for out-of-kernel placeholders)."""
-    return lax.empty(tuple(shape), dtype)
+    return lax.empty(tuple(shape), dtype, out_sharding=out_sharding)
 
 
 def empty_like(x: Any) -> Any:
