@@ -56,6 +56,12 @@ Effect = effects.Effect
 typeof = core.typeof
 Tracer = core.Tracer
 eval_jaxpr = core.eval_jaxpr
+is_dim = core.is_dim
+pallas_enable_debug_checks = _config.jax_pallas_enable_debug_checks
+"""JAX's ``jax_pallas_enable_debug_checks`` flag: a context manager, ``.value`` reads it."""
+pallas_poison_buffers = _config.jax_pallas_poison_buffers
+"""JAX's ``jax_pallas_poison_buffers`` flag: a context manager, ``.value`` reads it."""
+"""A static size: a Python/NumPy int, a concrete integer, or a symbolic dimension."""
 eval_context = core.eval_context
 """Evaluates eagerly, outside whatever trace (jit, shard_map, ...) is current."""
 
@@ -81,6 +87,7 @@ get_ref_and_transforms = state_primitives.get_ref_and_transforms
 transform_array = state_discharge.transform_array
 transform_swap_array = state_discharge.transform_swap_array
 run_state = state_discharge.run_state
+run_state_p = state_discharge.run_state_p
 
 
 def register_discharge_rule(prim: Primitive) -> Callable[[Callable[..., Any]], Any]:

@@ -112,13 +112,14 @@ def _freeze_params(params: Any) -> Any:
 
 def _out_shape_leaves(out_shape: Any, kernel_name: str) -> tuple[list[Any], Any]:
     leaves, tree = jax.tree_util.tree_flatten(out_shape)
-    if not leaves:
+    if out_shape is None:
         raise KernelSignatureError(
-            f"pallas_call of kernel {kernel_name!r} has out_shape={out_shape!r}, which "
-            "describes no outputs; expected a jax.ShapeDtypeStruct (or a tuple of them). Fix: "
-            "out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), one per output."
+            f"pallas_call of kernel {kernel_name!r} has out_shape=None, which describes no "
+            "outputs; expected a jax.ShapeDtypeStruct (or a tuple of them). Fix: "
+            "out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), one per output, or "
+            "out_shape=() for a kernel without outputs."
         )
-    if isinstance(out_shape, (tuple, list)) and all(
+    if isinstance(out_shape, (tuple, list)) and out_shape and all(
             isinstance(d, (int, np.integer)) for d in out_shape):
         raise KernelSignatureError(
             f"pallas_call of kernel {kernel_name!r} has out_shape={out_shape!r}, a shape "
@@ -146,23 +147,42 @@ def _is_dtype(x: Any) -> bool:
     return isinstance(getattr(x, "dtype", None), np.dtype) and not hasattr(x, "shape")
 
 
-def _top_level_names(args: Sequence[Any], out_shape: Any, n_scratch: int) -> list[str]:
-    """One name per kernel parameter: top-level inputs (pytrees count once), outputs, scratch."""
+def _top_level_names(args: Sequence[Any], out_shape: Any, scratch: Any
+                     ) -> tuple[list[str], dict[str, str]]:
+    """The kernel's arguments, named: one per top-level input (pytrees count once), output and
+    scratch entry (as in :func:`_split_scratch`), the last ones by keyword for a dict."""
     names = [f"input {i}" for i in range(len(args))]
     n_out = len(out_shape) if isinstance(out_shape, tuple) else 1
     names += [f"output {i}" for i in range(n_out)]
-    return names + [f"scratch {i}" for i in range(n_scratch)]
+    positional, keywords = _split_scratch(scratch)
+    names += [f"scratch {i}" for i in range(len(positional))]
+    return names, {k: f"scratch {k!r}" for k in keywords}
+
+
+def _split_scratch(scratch: Any) -> tuple[Sequence[Any], dict[str, Any]]:
+    """The kernel's scratch arguments, as JAX passes them: the entries of a tuple or list (each
+    a Ref, a pytree of Refs, or None) positionally, those of a dict by keyword."""
+    if scratch is None:
+        return (), {}
+    if isinstance(scratch, dict):
+        return (), scratch
+    if isinstance(scratch, (tuple, list)):
+        return tuple(scratch), {}
+    return (scratch,), {}
 
 
 def _check_kernel_signature(kernel: Callable[..., Any], names: Sequence[str],
-                            kernel_name: str) -> None:
+                            kernel_name: str, keywords: Mapping[str, str] | None = None
+                            ) -> None:
     try:
         sig = inspect.signature(kernel)
     except (TypeError, ValueError):
         return
     try:
-        sig.bind(*names)
+        sig.bind(*names, **(keywords or {}))
     except TypeError:
+        if keywords:
+            names = [*names, *(f"{k}= ({v})" for k, v in keywords.items())]
         n_params = len([p for p in sig.parameters.values()
                         if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)])
         raise KernelSignatureError(
@@ -187,11 +207,14 @@ def _kernel_name(kernel: Any, name: str | None) -> str:
 
 
 def trace_kernel(kernel: Callable[..., Any], gm: gmap.GridMapping, in_tree: Any, out_tree: Any,
-                 kernel_name: str) -> tuple[Any, gmap.GridMapping]:
+                 kernel_name: str, scratch_tree: Any = None) -> tuple[Any, gmap.GridMapping]:
     """Traces the kernel body on Refs of its blocks into a closed jaxpr.
 
-    Returns the jaxpr and the grid mapping, which gains a last scratch operand when the kernel
-    uses its barrier semaphore.
+    The kernel receives the input and output Refs nested like the operands and ``out_shape``
+    (``None`` for a ``None`` entry), then the scratch Refs nested like ``scratch_tree`` (the
+    structure of ``scratch_shapes``; ``None``: one argument per scratch buffer). Returns the
+    jaxpr and the grid mapping, which gains a last scratch operand when the kernel uses its
+    barrier semaphore.
     """
     block_avals = [_jax.make_ref_aval(bm.ref_shape, bm.dtype, bm.memory_space)
                    for bm in gm.block_mappings]
@@ -202,8 +225,12 @@ def trace_kernel(kernel: Callable[..., Any], gm: gmap.GridMapping, in_tree: Any,
         ins = jax.tree_util.tree_unflatten(in_tree, refs[:n_in])
         outs = jax.tree_util.tree_unflatten(out_tree, refs[n_in:n_in + n_out])
         outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+        scratch: Any = refs[n_in + n_out:]
+        if scratch_tree is not None:
+            scratch = jax.tree_util.tree_unflatten(scratch_tree, scratch)
+        positional, keywords = _split_scratch(scratch)
         try:
-            result = kernel(*ins, *outs, *refs[n_in + n_out:])
+            result = kernel(*ins, *outs, *positional, **keywords)
         except PallasError:
             raise
         except (ValueError, TypeError, IndexError) as e:
@@ -319,11 +346,13 @@ def pallas_call(
         spec_tree = jax.tree_util.tree_structure(args[grid_spec.num_scalar_prefetch:])
         gm = _make_grid_mapping(grid_spec, flat_args, spec_tree, out_leaves, out_tree, kernel,
                                 kernel_name, _grid_names)
-        names = _top_level_names(args, out_shape, len(gm.scratch_avals))
-        _check_kernel_signature(kernel, names, kernel_name)
+        scratch_tree = gmap.scratch_leaves(grid_spec.scratch_shapes)[1]
+        scratch = jax.tree_util.tree_unflatten(scratch_tree, gm.scratch_avals)
+        names, keywords = _top_level_names(args, out_shape, scratch)
+        _check_kernel_signature(kernel, names, kernel_name, keywords)
         _check_aliases(aliases, flat_args, out_leaves, kernel_name)
         gmap.check_index_maps_in_bounds(gm, kernel_name)
-        jaxpr, gm = trace_kernel(kernel, gm, in_tree, out_tree, kernel_name)
+        jaxpr, gm = trace_kernel(kernel, gm, in_tree, out_tree, kernel_name, scratch_tree)
         call = KernelCall(
             name=kernel_name, jaxpr=jaxpr, grid_mapping=gm,
             out_avals=tuple(_jax.ShapedArray(o.shape, o.dtype) for o in out_leaves),
@@ -442,6 +471,14 @@ def validate(call: KernelCall, backend: str) -> None:
                     f"to the {owner!r} backend, but the kernel is lowered by {backend!r}. Fix: "
                     f"pass backend={owner!r}, or use a memory space of {backend!r} (or pl.ANY)."
                 )
+    if "pipeline_mode" not in info.capabilities:
+        for bm in call.grid_mapping.block_mappings:
+            if bm.pipeline_mode is not None:
+                raise UnsupportedError(
+                    f"kernel {call.name!r}: {bm.origin} has pipeline_mode={bm.pipeline_mode}, "
+                    f"but the {backend!r} backend has no pipelines whose buffers pl.Buffered "
+                    "could set. Fix: drop pipeline_mode= for this backend (it never changes "
+                    "results).")
     manager.hook.pallas_validate(call=call, backend=backend)
 
 
@@ -579,11 +616,10 @@ def _batch_block_mapping(bm: gmap.BlockMapping, batched: bool, grid: tuple[int, 
 
     jaxpr, _, consts = _jax.trace_to_jaxpr(index_map, avals, name="index_map")
     if not batched:
-        return gmap.BlockMapping(bm.origin, bm.array_shape, bm.dtype, bm.block_shape,
-                                 _close(jaxpr, consts), bm.memory_space, len(pf_avals))
-    return gmap.BlockMapping(bm.origin, (size, *bm.array_shape), bm.dtype,
-                             (None, *bm.block_shape), _close(jaxpr, consts), bm.memory_space,
-                             len(pf_avals))
+        return dataclasses.replace(bm, index_map=_close(jaxpr, consts))
+    return dataclasses.replace(bm, array_shape=(size, *bm.array_shape),
+                               block_shape=(None, *bm.block_shape),
+                               index_map=_close(jaxpr, consts))
 
 
 _jax.register_batching_rule(pallas_call_p, _batch)

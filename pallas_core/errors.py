@@ -22,6 +22,18 @@ class UnsupportedError(PallasError, NotImplementedError):
     """A feature is not supported by the chosen backend."""
 
 
+class UnsupportedNameError(UnsupportedError, AttributeError):
+    """A name of ``jax.experimental.pallas`` that pallas does not provide (yet).
+
+    Raised when the name is looked up (``pl.get_global``); an ``AttributeError`` too, so that
+    ``hasattr(pl, name)`` is False.
+    """
+
+
+class ArgumentError(PallasError, ValueError):
+    """An argument of a pallas function has a value it cannot take."""
+
+
 class BlockSpecError(PallasError, ValueError):
     """A BlockSpec, GridSpec or index map does not fit the operands."""
 

@@ -39,6 +39,8 @@ class BlockMapping:
     memory_space: MemorySpace | None = None
     num_prefetch: int = 0
     """How many scalar-prefetch Refs the index map takes after the grid indices."""
+    pipeline_mode: Any = None
+    """The BlockSpec's ``pl.Buffered`` (``None``: the backend's default buffering)."""
 
     @property
     def ref_shape(self) -> tuple[int, ...]:
@@ -203,7 +205,7 @@ def make_block_mapping(spec: Any, x: Any, grid: tuple[int, ...], origin: str,
         block = _normalize_block_shape(spec, shape, origin, kernel_name)
     index_map = _trace_index_map(spec, grid, shape, origin, kernel_name, prefetch_avals)
     return BlockMapping(origin, shape, np.dtype(x.dtype), block, index_map, spec.memory_space,
-                        len(prefetch_avals))
+                        len(prefetch_avals), spec.pipeline_mode)
 
 
 def check_index_maps_in_bounds(gm: GridMapping, kernel_name: str) -> None:
@@ -283,13 +285,19 @@ def _raise_if_out_of_bounds(bm: BlockMapping, block_idx: np.ndarray, points: np.
 
 
 def _is_spec_leaf(s: Any) -> bool:
-    return s is None or isinstance(s, BlockSpec)
+    return s is None or s is no_block_spec or isinstance(s, BlockSpec)
+
+
+class _Operand:
+    """A placeholder for one operand leaf, matched against the specs."""
 
 
 def flatten_specs(specs: Any, tree: Any, what: str, kernel_name: str) -> list[Any]:
     """One spec per operand leaf, with ``specs`` matching the operands' structure ``tree``.
 
-    A lone BlockSpec stands for a one-operand list; lists and tuples are interchangeable.
+    As in JAX, ``None`` in the specs matches a ``None`` operand (an empty pytree, no leaves);
+    ``None`` for an operand that is an array means its default (whole-array) spec. A lone
+    BlockSpec stands for a one-operand list; lists and tuples are interchangeable.
     """
     n = tree.num_leaves
     if specs is no_block_spec or specs is None:
@@ -300,18 +308,34 @@ def flatten_specs(specs: Any, tree: Any, what: str, kernel_name: str) -> list[An
         specs = (specs,)
     if n == 1 and tree.num_nodes == 1 and isinstance(specs, (list, tuple)) and len(specs) == 1:
         specs = specs[0]  # [spec] for a lone operand
-    operands = "inputs" if what == "in_specs" else "outputs"
-    leaves, spec_tree = jax.tree_util.tree_flatten(_tuples(specs), is_leaf=_is_spec_leaf)
-    operand_tree = jax.tree_util.tree_structure(
-        _tuples(jax.tree_util.tree_unflatten(tree, ["x"] * n)))
-    if spec_tree != operand_tree:  # type: ignore[operator]
+    operands = _tuples(jax.tree_util.tree_unflatten(tree, [_Operand()] * n))
+    try:
+        # The operands' structure is a prefix of the specs': each operand leaf gets the spec
+        # subtree at its place (a BlockSpec, or None), and None matches a None operand.
+        per_leaf = jax.tree_util.tree_leaves(jax.tree_util.tree_map(
+            lambda _, spec: _Spec(spec), operands, _tuples(specs)))
+    except ValueError:
+        per_leaf = None
+    if per_leaf is None or not all(_is_spec_leaf(p.spec) for p in per_leaf):
+        leaves, spec_tree = jax.tree_util.tree_flatten(_tuples(specs), is_leaf=_is_spec_leaf)
+        shown = jax.tree_util.tree_unflatten(spec_tree, [
+            "None" if s is None else "*" for s in leaves])
+        operands_word = "inputs" if what == "in_specs" else "outputs"
         raise BlockSpecError(
-            f"In kernel {kernel_name!r}, {what} has {len(leaves)} BlockSpecs in the structure "
-            f"{_describe(spec_tree)} but there are {n} {operands} in the structure "
+            f"In kernel {kernel_name!r}, {what} has "
+            f"{sum(isinstance(s, BlockSpec) for s in leaves)} BlockSpecs in the structure "
+            f"{_show(shown)} but there are {n} {operands_word} in the structure "
             f"{_describe(tree)}. Fix: give one BlockSpec per operand, nested like the "
-            f"{operands}."
+            f"{operands_word} (None for a None {operands_word[:-1]})."
         )
-    return leaves
+    return [p.spec for p in per_leaf]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Spec:
+    """Wraps the spec found for one operand leaf (a pytree leaf even when it is None)."""
+
+    spec: Any
 
 
 def _tuples(tree: Any) -> Any:
@@ -323,12 +347,28 @@ def _tuples(tree: Any) -> Any:
     return tree
 
 
+def _show(tree: Any) -> str:
+    return str(tree).replace("'", "")
+
+
 def _describe(tree: Any) -> str:
-    return str(jax.tree_util.tree_unflatten(tree, ["*"] * tree.num_leaves)).replace("'", "")
+    return _show(jax.tree_util.tree_unflatten(tree, ["*"] * tree.num_leaves))
 
 
-def scratch_avals(scratch_shapes: Sequence[Any]) -> tuple[Any, ...]:
+def _is_scratch_leaf(s: Any) -> bool:
+    return (hasattr(s, "shape") and hasattr(s, "dtype")) or callable(
+        getattr(s, "memory_ref", None))
+
+
+def scratch_leaves(scratch_shapes: Any) -> tuple[list[Any], Any]:
+    """The scratch descriptions of ``scratch_shapes`` (a pytree: tuples, lists, dicts, with
+    ``None`` for no buffer) and its structure, which the kernel's scratch Refs take."""
+    leaves, tree = jax.tree_util.tree_flatten(scratch_shapes, is_leaf=_is_scratch_leaf)
+    return leaves, tree
+
+
+def scratch_avals(scratch_shapes: Any) -> tuple[Any, ...]:
+    """The Ref avals of the scratch buffers, flat, in the order of :func:`scratch_leaves`."""
     from pallas_core.primitives import scratch_aval
 
-    return tuple(scratch_aval(s) for s in jax.tree_util.tree_leaves(
-        scratch_shapes, is_leaf=lambda s: hasattr(s, "shape") and hasattr(s, "dtype")))
+    return tuple(scratch_aval(s) for s in scratch_leaves(scratch_shapes)[0])

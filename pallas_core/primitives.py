@@ -19,8 +19,8 @@ import numpy as np
 from jax import lax
 
 from pallas_core import _jax
-from pallas_core.errors import KernelSignatureError, PallasError
-from pallas_core.spec import MemoryRef, cdiv
+from pallas_core.errors import KernelSignatureError, PallasError, UnsupportedError
+from pallas_core.spec import MemoryRef
 
 
 @dataclasses.dataclass(frozen=True)
@@ -559,11 +559,18 @@ def _as_memory_ref(ty: Any) -> MemoryRef:
     return MemoryRef(tuple(ty.shape), jnp.dtype(ty.dtype), None)
 
 
-def run_scoped(f: Callable[..., Any], *types: Any, **kw_types: Any) -> Any:
+def run_scoped(f: Callable[..., Any], *types: Any, collective_axes: Any = (),
+               **kw_types: Any) -> Any:
     """Calls ``f`` with freshly allocated Refs described by ``types``; returns ``f``'s result.
 
-    The Refs live only for the duration of the call.
+    The Refs live only for the duration of the call. ``collective_axes`` (one allocation shared
+    by the cores along mesh axes) is not supported.
     """
+    if collective_axes not in ((), None):
+        raise UnsupportedError(
+            f"pl.run_scoped(collective_axes={collective_axes!r}) (one buffer shared by the "
+            "cores along mesh axes) is not supported. Fix: allocate per core (no "
+            "collective_axes), or use a backend's shared memory space.")
     flat_types, types_tree = jax.tree_util.tree_flatten((types, kw_types))
     scoped = tuple(_as_memory_ref(t) for t in flat_types)
     avals = [scratch_aval(t) for t in scoped]
@@ -619,7 +626,7 @@ def loop(lower: Any, upper: Any, *, init_carry: Any = None, step: Any = 1,
                               "use ints or integer arrays.")
     if isinstance(step, int) and step == 0:
         raise PallasError("pl.loop(step=0) would never end. Fix: use a non-zero step.")
-    num = cdiv(upper - lower, step)
+    num = _trip_count(upper - lower, step)
 
     def decorator(body: Callable[..., Any]) -> Any:
         if init_carry is None:
@@ -634,9 +641,19 @@ def loop(lower: Any, upper: Any, *, init_carry: Any = None, step: Any = 1,
     return decorator
 
 
-def empty(shape: Sequence[int], dtype: Any) -> jax.Array:
+def _trip_count(span: Any, step: Any) -> Any:
+    """``len(range(0, span, step))``: a ceiling division that also holds for negative steps
+    (``pl.cdiv`` does not), with truncating divisions only on traced values."""
+    if _jax.is_dim(span) and _jax.is_dim(step):
+        return max(0, -(-span // step))
+    if _jax.is_dim(step):
+        return lax.div(span + step - (1 if step > 0 else -1), step)
+    return jnp.where(step > 0, lax.div(span + step - 1, step), lax.div(span + step + 1, step))
+
+
+def empty(shape: Sequence[int], dtype: Any, *, out_sharding: Any = None) -> jax.Array:
     """An array whose contents are unspecified (for out-of-kernel placeholders)."""
-    return lax.empty(tuple(shape), dtype)
+    return lax.empty(tuple(shape), dtype, out_sharding=out_sharding)
 
 
 def empty_like(x: Any) -> Any:

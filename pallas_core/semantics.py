@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_core import _jax
+from pallas_core import _jax, extras
 from pallas_core import primitives as prims
 from pallas_core.errors import PallasError, UnsupportedError
 
@@ -94,6 +94,15 @@ def _axis_index(ctx: ReferenceContext, *, axis_name: Any) -> Any:
 def _debug_print(ctx: ReferenceContext, *args: Any, fmt: str) -> list[Any]:
     jax.debug.print(fmt, *args, ordered=False)
     return []
+
+
+def _debug_check(ctx: ReferenceContext, cond: Any, *, message: str) -> list[Any]:
+    jax.debug.callback(functools.partial(extras.report_failed_check, message=message), cond)
+    return []
+
+
+def _reciprocal(ctx: ReferenceContext, x: Any, *, approx: bool, full_range: bool) -> Any:
+    return jnp.asarray(1, x.dtype) / x  # exact: within any approximation's error
 
 
 # --- discharge rules --------------------------------------------------------------------
@@ -368,7 +377,9 @@ def uninitialized(shape: Sequence[int], dtype: Any, checked: bool = False) -> An
 def fresh_buffer(shape: Sequence[int], dtype: Any, memory_space: Any, checked: bool = False
                  ) -> Any:
     """A newly allocated buffer in ``memory_space``: zeros where the space says so
-    (semaphores), else :func:`uninitialized`."""
+    (semaphores), else :func:`uninitialized`, poisoned also while ``pl.enable_poison_buffers``
+    is on (when the kernel is lowered)."""
+    checked = checked or bool(extras.enable_poison_buffers.value)
     if getattr(memory_space, "zeroed", False):
         return jnp.zeros(tuple(shape), dtype)
     return uninitialized(shape, dtype, checked)
@@ -404,6 +415,9 @@ CORE_SEMANTICS: tuple[PrimitiveSemantics, ...] = (
     PrimitiveSemantics(_jax.axis_index_p, evaluate=_axis_index),
     PrimitiveSemantics(prims.multiple_of_p, evaluate=lambda ctx, x, *, values: x),
     PrimitiveSemantics(prims.debug_print_p, evaluate=_debug_print),
+    PrimitiveSemantics(extras.debug_check_p, evaluate=_debug_check),
+    PrimitiveSemantics(extras.delay_p, evaluate=lambda ctx, nanos: []),
+    PrimitiveSemantics(extras.reciprocal_p, evaluate=_reciprocal),
     PrimitiveSemantics(prims.masked_load_p, discharge=_masked_load_discharge),
     PrimitiveSemantics(prims.masked_swap_p, discharge=_masked_swap_discharge),
     PrimitiveSemantics(prims.atomic_rmw_p, discharge=_atomic_rmw_discharge),

@@ -9,17 +9,13 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import enum
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
-from pallas_core.errors import BlockSpecError
-
-
-def cdiv(a: Any, b: Any) -> Any:
-    """Ceiling division: the number of blocks of size ``b`` that cover ``a``."""
-    return -(-a // b)
+from pallas_core.errors import ArgumentError, BlockSpecError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +72,60 @@ class Squeezed:
 squeezed = Squeezed()
 
 
+@dataclasses.dataclass(frozen=True)
+class Blocked:
+    """A block dimension of ``block_size`` elements, indexed by block (what an int means)."""
+
+    block_size: int
+
+    def __str__(self) -> str:
+        return f"Blocked({self.block_size})"
+
+    def __int__(self) -> int:
+        return int(self.block_size)
+
+
+BlockDim = Squeezed | Blocked
+"""What a ``BlockSpec.block_shape`` entry may be besides an int or ``None``."""
+
+
+class RevisitMode(enum.Enum):
+    """Which grid steps may come back to an output block a pipeline has already written.
+
+    ``IMMEDIATE``: only the steps right after it (the usual accumulation over the last grid
+    axes); ``ANY``: any later step (costs extra copies on hardware that must restore it).
+    """
+
+    IMMEDIATE = "immediate"
+    ANY = "any"
+
+
+@dataclasses.dataclass(frozen=True)
+class Buffered:
+    """How many buffers a backend's pipeline keeps for one operand's blocks
+    (``BlockSpec(..., pipeline_mode=pl.Buffered(n))``).
+
+    It changes when blocks are copied, never what a kernel computes: the interpreter ignores
+    it; Mosaic TPU takes 1 or 2 buffers; backends without pipelines refuse it.
+    """
+
+    buffer_count: int
+    use_lookahead: bool = False
+    """Start fetching the next block that differs as soon as a buffer is free."""
+    revisit: RevisitMode | None = None
+
+    def __post_init__(self) -> None:
+        if (not isinstance(self.buffer_count, (int, np.integer))
+                or isinstance(self.buffer_count, bool) or self.buffer_count < 1):
+            raise BlockSpecError(
+                f"pl.Buffered(buffer_count={self.buffer_count!r}): expected a positive int. "
+                "Fix: pl.Buffered(2) for double buffering, pl.Buffered(1) for one buffer.")
+        if self.revisit is not None and not isinstance(self.revisit, RevisitMode):
+            raise BlockSpecError(
+                f"pl.Buffered(revisit={self.revisit!r}): expected a pl.RevisitMode "
+                "(pl.RevisitMode.IMMEDIATE or pl.RevisitMode.ANY) or None.")
+
+
 def _identity_index_map(*indices: Any) -> tuple[Any, ...]:
     return indices
 
@@ -89,10 +139,11 @@ class BlockSpec:
     array dimension (not an element offset). ``block_shape=None`` means the whole array.
     """
 
-    block_shape: Sequence[int | Squeezed | None] | None = None
+    block_shape: Sequence[int | BlockDim | None] | None = None
     index_map: Callable[..., Any] | None = None
-    memory_space: MemorySpace | None = None
-    pipeline_mode: Any = None
+    pipeline_mode: Buffered | None = None
+    """How a backend's pipeline buffers this operand's blocks (see :class:`Buffered`)."""
+    memory_space: MemorySpace | None = dataclasses.field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         if self.block_shape is not None:
@@ -102,16 +153,28 @@ class BlockSpec:
                     f"{self.block_shape!r}. Fix: write block_shape=({self.block_shape!r},) "
                     "for a 1-D block."
                 )
-            object.__setattr__(self, "block_shape", tuple(self.block_shape))
+            # Blocked(n) means what n means: BlockMappings and pipelines see the int.
+            object.__setattr__(self, "block_shape", tuple(
+                d.block_size if isinstance(d, Blocked) else d for d in self.block_shape))
         if self.memory_space is not None and not isinstance(self.memory_space, MemorySpace):
             raise BlockSpecError(
                 f"BlockSpec.memory_space must be a pl.MemorySpace (e.g. pl.ANY, or a backend's "
                 f"such as pltpu.VMEM), found {self.memory_space!r}.")
+        if self.pipeline_mode is not None and not isinstance(self.pipeline_mode, Buffered):
+            hint = (" (memory_space is keyword-only, as in JAX: write memory_space=...)"
+                    if isinstance(self.pipeline_mode, MemorySpace) else "")
+            raise BlockSpecError(
+                f"BlockSpec.pipeline_mode must be a pl.Buffered, found "
+                f"{self.pipeline_mode!r}{hint}. Fix: pipeline_mode=pl.Buffered(2), or drop it.")
         if self.index_map is not None and not callable(self.index_map):
             raise BlockSpecError(
                 f"BlockSpec.index_map must be callable, found {self.index_map!r}. "
                 "Fix: pass a function of the grid indices, e.g. lambda i, j: (i, j)."
             )
+
+    def replace(self, **changes: Any) -> BlockSpec:
+        """A copy with ``changes`` applied (``dataclasses.replace``)."""
+        return dataclasses.replace(self, **changes)
 
 
 class _NoBlockSpec:
@@ -165,6 +228,21 @@ class CostEstimate:
     transcendentals: int
     bytes_accessed: int
     remote_bytes_transferred: int = 0
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+                raise ArgumentError(
+                    f"pl.CostEstimate({field.name}={value!r}): every field must be an int. "
+                    f"Fix: {field.name}=int(...).")
+            object.__setattr__(self, field.name, int(value))
+
+    def to_json(self) -> bytes:
+        """The estimate as the JSON object backends attach to their custom calls."""
+        return (f'{{"flops": {self.flops}, "transcendentals": {self.transcendentals}, '
+                f'"bytes_accessed": {self.bytes_accessed}, '
+                f'"remote_bytes_transferred": {self.remote_bytes_transferred}}}').encode("ascii")
 
 
 class CompilerParams(abc.ABC):

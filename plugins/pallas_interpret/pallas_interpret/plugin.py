@@ -36,7 +36,8 @@ def pallas_describe() -> BackendInfo:
         capabilities=frozenset({"atomics", "masked_access", "debug_print", "scratch",
                                 "run_scoped", "mesh", "aliasing", "vmap",
                                 "foreign_memory_spaces", "scalar_prefetch", "semaphores",
-                                "async_copy", "remote_copy", "checked_mode"}),
+                                "async_copy", "remote_copy", "checked_mode",
+                                "pipeline_mode"}),
         package="pallas-interpret",
     )
 

@@ -28,9 +28,9 @@ from jaxlib.mlir.dialects import arith, func, memref, scf, vector
 from jaxlib.mlir.dialects import math as mmath
 from jaxlib.mosaic.python import tpu
 
-from pallas_core import _jax, copies, mlir_lowering
+from pallas_core import _jax, copies, extras, mlir_lowering
 from pallas_core import primitives as prims
-from pallas_core.errors import PallasError
+from pallas_core.errors import PallasError, UnsupportedError
 from pallas_core.grid_mapping import BlockMapping
 from pallas_core.mlir_lowering import LoweringState
 from pallas_core.request import KernelCall
@@ -108,6 +108,7 @@ def lower_kernel(call: KernelCall, mesh_axes: tuple[tuple[str, int], ...] = ()
                 windows.append(ir.DictAttr.get({
                     "transform_indices": ir.FlatSymbolRefAttr.get(f"transform_{j}"),
                     "window_bounds": ir.DenseI64ArrayAttr.get(list(bm.full_block_shape)),
+                    **_pipeline_mode(call, bm),
                 }))
         _set_attributes(kernel, call, windows, len(scratch))
         entry = kernel.add_entry_block()
@@ -122,6 +123,26 @@ def lower_kernel(call: KernelCall, mesh_axes: tuple[tuple[str, int], ...] = ()
         if not module.operation.verify():
             raise PallasError(f"the Mosaic module of kernel {call.name!r} does not verify")
     return module, name
+
+
+def _pipeline_mode(call: KernelCall, bm: BlockMapping) -> dict[str, ir.Attribute]:
+    """The window attributes of a ``pl.Buffered`` pipeline mode (as JAX's lowering emits)."""
+    mode = bm.pipeline_mode
+    if mode is None:
+        return {}
+    if mode.use_lookahead or mode.buffer_count > 2:
+        raise UnsupportedError(
+            f"kernel {call.name!r}: {bm.origin} has pipeline_mode={mode}; the TPU pipeline "
+            "takes 1 or 2 buffers and no lookahead. Fix: pl.Buffered(1) or pl.Buffered(2).")
+    kind = "synchronous" if mode.buffer_count == 1 else "double_buffered"
+    attrs = {"pipeline_mode": ir.Attribute.parse(f"#tpu.pipeline_mode<{kind}>")}
+    if mode.revisit is not None:
+        if mode.revisit.value == "any" and mode.buffer_count > 1:
+            raise UnsupportedError(
+                f"kernel {call.name!r}: {bm.origin} has pipeline_mode={mode}; revisiting any "
+                "block needs a single buffer on TPU. Fix: pl.Buffered(1, revisit=...).")
+        attrs["revisit_mode"] = ir.Attribute.parse(f"#tpu.revisit_mode<{mode.revisit.value}>")
+    return attrs
 
 
 def _transform(call: KernelCall, bm: BlockMapping, name: str, arg_types: list[ir.Type]) -> None:
@@ -397,6 +418,22 @@ def _mesh_stride(axes: Sequence[tuple[str, int]], k: int) -> int:
 @rule(prims.multiple_of_p)
 def _multiple_of(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
     return x
+
+
+@rule(extras.delay_p)
+def _delay(lowering: Lowering, eqn: Any, nanos: ir.Value) -> list[Any]:
+    tpu.DelayOp(nanos)
+    return []
+
+
+@rule(extras.reciprocal_p)
+def _approx_reciprocal(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
+    aval = _in(eqn)
+    if np.dtype(aval.dtype) != np.float32 or not aval.shape:
+        raise lowering.fail(f"pl.reciprocal(approx=True) of {aval.str_short()} (Mosaic's "
+                            "approximate reciprocal takes float32 vectors)", eqn)
+    full_range = {} if eqn.params["full_range"] else {"full_range": False}
+    return tpu.ReciprocalOp(x, approx=True, **full_range).result
 
 
 # --- Refs ------------------------------------------------------------------------------------
