@@ -19,6 +19,7 @@ from jax.experimental import pallas as jax_pl
 from jax.experimental.pallas import tpu as jax_pltpu
 
 import pallas_core as pl
+import pallas_interpret
 from pallas_core.plugins import manager
 
 SHAPE, BLOCK = (16, 128), (8, 128)
@@ -219,13 +220,15 @@ def test_poisoned_buffers_start_as_nan() -> None:
     def kernel(x_ref, o_ref, s_ref):
         o_ref[...] = x_ref[...] + s_ref[...]
 
-    def call() -> Any:
+    def call(**kw: Any) -> Any:
         return pl.pallas_call(kernel, jax.ShapeDtypeStruct(BLOCK, jnp.float32),
-                              scratch_shapes=[pl.ANY(BLOCK, jnp.float32)])(_rand(BLOCK))
+                              scratch_shapes=[pl.ANY(BLOCK, jnp.float32)], **kw)(_rand(BLOCK))
 
-    assert np.isfinite(call()).all()
+    zero = pallas_interpret.InterpretParams(uninitialized_memory="zero")
+    assert np.isfinite(call(interpret=zero)).all()
+    assert np.isnan(call()).all()  # JAX's interpret mode fills fresh scratch with NaN too
     with pl.enable_poison_buffers(True):
-        assert np.isnan(call()).all()
+        assert np.isnan(call(interpret=zero)).all()
 
 
 # --- pipeline modes and block dimensions --------------------------------------------------------
