@@ -56,9 +56,13 @@ from pallas_core.request import KernelCall, LoweringRequest
 from pallas_core.semantics import PrimitiveSemantics, ReferenceContext
 from pallas_core.spec import (
     ANY,
+    BlockDim,
+    Blocked,
     BlockSpec,
+    BoundedSlice,
     CompilerParams,
     CostEstimate,
+    Element,
     GridSpec,
     MemoryRef,
     MemorySpace,
@@ -85,4 +89,6 @@ __all__ = [
     "register_backend", "run_scoped", "run_state", "semaphore_read", "semaphore_signal",
     "semaphore_wait", "Slice", "Squeezed", "squeezed", "stages", "store", "swap",
     "UnsupportedError", "when",
+    # Block dimensions of BlockSpec.block_shape.
+    "BlockDim", "Blocked", "BoundedSlice", "Element",
 ]
