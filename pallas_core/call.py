@@ -280,8 +280,9 @@ def pallas_call(
             if not hasattr(a, "shape") or not hasattr(a, "dtype"):
                 flat_args[i] = jnp.asarray(a)
         spec_tree = jax.tree_util.tree_structure(args[grid_spec.num_scalar_prefetch:])
+        prefetch_tree = jax.tree_util.tree_structure(tuple(args[:grid_spec.num_scalar_prefetch]))
         gm = _make_grid_mapping(grid_spec, flat_args, spec_tree, out_leaves, out_tree, kernel,
-                                kernel_name, grid_names, _grid_names is not None)
+                                kernel_name, grid_names, _grid_names is not None, prefetch_tree)
         names = _top_level_names(args, out_shape, len(gm.scratch_avals))
         _check_kernel_signature(kernel, names, kernel_name)
         _check_aliases(aliases, flat_args, out_leaves, kernel_name)
@@ -349,27 +350,32 @@ def _ref_param_names(kernel: Callable[..., Any], count: int) -> list[str] | None
 def _make_grid_mapping(spec: GridSpec, args: Sequence[Any], spec_tree: Any,
                        outs: Sequence[Any], out_tree: Any, kernel: Callable[..., Any],
                        kernel_name: str, grid_names: tuple[str, ...] | None,
-                       is_mesh: bool = False) -> gmap.GridMapping:
+                       is_mesh: bool = False, prefetch_tree: Any = None) -> gmap.GridMapping:
+    """The grid mapping of a call; ``prefetch_tree`` is the structure of the scalar-prefetch
+    arguments (a tuple of ``num_scalar_prefetch`` pytrees; default: one array each)."""
     grid = tuple(gmap.DYNAMIC if is_dynamic_size(g) else int(g) for g in spec.grid)
     scratch = gmap.scratch_avals(spec.scratch_shapes)
     in_specs = gmap.flatten_specs(spec.in_specs, spec_tree, "in_specs", kernel_name)
     out_specs = gmap.flatten_specs(spec.out_specs, out_tree, "out_specs", kernel_name)
     # Operands are named in messages by position and, when it fits, by kernel parameter.
-    origins = [f"scalar prefetch {i}" if i < spec.num_scalar_prefetch else f"input {i}"
+    n_pf = spec.num_scalar_prefetch if prefetch_tree is None else prefetch_tree.num_leaves
+    origins = [f"scalar prefetch {i}" if i < n_pf else f"input {i}"
                for i in range(len(args))] + [
         f"output {i}" for i in range(len(outs))]
     params = _ref_param_names(kernel, len(origins) + len(scratch))
     if params is not None:
         origins = [f"{o} ({p})" for o, p in zip(origins, params)]
-    n_pf = spec.num_scalar_prefetch
-    if n_pf > len(args):
+    n_top = len(prefetch_tree.children()) if prefetch_tree is not None else len(args)
+    if spec.num_scalar_prefetch > min(n_top, len(args)):
         raise PallasError(
-            f"pallas_call of kernel {kernel_name!r}: num_scalar_prefetch={n_pf} but only "
-            f"{len(args)} operands were passed. Fix: pass the scalar-prefetch arrays first.")
+            f"pallas_call of kernel {kernel_name!r}: num_scalar_prefetch="
+            f"{spec.num_scalar_prefetch} but only {min(n_top, len(args))} operands were "
+            "passed. Fix: pass the scalar-prefetch arrays first.")
     pf_avals = [_jax.make_ref_aval(x.shape, x.dtype) for x in args[:n_pf]]
     mappings = [gmap.make_block_mapping(None, x, grid, origin, kernel_name, pf_avals)
                 for x, origin in zip(args[:n_pf], origins)]
-    mappings += [gmap.make_block_mapping(s, x, grid, origin, kernel_name, pf_avals, grid_names)
+    mappings += [gmap.make_block_mapping(s, x, grid, origin, kernel_name, pf_avals, grid_names,
+                                         prefetch_tree)
                  for s, x, origin in zip([*in_specs, *out_specs], [*args[n_pf:], *outs],
                                          origins[n_pf:])]
     return gmap.GridMapping(grid, tuple(mappings), len(args), len(outs), scratch, 0,

@@ -270,7 +270,8 @@ def _slice_parts(o: Any, d: int, dim: BoundedSlice, origin: str,
 def _trace_index_map(spec: BlockSpec, dims: tuple[BlockDim, ...], grid: tuple[int, ...],
                      shape: tuple[int, ...], origin: str, kernel_name: str,
                      prefetch_avals: Sequence[Any] = (),
-                     grid_names: tuple[str, ...] | None = None) -> Any:
+                     grid_names: tuple[str, ...] | None = None,
+                     prefetch_tree: Any = None) -> Any:
     from pallas_core import primitives as prims
 
     ndim = len(shape)
@@ -286,8 +287,12 @@ def _trace_index_map(spec: BlockSpec, dims: tuple[BlockDim, ...], grid: tuple[in
     def flat(*idx: Any) -> list[Any]:
         try:
             # pl.num_programs works in index maps, as in kernels.
+            args: Sequence[Any] = idx
+            if prefetch_tree is not None:  # scalar-prefetch arguments may be pytrees
+                args = (*idx[:len(grid)], *jax.tree_util.tree_unflatten(prefetch_tree,
+                                                                       idx[len(grid):]))
             with prims.kernel_trace_context(prims.KernelTraceContext(grid, grid_names)):
-                out = fn(*idx)
+                out = fn(*args)
         except TypeError as e:
             if "positional argument" in str(e):
                 raise BlockSpecError(
@@ -321,7 +326,8 @@ def _trace_index_map(spec: BlockSpec, dims: tuple[BlockDim, ...], grid: tuple[in
 
 def make_block_mapping(spec: Any, x: Any, grid: tuple[int, ...], origin: str,
                        kernel_name: str, prefetch_avals: Sequence[Any] = (),
-                       grid_names: tuple[str, ...] | None = None) -> BlockMapping:
+                       grid_names: tuple[str, ...] | None = None,
+                       prefetch_tree: Any = None) -> BlockMapping:
     """Normalises one operand's BlockSpec against its shape and the grid."""
     shape = tuple(x.shape)
     if spec is None or spec is no_block_spec:
@@ -341,7 +347,7 @@ def make_block_mapping(spec: Any, x: Any, grid: tuple[int, ...], origin: str,
         dims = _normalize_block_shape(spec, shape, origin, kernel_name)
     block = tuple(None if isinstance(d, Squeezed) else block_dim_size(d) for d in dims)
     index_map = _trace_index_map(spec, dims, grid, shape, origin, kernel_name, prefetch_avals,
-                                 grid_names)
+                                 grid_names, prefetch_tree)
     plain = all(isinstance(d, (Blocked, Squeezed)) for d in dims)
     return BlockMapping(origin, shape, np.dtype(x.dtype), block, index_map, spec.memory_space,
                         len(prefetch_avals), () if plain else dims)
@@ -479,6 +485,9 @@ def flatten_specs(specs: Any, tree: Any, what: str, kernel_name: str) -> list[An
     leaves, spec_tree = jax.tree_util.tree_flatten(_tuples(specs), is_leaf=_is_spec_leaf)
     operand_tree = jax.tree_util.tree_structure(
         _tuples(jax.tree_util.tree_unflatten(tree, ["x"] * n)))
+    if spec_tree != operand_tree:  # type: ignore[operator]
+        # A None spec may also stand for a None operand (an empty subtree), as in JAX.
+        leaves, spec_tree = jax.tree_util.tree_flatten(_tuples(specs))
     if spec_tree != operand_tree:  # type: ignore[operator]
         raise BlockSpecError(
             f"In kernel {kernel_name!r}, {what} has {len(leaves)} BlockSpecs in the structure "

@@ -10,9 +10,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pallas_mosaic_tpu as pltpu
 import pytest
 from jax import lax
 from jax.experimental import pallas as jpl
+from jax.experimental.pallas import tpu as jpltpu
 from pallas_interpret import InterpretParams
 
 import pallas_core as pl
@@ -219,6 +221,38 @@ def test_dynamic_grid_with_scalar_prefetch() -> None:
     idx = jnp.array([5, 0, 3, 3, 1, 2], jnp.int32)
     got = jax.jit(f)(idx, x, jnp.int32(4))
     _close(got[:4], x[idx[:4]] * 3.0)
+
+
+def _grouped_scale(m: Any, meta: tuple[jax.Array, jax.Array], offset: jax.Array,
+                   x: jax.Array, n: Any) -> jax.Array:
+    """As megablox's gmm calls it: the scalar-prefetch arguments are pytrees (a tuple of
+    arrays), an unused operand is None with a None spec, and the grid size is traced."""
+    def kernel(meta_ref: Any, offset_ref: Any, x_ref: Any, none_ref: Any, o_ref: Any) -> None:
+        assert none_ref is None
+        _, scales_ref = meta_ref
+        o_ref[...] = x_ref[...] * scales_ref[m.program_id(0)] + offset_ref[0]
+
+    tpu = jpltpu if m is jpl else pltpu
+    spec = tpu.PrefetchScalarGridSpec(
+        grid=(n,), num_scalar_prefetch=2,
+        in_specs=[m.BlockSpec((None, 8, 128), lambda i, meta, off: (meta[0][i], 0, 0)), None],
+        out_specs=m.BlockSpec((None, 8, 128), lambda i, meta, off: (i, 0, 0)))
+    return m.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype), grid_spec=spec,
+                         interpret=True)(meta, offset, x, None)
+
+
+def test_pytree_scalar_prefetch_and_none_operands_with_a_dynamic_grid() -> None:
+    x = _rand((5, 8, 128), 17)
+    ids = jnp.array([4, 4, 0, 2, 1], jnp.int32)
+    scales = jnp.array([3.0, -1.0, 0.5, 2.0, 1.5], F32)
+    offset = jnp.array([0.25], F32)
+    f = jax.jit(lambda meta, off, x, n: _grouped_scale(pl, meta, off, x, n))
+    got = f((ids, scales), offset, x, jnp.int32(5))
+    _close(got, x[ids] * scales[:, None, None] + 0.25)
+    g = jax.jit(lambda meta, off, x, n: _grouped_scale(jpl, meta, off, x, n))
+    _close(got, g((ids, scales), offset, x, jnp.int32(5)))
+    _close(f((ids, scales), offset, x, jnp.int32(3))[:3], (x[ids] * scales[:, None, None])[:3]
+           + 0.25)
 
 
 # --- Element ---------------------------------------------------------------------------------
