@@ -77,9 +77,11 @@ from pallas_core.spec import (
     BlockDim,
     Blocked,
     BlockSpec,
+    BoundedSlice,
     Buffered,
     CompilerParams,
     CostEstimate,
+    Element,
     GridSpec,
     MemoryRef,
     MemorySpace,
@@ -110,6 +112,8 @@ __all__ = [
     "run_state", "semaphore_read", "semaphore_signal", "semaphore_wait", "Slice", "Squeezed",
     "squeezed", "stages", "store", "strides_from_shape", "swap", "UnsupportedError",
     "UnsupportedNameError", "when", "with_scoped",
+    # Block dimensions of BlockSpec.block_shape.
+    "BoundedSlice", "Element",
 ]
 
 

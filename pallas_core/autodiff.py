@@ -79,10 +79,15 @@ def jvp(bind: Bind, primals: Sequence[Any], tangents: Sequence[Any],
     Returns the primal outputs and their tangents (symbolic zeros for integer outputs, and for
     all outputs when no input is differentiated).
     """
-    tangents = list(tangents)
+    # The sizes of dynamic grid axes are the last operands; integers, so never differentiated.
+    n_dyn = call.grid_mapping.num_dynamic_grid_bounds
+    n_ops = len(primals) - n_dyn
+    sizes = list(primals[n_ops:])
+    primals, tangents = list(primals[:n_ops]), list(tangents[:n_ops])
     in_nz = _input_nonzeros(call, primals, [not _jax.is_zero(t) for t in tangents])
     if not any(in_nz):
-        return list(bind(*primals, call=call)), [_jax.zero_tangent(a) for a in call.out_avals]
+        return (list(bind(*primals, *sizes, call=call)),
+                [_jax.zero_tangent(a) for a in call.out_avals])
     out_nz = tuple(differentiable(a.dtype) for a in call.out_avals)
     # An aliased output starts as its input: its tangent starts as the input's tangent.
     for i, o in call.input_output_aliases:
@@ -90,7 +95,7 @@ def jvp(bind: Bind, primals: Sequence[Any], tangents: Sequence[Any],
             in_nz[i] = True
             tangents[i] = _jax.instantiate_zero(tangents[i])
     jvp_call = derivative_call(call, tuple(in_nz), out_nz)
-    outs = bind(*primals, *(t for t, nz in zip(tangents, in_nz) if nz), call=jvp_call)
+    outs = bind(*primals, *(t for t, nz in zip(tangents, in_nz) if nz), *sizes, call=jvp_call)
     n_out = len(call.out_avals)
     out_tangents = iter(outs[n_out:])
     return list(outs[:n_out]), [next(out_tangents) if nz else _jax.zero_tangent(a)

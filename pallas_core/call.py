@@ -26,7 +26,16 @@ from pallas_core.errors import (
 )
 from pallas_core.plugins import manager
 from pallas_core.request import KernelCall, LoweringRequest
-from pallas_core.spec import BARRIER_SEMAPHORE, CostEstimate, GridSpec, no_block_spec
+from pallas_core.spec import (
+    BARRIER_SEMAPHORE,
+    BoundedSlice,
+    CostEstimate,
+    Element,
+    GridSpec,
+    is_dynamic_size,
+    no_block_spec,
+    squeezed,
+)
 
 pallas_call_p = _jax.Primitive("pallas_call")
 pallas_call_p.multiple_results = True
@@ -292,7 +301,7 @@ def pallas_call(
     out_shape: Any,
     *,
     grid_spec: GridSpec | None = None,
-    grid: int | Sequence[int] = (),
+    grid: Any = (),
     in_specs: Any = no_block_spec,
     out_specs: Any = no_block_spec,
     scratch_shapes: Any = (),
@@ -332,9 +341,19 @@ def pallas_call(
     out_leaves, out_tree = _out_shape_leaves(out_shape, kernel_name)
     aliases = _normalize_aliases(input_output_aliases, kernel_name)
     resolve_backend(backend, compiler_params, interpret)  # an unknown name fails here
+    grid_names = _grid_names if _grid_names is not None else grid_spec.grid_names
+    dynamic = [g for g in grid_spec.grid if is_dynamic_size(g)]
+    if dynamic and grid_names:
+        raise UnsupportedError(
+            f"pallas_call of kernel {kernel_name!r}: the named grid {grid_names} has dynamic "
+            "sizes; named axes need static sizes (lax.axis_size must be known while the kernel "
+            "is traced). Fix: give the named axes int sizes, or drop the names and use "
+            "pl.program_id/pl.num_programs.")
 
     @functools.wraps(kernel)
     def wrapped(*args: Any) -> Any:
+        # The sizes of dynamic grid axes come last, and become the primitive's last operands.
+        args, sizes = args[:len(args) - len(dynamic)], args[len(args) - len(dynamic):]
         mode = interpret
         if backend is None and (interpret is None or interpret is False):
             mode = forced_interpret_params() or False
@@ -344,8 +363,9 @@ def pallas_call(
             if not hasattr(a, "shape") or not hasattr(a, "dtype"):
                 flat_args[i] = jnp.asarray(a)
         spec_tree = jax.tree_util.tree_structure(args[grid_spec.num_scalar_prefetch:])
+        prefetch_tree = jax.tree_util.tree_structure(tuple(args[:grid_spec.num_scalar_prefetch]))
         gm = _make_grid_mapping(grid_spec, flat_args, spec_tree, out_leaves, out_tree, kernel,
-                                kernel_name, _grid_names)
+                                kernel_name, grid_names, _grid_names is not None, prefetch_tree)
         scratch_tree = gmap.scratch_leaves(grid_spec.scratch_shapes)[1]
         scratch = jax.tree_util.tree_unflatten(scratch_tree, gm.scratch_avals)
         names, keywords = _top_level_names(args, out_shape, scratch)
@@ -368,12 +388,20 @@ def pallas_call(
             print(jaxpr)
         if chosen is not None:
             validate(call, chosen)
-        outs = pallas_call_p.bind(*flat_args, call=call)
+        outs = pallas_call_p.bind(*flat_args, *sizes, call=call)
         return jax.tree_util.tree_unflatten(out_tree, outs)
 
     # Compiled once per argument shapes (and forced interpret mode) when called outside jit;
     # inlined inside jit.
-    return jax.jit(wrapped, inline=True)
+    jitted = jax.jit(wrapped, inline=True)
+    if not dynamic:
+        return jitted
+
+    @functools.wraps(kernel)
+    def with_grid_sizes(*args: Any) -> Any:
+        return jitted(*args, *(jnp.asarray(g, jnp.int32).reshape(()) for g in dynamic))
+
+    return with_grid_sizes
 
 
 def _normalize_aliases(aliases: Mapping[Any, Any] | None,
@@ -407,31 +435,37 @@ def _ref_param_names(kernel: Callable[..., Any], count: int) -> list[str] | None
 
 def _make_grid_mapping(spec: GridSpec, args: Sequence[Any], spec_tree: Any,
                        outs: Sequence[Any], out_tree: Any, kernel: Callable[..., Any],
-                       kernel_name: str, grid_names: tuple[str, ...] | None) -> gmap.GridMapping:
-    grid = tuple(spec.grid)  # type: ignore[arg-type]
+                       kernel_name: str, grid_names: tuple[str, ...] | None,
+                       is_mesh: bool = False, prefetch_tree: Any = None) -> gmap.GridMapping:
+    """The grid mapping of a call; ``prefetch_tree`` is the structure of the scalar-prefetch
+    arguments (a tuple of ``num_scalar_prefetch`` pytrees; default: one array each)."""
+    grid = tuple(gmap.DYNAMIC if is_dynamic_size(g) else int(g) for g in spec.grid)
     scratch = gmap.scratch_avals(spec.scratch_shapes)
     in_specs = gmap.flatten_specs(spec.in_specs, spec_tree, "in_specs", kernel_name)
     out_specs = gmap.flatten_specs(spec.out_specs, out_tree, "out_specs", kernel_name)
     # Operands are named in messages by position and, when it fits, by kernel parameter.
-    origins = [f"scalar prefetch {i}" if i < spec.num_scalar_prefetch else f"input {i}"
+    n_pf = spec.num_scalar_prefetch if prefetch_tree is None else prefetch_tree.num_leaves
+    origins = [f"scalar prefetch {i}" if i < n_pf else f"input {i}"
                for i in range(len(args))] + [
         f"output {i}" for i in range(len(outs))]
     params = _ref_param_names(kernel, len(origins) + len(scratch))
     if params is not None:
         origins = [f"{o} ({p})" for o, p in zip(origins, params)]
-    n_pf = spec.num_scalar_prefetch
-    if n_pf > len(args):
+    n_top = len(prefetch_tree.children()) if prefetch_tree is not None else len(args)
+    if spec.num_scalar_prefetch > min(n_top, len(args)):
         raise PallasError(
-            f"pallas_call of kernel {kernel_name!r}: num_scalar_prefetch={n_pf} but only "
-            f"{len(args)} operands were passed. Fix: pass the scalar-prefetch arrays first.")
+            f"pallas_call of kernel {kernel_name!r}: num_scalar_prefetch="
+            f"{spec.num_scalar_prefetch} but only {min(n_top, len(args))} operands were "
+            "passed. Fix: pass the scalar-prefetch arrays first.")
     pf_avals = [_jax.make_ref_aval(x.shape, x.dtype) for x in args[:n_pf]]
     mappings = [gmap.make_block_mapping(None, x, grid, origin, kernel_name, pf_avals)
                 for x, origin in zip(args[:n_pf], origins)]
-    mappings += [gmap.make_block_mapping(s, x, grid, origin, kernel_name, pf_avals)
+    mappings += [gmap.make_block_mapping(s, x, grid, origin, kernel_name, pf_avals, grid_names,
+                                         prefetch_tree)
                  for s, x, origin in zip([*in_specs, *out_specs], [*args[n_pf:], *outs],
                                          origins[n_pf:])]
     return gmap.GridMapping(grid, tuple(mappings), len(args), len(outs), scratch, 0,
-                            grid_names, n_pf)
+                            grid_names, n_pf, is_mesh)
 
 
 def _check_aliases(aliases: Sequence[tuple[int, int]], args: Sequence[Any],
@@ -454,9 +488,36 @@ def _check_aliases(aliases: Sequence[tuple[int, int]], args: Sequence[Any],
             )
 
 
+def _check_grid_and_block_forms(call: KernelCall, backend: str, capabilities: Any) -> None:
+    """Raises ``UnsupportedError`` for a dynamic grid or an element-indexed block dimension
+    that ``backend`` does not declare it lowers (capabilities ``dynamic_grid``,
+    ``element_blocks``, ``bounded_slice_blocks``)."""
+    gm = call.grid_mapping
+    found = []
+    if gm.dynamic_axes:
+        found.append(("dynamic_grid", f"its grid {gm.user_grid} has dynamic sizes",
+                      "give the grid Python int sizes (e.g. a static upper bound, skipping "
+                      "the extra steps with pl.when)"))
+    for bm in gm.block_mappings:
+        for d in bm.dims:
+            if isinstance(d, Element):
+                found.append(("element_blocks", f"{bm.origin} has block dimension {d}",
+                              "use block-indexed dimensions (ints), padding the array "
+                              "yourself"))
+            elif isinstance(d, BoundedSlice):
+                found.append(("bounded_slice_blocks", f"{bm.origin} has block dimension {d}",
+                              "use a full block and mask the unused part in the kernel"))
+    for capability, what, fix in found:
+        if capability not in capabilities:
+            raise UnsupportedError(
+                f"kernel {call.name!r}: {what}, which backend {backend!r} does not support. "
+                f"Fix: {fix}, or run it with backend='interpret'.")
+
+
 def validate(call: KernelCall, backend: str) -> None:
     """Checks ``call`` for ``backend``: memory spaces here, the hardware rules in the plugin."""
     info = manager.get(backend).info
+    _check_grid_and_block_forms(call, backend, info.capabilities)
     if "foreign_memory_spaces" not in info.capabilities:
         spaces = [(bm.origin, bm.memory_space) for bm in call.grid_mapping.block_mappings]
         spaces += [(f"scratch {i}", a.memory_space)
@@ -577,6 +638,12 @@ def _batch(axis_data: Any, args: Sequence[Any], dims: Sequence[Any], *,
     if all(d is None for d in dims):
         outs = pallas_call_p.bind(*args, call=call)
         return list(outs), [None] * len(outs)
+    # Dynamic grid sizes are the last operands: batched ones make a loop over the batch.
+    n_dyn = gm.num_dynamic_grid_bounds
+    if any(d is not None for d in dims[len(dims) - n_dyn:]):
+        return _batch_as_loop(args, dims, call)
+    grid_sizes = list(args[len(args) - n_dyn:])
+    args, dims = args[:len(args) - n_dyn], dims[:len(dims) - n_dyn]
     args = [jnp.moveaxis(a, d, 0) if d is not None else a for a, d in zip(args, dims)]
     batched = [d is not None for d in dims]
     n_same = autodiff.outputs_independent_of(call, batched)
@@ -594,16 +661,30 @@ def _batch(axis_data: Any, args: Sequence[Any], dims: Sequence[Any], *,
                 for bm in gm.block_mappings[:gm.num_scalar_prefetch]]
     mappings = [_batch_block_mapping(bm, b, gm.grid, size, pf_avals) for bm, b in
                 zip(gm.block_mappings, [*batched, *([True] * gm.num_outputs)])]
-    new_gm = gmap.GridMapping(
-        (size, *gm.grid), tuple(mappings), gm.num_inputs, gm.num_outputs, gm.scratch_avals,
-        gm.num_batch_axes + 1, gm.grid_names, gm.num_scalar_prefetch)
+    new_gm = dataclasses.replace(gm, grid=(size, *gm.grid), block_mappings=tuple(mappings),
+                                 num_batch_axes=gm.num_batch_axes + 1)
     new_call = call.replace(
         grid_mapping=new_gm,
         out_avals=tuple(_jax.ShapedArray((size, *a.shape), a.dtype) for a in call.out_avals))
-    outs = pallas_call_p.bind(*args, call=new_call)
+    outs = pallas_call_p.bind(*args, *grid_sizes, call=new_call)
     # Outputs that do not depend on the batched inputs are the same in every batch element.
     return ([o[0] for o in outs[:n_same]] + list(outs[n_same:]),
             [None] * n_same + [0] * (len(outs) - n_same))
+
+
+def _batch_as_loop(args: Sequence[Any], dims: Sequence[Any],
+                   call: KernelCall) -> tuple[list[Any], list[int | None]]:
+    """One call per batch element, in a loop (for grid sizes that differ along the batch)."""
+    batched = [k for k, d in enumerate(dims) if d is not None]
+
+    def one(xs: Sequence[Any]) -> list[Any]:
+        operands = list(args)
+        for k, x in zip(batched, xs):
+            operands[k] = x
+        return list(pallas_call_p.bind(*operands, call=call))
+
+    outs = jax.lax.map(one, [jnp.moveaxis(args[k], dims[k], 0) for k in batched])
+    return list(outs), [0] * len(outs)
 
 
 def _batch_block_mapping(bm: gmap.BlockMapping, batched: bool, grid: tuple[int, ...],
@@ -616,10 +697,12 @@ def _batch_block_mapping(bm: gmap.BlockMapping, batched: bool, grid: tuple[int, 
 
     jaxpr, _, consts = _jax.trace_to_jaxpr(index_map, avals, name="index_map")
     if not batched:
-        return dataclasses.replace(bm, index_map=_close(jaxpr, consts))
-    return dataclasses.replace(bm, array_shape=(size, *bm.array_shape),
-                               block_shape=(None, *bm.block_shape),
-                               index_map=_close(jaxpr, consts))
+        return dataclasses.replace(bm, index_map=_close(jaxpr, consts),
+                                   num_prefetch=len(pf_avals))
+    return dataclasses.replace(
+        bm, array_shape=(size, *bm.array_shape), block_shape=(None, *bm.block_shape),
+        index_map=_close(jaxpr, consts), num_prefetch=len(pf_avals),
+        block_dims=(squeezed, *bm.block_dims) if bm.block_dims else ())
 
 
 _jax.register_batching_rule(pallas_call_p, _batch)

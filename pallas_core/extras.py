@@ -199,14 +199,6 @@ def lower_as_mlir(f: Callable[..., Any], *args: Any, dynamic_shapes: bool = Fals
 # --- names of jax.experimental.pallas not provided here -----------------------------------------
 
 NOT_PROVIDED: dict[str, str] = {
-    "BoundedSlice": (
-        "a block dimension whose index map returns a pl.ds slice of at most block_size "
-        "elements. Fix: use a fixed block size (an int) and mask the tail with "
-        "pl.load/pl.store(mask=...)."),
-    "Element": (
-        "a block dimension indexed by element offset (with optional padding) instead of by "
-        "block. Fix: use block indices, or pass the operand whole (memory_space=pl.ANY) and "
-        "read pl.ds(offset, size) slices of it in the kernel."),
     "Indirect": (
         "a block dimension gathered (inputs) or scattered (outputs) through an array of "
         "indices. Fix: pass the operand whole (memory_space=pl.ANY) and copy the rows with a "

@@ -139,12 +139,20 @@ def program_id(axis: int) -> jax.Array:
     return program_id_p.bind(axis=_check_axis("program_id", axis))
 
 
-def num_programs(axis: int) -> int:
-    """The size of the grid along ``axis``."""
+num_programs_p = _jax.Primitive("num_programs")
+num_programs_p.def_abstract_eval(lambda *, axis: _jax.ShapedArray((), jnp.int32))
+
+
+def num_programs(axis: int) -> int | jax.Array:
+    """The size of the grid along ``axis``: an int, or a traced int32 scalar for an axis of a
+    dynamic grid (a size given as a JAX array)."""
     env = _env_axis("num_programs", axis)
     if env is not None:
         return env[1][axis]
-    return _current_grid("num_programs")[_check_axis("num_programs", axis)]
+    size = _current_grid("num_programs")[_check_axis("num_programs", axis)]
+    if isinstance(size, int):
+        return size
+    return num_programs_p.bind(axis=axis)
 
 
 # --- hints and debugging -----------------------------------------------------------------

@@ -37,6 +37,7 @@ class ReferenceContext:
     program_ids: tuple[Any, ...]
     """Traced int32 scalars, one per axis of the full grid (batch axes first)."""
     grid: tuple[int, ...]
+    """The size of each axis of the full grid (a traced int32 scalar for a dynamic axis)."""
     num_batch_axes: int = 0
     grid_names: tuple[str, ...] | None = None
     checked: bool = False
@@ -75,6 +76,10 @@ class PrimitiveSemantics:
 
 def _program_id(ctx: ReferenceContext, *, axis: int) -> Any:
     return ctx.program_id(axis)
+
+
+def _num_programs(ctx: ReferenceContext, *, axis: int) -> Any:
+    return jnp.asarray(ctx.grid[ctx.num_batch_axes + axis], jnp.int32)
 
 
 def _axis_index(ctx: ReferenceContext, *, axis_name: Any) -> Any:
@@ -412,6 +417,7 @@ def _run_scoped_discharge(in_avals: Any, out_avals: Any, *args: Any, jaxpr: Any,
 
 CORE_SEMANTICS: tuple[PrimitiveSemantics, ...] = (
     PrimitiveSemantics(prims.program_id_p, evaluate=_program_id),
+    PrimitiveSemantics(prims.num_programs_p, evaluate=_num_programs),
     PrimitiveSemantics(_jax.axis_index_p, evaluate=_axis_index),
     PrimitiveSemantics(prims.multiple_of_p, evaluate=lambda ctx, x, *, values: x),
     PrimitiveSemantics(prims.debug_print_p, evaluate=_debug_print),

@@ -13,9 +13,11 @@ import enum
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
-from pallas_core.errors import ArgumentError, BlockSpecError
+from pallas_core.errors import ArgumentError, BlockSpecError, UnsupportedError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +65,11 @@ class MemoryRef:
 
 @dataclasses.dataclass(frozen=True)
 class Squeezed:
-    """A block dimension of size 1 that is dropped from the kernel's view of the block."""
+    """A block dimension of size 1 that is dropped from the kernel's view of the block.
+
+    The index map returns the element index along that dimension (with a block size of 1,
+    the same as a block index).
+    """
 
     def __repr__(self) -> str:
         return "squeezed"
@@ -72,21 +78,113 @@ class Squeezed:
 squeezed = Squeezed()
 
 
+def _check_size(kind: str, block_size: Any, minimum: int = 1) -> int:
+    if (not isinstance(block_size, (int, np.integer)) or isinstance(block_size, bool)
+            or block_size < minimum):
+        raise BlockSpecError(
+            f"pl.{kind}(block_size={block_size!r}): the block size must be an int >= "
+            f"{minimum}. Fix: e.g. pl.{kind}(128).")
+    return int(block_size)
+
+
 @dataclasses.dataclass(frozen=True)
 class Blocked:
-    """A block dimension of ``block_size`` elements, indexed by block (what an int means)."""
+    """A block dimension of ``block_size`` elements, indexed by block: the index map returns
+    ``k`` for the block starting at element ``k * block_size`` (what a plain int means)."""
 
     block_size: int
+
+    def __post_init__(self) -> None:
+        # 0 only for the whole of an empty dimension.
+        object.__setattr__(self, "block_size", _check_size("Blocked", self.block_size, 0))
 
     def __str__(self) -> str:
         return f"Blocked({self.block_size})"
 
-    def __int__(self) -> int:
-        return int(self.block_size)
+
+@dataclasses.dataclass(frozen=True)
+class Element:
+    """A block dimension of ``block_size`` elements, indexed by element: the index map returns
+    the offset of the block's first element, so blocks may overlap or start anywhere.
+
+    ``padding=(low, high)`` pads the array along this dimension with ``low`` elements before
+    and ``high`` after; offsets count from the start of the padded array. Padding reads as
+    undefined values (the interpreter fills it with NaN for floats, the minimum for integers,
+    as ``jax.experimental.pallas`` does) and writes to it are dropped.
+    """
+
+    block_size: int
+    padding: tuple[int, int] = (0, 0)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "block_size", _check_size("Element", self.block_size))
+        pad = self.padding
+        if not (isinstance(pad, (tuple, list)) and len(pad) == 2 and all(
+                isinstance(p, (int, np.integer)) and not isinstance(p, bool) and p >= 0
+                for p in pad)):
+            raise BlockSpecError(
+                f"pl.Element({self.block_size}, padding={pad!r}): padding must be a pair "
+                "(low, high) of non-negative ints. Fix: e.g. padding=(0, 2).")
+        object.__setattr__(self, "padding", (int(pad[0]), int(pad[1])))
+
+    def __str__(self) -> str:
+        if self.padding == (0, 0):
+            return f"Element({self.block_size})"
+        return f"Element({self.block_size}, padding={self.padding})"
 
 
-BlockDim = Squeezed | Blocked
-"""What a ``BlockSpec.block_shape`` entry may be besides an int or ``None``."""
+@dataclasses.dataclass(frozen=True)
+class BoundedSlice:
+    """A block dimension of at most ``block_size`` elements: the index map returns
+    ``pl.ds(start, size)`` (``size <= block_size``, both may depend on the grid and on
+    scalar-prefetch data) and the block holds ``array[start:start + size]`` in its first
+    ``size`` elements; the rest of the block is undefined on read and not written back."""
+
+    block_size: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "block_size", _check_size("BoundedSlice", self.block_size))
+
+    def __repr__(self) -> str:
+        return f"BoundedSlice({self.block_size})"
+
+
+BlockDim = Blocked | Element | BoundedSlice | Squeezed
+"""One entry of a normalised block shape."""
+
+
+def block_dim(entry: Any) -> BlockDim:
+    """``entry`` of a ``block_shape`` as a :data:`BlockDim`: an int is ``Blocked``, ``None``
+    is ``squeezed``; raises ``BlockSpecError`` for anything else."""
+    if entry is None:
+        return squeezed
+    if isinstance(entry, (Blocked, Element, BoundedSlice, Squeezed)):
+        return entry
+    if isinstance(entry, (int, np.integer)) and not isinstance(entry, bool) and entry > 0:
+        return Blocked(int(entry))
+    raise BlockSpecError(
+        f"block_shape entry {entry!r}: expected a positive int, None, pl.squeezed, "
+        "pl.Blocked(n), pl.Element(n) or pl.BoundedSlice(n).")
+
+
+def block_dim_size(dim: BlockDim) -> int:
+    """The number of elements a block spans along ``dim`` (1 for squeezed)."""
+    return 1 if isinstance(dim, Squeezed) else dim.block_size
+
+
+def plain_block_dim(entry: Any, where: str) -> int | None:
+    """``entry`` as a block size (``None`` if squeezed), for code that only indexes by block.
+
+    Raises ``UnsupportedError`` naming ``where`` for element-indexed dimensions
+    (``pl.Element``, ``pl.BoundedSlice``).
+    """
+    dim = block_dim(entry)
+    if isinstance(dim, (Element, BoundedSlice)):
+        raise UnsupportedError(
+            f"{where}: block dimension {dim} is not supported here; only block-indexed "
+            "dimensions (ints, pl.Blocked, None/pl.squeezed) are. Fix: use a block size and "
+            "return block indices from the index map.")
+    return None if isinstance(dim, Squeezed) else dim.block_size
 
 
 class RevisitMode(enum.Enum):
@@ -134,9 +232,12 @@ def _identity_index_map(*indices: Any) -> tuple[Any, ...]:
 class BlockSpec:
     """How one operand is cut into blocks, and which block each grid step sees.
 
-    ``block_shape`` entries are ints, or ``None``/``pl.squeezed`` for a dimension of size 1
-    that the kernel does not see. ``index_map(*grid_indices)`` returns one *block* index per
-    array dimension (not an element offset). ``block_shape=None`` means the whole array.
+    ``block_shape`` has one entry per array dimension: an int or ``pl.Blocked(n)`` (the index
+    map returns a *block* index, not an element offset), ``None``/``pl.squeezed`` (a dimension
+    of size 1 that the kernel does not see), ``pl.Element(n, padding=...)`` (the index map
+    returns an element offset) or ``pl.BoundedSlice(n)`` (the index map returns
+    ``pl.ds(start, size)``). ``index_map(*grid_indices)`` returns one value per dimension.
+    ``block_shape=None`` means the whole array.
     """
 
     block_shape: Sequence[int | BlockDim | None] | None = None
@@ -186,11 +287,54 @@ no_block_spec: Any = _NoBlockSpec()
 """Marks that no BlockSpecs were given: every operand is passed whole."""
 
 
+def is_dynamic_size(size: Any) -> bool:
+    """``size`` is a grid size known only when the kernel runs: a JAX array (traced or not)."""
+    return isinstance(size, jax.Array)
+
+
+def _grid_size(g: Any, grid: Any) -> Any:
+    if is_dynamic_size(g):
+        if g.size != 1 or not jnp.issubdtype(g.dtype, jnp.integer):
+            raise BlockSpecError(
+                f"grid={grid!r} has a dynamic size of shape {g.shape} and dtype {g.dtype}; "
+                "expected an integer scalar. Fix: pass e.g. jnp.int32(n) or a traced int32[].")
+        return g
+    if not isinstance(g, (int, np.integer)) or isinstance(g, bool) or g < 0:
+        raise BlockSpecError(
+            f"grid sizes must be non-negative ints or integer JAX scalars, found "
+            f"grid={grid!r}. Fix: compute the grid with Python ints, e.g. pl.cdiv(n, block), "
+            "or pass a jax.Array for a size known only at run time.")
+    return int(g)
+
+
+def _split_names(grid: tuple[Any, ...]) -> tuple[tuple[str, ...] | None, tuple[Any, ...]]:
+    """``((name, size), ...)`` -> names and sizes; a grid of plain sizes has no names."""
+    if not any(isinstance(g, (tuple, list)) for g in grid):
+        return None, grid
+    if not all(isinstance(g, (tuple, list)) and len(g) == 2 and isinstance(g[0], str)
+               for g in grid):
+        raise BlockSpecError(
+            f"grid={grid!r} mixes named and unnamed axes, or names one with something other "
+            "than a (name, size) pair. Fix: name every axis, e.g. grid=(('i', 2), ('j', 3)), "
+            "or none.")
+    names = tuple(g[0] for g in grid)
+    if len(set(names)) != len(names):
+        raise BlockSpecError(f"grid={grid!r} names an axis twice. Fix: give each axis its "
+                             "own name.")
+    return names, tuple(g[1] for g in grid)
+
+
 @dataclasses.dataclass(frozen=True)
 class GridSpec:
-    """The grid, the BlockSpecs of inputs and outputs, and scratch buffers of a ``pallas_call``."""
+    """The grid, the BlockSpecs of inputs and outputs, and scratch buffers of a ``pallas_call``.
 
-    grid: int | Sequence[int] = ()
+    ``grid`` is an int, a tuple of sizes, or a tuple of ``(name, size)`` pairs (a named grid:
+    ``jax.lax.axis_index(name)`` in the kernel is the step's index along that axis). A size may
+    be a JAX integer scalar, traced or not (a dynamic grid: the number of steps is known only
+    when the kernel runs, and ``pl.num_programs`` of that axis returns a traced value).
+    """
+
+    grid: Any = ()
     in_specs: Any = no_block_spec
     out_specs: Any = no_block_spec
     scratch_shapes: Any = ()
@@ -198,18 +342,22 @@ class GridSpec:
     """The first ``num_scalar_prefetch`` operands are small integer arrays passed whole to the
     kernel (as its leading Refs) and to every index map (after the grid indices), so that
     blocks can be chosen by data: ``index_map(i, j, idx_ref) -> (idx_ref[i], j)``."""
+    grid_names: tuple[str, ...] | None = dataclasses.field(default=None, init=False)
+    """The axis names of a named grid (``None`` for a grid of plain sizes)."""
 
     def __post_init__(self) -> None:
         if self.grid is None:
             object.__setattr__(self, "grid", ())
-        grid = (self.grid,) if isinstance(self.grid, int) else tuple(self.grid)
-        for g in grid:
-            if not isinstance(g, (int, np.integer)) or isinstance(g, bool) or g < 0:
-                raise BlockSpecError(
-                    f"grid sizes must be non-negative ints, found grid={self.grid!r}. "
-                    "Fix: compute the grid with Python ints, e.g. pl.cdiv(n, block)."
-                )
-        object.__setattr__(self, "grid", tuple(int(g) for g in grid))
+        raw = self.grid
+        if isinstance(raw, (int, np.integer)) or is_dynamic_size(raw):
+            raw = (raw,)
+        elif not isinstance(raw, (tuple, list)):
+            raise BlockSpecError(
+                f"grid={self.grid!r}: expected an int or a tuple of sizes (or of (name, size) "
+                "pairs). Fix: e.g. grid=(4, 2).")
+        names, sizes = _split_names(tuple(raw))
+        object.__setattr__(self, "grid", tuple(_grid_size(g, self.grid) for g in sizes))
+        object.__setattr__(self, "grid_names", names)
         if not isinstance(self.num_scalar_prefetch, int) or self.num_scalar_prefetch < 0:
             raise BlockSpecError(
                 f"GridSpec.num_scalar_prefetch must be a non-negative int, found "

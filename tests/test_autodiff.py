@@ -574,3 +574,23 @@ def test_derivative_kernel_lowers_for_triton() -> None:
     (stages,) = pl.stages(lambda a, t: jax.jvp(lambda x, y: matmul(x, y, 64, 64, 32), a, t),
                           (x, y), (y.T, x.T), backend="triton")
     assert stages["ttir"].count("tt.dot ") == 3
+
+
+def test_jvp_of_a_dynamic_grid() -> None:
+    """A traced grid size rides along as the primitive's last operand; it gets no tangent."""
+
+    def f(x: Any, n: Any) -> Any:
+        def kernel(x_ref: Any, o_ref: Any) -> None:
+            o_ref[...] = jnp.sin(x_ref[...]) * x_ref[...]
+
+        spec = pl.BlockSpec((8,), lambda i: (i,))
+        return pl.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(n,),
+                              in_specs=[spec], out_specs=spec)(x)
+
+    kx, kt = jax.random.split(jax.random.key(3))
+    x, t = jax.random.normal(kx, (32,)), jax.random.normal(kt, (32,))
+    run = jax.jit(lambda x, t, n: jax.jvp(lambda x: f(x, n), (x,), (t,)))
+    primal, tangent = run(x, t, jnp.int32(4))
+    want_p, want_t = jax.jvp(lambda x: jnp.sin(x) * x, (x,), (t,))
+    np.testing.assert_allclose(primal, want_p, rtol=1e-6)
+    np.testing.assert_allclose(tangent, want_t, rtol=1e-5, atol=1e-6)

@@ -14,12 +14,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pallas_interpret
 import pytest
 from jax.experimental import pallas as jax_pl
 from jax.experimental.pallas import tpu as jax_pltpu
 
 import pallas_core as pl
-import pallas_interpret
 from pallas_core.plugins import manager
 
 SHAPE, BLOCK = (16, 128), (8, 128)

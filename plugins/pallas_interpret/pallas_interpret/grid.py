@@ -19,6 +19,7 @@ import numpy as np
 from jax import lax
 
 from pallas_core import reference
+from pallas_core.errors import UnsupportedError
 from pallas_core.request import KernelCall
 from pallas_core.semantics import ReferenceContext, fresh_buffer
 from pallas_interpret import blocks, checks, fast, lockstep
@@ -27,9 +28,17 @@ from pallas_interpret.params import InterpretParams
 
 def run(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
         params: InterpretParams | None = None) -> list[Any]:
-    """The outputs of ``call`` on ``args``: batched where that is proven safe and allowed by
-    ``params``, else step by step."""
+    """The outputs of ``call`` on ``args`` (the primitive's operands: inputs, then the sizes
+    of dynamic grid axes): batched where that is proven safe and allowed by ``params``, else
+    step by step."""
     params = params or InterpretParams()
+    if call.grid_mapping.dynamic_axes:
+        if lockstep.barrier_axes(call) is not None:
+            raise UnsupportedError(
+                f"kernel {call.name!r} has barriers and a dynamic grid "
+                f"{call.grid_mapping.user_grid}; the interpreter runs barriers on static grids "
+                "only. Fix: give the grid int sizes.")
+        return run_exact(call, args, rules, params)
     axes = lockstep.lockstep_axes(call)
     if axes is not None:
         return lockstep.run(call, args, rules, params, axes)
@@ -41,18 +50,27 @@ def run(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
 
 
 def _shuffled_order(grid: tuple[int, ...], axes: Sequence[int], seed: int) -> list[Any]:
-    """Per grid axis, a permutation of its indices (identity for axes not in ``axes``)."""
+    """Per grid axis, a permutation of its indices (``None``: in order, for axes not in
+    ``axes``)."""
     rng = np.random.default_rng(seed)
-    return [jnp.asarray(rng.permutation(n) if a in axes else np.arange(n), jnp.int32)
+    return [jnp.asarray(rng.permutation(n), jnp.int32) if a in axes else None
             for a, n in enumerate(grid)]
+
+
+def _split_grid_sizes(call: KernelCall, args: Sequence[Any]) -> tuple[list[Any], tuple[Any, ...]]:
+    """The call's inputs, and its full grid with each dynamic size taken from the operands."""
+    gm = call.grid_mapping
+    n = len(args) - gm.num_dynamic_grid_bounds
+    return list(args[:n]), gm.resolved_grid([jnp.asarray(s, jnp.int32) for s in args[n:]])
 
 
 def run_exact(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
               params: InterpretParams | None = None) -> list[Any]:
-    """The outputs of ``call`` on ``args``, one grid step after another."""
+    """The outputs of ``call`` on ``args`` (as for :func:`run`), one grid step after another."""
     params = params or InterpretParams()
     checked = params.checked
     gm = call.grid_mapping
+    args, grid = _split_grid_sizes(call, args)
     parallel = params.resolved_parallel_axes(gm.user_grid, call.compiler_params)
     parallel = tuple(a + gm.num_batch_axes for a in parallel) + tuple(range(gm.num_batch_axes))
     if checked:
@@ -63,6 +81,11 @@ def run_exact(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
                for a in gm.scratch_avals]
     n_in, n_out = gm.num_inputs, gm.num_outputs
     prefetch = list(args[:gm.num_scalar_prefetch])
+    if params.shuffle_seed is not None and any(a in parallel for a in gm.dynamic_axes):
+        raise UnsupportedError(
+            f"kernel {call.name!r}: InterpretParams(shuffle_seed=...) shuffles parallel grid "
+            f"axes, but axes {gm.dynamic_axes} of the grid {gm.grid} have dynamic sizes. Fix: "
+            "give those axes int sizes, or drop shuffle_seed.")
     order = (None if params.shuffle_seed is None
              else _shuffled_order(gm.grid, parallel, params.shuffle_seed))
 
@@ -76,14 +99,16 @@ def run_exact(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
         bufs = list(ins)
         for j, buf in zip(written, written_ins):
             bufs[j] = buf
-        ids = blocks.unravel(k, gm.grid)
+        ids = blocks.unravel(k, grid)
         if order is not None:
-            ids = tuple(perm[i] for perm, i in zip(order, ids))
-        ctx = ReferenceContext(ids, gm.grid, gm.num_batch_axes, gm.grid_names, checked)
-        in_starts = [blocks.starts(bm, ids, prefetch) for bm in gm.inputs]
-        out_starts = [blocks.starts(bm, ids, prefetch) for bm in gm.outputs]
-        views = [blocks.read_block(x, bm, s) for x, bm, s in zip(bufs, gm.inputs, in_starts)]
-        views += [blocks.read_block(o, bm, s) for o, bm, s in zip(outs, gm.outputs, out_starts)]
+            ids = tuple(i if perm is None else perm[i] for perm, i in zip(order, ids))
+        ctx = ReferenceContext(ids, grid, gm.num_batch_axes, gm.grid_names, checked)
+        in_starts = [blocks.starts(bm, ids, prefetch, ctx, rules) for bm in gm.inputs]
+        out_starts = [blocks.starts(bm, ids, prefetch, ctx, rules) for bm in gm.outputs]
+        views = [blocks.read_block(x, bm, s, checked)
+                 for x, bm, s in zip(bufs, gm.inputs, in_starts)]
+        views += [blocks.read_block(o, bm, s, checked)
+                  for o, bm, s in zip(outs, gm.outputs, out_starts)]
         results = reference.evaluate(kernel, [*views, *scratch], ctx, rules)
         new_outs = [blocks.write_block(o, bm, s, b) for o, bm, s, b in
                     zip(outs, gm.outputs, out_starts, results[n_in:n_in + n_out])]
@@ -91,9 +116,11 @@ def run_exact(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
                    for j in written]
         return new_outs, list(results[n_in + n_out:]), new_ins
 
-    num_steps = math.prod(gm.grid)
+    num_steps = math.prod(grid)
     carry = (outs, scratch, [ins[j] for j in written])
-    if num_steps == 1:
+    if gm.dynamic_axes:  # the number of steps is a traced value
+        carry = lax.fori_loop(jnp.int32(0), num_steps, step, carry)
+    elif num_steps == 1:
         carry = step(jnp.int32(0), carry)
     elif num_steps > 1:
         carry = lax.fori_loop(0, num_steps, step, carry)
@@ -103,5 +130,5 @@ def run_exact(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
 
 def run_jitted(call: KernelCall, rules: reference.Rules,
                params: InterpretParams | None = None) -> Any:
-    """A jitted function of the call's inputs (for inspection stages)."""
+    """A jitted function of the call's operands (for inspection stages)."""
     return jax.jit(lambda *args: run(call, args, rules, params))

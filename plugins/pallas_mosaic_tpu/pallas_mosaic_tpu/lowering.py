@@ -167,7 +167,7 @@ def _set_attributes(kernel: Any, call: KernelCall, windows: list[ir.Attribute],
             f"kernel {call.name!r}: dimension_semantics has {len(semantics)} entries but the "
             f"grid {gm.user_grid} has {len(gm.user_grid)} axes. Fix: give one per grid axis.")
     # The cores of a mesh (pl.kernel) run in parallel; grid steps default to arbitrary.
-    default = "parallel" if gm.grid_names else "arbitrary"
+    default = "parallel" if gm.is_mesh else "arbitrary"
     names = ["parallel"] * gm.num_batch_axes + [s.value for s in semantics] + [
         default] * (len(gm.user_grid) - len(semantics))
     attrs = kernel.attributes
