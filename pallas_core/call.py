@@ -18,6 +18,8 @@ from pallas_core import _jax, autodiff
 from pallas_core import grid_mapping as gmap
 from pallas_core import primitives as prims
 from pallas_core.errors import (
+    ArgumentError,
+    BlockSpecError,
     KernelSignatureError,
     KernelTraceError,
     LoweringError,
@@ -28,6 +30,7 @@ from pallas_core.plugins import manager
 from pallas_core.request import KernelCall, LoweringRequest
 from pallas_core.spec import (
     BARRIER_SEMAPHORE,
+    BlockSpec,
     BoundedSlice,
     CostEstimate,
     Element,
@@ -55,7 +58,7 @@ def resolve_backend(backend: str | None, compiler_params: Any, interpret: Any) -
     """
     if backend is not None:
         if not isinstance(backend, str):
-            raise PallasError(f"backend= must be a backend name (str), found {backend!r}.")
+            raise ArgumentError(f"backend= must be a backend name (str), found {backend!r}.")
         return manager.get(backend).info.name
     if interpret is None or interpret is False:
         interpret = forced_interpret_params()
@@ -70,7 +73,7 @@ def resolve_backend(backend: str | None, compiler_params: Any, interpret: Any) -
         else:
             name = manager.backend_for_params(compiler_params)
             if name is None:
-                raise PallasError(
+                raise ArgumentError(
                     f"compiler_params of type {type(compiler_params).__name__} belong to no "
                     f"installed backend (installed: {', '.join(sorted(manager.backends()))}). "
                     "Fix: pass the CompilerParams class of the backend you mean (e.g. "
@@ -259,9 +262,9 @@ def trace_kernel(kernel: Callable[..., Any], gm: gmap.GridMapping, in_tree: Any,
                 "(lax.switch) over the few lengths that occur.") from e
         if result is not None:
             raise KernelSignatureError(
-                f"kernel {kernel_name!r} returned {type(result).__name__}; kernels return "
-                "nothing and write their results into the output Refs (o_ref[...] = value)."
-            )
+                f"The kernel function {kernel_name!r} at {_source_of(kernel)} should return "
+                f"None, but returned {type(result).__name__}: kernels write their results into "
+                "the output Refs (o_ref[...] = value). Fix: drop the return value.")
         return []
 
     def with_barrier(*refs: Any) -> list[Any]:
@@ -285,7 +288,8 @@ def trace_kernel(kernel: Callable[..., Any], gm: gmap.GridMapping, in_tree: Any,
         shapes = ", ".join(f"{jnp.dtype(getattr(c, 'dtype', float))}{list(np.shape(c))}"
                            for c in bad)
         raise KernelSignatureError(
-            f"kernel {kernel_name!r} captures arrays from its enclosing scope ({shapes}). "
+            f"The kernel function {kernel_name!r} captures constants from its enclosing scope "
+            f"(arrays {shapes}). "
             "Kernels may only read their Refs. Fix: pass these arrays to the pallas_call as "
             "inputs (with a BlockSpec), or make them Python scalars."
         )
@@ -325,7 +329,7 @@ def pallas_call(
     del metadata
     kernel_name = _kernel_name(kernel, name)
     if cost_estimate is not None and not isinstance(cost_estimate, CostEstimate):
-        raise PallasError(
+        raise ArgumentError(
             f"pallas_call of kernel {kernel_name!r}: cost_estimate must be a pl.CostEstimate, "
             f"found {type(cost_estimate).__name__}. Fix: pl.CostEstimate(flops=..., "
             "transcendentals=..., bytes_accessed=...).")
@@ -334,10 +338,15 @@ def pallas_call(
     if grid_spec is None:
         grid_spec = GridSpec(grid, in_specs, out_specs, scratch_shapes)
     elif grid != () or in_specs is not no_block_spec or out_specs is not no_block_spec:
-        raise PallasError(
+        raise ArgumentError(
             f"pallas_call of kernel {kernel_name!r} got grid_spec= together with grid=/in_specs="
             "/out_specs=. Fix: put everything in the GridSpec, or drop grid_spec=."
         )
+    if isinstance(grid_spec.in_specs, BlockSpec):
+        raise BlockSpecError(
+            f"pallas_call of kernel {kernel_name!r}: `in_specs` must be a tuple or a list of "
+            f"BlockSpecs, one per input, but it is a lone {grid_spec.in_specs!r}. Fix: "
+            "in_specs=[spec] for a kernel with one input.")
     out_leaves, out_tree = _out_shape_leaves(out_shape, kernel_name)
     aliases = _normalize_aliases(input_output_aliases, kernel_name)
     resolve_backend(backend, compiler_params, interpret)  # an unknown name fails here
@@ -409,13 +418,13 @@ def _normalize_aliases(aliases: Mapping[Any, Any] | None,
     pairs = []
     for i, o in (aliases or {}).items():
         if not isinstance(i, (int, np.integer)) or not isinstance(o, (int, np.integer)):
-            raise PallasError(
+            raise ArgumentError(
                 f"pallas_call of kernel {kernel_name!r}: input_output_aliases={aliases!r} must "
                 "map input positions (ints) to output positions (ints). Fix: e.g. {0: 0}.")
         pairs.append((int(i), int(o)))
     outs = [o for _, o in pairs]
     if len(set(outs)) != len(outs):
-        raise PallasError(
+        raise ArgumentError(
             f"pallas_call of kernel {kernel_name!r}: input_output_aliases={aliases!r} aliases "
             "several inputs to one output. Fix: alias each output to at most one input.")
     return tuple(sorted(pairs))
@@ -453,7 +462,7 @@ def _make_grid_mapping(spec: GridSpec, args: Sequence[Any], spec_tree: Any,
         origins = [f"{o} ({p})" for o, p in zip(origins, params)]
     n_top = len(prefetch_tree.children()) if prefetch_tree is not None else len(args)
     if spec.num_scalar_prefetch > min(n_top, len(args)):
-        raise PallasError(
+        raise ArgumentError(
             f"pallas_call of kernel {kernel_name!r}: num_scalar_prefetch="
             f"{spec.num_scalar_prefetch} but only {min(n_top, len(args))} operands were "
             "passed. Fix: pass the scalar-prefetch arrays first.")
@@ -472,14 +481,14 @@ def _check_aliases(aliases: Sequence[tuple[int, int]], args: Sequence[Any],
                    outs: Sequence[Any], kernel_name: str) -> None:
     for i, o in aliases:
         if not (0 <= i < len(args) and 0 <= o < len(outs)):
-            raise PallasError(
+            raise ArgumentError(
                 f"pallas_call of kernel {kernel_name!r}: input_output_aliases has {{{i}: {o}}} "
                 f"but there are {len(args)} inputs and {len(outs)} outputs. Fix: map an "
                 f"input index in range({len(args)}) to an output index in range({len(outs)})."
             )
         a, b = args[i], outs[o]
         if tuple(a.shape) != tuple(b.shape) or jnp.dtype(a.dtype) != jnp.dtype(b.dtype):
-            raise PallasError(
+            raise ArgumentError(
                 f"pallas_call of kernel {kernel_name!r}: input {i} ({a.dtype}{list(a.shape)}) is "
                 f"aliased to output {o} ({b.dtype}{list(b.shape)}); aliased buffers must have "
                 f"the same shape and dtype. Fix: make out_shape[{o}] "

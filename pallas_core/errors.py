@@ -38,8 +38,14 @@ class BlockSpecError(PallasError, ValueError):
     """A BlockSpec, GridSpec or index map does not fit the operands."""
 
 
-class KernelSignatureError(PallasError, TypeError):
-    """The kernel's parameters do not match the operands, outputs and scratch buffers."""
+class KernelSignatureError(PallasError, TypeError, ValueError):
+    """The kernel's parameters do not match the operands, outputs and scratch buffers, or the
+    kernel returns a value or captures arrays. Both a ``TypeError`` and a ``ValueError``: JAX
+    raises one or the other for these mistakes, and ported code may catch either."""
+
+
+class IndexMapSignatureError(BlockSpecError, TypeError):
+    """An index map cannot be called with the grid indices (and scalar-prefetch Refs)."""
 
 
 class KernelTraceError(PallasError, ValueError):

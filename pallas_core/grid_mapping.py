@@ -16,7 +16,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_core import _jax
-from pallas_core.errors import BlockSpecError, OutOfBoundsError, UnsupportedError
+from pallas_core.errors import (
+    BlockSpecError,
+    IndexMapSignatureError,
+    OutOfBoundsError,
+    UnsupportedError,
+)
 from pallas_core.spec import (
     ANY,
     BlockDim,
@@ -297,7 +302,7 @@ def _trace_index_map(spec: BlockSpec, dims: tuple[BlockDim, ...], grid: tuple[in
                 out = fn(*args)
         except TypeError as e:
             if "positional argument" in str(e):
-                raise BlockSpecError(
+                raise IndexMapSignatureError(
                     f"In kernel {kernel_name!r}, the index map of {origin} could not be called "
                     f"with the {len(grid)} grid indices of grid {grid}{pf_args}: {e}. Fix: the "
                     f"index map takes one argument per grid axis ({len(grid)}){pf_fix}."
@@ -323,6 +328,17 @@ def _trace_index_map(spec: BlockSpec, dims: tuple[BlockDim, ...], grid: tuple[in
         return [jnp.asarray(o, jnp.int32) for o in (*indices, *sizes)]
 
     jaxpr, _, consts = _jax.trace_to_jaxpr(flat, avals, name="index_map")
+    captured = [c for c in consts if np.shape(c) != () or isinstance(c, _jax.Tracer)]
+    if captured:
+        # Backends compile index maps into the launch (TPU) or the kernel (GPU), where there is
+        # no place for arrays; JAX refuses them too.
+        shapes = ", ".join(f"{jnp.dtype(getattr(c, 'dtype', float))}{list(np.shape(c))}"
+                           for c in captured)
+        raise BlockSpecError(
+            f"In kernel {kernel_name!r}, the index map of {origin} must not capture constants: "
+            f"it closes over arrays ({shapes}). Fix: pass the data as a scalar-prefetch operand "
+            "(GridSpec(num_scalar_prefetch=...)) and read it from the index map's Ref argument, "
+            "or compute the index from the grid indices.")
     return _jax.ClosedJaxpr(jaxpr, consts)
 
 

@@ -150,14 +150,18 @@ def test_block_shape_must_be_a_tuple():
         pl.BlockSpec(128, lambda i: (i,))
 
 
-def test_single_block_spec_stands_for_a_one_input_list():
+def test_lone_block_spec_for_in_specs_is_refused_as_in_jax():
+    """``in_specs`` is a sequence, one spec per input (JAX raises ValueError); ``out_specs``
+    may be a lone spec for a lone output."""
     x = _rand((256, 4))
     spec = pl.BlockSpec((64, 4), lambda i: (i, 0))
 
     def double(x_ref, o_ref):
         o_ref[...] = x_ref[...] * 2
 
-    out = pl.pallas_call(double, _sds(x), grid=(4,), in_specs=spec, out_specs=spec)(x)
+    with pytest.raises(ValueError, match=r"in_specs=\[spec\]"):
+        pl.pallas_call(double, _sds(x), grid=(4,), in_specs=spec, out_specs=spec)
+    out = pl.pallas_call(double, _sds(x), grid=(4,), in_specs=[spec], out_specs=spec)(x)
     np.testing.assert_allclose(out, x * 2)
 
 
