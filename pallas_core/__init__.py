@@ -2,15 +2,21 @@
 
 ``import pallas_core as pl`` gives the kernel-writing surface of ``jax.experimental.pallas``
 (``pallas_call``, ``BlockSpec``, ``program_id``, ...) plus ``backend=`` selection among
-installed plugins, ``pl.load``/``pl.store``/atomics and ``pl.stages``.
+installed plugins, ``pl.load``/``pl.store``/atomics and ``pl.stages``. The few names of
+``jax.experimental.pallas`` it lacks (``docs/core_api.md``) raise an ``UnsupportedError``
+saying what to write instead when looked up.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from pallas_core._jax import Slice, ds, run_state
 from pallas_core._jax import ds as dslice
 from pallas_core.call import pallas_call, pallas_call_p
+from pallas_core.cost import estimate_cost
 from pallas_core.errors import (
+    ArgumentError,
     AutodiffError,
     BackendNotFoundError,
     BlockSpecError,
@@ -21,6 +27,18 @@ from pallas_core.errors import (
     PallasError,
     PluginLoadError,
     UnsupportedError,
+    UnsupportedNameError,
+)
+from pallas_core.extras import (
+    debug_check,
+    debug_checks_enabled,
+    delay,
+    dot,
+    enable_debug_checks,
+    enable_poison_buffers,
+    lower_as_mlir,
+    reciprocal,
+    with_scoped,
 )
 from pallas_core.grid_mapping import BlockMapping, GridMapping
 from pallas_core.kernel import core_map, kernel
@@ -56,33 +74,51 @@ from pallas_core.request import KernelCall, LoweringRequest
 from pallas_core.semantics import PrimitiveSemantics, ReferenceContext
 from pallas_core.spec import (
     ANY,
+    BlockDim,
+    Blocked,
     BlockSpec,
+    BoundedSlice,
+    Buffered,
     CompilerParams,
     CostEstimate,
+    Element,
     GridSpec,
     MemoryRef,
     MemorySpace,
     Mesh,
+    RevisitMode,
     Squeezed,
-    cdiv,
     no_block_spec,
     squeezed,
 )
 from pallas_core.stages import KernelStages, stages
+from pallas_core.utils import align_to, cdiv, next_power_of_2, strides_from_shape
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ANY", "atomic_add", "atomic_and", "atomic_cas", "atomic_max", "atomic_min", "atomic_or",
-    "atomic_xchg", "atomic_xor", "AutodiffError", "Backend", "BackendInfo",
-    "BackendNotFoundError", "BlockMapping", "BlockSpec", "BlockSpecError", "broadcast_to",
-    "cdiv", "CompilerParams", "core_map", "CostEstimate", "debug_print", "DeviceIdType", "ds",
-    "dslice", "empty", "empty_like", "GridMapping", "GridSpec", "kernel", "KernelCall",
-    "KernelSignatureError", "KernelStages", "KernelTraceError", "load", "loop",
+    "align_to", "ANY", "ArgumentError", "atomic_add", "atomic_and", "atomic_cas", "atomic_max",
+    "atomic_min", "atomic_or", "atomic_xchg", "atomic_xor", "AutodiffError", "Backend",
+    "BackendInfo", "BackendNotFoundError", "BlockDim", "Blocked", "BlockMapping", "BlockSpec",
+    "BlockSpecError", "broadcast_to", "Buffered", "cdiv", "CompilerParams", "core_map",
+    "CostEstimate", "debug_check", "debug_checks_enabled", "debug_print", "delay",
+    "DeviceIdType", "dot", "ds", "dslice", "empty", "empty_like", "enable_debug_checks",
+    "enable_poison_buffers", "estimate_cost", "GridMapping", "GridSpec", "kernel", "KernelCall",
+    "KernelSignatureError", "KernelStages", "KernelTraceError", "load", "loop", "lower_as_mlir",
     "LoweringError", "LoweringRequest", "MemoryRef", "MemorySpace", "Mesh", "multiple_of",
-    "no_block_spec", "num_programs", "OutOfBoundsError", "pallas_call", "pallas_call_p",
-    "PallasError", "PluginLoadError", "PrimitiveSemantics", "program_id", "ReferenceContext",
-    "register_backend", "run_scoped", "run_state", "semaphore_read", "semaphore_signal",
-    "semaphore_wait", "Slice", "Squeezed", "squeezed", "stages", "store", "swap",
-    "UnsupportedError", "when",
+    "next_power_of_2", "no_block_spec", "num_programs", "OutOfBoundsError", "pallas_call",
+    "pallas_call_p", "PallasError", "PluginLoadError", "PrimitiveSemantics", "program_id",
+    "reciprocal", "ReferenceContext", "register_backend", "RevisitMode", "run_scoped",
+    "run_state", "semaphore_read", "semaphore_signal", "semaphore_wait", "Slice", "Squeezed",
+    "squeezed", "stages", "store", "strides_from_shape", "swap", "UnsupportedError",
+    "UnsupportedNameError", "when", "with_scoped",
+    # Block dimensions of BlockSpec.block_shape.
+    "BoundedSlice", "Element",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # Names of jax.experimental.pallas that are not provided: say so, and what to write.
+    from pallas_core.extras import not_provided
+
+    raise not_provided(name)

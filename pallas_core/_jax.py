@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
-from jax._src import api_util, core, dispatch, effects, source_info_util
+from jax._src import ad_util, api_util, core, dispatch, effects, source_info_util
 from jax._src import config as _config
 from jax._src import linear_util as lu
 from jax._src.custom_derivatives import custom_jvp_call_p, custom_vjp_call_p
@@ -56,6 +56,12 @@ Effect = effects.Effect
 typeof = core.typeof
 Tracer = core.Tracer
 eval_jaxpr = core.eval_jaxpr
+is_dim = core.is_dim
+pallas_enable_debug_checks = _config.jax_pallas_enable_debug_checks
+"""JAX's ``jax_pallas_enable_debug_checks`` flag: a context manager, ``.value`` reads it."""
+pallas_poison_buffers = _config.jax_pallas_poison_buffers
+"""JAX's ``jax_pallas_poison_buffers`` flag: a context manager, ``.value`` reads it."""
+"""A static size: a Python/NumPy int, a concrete integer, or a symbolic dimension."""
 eval_context = core.eval_context
 """Evaluates eagerly, outside whatever trace (jit, shard_map, ...) is current."""
 
@@ -81,6 +87,7 @@ get_ref_and_transforms = state_primitives.get_ref_and_transforms
 transform_array = state_discharge.transform_array
 transform_swap_array = state_discharge.transform_swap_array
 run_state = state_discharge.run_state
+run_state_p = state_discharge.run_state_p
 
 
 def register_discharge_rule(prim: Primitive) -> Callable[[Callable[..., Any]], Any]:
@@ -111,7 +118,69 @@ def register_batching_rule(prim: Primitive, rule: Callable[..., Any]) -> None:
     """``rule(axis_data, args, dims, **params) -> (outs, out_dims)``; ``axis_data.size``."""
     batching.fancy_primitive_batchers[prim] = rule
 primitive_jvps = ad.primitive_jvps
+"""``rule(primals, tangents, **params) -> (primal_outs, tangent_outs)``; tangents may be
+symbolic zeros (:func:`is_zero`)."""
+primitive_linearizations = ad.primitive_linearizations
+"""``rule(is_vjp, nonzeros, *primals, **params) -> (primal_outs, out_nonzeros, residuals,
+linearized)`` with ``linearized(residuals, *tangents) -> tangent_outs`` (``jax.linearize``,
+``jax.vjp`` and ``jax.grad`` linearize through it)."""
+primitive_transposes = ad.primitive_transposes
+"""``rule(cotangents, *args, **params)``: reverse mode of a linear equation."""
 register_lowering = mlir.register_lowering
+
+
+def is_zero(tangent: Any) -> bool:
+    """Whether ``tangent`` is a symbolic zero (an input that is not being differentiated)."""
+    return type(tangent) is ad_util.Zero
+
+
+def zero_tangent(aval: Any) -> Any:
+    """The symbolic zero tangent of a value of type ``aval``."""
+    return ad_util.Zero(aval.to_tangent_aval())
+
+
+def instantiate_zero(tangent: Any) -> Any:
+    """``tangent`` as an array: a symbolic zero becomes zeros of its type."""
+    return ad_util.instantiate(tangent)
+
+
+def tangent_aval(aval: Any) -> Any:
+    """The type of a tangent of a value (or Ref) of type ``aval`` (``float0`` for integers)."""
+    return aval.to_tangent_aval()
+
+
+def jvp_jaxpr(closed: ClosedJaxpr, nonzeros: Sequence[bool], *,
+              axis_sizes: Sequence[tuple[str, int]] = ()) -> ClosedJaxpr:
+    """The forward-mode derivative of ``closed``.
+
+    The result takes the inputs, then the tangents of the inputs marked in ``nonzeros`` (the
+    others are symbolic zeros), and returns the outputs then their nonzero tangents. For a
+    kernel jaxpr (Refs in, nothing out) the tangents are Refs too, written as the primal Refs
+    are.
+    """
+    with (_config._check_vma(False), _config.mutable_array_checks(False),
+          core.extend_axis_env_nd(list(axis_sizes))):
+        jvp, _ = ad.jvp_jaxpr(closed, list(nonzeros), instantiate=False)
+    return ClosedJaxpr(_adds_as_lax_add(jvp.jaxpr), jvp.consts)
+
+
+def _adds_as_lax_add(jaxpr: Jaxpr) -> Jaxpr:
+    """``jaxpr`` with JAX's autodiff-internal sum of tangents (``add_any``) written as
+    ``lax.add`` (the same on arrays of one type), nested jaxprs included, so that backends
+    lower derivative kernels with their ordinary rules."""
+    def sub(value: Any) -> Any:
+        if isinstance(value, core.ClosedJaxpr):
+            return ClosedJaxpr(_adds_as_lax_add(value.jaxpr), value.consts)
+        if isinstance(value, core.Jaxpr):
+            return _adds_as_lax_add(value)
+        if isinstance(value, tuple):
+            return tuple(sub(v) for v in value)
+        return value
+
+    eqns = [eqn.replace(
+        primitive=jax.lax.add_p if eqn.primitive is ad_util.add_jaxvals_p else eqn.primitive,
+        params={k: sub(v) for k, v in eqn.params.items()}) for eqn in jaxpr.eqns]
+    return jaxpr.replace(eqns=eqns)
 
 
 def lower_fun(fun: Callable[..., Any], multiple_results: bool = True) -> Callable[..., Any]:
@@ -190,6 +259,23 @@ def manual_axes(ctx: Any) -> tuple[tuple[str, int], ...]:
     if not manual or mesh is None:
         return ()
     return tuple((n, int(mesh.shape[n])) for n in mesh.axis_names if n in manual)
+
+
+@contextlib.contextmanager
+def no_mesh() -> Iterator[None]:
+    """Within the block no mesh is current, neither a device mesh nor an abstract one, so
+    values computed eagerly there (constants folded while a kernel is evaluated) live on one
+    device even while a ``shard_map`` is being lowered, whose mesh is current otherwise."""
+    from jax._src import mesh as mesh_lib
+
+    prev_devices = _config.device_context.swap_local(mesh_lib.empty_concrete_mesh)
+    prev_abstract = _config.abstract_mesh_context_manager.swap_local(
+        mesh_lib.empty_abstract_mesh)
+    try:
+        yield
+    finally:
+        _config.abstract_mesh_context_manager.set_local(prev_abstract)
+        _config.device_context.set_local(prev_devices)
 
 
 def scan_parts(

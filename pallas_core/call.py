@@ -14,11 +14,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_core import _jax
+from pallas_core import _jax, autodiff
 from pallas_core import grid_mapping as gmap
 from pallas_core import primitives as prims
 from pallas_core.errors import (
-    AutodiffError,
+    ArgumentError,
+    BlockSpecError,
     KernelSignatureError,
     KernelTraceError,
     LoweringError,
@@ -27,7 +28,17 @@ from pallas_core.errors import (
 )
 from pallas_core.plugins import manager
 from pallas_core.request import KernelCall, LoweringRequest
-from pallas_core.spec import BARRIER_SEMAPHORE, CostEstimate, GridSpec, no_block_spec
+from pallas_core.spec import (
+    BARRIER_SEMAPHORE,
+    BlockSpec,
+    BoundedSlice,
+    CostEstimate,
+    Element,
+    GridSpec,
+    is_dynamic_size,
+    no_block_spec,
+    squeezed,
+)
 
 pallas_call_p = _jax.Primitive("pallas_call")
 pallas_call_p.multiple_results = True
@@ -47,7 +58,7 @@ def resolve_backend(backend: str | None, compiler_params: Any, interpret: Any) -
     """
     if backend is not None:
         if not isinstance(backend, str):
-            raise PallasError(f"backend= must be a backend name (str), found {backend!r}.")
+            raise ArgumentError(f"backend= must be a backend name (str), found {backend!r}.")
         return manager.get(backend).info.name
     forced = forced_interpret_params()
     if forced is not None:  # a forced interpret mode wins over interpret=, as in JAX
@@ -63,7 +74,7 @@ def resolve_backend(backend: str | None, compiler_params: Any, interpret: Any) -
         else:
             name = manager.backend_for_params(compiler_params)
             if name is None:
-                raise PallasError(
+                raise ArgumentError(
                     f"compiler_params of type {type(compiler_params).__name__} belong to no "
                     f"installed backend (installed: {', '.join(sorted(manager.backends()))}). "
                     "Fix: pass the CompilerParams class of the backend you mean (e.g. "
@@ -115,13 +126,14 @@ def _freeze_params(params: Any) -> Any:
 
 def _out_shape_leaves(out_shape: Any, kernel_name: str) -> tuple[list[Any], Any]:
     leaves, tree = jax.tree_util.tree_flatten(out_shape)
-    if not leaves:
+    if out_shape is None:
         raise KernelSignatureError(
-            f"pallas_call of kernel {kernel_name!r} has out_shape={out_shape!r}, which "
-            "describes no outputs; expected a jax.ShapeDtypeStruct (or a tuple of them). Fix: "
-            "out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), one per output."
+            f"pallas_call of kernel {kernel_name!r} has out_shape=None, which describes no "
+            "outputs; expected a jax.ShapeDtypeStruct (or a tuple of them). Fix: "
+            "out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), one per output, or "
+            "out_shape=() for a kernel without outputs."
         )
-    if isinstance(out_shape, (tuple, list)) and all(
+    if isinstance(out_shape, (tuple, list)) and out_shape and all(
             isinstance(d, (int, np.integer)) for d in out_shape):
         raise KernelSignatureError(
             f"pallas_call of kernel {kernel_name!r} has out_shape={out_shape!r}, a shape "
@@ -149,23 +161,42 @@ def _is_dtype(x: Any) -> bool:
     return isinstance(getattr(x, "dtype", None), np.dtype) and not hasattr(x, "shape")
 
 
-def _top_level_names(args: Sequence[Any], out_shape: Any, n_scratch: int) -> list[str]:
-    """One name per kernel parameter: top-level inputs (pytrees count once), outputs, scratch."""
+def _top_level_names(args: Sequence[Any], out_shape: Any, scratch: Any
+                     ) -> tuple[list[str], dict[str, str]]:
+    """The kernel's arguments, named: one per top-level input (pytrees count once), output and
+    scratch entry (as in :func:`_split_scratch`), the last ones by keyword for a dict."""
     names = [f"input {i}" for i in range(len(args))]
     n_out = len(out_shape) if isinstance(out_shape, tuple) else 1
     names += [f"output {i}" for i in range(n_out)]
-    return names + [f"scratch {i}" for i in range(n_scratch)]
+    positional, keywords = _split_scratch(scratch)
+    names += [f"scratch {i}" for i in range(len(positional))]
+    return names, {k: f"scratch {k!r}" for k in keywords}
+
+
+def _split_scratch(scratch: Any) -> tuple[Sequence[Any], dict[str, Any]]:
+    """The kernel's scratch arguments, as JAX passes them: the entries of a tuple or list (each
+    a Ref, a pytree of Refs, or None) positionally, those of a dict by keyword."""
+    if scratch is None:
+        return (), {}
+    if isinstance(scratch, dict):
+        return (), scratch
+    if isinstance(scratch, (tuple, list)):
+        return tuple(scratch), {}
+    return (scratch,), {}
 
 
 def _check_kernel_signature(kernel: Callable[..., Any], names: Sequence[str],
-                            kernel_name: str) -> None:
+                            kernel_name: str, keywords: Mapping[str, str] | None = None
+                            ) -> None:
     try:
         sig = inspect.signature(kernel)
     except (TypeError, ValueError):
         return
     try:
-        sig.bind(*names)
+        sig.bind(*names, **(keywords or {}))
     except TypeError:
+        if keywords:
+            names = [*names, *(f"{k}= ({v})" for k, v in keywords.items())]
         n_params = len([p for p in sig.parameters.values()
                         if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)])
         raise KernelSignatureError(
@@ -190,11 +221,14 @@ def _kernel_name(kernel: Any, name: str | None) -> str:
 
 
 def trace_kernel(kernel: Callable[..., Any], gm: gmap.GridMapping, in_tree: Any, out_tree: Any,
-                 kernel_name: str) -> tuple[Any, gmap.GridMapping]:
+                 kernel_name: str, scratch_tree: Any = None) -> tuple[Any, gmap.GridMapping]:
     """Traces the kernel body on Refs of its blocks into a closed jaxpr.
 
-    Returns the jaxpr and the grid mapping, which gains a last scratch operand when the kernel
-    uses its barrier semaphore.
+    The kernel receives the input and output Refs nested like the operands and ``out_shape``
+    (``None`` for a ``None`` entry), then the scratch Refs nested like ``scratch_tree`` (the
+    structure of ``scratch_shapes``; ``None``: one argument per scratch buffer). Returns the
+    jaxpr and the grid mapping, which gains a last scratch operand when the kernel uses its
+    barrier semaphore.
     """
     block_avals = [_jax.make_ref_aval(bm.ref_shape, bm.dtype, bm.memory_space)
                    for bm in gm.block_mappings]
@@ -205,8 +239,12 @@ def trace_kernel(kernel: Callable[..., Any], gm: gmap.GridMapping, in_tree: Any,
         ins = jax.tree_util.tree_unflatten(in_tree, refs[:n_in])
         outs = jax.tree_util.tree_unflatten(out_tree, refs[n_in:n_in + n_out])
         outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+        scratch: Any = refs[n_in + n_out:]
+        if scratch_tree is not None:
+            scratch = jax.tree_util.tree_unflatten(scratch_tree, scratch)
+        positional, keywords = _split_scratch(scratch)
         try:
-            result = kernel(*ins, *outs, *refs[n_in + n_out:])
+            result = kernel(*ins, *outs, *positional, **keywords)
         except PallasError:
             raise
         except (ValueError, TypeError, IndexError) as e:
@@ -214,11 +252,21 @@ def trace_kernel(kernel: Callable[..., Any], gm: gmap.GridMapping, in_tree: Any,
                 f"kernel {kernel_name!r} ({_source_of(kernel)}) failed while being traced: "
                 f"{type(e).__name__}: {e}"
             ) from e
+        except AssertionError as e:
+            if "DShapedArray" not in str(e):
+                raise
+            # JAX's own check, on a value whose shape is only known when the kernel runs.
+            raise KernelTraceError(
+                f"kernel {kernel_name!r} ({_source_of(kernel)}) reads or writes a slice of "
+                "traced length (pl.ds(start, n) with n known only when the kernel runs), "
+                "which JAX cannot trace. Fix: access a static maximum length with a mask "
+                "(pl.load(ref.at[pl.ds(start, MAX)], mask=jnp.arange(MAX) < n)), or branch "
+                "(lax.switch) over the few lengths that occur.") from e
         if result is not None:
             raise KernelSignatureError(
-                f"kernel {kernel_name!r} returned {type(result).__name__}; kernels return "
-                "nothing and write their results into the output Refs (o_ref[...] = value)."
-            )
+                f"The kernel function {kernel_name!r} at {_source_of(kernel)} should return "
+                f"None, but returned {type(result).__name__}: kernels write their results into "
+                "the output Refs (o_ref[...] = value). Fix: drop the return value.")
         return []
 
     def with_barrier(*refs: Any) -> list[Any]:
@@ -242,7 +290,8 @@ def trace_kernel(kernel: Callable[..., Any], gm: gmap.GridMapping, in_tree: Any,
         shapes = ", ".join(f"{jnp.dtype(getattr(c, 'dtype', float))}{list(np.shape(c))}"
                            for c in bad)
         raise KernelSignatureError(
-            f"kernel {kernel_name!r} captures arrays from its enclosing scope ({shapes}). "
+            f"The kernel function {kernel_name!r} captures constants from its enclosing scope "
+            f"(arrays {shapes}). "
             "Kernels may only read their Refs. Fix: pass these arrays to the pallas_call as "
             "inputs (with a BlockSpec), or make them Python scalars."
         )
@@ -258,7 +307,7 @@ def pallas_call(
     out_shape: Any,
     *,
     grid_spec: GridSpec | None = None,
-    grid: int | Sequence[int] = (),
+    grid: Any = (),
     in_specs: Any = no_block_spec,
     out_specs: Any = no_block_spec,
     scratch_shapes: Any = (),
@@ -282,7 +331,7 @@ def pallas_call(
     del metadata
     kernel_name = _kernel_name(kernel, name)
     if cost_estimate is not None and not isinstance(cost_estimate, CostEstimate):
-        raise PallasError(
+        raise ArgumentError(
             f"pallas_call of kernel {kernel_name!r}: cost_estimate must be a pl.CostEstimate, "
             f"found {type(cost_estimate).__name__}. Fix: pl.CostEstimate(flops=..., "
             "transcendentals=..., bytes_accessed=...).")
@@ -291,16 +340,31 @@ def pallas_call(
     if grid_spec is None:
         grid_spec = GridSpec(grid, in_specs, out_specs, scratch_shapes)
     elif grid != () or in_specs is not no_block_spec or out_specs is not no_block_spec:
-        raise PallasError(
+        raise ArgumentError(
             f"pallas_call of kernel {kernel_name!r} got grid_spec= together with grid=/in_specs="
             "/out_specs=. Fix: put everything in the GridSpec, or drop grid_spec=."
         )
+    if isinstance(grid_spec.in_specs, BlockSpec):
+        raise BlockSpecError(
+            f"pallas_call of kernel {kernel_name!r}: `in_specs` must be a tuple or a list of "
+            f"BlockSpecs, one per input, but it is a lone {grid_spec.in_specs!r}. Fix: "
+            "in_specs=[spec] for a kernel with one input.")
     out_leaves, out_tree = _out_shape_leaves(out_shape, kernel_name)
     aliases = _normalize_aliases(input_output_aliases, kernel_name)
     resolve_backend(backend, compiler_params, interpret)  # an unknown name fails here
+    grid_names = _grid_names if _grid_names is not None else grid_spec.grid_names
+    dynamic = [g for g in grid_spec.grid if is_dynamic_size(g)]
+    if dynamic and grid_names:
+        raise UnsupportedError(
+            f"pallas_call of kernel {kernel_name!r}: the named grid {grid_names} has dynamic "
+            "sizes; named axes need static sizes (lax.axis_size must be known while the kernel "
+            "is traced). Fix: give the named axes int sizes, or drop the names and use "
+            "pl.program_id/pl.num_programs.")
 
     @functools.wraps(kernel)
     def wrapped(*args: Any) -> Any:
+        # The sizes of dynamic grid axes come last, and become the primitive's last operands.
+        args, sizes = args[:len(args) - len(dynamic)], args[len(args) - len(dynamic):]
         mode = interpret
         if backend is None and forced_interpret_params() is not None:
             mode = forced_interpret_params()
@@ -310,17 +374,20 @@ def pallas_call(
             if not hasattr(a, "shape") or not hasattr(a, "dtype"):
                 flat_args[i] = jnp.asarray(a)
         spec_tree = jax.tree_util.tree_structure(args[grid_spec.num_scalar_prefetch:])
+        prefetch_tree = jax.tree_util.tree_structure(tuple(args[:grid_spec.num_scalar_prefetch]))
         gm = _make_grid_mapping(grid_spec, flat_args, spec_tree, out_leaves, out_tree, kernel,
-                                kernel_name, _grid_names)
-        names = _top_level_names(args, out_shape, len(gm.scratch_avals))
-        _check_kernel_signature(kernel, names, kernel_name)
+                                kernel_name, grid_names, _grid_names is not None, prefetch_tree)
+        scratch_tree = gmap.scratch_leaves(grid_spec.scratch_shapes)[1]
+        scratch = jax.tree_util.tree_unflatten(scratch_tree, gm.scratch_avals)
+        names, keywords = _top_level_names(args, out_shape, scratch)
+        _check_kernel_signature(kernel, names, kernel_name, keywords)
         _check_aliases(aliases, flat_args, out_leaves, kernel_name)
         # An interpreter told to read outside arrays as uninitialized memory (JAX's
         # out_of_bounds_reads="uninitialized") reads input blocks outside theirs.
         lenient = "uninitialized" in (getattr(mode, "out_of_bounds_reads", None),
                                       getattr(compiler_params, "out_of_bounds_reads", None))
         gmap.check_index_maps_in_bounds(gm, kernel_name, inputs=not lenient)
-        jaxpr, gm = trace_kernel(kernel, gm, in_tree, out_tree, kernel_name)
+        jaxpr, gm = trace_kernel(kernel, gm, in_tree, out_tree, kernel_name, scratch_tree)
         call = KernelCall(
             name=kernel_name, jaxpr=jaxpr, grid_mapping=gm,
             out_avals=tuple(_jax.ShapedArray(o.shape, o.dtype) for o in out_leaves),
@@ -336,12 +403,20 @@ def pallas_call(
             print(jaxpr)
         if chosen is not None:
             validate(call, chosen)
-        outs = pallas_call_p.bind(*flat_args, call=call)
+        outs = pallas_call_p.bind(*flat_args, *sizes, call=call)
         return jax.tree_util.tree_unflatten(out_tree, outs)
 
     # Compiled once per argument shapes (and forced interpret mode) when called outside jit;
     # inlined inside jit.
-    return jax.jit(wrapped, inline=True)
+    jitted = jax.jit(wrapped, inline=True)
+    if not dynamic:
+        return jitted
+
+    @functools.wraps(kernel)
+    def with_grid_sizes(*args: Any) -> Any:
+        return jitted(*args, *(jnp.asarray(g, jnp.int32).reshape(()) for g in dynamic))
+
+    return with_grid_sizes
 
 
 def _normalize_aliases(aliases: Mapping[Any, Any] | None,
@@ -349,13 +424,13 @@ def _normalize_aliases(aliases: Mapping[Any, Any] | None,
     pairs = []
     for i, o in (aliases or {}).items():
         if not isinstance(i, (int, np.integer)) or not isinstance(o, (int, np.integer)):
-            raise PallasError(
+            raise ArgumentError(
                 f"pallas_call of kernel {kernel_name!r}: input_output_aliases={aliases!r} must "
                 "map input positions (ints) to output positions (ints). Fix: e.g. {0: 0}.")
         pairs.append((int(i), int(o)))
     outs = [o for _, o in pairs]
     if len(set(outs)) != len(outs):
-        raise PallasError(
+        raise ArgumentError(
             f"pallas_call of kernel {kernel_name!r}: input_output_aliases={aliases!r} aliases "
             "several inputs to one output. Fix: alias each output to at most one input.")
     return tuple(sorted(pairs))
@@ -375,45 +450,51 @@ def _ref_param_names(kernel: Callable[..., Any], count: int) -> list[str] | None
 
 def _make_grid_mapping(spec: GridSpec, args: Sequence[Any], spec_tree: Any,
                        outs: Sequence[Any], out_tree: Any, kernel: Callable[..., Any],
-                       kernel_name: str, grid_names: tuple[str, ...] | None) -> gmap.GridMapping:
-    grid = tuple(spec.grid)  # type: ignore[arg-type]
+                       kernel_name: str, grid_names: tuple[str, ...] | None,
+                       is_mesh: bool = False, prefetch_tree: Any = None) -> gmap.GridMapping:
+    """The grid mapping of a call; ``prefetch_tree`` is the structure of the scalar-prefetch
+    arguments (a tuple of ``num_scalar_prefetch`` pytrees; default: one array each)."""
+    grid = tuple(gmap.DYNAMIC if is_dynamic_size(g) else int(g) for g in spec.grid)
     scratch = gmap.scratch_avals(spec.scratch_shapes)
     in_specs = gmap.flatten_specs(spec.in_specs, spec_tree, "in_specs", kernel_name)
     out_specs = gmap.flatten_specs(spec.out_specs, out_tree, "out_specs", kernel_name)
     # Operands are named in messages by position and, when it fits, by kernel parameter.
-    origins = [f"scalar prefetch {i}" if i < spec.num_scalar_prefetch else f"input {i}"
+    n_pf = spec.num_scalar_prefetch if prefetch_tree is None else prefetch_tree.num_leaves
+    origins = [f"scalar prefetch {i}" if i < n_pf else f"input {i}"
                for i in range(len(args))] + [
         f"output {i}" for i in range(len(outs))]
     params = _ref_param_names(kernel, len(origins) + len(scratch))
     if params is not None:
         origins = [f"{o} ({p})" for o, p in zip(origins, params)]
-    n_pf = spec.num_scalar_prefetch
-    if n_pf > len(args):
-        raise PallasError(
-            f"pallas_call of kernel {kernel_name!r}: num_scalar_prefetch={n_pf} but only "
-            f"{len(args)} operands were passed. Fix: pass the scalar-prefetch arrays first.")
+    n_top = len(prefetch_tree.children()) if prefetch_tree is not None else len(args)
+    if spec.num_scalar_prefetch > min(n_top, len(args)):
+        raise ArgumentError(
+            f"pallas_call of kernel {kernel_name!r}: num_scalar_prefetch="
+            f"{spec.num_scalar_prefetch} but only {min(n_top, len(args))} operands were "
+            "passed. Fix: pass the scalar-prefetch arrays first.")
     pf_avals = [_jax.make_ref_aval(x.shape, x.dtype) for x in args[:n_pf]]
     mappings = [gmap.make_block_mapping(None, x, grid, origin, kernel_name, pf_avals)
                 for x, origin in zip(args[:n_pf], origins)]
-    mappings += [gmap.make_block_mapping(s, x, grid, origin, kernel_name, pf_avals)
+    mappings += [gmap.make_block_mapping(s, x, grid, origin, kernel_name, pf_avals, grid_names,
+                                         prefetch_tree)
                  for s, x, origin in zip([*in_specs, *out_specs], [*args[n_pf:], *outs],
                                          origins[n_pf:])]
     return gmap.GridMapping(grid, tuple(mappings), len(args), len(outs), scratch, 0,
-                            grid_names, n_pf)
+                            grid_names, n_pf, is_mesh)
 
 
 def _check_aliases(aliases: Sequence[tuple[int, int]], args: Sequence[Any],
                    outs: Sequence[Any], kernel_name: str) -> None:
     for i, o in aliases:
         if not (0 <= i < len(args) and 0 <= o < len(outs)):
-            raise PallasError(
+            raise ArgumentError(
                 f"pallas_call of kernel {kernel_name!r}: input_output_aliases has {{{i}: {o}}} "
                 f"but there are {len(args)} inputs and {len(outs)} outputs. Fix: map an "
                 f"input index in range({len(args)}) to an output index in range({len(outs)})."
             )
         a, b = args[i], outs[o]
         if tuple(a.shape) != tuple(b.shape) or jnp.dtype(a.dtype) != jnp.dtype(b.dtype):
-            raise PallasError(
+            raise ArgumentError(
                 f"pallas_call of kernel {kernel_name!r}: input {i} ({a.dtype}{list(a.shape)}) is "
                 f"aliased to output {o} ({b.dtype}{list(b.shape)}); aliased buffers must have "
                 f"the same shape and dtype. Fix: make out_shape[{o}] "
@@ -422,9 +503,36 @@ def _check_aliases(aliases: Sequence[tuple[int, int]], args: Sequence[Any],
             )
 
 
+def _check_grid_and_block_forms(call: KernelCall, backend: str, capabilities: Any) -> None:
+    """Raises ``UnsupportedError`` for a dynamic grid or an element-indexed block dimension
+    that ``backend`` does not declare it lowers (capabilities ``dynamic_grid``,
+    ``element_blocks``, ``bounded_slice_blocks``)."""
+    gm = call.grid_mapping
+    found = []
+    if gm.dynamic_axes:
+        found.append(("dynamic_grid", f"its grid {gm.user_grid} has dynamic sizes",
+                      "give the grid Python int sizes (e.g. a static upper bound, skipping "
+                      "the extra steps with pl.when)"))
+    for bm in gm.block_mappings:
+        for d in bm.dims:
+            if isinstance(d, Element):
+                found.append(("element_blocks", f"{bm.origin} has block dimension {d}",
+                              "use block-indexed dimensions (ints), padding the array "
+                              "yourself"))
+            elif isinstance(d, BoundedSlice):
+                found.append(("bounded_slice_blocks", f"{bm.origin} has block dimension {d}",
+                              "use a full block and mask the unused part in the kernel"))
+    for capability, what, fix in found:
+        if capability not in capabilities:
+            raise UnsupportedError(
+                f"kernel {call.name!r}: {what}, which backend {backend!r} does not support. "
+                f"Fix: {fix}, or run it with backend='interpret'.")
+
+
 def validate(call: KernelCall, backend: str) -> None:
     """Checks ``call`` for ``backend``: memory spaces here, the hardware rules in the plugin."""
     info = manager.get(backend).info
+    _check_grid_and_block_forms(call, backend, info.capabilities)
     if "foreign_memory_spaces" not in info.capabilities:
         spaces = [(bm.origin, bm.memory_space) for bm in call.grid_mapping.block_mappings]
         spaces += [(f"scratch {i}", a.memory_space)
@@ -439,6 +547,14 @@ def validate(call: KernelCall, backend: str) -> None:
                     f"to the {owner!r} backend, but the kernel is lowered by {backend!r}. Fix: "
                     f"pass backend={owner!r}, or use a memory space of {backend!r} (or pl.ANY)."
                 )
+    if "pipeline_mode" not in info.capabilities:
+        for bm in call.grid_mapping.block_mappings:
+            if bm.pipeline_mode is not None:
+                raise UnsupportedError(
+                    f"kernel {call.name!r}: {bm.origin} has pipeline_mode={bm.pipeline_mode}, "
+                    f"but the {backend!r} backend has no pipelines whose buffers pl.Buffered "
+                    "could set. Fix: drop pipeline_mode= for this backend (it never changes "
+                    "results).")
     manager.hook.pallas_validate(call=call, backend=backend)
 
 
@@ -507,16 +623,27 @@ _jax.register_lowering(pallas_call_p, _lowering)
 
 
 
+def _bind(*args: Any, call: KernelCall) -> Sequence[Any]:
+    return pallas_call_p.bind(*args, call=call)  # type: ignore[no-any-return]
+
+
 def _jvp(primals: Any, tangents: Any, *, call: KernelCall) -> Any:
-    raise AutodiffError(
-        f"jax.grad/jvp reached pallas_call kernel {call.name!r} ({call.source}), which has no "
-        "automatic derivative. Fix: wrap the function that calls pl.pallas_call in "
-        "jax.custom_vjp (or jax.custom_jvp) and write its backward pass, typically as another "
-        "pallas_call."
-    )
+    return autodiff.jvp(_bind, primals, tangents, call)
+
+
+def _linearize(is_vjp: bool, nonzeros: Sequence[bool], *primals: Any, call: KernelCall) -> Any:
+    # jax.vjp/jax.grad linearize too (is_vjp): they fail only if they transpose the result.
+    del is_vjp
+    return autodiff.linearize(_bind, nonzeros, primals, call)
+
+
+def _transpose(cotangents: Any, *args: Any, call: KernelCall) -> Any:
+    raise autodiff.transpose(call)
 
 
 _jax.primitive_jvps[pallas_call_p] = _jvp
+_jax.primitive_linearizations[pallas_call_p] = _linearize
+_jax.primitive_transposes[pallas_call_p] = _transpose
 
 
 def _batch(axis_data: Any, args: Sequence[Any], dims: Sequence[Any], *,
@@ -526,8 +653,15 @@ def _batch(axis_data: Any, args: Sequence[Any], dims: Sequence[Any], *,
     if all(d is None for d in dims):
         outs = pallas_call_p.bind(*args, call=call)
         return list(outs), [None] * len(outs)
+    # Dynamic grid sizes are the last operands: batched ones make a loop over the batch.
+    n_dyn = gm.num_dynamic_grid_bounds
+    if any(d is not None for d in dims[len(dims) - n_dyn:]):
+        return _batch_as_loop(args, dims, call)
+    grid_sizes = list(args[len(args) - n_dyn:])
+    args, dims = args[:len(args) - n_dyn], dims[:len(dims) - n_dyn]
     args = [jnp.moveaxis(a, d, 0) if d is not None else a for a, d in zip(args, dims)]
     batched = [d is not None for d in dims]
+    n_same = autodiff.outputs_independent_of(call, batched)
     if any(batched[:gm.num_scalar_prefetch]):
         raise UnsupportedError(
             f"jax.vmap over a scalar-prefetch operand of kernel {call.name!r} is not supported: "
@@ -542,13 +676,29 @@ def _batch(axis_data: Any, args: Sequence[Any], dims: Sequence[Any], *,
                 for bm in gm.block_mappings[:gm.num_scalar_prefetch]]
     mappings = [_batch_block_mapping(bm, b, gm.grid, size, pf_avals) for bm, b in
                 zip(gm.block_mappings, [*batched, *([True] * gm.num_outputs)])]
-    new_gm = gmap.GridMapping(
-        (size, *gm.grid), tuple(mappings), gm.num_inputs, gm.num_outputs, gm.scratch_avals,
-        gm.num_batch_axes + 1, gm.grid_names, gm.num_scalar_prefetch)
+    new_gm = dataclasses.replace(gm, grid=(size, *gm.grid), block_mappings=tuple(mappings),
+                                 num_batch_axes=gm.num_batch_axes + 1)
     new_call = call.replace(
         grid_mapping=new_gm,
         out_avals=tuple(_jax.ShapedArray((size, *a.shape), a.dtype) for a in call.out_avals))
-    outs = pallas_call_p.bind(*args, call=new_call)
+    outs = pallas_call_p.bind(*args, *grid_sizes, call=new_call)
+    # Outputs that do not depend on the batched inputs are the same in every batch element.
+    return ([o[0] for o in outs[:n_same]] + list(outs[n_same:]),
+            [None] * n_same + [0] * (len(outs) - n_same))
+
+
+def _batch_as_loop(args: Sequence[Any], dims: Sequence[Any],
+                   call: KernelCall) -> tuple[list[Any], list[int | None]]:
+    """One call per batch element, in a loop (for grid sizes that differ along the batch)."""
+    batched = [k for k, d in enumerate(dims) if d is not None]
+
+    def one(xs: Sequence[Any]) -> list[Any]:
+        operands = list(args)
+        for k, x in zip(batched, xs):
+            operands[k] = x
+        return list(pallas_call_p.bind(*operands, call=call))
+
+    outs = jax.lax.map(one, [jnp.moveaxis(args[k], dims[k], 0) for k in batched])
     return list(outs), [0] * len(outs)
 
 
@@ -562,11 +712,12 @@ def _batch_block_mapping(bm: gmap.BlockMapping, batched: bool, grid: tuple[int, 
 
     jaxpr, _, consts = _jax.trace_to_jaxpr(index_map, avals, name="index_map")
     if not batched:
-        return gmap.BlockMapping(bm.origin, bm.array_shape, bm.dtype, bm.block_shape,
-                                 _close(jaxpr, consts), bm.memory_space, len(pf_avals))
-    return gmap.BlockMapping(bm.origin, (size, *bm.array_shape), bm.dtype,
-                             (None, *bm.block_shape), _close(jaxpr, consts), bm.memory_space,
-                             len(pf_avals))
+        return dataclasses.replace(bm, index_map=_close(jaxpr, consts),
+                                   num_prefetch=len(pf_avals))
+    return dataclasses.replace(
+        bm, array_shape=(size, *bm.array_shape), block_shape=(None, *bm.block_shape),
+        index_map=_close(jaxpr, consts), num_prefetch=len(pf_avals),
+        block_dims=(squeezed, *bm.block_dims) if bm.block_dims else ())
 
 
 _jax.register_batching_rule(pallas_call_p, _batch)

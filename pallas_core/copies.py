@@ -11,21 +11,27 @@ Reference semantics:
   data (as read then) and takes the count back, so reading the destination before ``wait``
   sees its old contents;
 * a remote copy (``device_id`` given) runs under ``shard_map``: at ``start`` every device sends
-  its source to the device it names; the receiver's destination is written and its receive
-  semaphore counts the arrival; the sender's send semaphore counts the departure. ``wait_recv``
-  and ``wait_send`` take the counts back (``wait`` does both, as in ``jax.experimental.pallas``).
+  its source to the device it names. The data lands in the destination slice, and its arrival
+  is counted on the receive semaphore, that the *sender's* views name (each device may address
+  a different slot); copies from several devices to one land in the order of the senders'
+  indices. The sender's send semaphore counts the departure. ``wait_recv`` and ``wait_send``
+  take the counts back (``wait`` does both, as in ``jax.experimental.pallas``);
+* ``priority`` (a DMA queue) has no meaning here and is accepted; a slice of traced length
+  (``pl.ds(start, n)`` with ``n`` traced) is refused when the interpreter runs the copy.
 """
 
 from __future__ import annotations
 
+import copy as copy_module
 import dataclasses
 from typing import Any
 
 import jax
-import jax.numpy as jnp
+import numpy as np
 
 from pallas_core import _jax, semantics
-from pallas_core.errors import PallasError
+from pallas_core import primitives as prims
+from pallas_core.errors import PallasError, UnsupportedError
 from pallas_core.primitives import DeviceIdType, _ref_and_transforms
 
 copy_start_p = _jax.Primitive("copy_start")
@@ -94,7 +100,7 @@ def bind_views(prim: Any, views: list[Any], extra: list[Any], fn: str, **params:
     return prim.bind(*refs, *flat, *extra, tree=tree, roles=tuple(roles), **params)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class AsyncCopy:
     """A copy from ``src`` to ``dst`` signalled on semaphores; ``start()`` then ``wait()``.
 
@@ -109,12 +115,15 @@ class AsyncCopy:
     device_id: Any = None
     device_id_type: DeviceIdType = DeviceIdType.MESH
     add: bool = False
-    """Add the source into the destination instead of overwriting it (SparseCore DMAs)."""
+    """Add the source into the destination instead of overwriting it (``start(add=True)``
+    sets it; the interpreter adds when the copy completes, at ``wait`` on this descriptor)."""
 
     def _check(self) -> None:
         (src, src_t), (dst, dst_t) = _split(self.src, "async_copy"), _split(self.dst, "async_copy")
         src_aval = _jax.shape_after_transforms(_jax.ref_type_of(src), src_t)
         dst_aval = _jax.shape_after_transforms(_jax.ref_type_of(dst), dst_t)
+        if _traced_length(src_t) or _traced_length(dst_t):
+            return  # lengths known only when the kernel runs (a backend may support them)
         if src_aval.shape != dst_aval.shape or src_aval.dtype != dst_aval.dtype:
             raise PallasError(
                 f"async copy from {src_aval.dtype}{list(src_aval.shape)} to "
@@ -128,16 +137,31 @@ class AsyncCopy:
     def _device_ids(self) -> list[Any]:
         if not self.is_remote:
             return []
-        dev = self.device_id if isinstance(self.device_id, (tuple, list)) else (self.device_id,)
-        return [jnp.asarray(d, jnp.int32) for d in dev]
+        ids, core = prims.device_id_operands(self.device_id, self.device_id_type,
+                                             "make_async_remote_copy")
+        if core is not None:
+            raise UnsupportedError(
+                "make_async_remote_copy: device_id names a core of the kernel's mesh; copies "
+                "to another core's memory are not supported. Fix: address devices only, and "
+                "copy through memory both cores share (pl.ANY).")
+        return ids
 
-    def start(self) -> None:
-        """Starts the copy."""
+    def start(self, priority: int = 0, *, add: bool = False) -> None:
+        """Starts the copy. ``priority`` picks a DMA queue on hardware that has several (the
+        interpreter runs every copy alike); ``add=True`` adds into the destination."""
+        if isinstance(priority, bool) or not isinstance(priority, (int, np.integer)) or (
+                priority < 0):
+            raise PallasError(f"async_copy.start(priority={priority!r}): expected a "
+                              "non-negative int (0 is the default queue).")
+        if add:
+            self.add = True
         self._check()
         views = [self.src, self.dst, self.sem]
         if self.is_remote:
             views.append(self.send_sem)
-        params = {"add": True} if self.add else {}
+        params: dict[str, Any] = {"add": True} if self.add else {}
+        if priority:
+            params["priority"] = int(priority)
         bind_views(copy_start_p, views, self._device_ids(), "async_copy.start",
                    remote=self.is_remote, device_id_type=self.device_id_type, **params)
 
@@ -167,25 +191,41 @@ class AsyncCopy:
                    "async_copy.wait", kind=kind, device_id_type=self.device_id_type, **params)
 
 
+def _traced_length(transforms: tuple[Any, ...]) -> bool:
+    return any(isinstance(i, _jax.Slice) and i.is_dynamic_size
+               for t in transforms for i in getattr(t, "indices", ()))
+
+
 def make_async_copy(src: Any, dst: Any, sem: Any, *, add: bool = False) -> AsyncCopy:
     """A local copy from ``src`` to ``dst`` signalled on ``sem`` (not started); with ``add``,
     ``dst += src`` (duplicate indices of a scatter accumulate)."""
     return AsyncCopy(src, dst, sem, add=add)
 
 
-def async_copy(src: Any, dst: Any, sem: Any, *, add: bool = False) -> AsyncCopy:
+def async_copy(src: Any, dst: Any, sem: Any, *, priority: int = 0,
+               add: bool = False) -> AsyncCopy:
     """Starts a local copy from ``src`` to ``dst``; ``.wait()`` on the result completes it.
 
     A view indexed by an integer vector or a Ref of them (``table.at[idx_ref]``) gathers or
-    scatters rows along its leading dimension; ``add=True`` adds into the destination."""
+    scatters rows along its leading dimension; ``add=True`` adds into the destination.
+    ``priority`` is the DMA queue (see :meth:`AsyncCopy.start`)."""
     copy = make_async_copy(src, dst, sem, add=add)
-    copy.start()
+    copy.start(priority)
     return copy
 
 
 def make_async_remote_copy(src: Any, dst: Any, send_sem: Any, recv_sem: Any, device_id: Any,
                            device_id_type: DeviceIdType = DeviceIdType.MESH) -> AsyncCopy:
-    """A copy of ``src`` here into ``dst`` on device ``device_id`` (not started)."""
+    """A copy of ``src`` here into ``dst`` on device ``device_id`` (not started).
+
+    ``device_id`` is as for ``pl.semaphore_signal``: mesh coordinates (a tuple, an int for a
+    one-axis mesh, or a dict from axis names to coordinates) or, with
+    ``DeviceIdType.LOGICAL``, one logical index. Where the data lands on the receiver, and
+    which of its semaphores counts the arrival, are the views given here on the sender."""
+    if device_id is None:
+        raise PallasError("make_async_remote_copy needs a device_id. Fix: pass the receiving "
+                          "device, or use make_async_copy for a copy on this device.")
+    prims.device_id_operands(device_id, device_id_type, "make_async_remote_copy")  # checks
     return AsyncCopy(src, dst, recv_sem, send_sem, device_id, device_id_type)
 
 
@@ -204,7 +244,8 @@ def sync_copy(src: Any, dst: Any) -> None:
 
 class RefViews:
     """In a discharge rule of a primitive bound with :func:`bind_views`: the current values of
-    its distinct Refs, read and written through view ``role``'s transforms."""
+    its distinct Refs, read and written through view ``role``'s transforms (or through other
+    ``transforms`` of the same Ref, such as those a remote sender addressed)."""
 
     def __init__(self, args: Any, tree: Any, roles: tuple[int, ...]) -> None:
         self.n_refs = max(roles) + 1
@@ -215,26 +256,33 @@ class RefViews:
         self.rest = args[self.n_refs + tree.num_leaves:]
         self.n_args = len(args)
 
-    def read(self, role: int) -> Any:
-        return _jax.transform_array(self.values[self.roles[role]], self.transforms[role])
+    def with_values(self, values: list[Any]) -> RefViews:
+        """A copy of these views over other values of the same Refs."""
+        other = copy_module.copy(self)
+        other.values = list(values)
+        return other
 
-    def write(self, role: int, value: Any) -> None:
+    def read(self, role: int, transforms: Any = None) -> Any:
+        t = self.transforms[role] if transforms is None else transforms
+        return _jax.transform_array(self.values[self.roles[role]], t)
+
+    def write(self, role: int, value: Any, transforms: Any = None) -> None:
         ref = self.roles[role]
-        self.values[ref] = _jax.transform_swap_array(self.values[ref], self.transforms[role],
-                                                     value)[1]
+        t = self.transforms[role] if transforms is None else transforms
+        self.values[ref] = _jax.transform_swap_array(self.values[ref], t, value)[1]
 
-    def add(self, role: int, value: Any) -> None:
+    def add(self, role: int, value: Any, transforms: Any = None) -> None:
         """``view += value``; where the view gathers rows by an index vector (its first
         index), repeated indices accumulate, as a scatter-add does."""
         ref = self.roles[role]
-        transforms = self.transforms[role]
+        t = self.transforms[role] if transforms is None else transforms
         x = self.values[ref]
-        if (len(transforms) == 1 and bool(getattr(transforms[0], "int_indexer_shape", None))
-                and _scatter_form(transforms[0], x.shape)):
-            idx = transforms[0].indices[0]
+        if (len(t) == 1 and bool(getattr(t[0], "int_indexer_shape", None))
+                and _scatter_form(t[0], x.shape)):
+            idx = t[0].indices[0]
             self.values[ref] = x.at[idx].add(value.astype(x.dtype), mode="drop")
             return
-        self.write(role, self.read(role) + value)
+        self.write(role, self.read(role, t) + value, t)
 
     def new_values(self) -> list[Any]:
         return [*self.values, *([None] * (self.n_args - self.n_refs))]
@@ -249,18 +297,41 @@ def _scatter_form(indexer: Any, shape: tuple[int, ...]) -> bool:
                and r.size == d and r.stride == 1 for r, d in zip(rest, shape[1:]))
 
 
+def _refuse_traced_lengths(state: RefViews, roles: tuple[int, ...]) -> None:
+    for role, name in zip(roles, ("source", "destination")):
+        if _traced_length(state.transforms[role]):
+            raise UnsupportedError(
+                f"an async copy whose {name} is a slice of traced length (pl.ds(start, n) "
+                "with n known only when the kernel runs): the interpreter, like JAX's, runs "
+                "copies of static shape only. Fix: copy a static maximum length and ignore the "
+                "rest, or branch (lax.switch) over the few lengths that occur.")
+
+
 def _copy_start_discharge(in_avals: Any, out_avals: Any, *args: Any, tree: Any,
                           roles: tuple[int, ...], remote: bool,
-                          device_id_type: DeviceIdType, add: bool = False) -> Any:
+                          device_id_type: DeviceIdType, add: bool = False,
+                          priority: int = 0) -> Any:
+    del priority  # which DMA queue: no meaning when copies run one at a time
     state = RefViews(args, tree, roles)
+    _refuse_traced_lengths(state, (_SRC, _DST))
     if not remote:
         state.write(_SEM, state.read(_SEM) + 1)
         return state.new_values(), []
     target = semantics.device_index(state.rest, device_id_type is DeviceIdType.MESH)
-    received, arrivals = semantics.exchange(state.read(_SRC), target)
-    state.write(_DST, jnp.where(arrivals > 0, received, state.read(_DST)))
-    state.write(_SEM, state.read(_SEM) + arrivals)
     state.write(_SEND, state.read(_SEND) + 1)
+
+    def deliver(values: list[Any], sent: tuple[Any, Any, Any]) -> list[Any]:
+        data, dst_t, sem_t = sent  # where the data and its arrival land: the sender's views
+        here = state.with_values(values)
+        if add:
+            here.add(_DST, data, dst_t)
+        else:
+            here.write(_DST, data, dst_t)
+        here.write(_SEM, here.read(_SEM, sem_t) + 1, sem_t)
+        return here.values
+
+    payload = (state.read(_SRC), state.transforms[_DST], state.transforms[_SEM])
+    state.values = semantics.receive(payload, target, state.values, deliver)
     return state.new_values(), []
 
 
@@ -268,6 +339,7 @@ def _copy_wait_discharge(in_avals: Any, out_avals: Any, *args: Any, tree: Any,
                          roles: tuple[int, ...], kind: str,
                          device_id_type: DeviceIdType, add: bool = False) -> Any:
     state = RefViews(args, tree, roles)
+    _refuse_traced_lengths(state, (_SRC, _DST))
     count = state.read(_SEM)
     semantics.check_wait(count, 1, f"the {kind} semaphore of an async copy")
     state.write(_SEM, count - 1)

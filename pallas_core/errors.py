@@ -22,12 +22,30 @@ class UnsupportedError(PallasError, NotImplementedError):
     """A feature is not supported by the chosen backend."""
 
 
+class UnsupportedNameError(UnsupportedError, AttributeError):
+    """A name of ``jax.experimental.pallas`` that pallas does not provide (yet).
+
+    Raised when the name is looked up (``pl.get_global``); an ``AttributeError`` too, so that
+    ``hasattr(pl, name)`` is False.
+    """
+
+
+class ArgumentError(PallasError, ValueError):
+    """An argument of a pallas function has a value it cannot take."""
+
+
 class BlockSpecError(PallasError, ValueError):
     """A BlockSpec, GridSpec or index map does not fit the operands."""
 
 
-class KernelSignatureError(PallasError, TypeError):
-    """The kernel's parameters do not match the operands, outputs and scratch buffers."""
+class KernelSignatureError(PallasError, TypeError, ValueError):
+    """The kernel's parameters do not match the operands, outputs and scratch buffers, or the
+    kernel returns a value or captures arrays. Both a ``TypeError`` and a ``ValueError``: JAX
+    raises one or the other for these mistakes, and ported code may catch either."""
+
+
+class IndexMapSignatureError(BlockSpecError, TypeError):
+    """An index map cannot be called with the grid indices (and scalar-prefetch Refs)."""
 
 
 class KernelTraceError(PallasError, ValueError):
@@ -43,7 +61,8 @@ class LoweringError(PallasError):
 
 
 class AutodiffError(PallasError, TypeError):
-    """Differentiation reached a ``pallas_call`` that has no derivative rule."""
+    """Differentiation cannot go through a kernel: reverse mode (kernels have forward-mode
+    derivatives only), or a kernel body with an operation that has no derivative."""
 
 
 def unsupported(feature: str, backend: str, fix: str = "") -> UnsupportedError:

@@ -16,16 +16,45 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_core import _jax
-from pallas_core.errors import BlockSpecError, OutOfBoundsError
-from pallas_core.spec import ANY, BlockSpec, MemorySpace, Squeezed, no_block_spec
+from pallas_core.errors import (
+    BlockSpecError,
+    IndexMapSignatureError,
+    OutOfBoundsError,
+    UnsupportedError,
+)
+from pallas_core.spec import (
+    ANY,
+    BlockDim,
+    Blocked,
+    BlockSpec,
+    BoundedSlice,
+    Element,
+    MemorySpace,
+    Squeezed,
+    block_dim,
+    block_dim_size,
+    no_block_spec,
+    squeezed,
+)
 
 # Index maps are checked on every grid point ahead of time up to this many points.
 MAX_STATIC_CHECK_POINTS = 1 << 20
 
 
+class _DynamicSize:
+    """The size of a grid axis that is known only when the kernel runs."""
+
+    def __repr__(self) -> str:
+        return "dynamic"
+
+
+DYNAMIC: Any = _DynamicSize()
+"""Stands in ``GridMapping.grid`` for a dynamic axis (its size is an operand of the call)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class BlockMapping:
-    """How one operand is blocked: ``index_map(*grid_indices)`` gives its block indices."""
+    """How one operand is blocked: ``index_map(*grid_indices)`` says where its block lies."""
 
     origin: str
     """The operand, for messages: e.g. ``"input 0 (x_ref)"`` or ``"output 1"``."""
@@ -35,10 +64,45 @@ class BlockMapping:
     """Per array dimension the block size; ``None`` marks a squeezed dimension (size 1)."""
     index_map: Any
     """Closed jaxpr: ``len(grid)`` int32 scalars (then one Ref per scalar-prefetch operand)
-    -> one int32 block index per dimension."""
+    -> one int32 per dimension (see :attr:`dims` for what it means), then the slice size of
+    each ``pl.BoundedSlice`` dimension, in order."""
     memory_space: MemorySpace | None = None
     num_prefetch: int = 0
     """How many scalar-prefetch Refs the index map takes after the grid indices."""
+    pipeline_mode: Any = None
+    """The BlockSpec's ``pl.Buffered`` (``None``: the backend's default buffering)."""
+    block_dims: tuple[BlockDim, ...] = ()
+    """Per dimension how it is indexed (``pl.Blocked``, ``pl.Element``, ``pl.BoundedSlice``,
+    ``pl.squeezed``); empty means what ``block_shape`` says: blocked, or squeezed for ``None``."""
+
+    @property
+    def dims(self) -> tuple[BlockDim, ...]:
+        """How each dimension is indexed: the index map returns a block index for
+        ``Blocked``, an element index for ``Squeezed`` and an element offset (into the padded
+        array) for ``Element``; a ``BoundedSlice`` takes its start and size."""
+        if self.block_dims:
+            return self.block_dims
+        return tuple(squeezed if b is None else Blocked(b) for b in self.block_shape)
+
+    @property
+    def block_indexed(self) -> bool:
+        """Every dimension is blocked or squeezed (no element offsets or bounded slices)."""
+        return all(isinstance(d, (Blocked, Squeezed)) for d in self.dims)
+
+    @property
+    def bounded_dims(self) -> tuple[int, ...]:
+        """The dimensions indexed by ``pl.BoundedSlice``."""
+        return tuple(k for k, d in enumerate(self.dims) if isinstance(d, BoundedSlice))
+
+    @property
+    def num_index_outputs(self) -> int:
+        """How many values the index map returns."""
+        return len(self.array_shape) + len(self.bounded_dims)
+
+    @property
+    def padding(self) -> tuple[tuple[int, int], ...]:
+        """Per dimension the ``(low, high)`` padding of a ``pl.Element`` dimension, else 0s."""
+        return tuple(d.padding if isinstance(d, Element) else (0, 0) for d in self.dims)
 
     @property
     def ref_shape(self) -> tuple[int, ...]:
@@ -56,12 +120,21 @@ class BlockMapping:
         return self.memory_space is ANY
 
     def block_indices(self, *args: Any) -> list[Any]:
-        """Evaluates the index map on grid indices (then scalar-prefetch Refs or arrays)."""
+        """Evaluates the index map on grid indices (then scalar-prefetch Refs or arrays):
+        one value per dimension, then the size of each bounded slice."""
         prefetch = args[len(args) - self.num_prefetch:] if self.num_prefetch else ()
         if prefetch and not isinstance(_jax.typeof(prefetch[0]), _jax.AbstractRef):
-            pure = _discharged_index_map(self.index_map)
-            return _jax.eval_jaxpr(pure.jaxpr, pure.consts, *args)[:len(self.array_shape)]
+            pure = self.pure_index_map
+            return _jax.eval_jaxpr(pure.jaxpr, pure.consts, *args)[:self.num_index_outputs]
         return _jax.eval_jaxpr(self.index_map.jaxpr, self.index_map.consts, *args)
+
+    @property
+    def pure_index_map(self) -> Any:
+        """The index map as a function of values: scalar-prefetch Refs taken as arrays (its
+        outputs may be followed by the prefetch arrays)."""
+        if not self.num_prefetch:
+            return self.index_map
+        return _discharged_index_map(self.index_map)
 
 
 @functools.lru_cache(maxsize=256)
@@ -74,7 +147,10 @@ class GridMapping:
     """The grid and the blocking of every operand of one ``pallas_call``."""
 
     grid: tuple[int, ...]
-    """The full grid, leading batch axes (added by ``vmap``) included."""
+    """The full grid, leading batch axes (added by ``vmap``) included. A dynamic axis holds
+    :data:`DYNAMIC`; its size is one of the call's last ``num_dynamic_grid_bounds`` operands
+    (int32 scalars, in axis order). Only backends with the ``dynamic_grid`` capability
+    receive such grids."""
     block_mappings: tuple[BlockMapping, ...]
     """Inputs first, then outputs."""
     num_inputs: int
@@ -84,10 +160,13 @@ class GridMapping:
     """Leading grid axes added by ``vmap``; ``program_id(i)`` in the kernel is axis
     ``i + num_batch_axes`` of ``grid``."""
     grid_names: tuple[str, ...] | None = None
-    """Mesh axis names of the user grid when launched through ``pl.kernel``."""
+    """Axis names of the user grid: a named grid's, or the mesh's of ``pl.kernel``."""
     num_scalar_prefetch: int = 0
     """The first inputs are scalar-prefetch operands: passed whole to the kernel and to every
     index map, so index maps depend on data (no ahead-of-time evaluation)."""
+    is_mesh: bool = False
+    """The user grid is a ``pl.kernel``/``pl.core_map`` mesh: its points are cores that run
+    in parallel (a named ``pallas_call`` grid is not)."""
 
     @property
     def user_grid(self) -> tuple[int, ...]:
@@ -108,14 +187,33 @@ class GridMapping:
         return self.block_mappings[self.num_inputs:]
 
     @property
+    def dynamic_axes(self) -> tuple[int, ...]:
+        """The axes of ``grid`` whose sizes are known only when the kernel runs."""
+        return tuple(a for a, g in enumerate(self.grid) if g is DYNAMIC)
+
+    @property
+    def num_dynamic_grid_bounds(self) -> int:
+        """How many trailing operands of the call are dynamic grid sizes."""
+        return len(self.dynamic_axes)
+
+    def resolved_grid(self, sizes: Sequence[Any]) -> tuple[Any, ...]:
+        """``grid`` with each dynamic axis replaced by its size from ``sizes`` (in order)."""
+        it = iter(sizes)
+        return tuple(next(it) if g is DYNAMIC else g for g in self.grid)
+
+    @property
     def num_steps(self) -> int:
+        if self.dynamic_axes:
+            raise UnsupportedError(
+                f"the grid {self.grid} has dynamic sizes, so its number of steps is known only "
+                "when the kernel runs.")
         return int(np.prod(self.grid, dtype=np.int64))
 
 
 def _normalize_block_shape(spec: BlockSpec, shape: tuple[int, ...], origin: str,
-                           kernel_name: str) -> tuple[int | None, ...]:
+                           kernel_name: str) -> tuple[BlockDim, ...]:
     if spec.block_shape is None:
-        return tuple(shape)
+        return tuple(Blocked(d) for d in shape)
     block = spec.block_shape
     if len(block) != len(shape):
         raise BlockSpecError(
@@ -123,22 +221,66 @@ def _normalize_block_shape(spec: BlockSpec, shape: tuple[int, ...], origin: str,
             f"BlockSpec has block_shape {tuple(block)} (rank {len(block)}). Fix: give one block "
             "size per array dimension, using None (or pl.squeezed) for dimensions to drop."
         )
-    out: list[int | None] = []
+    out: list[BlockDim] = []
     for b in block:
-        if b is None or isinstance(b, Squeezed):
-            out.append(None)
-        elif isinstance(b, (int, np.integer)) and b > 0:
-            out.append(int(b))
-        else:
+        try:
+            out.append(block_dim(b))
+        except BlockSpecError:
             raise BlockSpecError(
-                f"In kernel {kernel_name!r}, {origin}: block sizes must be positive ints or None, "
-                f"found {b!r} in block_shape {tuple(block)}."
-            )
+                f"In kernel {kernel_name!r}, {origin}: block sizes must be positive ints, None, "
+                "pl.squeezed, pl.Blocked(n), pl.Element(n) or pl.BoundedSlice(n); found "
+                f"{b!r} in block_shape {tuple(block)}."
+            ) from None
     return tuple(out)
 
 
-def _trace_index_map(spec: BlockSpec, grid: tuple[int, ...], shape: tuple[int, ...],
-                     origin: str, kernel_name: str, prefetch_avals: Sequence[Any] = ()) -> Any:
+def _check_index(o: Any, d: int, dim: BlockDim, origin: str, kernel_name: str) -> None:
+    """Raises unless ``o`` is an integer scalar (what every dimension but a bounded slice's
+    index map value is)."""
+    if isinstance(o, _jax.Slice):
+        raise BlockSpecError(
+            f"In kernel {kernel_name!r}, the index map of {origin} returned {o} for dimension "
+            f"{d}, whose block dimension is {dim}; only pl.BoundedSlice dimensions take a "
+            f"pl.ds(start, size). Fix: return an integer there, or make the block dimension "
+            f"pl.BoundedSlice({block_dim_size(dim)}).")
+    dtype = getattr(o, "dtype", None)
+    if o is None or isinstance(o, float) or jnp.ndim(o) != 0 or (
+            dtype is not None and not jnp.issubdtype(dtype, jnp.integer)):
+        raise BlockSpecError(
+            f"In kernel {kernel_name!r}, the index map of {origin} returned {o!r}; "
+            "expected one integer scalar per array dimension (a block index). Fix: "
+            "return ints or int32 scalars, e.g. lambda i, j: (i, j).")
+
+
+def _slice_parts(o: Any, d: int, dim: BoundedSlice, origin: str,
+                 kernel_name: str) -> tuple[Any, Any]:
+    """``(start, size)`` of the ``pl.ds`` an index map returned for a bounded-slice dim."""
+    if not isinstance(o, _jax.Slice):
+        raise BlockSpecError(
+            f"In kernel {kernel_name!r}, the index map of {origin} returned {o!r} for dimension "
+            f"{d}, whose block dimension is {dim}; expected pl.ds(start, size) with size <= "
+            f"{dim.block_size}. Fix: e.g. lambda i: (pl.ds(starts_ref[i], sizes_ref[i]),).")
+    if o.stride != 1:
+        raise UnsupportedError(
+            f"In kernel {kernel_name!r}, the index map of {origin} returned a strided slice "
+            f"{o} for {dim} dimension {d}; bounded slices are contiguous. Fix: drop the stride.")
+    if isinstance(o.size, (int, np.integer)) and not 0 <= o.size <= dim.block_size:
+        raise BlockSpecError(
+            f"In kernel {kernel_name!r}, the index map of {origin} returned {o} for {dim} "
+            f"dimension {d}: the size must lie in 0..{dim.block_size}. Fix: make the block "
+            "larger or the slice smaller.")
+    for part in (o.start, o.size):
+        _check_index(part, d, dim, origin, kernel_name)
+    return o.start, o.size
+
+
+def _trace_index_map(spec: BlockSpec, dims: tuple[BlockDim, ...], grid: tuple[int, ...],
+                     shape: tuple[int, ...], origin: str, kernel_name: str,
+                     prefetch_avals: Sequence[Any] = (),
+                     grid_names: tuple[str, ...] | None = None,
+                     prefetch_tree: Any = None) -> Any:
+    from pallas_core import primitives as prims
+
     ndim = len(shape)
     fn = spec.index_map
     if fn is None:
@@ -151,24 +293,22 @@ def _trace_index_map(spec: BlockSpec, grid: tuple[int, ...], shape: tuple[int, .
 
     def flat(*idx: Any) -> list[Any]:
         try:
-            out = fn(*idx)
+            # pl.num_programs works in index maps, as in kernels.
+            args: Sequence[Any] = idx
+            if prefetch_tree is not None:  # scalar-prefetch arguments may be pytrees
+                args = (*idx[:len(grid)], *jax.tree_util.tree_unflatten(prefetch_tree,
+                                                                       idx[len(grid):]))
+            with prims.kernel_trace_context(prims.KernelTraceContext(grid, grid_names)):
+                out = fn(*args)
         except TypeError as e:
             if "positional argument" in str(e):
-                raise BlockSpecError(
+                raise IndexMapSignatureError(
                     f"In kernel {kernel_name!r}, the index map of {origin} could not be called "
                     f"with the {len(grid)} grid indices of grid {grid}{pf_args}: {e}. Fix: the "
                     f"index map takes one argument per grid axis ({len(grid)}){pf_fix}."
                 ) from e
             raise
         out = out if isinstance(out, (tuple, list)) else (out,)
-        for o in out:
-            dtype = getattr(o, "dtype", None)
-            if o is None or isinstance(o, float) or jnp.ndim(o) != 0 or (
-                    dtype is not None and not jnp.issubdtype(dtype, jnp.integer)):
-                raise BlockSpecError(
-                    f"In kernel {kernel_name!r}, the index map of {origin} returned {o!r}; "
-                    "expected one integer scalar per array dimension (a block index). Fix: "
-                    "return ints or int32 scalars, e.g. lambda i, j: (i, j).")
         if len(out) != ndim:
             raise BlockSpecError(
                 f"In kernel {kernel_name!r}, the index map of {origin} returned {len(out)} "
@@ -176,14 +316,36 @@ def _trace_index_map(spec: BlockSpec, grid: tuple[int, ...], shape: tuple[int, .
                 f"a tuple of {ndim} block indices, one per array dimension (0 for dimensions "
                 "that are not blocked)."
             )
-        return [jnp.asarray(o, jnp.int32) for o in out]
+        indices, sizes = [], []
+        for d, (o, dim) in enumerate(zip(out, dims)):
+            if isinstance(dim, BoundedSlice):
+                start, size = _slice_parts(o, d, dim, origin, kernel_name)
+                indices.append(start)
+                sizes.append(size)
+            else:
+                _check_index(o, d, dim, origin, kernel_name)
+                indices.append(o)
+        return [jnp.asarray(o, jnp.int32) for o in (*indices, *sizes)]
 
     jaxpr, _, consts = _jax.trace_to_jaxpr(flat, avals, name="index_map")
+    captured = [c for c in consts if np.shape(c) != () or isinstance(c, _jax.Tracer)]
+    if captured:
+        # Backends compile index maps into the launch (TPU) or the kernel (GPU), where there is
+        # no place for arrays; JAX refuses them too.
+        shapes = ", ".join(f"{jnp.dtype(getattr(c, 'dtype', float))}{list(np.shape(c))}"
+                           for c in captured)
+        raise BlockSpecError(
+            f"In kernel {kernel_name!r}, the index map of {origin} must not capture constants: "
+            f"it closes over arrays ({shapes}). Fix: pass the data as a scalar-prefetch operand "
+            "(GridSpec(num_scalar_prefetch=...)) and read it from the index map's Ref argument, "
+            "or compute the index from the grid indices.")
     return _jax.ClosedJaxpr(jaxpr, consts)
 
 
 def make_block_mapping(spec: Any, x: Any, grid: tuple[int, ...], origin: str,
-                       kernel_name: str, prefetch_avals: Sequence[Any] = ()) -> BlockMapping:
+                       kernel_name: str, prefetch_avals: Sequence[Any] = (),
+                       grid_names: tuple[str, ...] | None = None,
+                       prefetch_tree: Any = None) -> BlockMapping:
     """Normalises one operand's BlockSpec against its shape and the grid."""
     shape = tuple(x.shape)
     if spec is None or spec is no_block_spec:
@@ -198,21 +360,25 @@ def make_block_mapping(spec: Any, x: Any, grid: tuple[int, ...], origin: str,
                 f"In kernel {kernel_name!r}, {origin} is in memory space ANY, which is not "
                 f"blocked, but has block_shape {spec.block_shape}. Fix: drop block_shape."
             )
-        block: tuple[int | None, ...] = shape
+        dims = _normalize_block_shape(BlockSpec(), shape, origin, kernel_name)
     else:
-        block = _normalize_block_shape(spec, shape, origin, kernel_name)
-    index_map = _trace_index_map(spec, grid, shape, origin, kernel_name, prefetch_avals)
+        dims = _normalize_block_shape(spec, shape, origin, kernel_name)
+    block = tuple(None if isinstance(d, Squeezed) else block_dim_size(d) for d in dims)
+    index_map = _trace_index_map(spec, dims, grid, shape, origin, kernel_name, prefetch_avals,
+                                 grid_names, prefetch_tree)
+    plain = all(isinstance(d, (Blocked, Squeezed)) for d in dims)
     return BlockMapping(origin, shape, np.dtype(x.dtype), block, index_map, spec.memory_space,
-                        len(prefetch_avals))
+                        len(prefetch_avals), spec.pipeline_mode, () if plain else dims)
 
 
 def check_index_maps_in_bounds(gm: GridMapping, kernel_name: str, inputs: bool = True) -> None:
     """Raises ``OutOfBoundsError`` if any index map leaves its array on any grid point.
 
     Evaluated ahead of time on every grid point (index maps are pure functions of the grid
-    indices); grids larger than ``MAX_STATIC_CHECK_POINTS`` are not checked here. With
-    ``inputs=False`` only outputs are checked (for an interpreter that reads input blocks
-    outside their arrays as uninitialized memory).
+    indices); grids larger than ``MAX_STATIC_CHECK_POINTS``, dynamic grids and index maps that
+    read scalar-prefetch operands are not checked here. With ``inputs=False`` only outputs are
+    checked (for an interpreter that reads input blocks outside their arrays as uninitialized
+    memory).
     """
     tables = block_index_tables(gm)
     if tables is None:
@@ -232,13 +398,16 @@ def grid_points(grid: Sequence[int]) -> np.ndarray:
 
 @functools.lru_cache(maxsize=128)
 def block_index_tables(gm: GridMapping) -> tuple[np.ndarray, list[np.ndarray]] | None:
-    """Every operand's block indices on every grid point, evaluated ahead of time.
+    """Every operand's index-map values on every grid point, evaluated ahead of time.
 
     Returns ``(points, tables)``: ``points`` as :func:`grid_points`, and per operand an
-    ``(num_steps, ndim)`` int array. ``None`` for empty grids, grids larger than
+    ``(num_steps, bm.num_index_outputs)`` int array (one column per dimension, then the size
+    of each bounded slice). ``None`` for dynamic and empty grids, grids larger than
     ``MAX_STATIC_CHECK_POINTS`` and index maps that read scalar-prefetch operands.
     """
-    if gm.num_steps == 0 or gm.num_steps > MAX_STATIC_CHECK_POINTS or gm.num_scalar_prefetch:
+    if gm.dynamic_axes or gm.num_scalar_prefetch:
+        return None
+    if gm.num_steps == 0 or gm.num_steps > MAX_STATIC_CHECK_POINTS:
         return None
     points = grid_points(gm.grid)
     tables = []
@@ -246,7 +415,7 @@ def block_index_tables(gm: GridMapping) -> tuple[np.ndarray, list[np.ndarray]] |
     with _jax.eval_context(), jax.ensure_compile_time_eval():
         cols = [jnp.asarray(points[:, k]) for k in range(len(gm.grid))]
         for bm in gm.block_mappings:
-            if not bm.array_shape:
+            if not bm.num_index_outputs:
                 tables.append(np.zeros((gm.num_steps, 0), np.int64))
                 continue
             if gm.grid:
@@ -257,41 +426,77 @@ def block_index_tables(gm: GridMapping) -> tuple[np.ndarray, list[np.ndarray]] |
     return points, tables
 
 
-def _raise_if_out_of_bounds(bm: BlockMapping, block_idx: np.ndarray, points: np.ndarray,
+def _out_of_bounds(bm: BlockMapping, table: np.ndarray) -> np.ndarray:
+    """Per step and dimension, whether the index-map value there leaves the array."""
+    ndim = len(bm.array_shape)
+    bad = np.zeros((table.shape[0], ndim), bool)
+    sizes = iter(table[:, ndim:].T)
+    for d, (dim, n) in enumerate(zip(bm.dims, bm.array_shape)):
+        i = table[:, d]
+        if isinstance(dim, Element):
+            bad[:, d] = (i < 0) | (i >= max(n + sum(dim.padding), 1))
+        elif isinstance(dim, BoundedSlice):
+            size = next(sizes)
+            bad[:, d] = (i < 0) | (size < 0) | (size > dim.block_size) | (i + size > n)
+        else:
+            bad[:, d] = (i < 0) | (i * block_dim_size(dim) >= max(n, 1))
+    return bad
+
+
+def _raise_if_out_of_bounds(bm: BlockMapping, table: np.ndarray, points: np.ndarray,
                             kernel_name: str) -> None:
-    block = np.array(bm.full_block_shape, np.int64)
-    shape = np.array(bm.array_shape, np.int64)
-    starts = block_idx.astype(np.int64) * block
-    bad = (block_idx < 0) | (starts >= np.maximum(shape, 1))
+    bad = _out_of_bounds(bm, table)
     if not bad.any():
         return
     step, dim = (int(v) for v in np.argwhere(bad)[0])
-    n_blocks = tuple(int(-(-s // b)) for s, b in zip(shape, block))
+    ndim = len(bm.array_shape)
+    where = (f"Out-of-bounds {{what}} for {bm.origin} in kernel {kernel_name!r} at grid step "
+             f"{tuple(int(v) for v in points[step])}: its index map leaves the array: "
+             f"dimension {dim} of shape {bm.array_shape}")
+    kind = bm.dims[dim]
+    if isinstance(kind, Element):
+        lo, hi = kind.padding
+        raise OutOfBoundsError(
+            where.format(what=f"element offset {int(table[step, dim])}")
+            + f" is indexed by {kind}, so a block starts at an offset in "
+            f"0..{bm.array_shape[dim] + lo + hi - 1} (the dimension with its padding).")
+    if isinstance(kind, BoundedSlice):
+        size = int(table[step, ndim + bm.bounded_dims.index(dim)])
+        raise OutOfBoundsError(
+            where.format(what=f"pl.ds({int(table[step, dim])}, {size})")
+            + f" is indexed by {kind}: the slice must satisfy 0 <= start, 0 <= size <= "
+            f"{kind.block_size} and start + size <= {bm.array_shape[dim]}.")
+    block_idx = table[:, :ndim]
+    block = np.array(bm.full_block_shape, np.int64)
+    n_blocks = tuple(int(-(-s // b)) for s, b in zip(bm.array_shape, block))
     hint = ""
-    if any(block_idx[step, d] >= block[d] > 1 for d in range(len(block))):
+    if bm.block_indexed and any(block_idx[step, d] >= block[d] > 1 for d in range(ndim)):
         rest = ["0"] * (len(block) - 1)
         good = f"({', '.join(['i', *rest])}{',' if not rest else ''})"
         bad_map = f"({', '.join(['i * block_size', *rest])}{',' if not rest else ''})"
         hint = (" Index maps return block indices, not element offsets: write "
                 f"lambda i: {good}, not lambda i: {bad_map}.")
     raise OutOfBoundsError(
-        f"Out-of-bounds block index {tuple(int(v) for v in block_idx[step])} for {bm.origin} "
-        f"in kernel {kernel_name!r} at grid step {tuple(int(v) for v in points[step])}: its "
-        f"index map leaves the array: dimension {dim} of shape "
-        f"{bm.array_shape} in blocks of "
-        f"{bm.full_block_shape} has {n_blocks[dim]} blocks (valid indices 0..{n_blocks[dim] - 1})."
-        f"{hint}"
+        where.format(what=f"block index {tuple(int(v) for v in block_idx[step])}")
+        + f" in blocks of {bm.full_block_shape} has {n_blocks[dim]} blocks (valid indices "
+        f"0..{n_blocks[dim] - 1}).{hint}"
     )
 
 
 def _is_spec_leaf(s: Any) -> bool:
-    return s is None or isinstance(s, BlockSpec)
+    return s is None or s is no_block_spec or isinstance(s, BlockSpec)
+
+
+class _Operand:
+    """A placeholder for one operand leaf, matched against the specs."""
 
 
 def flatten_specs(specs: Any, tree: Any, what: str, kernel_name: str) -> list[Any]:
     """One spec per operand leaf, with ``specs`` matching the operands' structure ``tree``.
 
-    A lone BlockSpec stands for a one-operand list; lists and tuples are interchangeable.
+    As in JAX, ``None`` in the specs matches a ``None`` operand (an empty pytree, no leaves);
+    ``None`` for an operand that is an array means its default (whole-array) spec. A lone
+    BlockSpec stands for a one-operand list; lists and tuples are interchangeable.
     """
     n = tree.num_leaves
     if specs is no_block_spec or specs is None:
@@ -302,18 +507,34 @@ def flatten_specs(specs: Any, tree: Any, what: str, kernel_name: str) -> list[An
         specs = (specs,)
     if n == 1 and tree.num_nodes == 1 and isinstance(specs, (list, tuple)) and len(specs) == 1:
         specs = specs[0]  # [spec] for a lone operand
-    operands = "inputs" if what == "in_specs" else "outputs"
-    leaves, spec_tree = jax.tree_util.tree_flatten(_tuples(specs), is_leaf=_is_spec_leaf)
-    operand_tree = jax.tree_util.tree_structure(
-        _tuples(jax.tree_util.tree_unflatten(tree, ["x"] * n)))
-    if spec_tree != operand_tree:  # type: ignore[operator]
+    operands = _tuples(jax.tree_util.tree_unflatten(tree, [_Operand()] * n))
+    try:
+        # The operands' structure is a prefix of the specs': each operand leaf gets the spec
+        # subtree at its place (a BlockSpec, or None), and None matches a None operand.
+        per_leaf = jax.tree_util.tree_leaves(jax.tree_util.tree_map(
+            lambda _, spec: _Spec(spec), operands, _tuples(specs)))
+    except ValueError:
+        per_leaf = None
+    if per_leaf is None or not all(_is_spec_leaf(p.spec) for p in per_leaf):
+        leaves, spec_tree = jax.tree_util.tree_flatten(_tuples(specs), is_leaf=_is_spec_leaf)
+        shown = jax.tree_util.tree_unflatten(spec_tree, [
+            "None" if s is None else "*" for s in leaves])
+        operands_word = "inputs" if what == "in_specs" else "outputs"
         raise BlockSpecError(
-            f"In kernel {kernel_name!r}, {what} has {len(leaves)} BlockSpecs in the structure "
-            f"{_describe(spec_tree)} but there are {n} {operands} in the structure "
+            f"In kernel {kernel_name!r}, {what} has "
+            f"{sum(isinstance(s, BlockSpec) for s in leaves)} BlockSpecs in the structure "
+            f"{_show(shown)} but there are {n} {operands_word} in the structure "
             f"{_describe(tree)}. Fix: give one BlockSpec per operand, nested like the "
-            f"{operands}."
+            f"{operands_word} (None for a None {operands_word[:-1]})."
         )
-    return leaves
+    return [p.spec for p in per_leaf]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Spec:
+    """Wraps the spec found for one operand leaf (a pytree leaf even when it is None)."""
+
+    spec: Any
 
 
 def _tuples(tree: Any) -> Any:
@@ -325,12 +546,28 @@ def _tuples(tree: Any) -> Any:
     return tree
 
 
+def _show(tree: Any) -> str:
+    return str(tree).replace("'", "")
+
+
 def _describe(tree: Any) -> str:
-    return str(jax.tree_util.tree_unflatten(tree, ["*"] * tree.num_leaves)).replace("'", "")
+    return _show(jax.tree_util.tree_unflatten(tree, ["*"] * tree.num_leaves))
 
 
-def scratch_avals(scratch_shapes: Sequence[Any]) -> tuple[Any, ...]:
+def _is_scratch_leaf(s: Any) -> bool:
+    return (hasattr(s, "shape") and hasattr(s, "dtype")) or callable(
+        getattr(s, "memory_ref", None))
+
+
+def scratch_leaves(scratch_shapes: Any) -> tuple[list[Any], Any]:
+    """The scratch descriptions of ``scratch_shapes`` (a pytree: tuples, lists, dicts, with
+    ``None`` for no buffer) and its structure, which the kernel's scratch Refs take."""
+    leaves, tree = jax.tree_util.tree_flatten(scratch_shapes, is_leaf=_is_scratch_leaf)
+    return leaves, tree
+
+
+def scratch_avals(scratch_shapes: Any) -> tuple[Any, ...]:
+    """The Ref avals of the scratch buffers, flat, in the order of :func:`scratch_leaves`."""
     from pallas_core.primitives import scratch_aval
 
-    return tuple(scratch_aval(s) for s in jax.tree_util.tree_leaves(
-        scratch_shapes, is_leaf=lambda s: hasattr(s, "shape") and hasattr(s, "dtype")))
+    return tuple(scratch_aval(s) for s in scratch_leaves(scratch_shapes)[0])

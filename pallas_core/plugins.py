@@ -54,7 +54,10 @@ class BackendInfo:
     """Platforms on which it is chosen when the user names no backend."""
     capabilities: frozenset[str] = frozenset()
     """Free-form feature names; the core reads ``foreign_memory_spaces`` (the backend runs
-    kernels whose Refs live in other backends' memory spaces, as the interpreter does)."""
+    kernels whose Refs live in other backends' memory spaces, as the interpreter does), and
+    refuses kernels with a dynamic grid, ``pl.Element`` or ``pl.BoundedSlice`` block
+    dimensions for backends that lack ``dynamic_grid``, ``element_blocks`` or
+    ``bounded_slice_blocks``."""
     package: str = ""
     """The pip distribution that provides it."""
 

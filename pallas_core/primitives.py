@@ -15,11 +15,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from pallas_core import _jax
-from pallas_core.errors import KernelSignatureError, PallasError
-from pallas_core.spec import MemoryRef, cdiv
+from pallas_core.errors import KernelSignatureError, PallasError, UnsupportedError
+from pallas_core.spec import MemoryRef
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,12 +139,20 @@ def program_id(axis: int) -> jax.Array:
     return program_id_p.bind(axis=_check_axis("program_id", axis))
 
 
-def num_programs(axis: int) -> int:
-    """The size of the grid along ``axis``."""
+num_programs_p = _jax.Primitive("num_programs")
+num_programs_p.def_abstract_eval(lambda *, axis: _jax.ShapedArray((), jnp.int32))
+
+
+def num_programs(axis: int) -> int | jax.Array:
+    """The size of the grid along ``axis``: an int, or a traced int32 scalar for an axis of a
+    dynamic grid (a size given as a JAX array)."""
     env = _env_axis("num_programs", axis)
     if env is not None:
         return env[1][axis]
-    return _current_grid("num_programs")[_check_axis("num_programs", axis)]
+    size = _current_grid("num_programs")[_check_axis("num_programs", axis)]
+    if isinstance(size, int):
+        return size
+    return num_programs_p.bind(axis=axis)
 
 
 # --- hints and debugging -----------------------------------------------------------------
@@ -369,7 +378,8 @@ semaphore_signal_p.multiple_results = True
 
 @semaphore_signal_p.def_effectful_abstract_eval
 def _semaphore_signal_abstract_eval(sem: Any, *args: Any, tree: Any, has_device_id: bool,
-                                    device_id_type: DeviceIdType) -> Any:
+                                    device_id_type: DeviceIdType,
+                                    has_core_index: bool = False) -> Any:
     return [], {_jax.ReadEffect(0), _jax.WriteEffect(0)}
 
 
@@ -378,7 +388,8 @@ semaphore_wait_p.multiple_results = True
 
 
 @semaphore_wait_p.def_effectful_abstract_eval
-def _semaphore_wait_abstract_eval(sem: Any, *args: Any, tree: Any, decrement: bool) -> Any:
+def _semaphore_wait_abstract_eval(sem: Any, *args: Any, tree: Any, decrement: bool,
+                                  cores: int = 1) -> Any:
     return [], {_jax.ReadEffect(0), _jax.WriteEffect(0)}
 
 
@@ -400,23 +411,116 @@ def _semaphore_access(sem: Any, fn: str) -> tuple[Any, list[Any], Any]:
     return ref, flat, tree
 
 
+def device_id_operands(device_id: Any, device_id_type: DeviceIdType, fn: str
+                       ) -> tuple[list[jax.Array], Any]:
+    """``device_id`` as int32 operands, and the core index it names (else ``None``).
+
+    ``device_id`` is a logical index (``DeviceIdType.LOGICAL``), or coordinates along the
+    ``shard_map`` mesh axes (``MESH``): one per axis, a bare int for a one-axis mesh, or a dict
+    from axis names to coordinates, where the axes it leaves out are this device's own. A dict
+    key may be a tuple of axes (a linear index over them, row-major) or an axis of the kernel's
+    own mesh (``pl.kernel``), which names the core.
+    """
+    if not isinstance(device_id_type, DeviceIdType):
+        raise PallasError(f"pl.{fn}(device_id_type={device_id_type!r}): expected a "
+                          "pl.DeviceIdType (MESH or LOGICAL).")
+    if isinstance(device_id, dict):
+        if device_id_type is not DeviceIdType.MESH:
+            raise PallasError(f"pl.{fn}: a dict device_id names mesh axes, so it needs "
+                              "device_id_type=DeviceIdType.MESH.")
+        return _device_id_from_axes(device_id, fn)
+    ids = tuple(device_id) if isinstance(device_id, (tuple, list)) else (device_id,)
+    if device_id_type is DeviceIdType.LOGICAL and len(ids) != 1:
+        raise PallasError(f"pl.{fn}: a LOGICAL device_id is one index, found {len(ids)} "
+                          "values. Fix: pass one int, or use DeviceIdType.MESH coordinates.")
+    return [_int32_operand(i, "device_id", fn) for i in ids], None
+
+
+def _int32_operand(x: Any, what: str, fn: str) -> jax.Array:
+    dtype = x.dtype if hasattr(x, "dtype") else jnp.result_type(x)
+    if isinstance(x, bool) or not jnp.issubdtype(dtype, jnp.integer):
+        raise PallasError(f"pl.{fn}: {what} must be an integer, found {x!r}.")
+    if jnp.shape(x) != ():
+        raise PallasError(f"pl.{fn}: {what} must be a scalar, found shape {jnp.shape(x)}.")
+    return jnp.asarray(x, jnp.int32)
+
+
+def _device_id_from_axes(device_id: dict[Any, Any], fn: str) -> tuple[list[jax.Array], Any]:
+    mesh = jax.sharding.get_abstract_mesh()
+    manual = set(getattr(mesh, "manual_axes", ()) or ())
+    axes = [(n, s) for n, s in zip(mesh.axis_names, mesh.axis_sizes) if n in manual]
+    sizes = dict(axes)
+    ctx = current_kernel_context()
+    cores = dict(zip(ctx.grid_names or (), ctx.grid)) if ctx is not None else {}
+    coords: dict[str, Any] = {}
+    core = None
+    for key, value in device_id.items():
+        names = key if isinstance(key, tuple) else (key,)
+        value = _int32_operand(value, f"device_id[{key!r}]", fn)
+        if len(names) == 1 and names[0] in cores and names[0] not in sizes:
+            core = value
+        elif all(n in sizes for n in names):
+            for k, n in enumerate(names):  # a linear index over several axes, row-major
+                inner = int(np.prod([sizes[m] for m in names[k + 1:]], dtype=np.int64))
+                coords[n] = (value // inner) % sizes[n]
+        else:
+            raise PallasError(
+                f"pl.{fn}: device_id names the axis {key!r}, but the shard_map mesh axes are "
+                f"{tuple(sizes)} and the kernel's core axes {tuple(cores)}. Fix: name those.")
+    ids = [coords[n] if n in coords else lax.axis_index(n) for n, _ in axes]
+    return ids, core
+
+
 def semaphore_signal(sem: Any, inc: Any = 1, *, device_id: Any = None,
-                     device_id_type: DeviceIdType = DeviceIdType.MESH) -> None:
-    """Adds ``inc`` to a semaphore (on device ``device_id`` when given)."""
+                     device_id_type: DeviceIdType = DeviceIdType.MESH,
+                     core_index: Any = None) -> None:
+    """Adds ``inc`` to a semaphore: this core's, or that of core ``core_index`` of the
+    kernel's mesh, on this device or on device ``device_id`` (see :func:`device_id_operands`).
+
+    The interpreter runs the cores of a mesh one after another and keeps one copy of each
+    semaphore for all of them, so a signal to another core is seen by that core when it runs.
+    """
     ref, flat, tree = _semaphore_access(sem, "semaphore_signal")
-    args = [*flat, jnp.asarray(inc, jnp.int32)]
+    args = [*flat, _int32_operand(inc, "inc", "semaphore_signal")]
+    core = None
     if device_id is not None:
-        ids = device_id if isinstance(device_id, (tuple, list)) else (device_id,)
-        args += [jnp.asarray(i, jnp.int32) for i in ids]
+        ids, core = device_id_operands(device_id, device_id_type, "semaphore_signal")
+        if ids:
+            args += ids
+        else:
+            device_id = None  # a dict naming only the core
+    if core_index is not None:
+        if core is not None:
+            raise PallasError("pl.semaphore_signal: the core is named twice, by core_index= "
+                              "and by a core axis in device_id. Fix: give one of them.")
+        core = _check_core_index(core_index)
+    if core is not None:
+        args.append(core)
     semaphore_signal_p.bind(ref, *args, tree=tree, has_device_id=device_id is not None,
-                            device_id_type=device_id_type)
+                            device_id_type=device_id_type, has_core_index=core is not None)
+
+
+def _check_core_index(core_index: Any) -> jax.Array:
+    value = _int32_operand(core_index, "core_index", "semaphore_signal")
+    ctx = current_kernel_context()
+    cores = int(np.prod(ctx.grid)) if ctx is not None and ctx.grid_names else None
+    if isinstance(core_index, (int, np.integer)) and cores is not None and not (
+            0 <= core_index < cores):
+        raise PallasError(
+            f"pl.semaphore_signal(core_index={core_index}) but the kernel's mesh has {cores} "
+            f"cores. Fix: pass a core index in range({cores}).")
+    return value
 
 
 def semaphore_wait(sem: Any, value: Any = 1, *, decrement: bool = True) -> None:
     """Blocks until the semaphore reaches ``value``; then subtracts it (if ``decrement``)."""
     ref, flat, tree = _semaphore_access(sem, "semaphore_wait")
-    semaphore_wait_p.bind(ref, *flat, jnp.asarray(value, jnp.int32), tree=tree,
-                          decrement=decrement)
+    ctx = current_kernel_context()
+    cores = int(np.prod(ctx.grid)) if ctx is not None and ctx.grid_names else 1
+    # On a mesh of cores the interpreter's deadlock check says that other cores run later.
+    params = {"cores": cores} if cores > 1 else {}
+    semaphore_wait_p.bind(ref, *flat, _int32_operand(value, "value", "semaphore_wait"),
+                          tree=tree, decrement=decrement, **params)
 
 
 def semaphore_read(sem: Any) -> jax.Array:
@@ -463,11 +567,18 @@ def _as_memory_ref(ty: Any) -> MemoryRef:
     return MemoryRef(tuple(ty.shape), jnp.dtype(ty.dtype), None)
 
 
-def run_scoped(f: Callable[..., Any], *types: Any, **kw_types: Any) -> Any:
+def run_scoped(f: Callable[..., Any], *types: Any, collective_axes: Any = (),
+               **kw_types: Any) -> Any:
     """Calls ``f`` with freshly allocated Refs described by ``types``; returns ``f``'s result.
 
-    The Refs live only for the duration of the call.
+    The Refs live only for the duration of the call. ``collective_axes`` (one allocation shared
+    by the cores along mesh axes) is not supported.
     """
+    if collective_axes not in ((), None):
+        raise UnsupportedError(
+            f"pl.run_scoped(collective_axes={collective_axes!r}) (one buffer shared by the "
+            "cores along mesh axes) is not supported. Fix: allocate per core (no "
+            "collective_axes), or use a backend's shared memory space.")
     flat_types, types_tree = jax.tree_util.tree_flatten((types, kw_types))
     scoped = tuple(_as_memory_ref(t) for t in flat_types)
     avals = [scratch_aval(t) for t in scoped]
@@ -523,7 +634,7 @@ def loop(lower: Any, upper: Any, *, init_carry: Any = None, step: Any = 1,
                               "use ints or integer arrays.")
     if isinstance(step, int) and step == 0:
         raise PallasError("pl.loop(step=0) would never end. Fix: use a non-zero step.")
-    num = cdiv(upper - lower, step)
+    num = _trip_count(upper - lower, step)
 
     def decorator(body: Callable[..., Any]) -> Any:
         if init_carry is None:
@@ -538,9 +649,19 @@ def loop(lower: Any, upper: Any, *, init_carry: Any = None, step: Any = 1,
     return decorator
 
 
-def empty(shape: Sequence[int], dtype: Any) -> jax.Array:
+def _trip_count(span: Any, step: Any) -> Any:
+    """``len(range(0, span, step))``: a ceiling division that also holds for negative steps
+    (``pl.cdiv`` does not), with truncating divisions only on traced values."""
+    if _jax.is_dim(span) and _jax.is_dim(step):
+        return max(0, -(-span // step))
+    if _jax.is_dim(step):
+        return lax.div(span + step - (1 if step > 0 else -1), step)
+    return jnp.where(step > 0, lax.div(span + step - 1, step), lax.div(span + step + 1, step))
+
+
+def empty(shape: Sequence[int], dtype: Any, *, out_sharding: Any = None) -> jax.Array:
     """An array whose contents are unspecified (for out-of-kernel placeholders)."""
-    return lax.empty(tuple(shape), dtype)
+    return lax.empty(tuple(shape), dtype, out_sharding=out_sharding)
 
 
 def empty_like(x: Any) -> Any:

@@ -16,7 +16,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax import lax
+from jax.extend.random import threefry2x32_p
 
 from pallas_core import _jax
 from pallas_core.errors import UnsupportedError
@@ -121,9 +123,13 @@ def _eval_eqn(eqn: Any, invals: list[Any], ctx: ReferenceContext, rules: Rules) 
     prim, params = eqn.primitive, eqn.params
     if prim in rules:
         return rules[prim](ctx, *invals, **params)
+    if prim in _SAME_SHAPE_OPERANDS:
+        return prim.bind(*_one_shape(invals), **params)
     subs = sub_jaxprs(params)
     static_branch = prim is _jax.cond_p and not isinstance(invals[0], _jax.Tracer)
-    if static_branch or (subs and any(find_eqn(s, rules) is not None for s in subs)):
+    if static_branch or (subs and any(find_eqn(s, rules) is not None
+                                      or find_eqn(s, _SAME_SHAPE_OPERANDS) is not None
+                                      for s in subs)):
         handler = _CONTROL_FLOW.get(prim)
         if handler is None:
             raise UnsupportedError(
@@ -134,9 +140,26 @@ def _eval_eqn(eqn: Any, invals: list[Any], ctx: ReferenceContext, rules: Rules) 
         return handler(invals, params, ctx, rules)
     static = not any(isinstance(x, _jax.Tracer) for x in invals)
     if static and not subs and not eqn.effects and all(v.aval.shape == () for v in eqn.outvars):
-        with jax.ensure_compile_time_eval():  # scalar arithmetic on a constant grid step
+        # Scalar arithmetic on a constant grid step, folded now; outside any mesh, since
+        # arrays made eagerly under shard_map's mesh are sharded over it and do not mix.
+        with jax.ensure_compile_time_eval(), _jax.no_mesh():
             return prim.bind(*invals, **params)
     return prim.bind(*invals, **prim.get_bind_params(params))
+
+
+_SAME_SHAPE_OPERANDS = frozenset({threefry2x32_p})
+"""JAX primitives whose abstract evaluation broadcasts their operands but whose CPU lowering
+needs them of one shape: ``threefry2x32`` carries both count halves through one ``fori_loop``.
+Under ``vmap`` (the interpreter's batched path) JAX's batching rule hands them over with the
+unbatched ones given a size-1 batch dimension, which that loop rejects ("carry type mismatch")
+when one count half is batched and the other is not (``zeros_like`` of a batched value)."""
+
+
+def _one_shape(operands: Sequence[Any]) -> list[Any]:
+    """``operands`` broadcast against each other, and batched alike under ``vmap``: a zero
+    that depends on all of them is added to each."""
+    zero = functools.reduce(jnp.bitwise_or, (jnp.bitwise_and(x, 0) for x in operands))
+    return [jnp.bitwise_or(x, zero) for x in operands]
 
 
 def _fn(sub: Any, ctx: ReferenceContext, rules: Rules) -> Callable[..., list[Any]]:

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_core import _jax
+from pallas_core import _jax, extras
 from pallas_core import primitives as prims
 from pallas_core.errors import PallasError, UnsupportedError
 
@@ -37,6 +37,7 @@ class ReferenceContext:
     program_ids: tuple[Any, ...]
     """Traced int32 scalars, one per axis of the full grid (batch axes first)."""
     grid: tuple[int, ...]
+    """The size of each axis of the full grid (a traced int32 scalar for a dynamic axis)."""
     num_batch_axes: int = 0
     grid_names: tuple[str, ...] | None = None
     checked: bool = False
@@ -77,6 +78,10 @@ def _program_id(ctx: ReferenceContext, *, axis: int) -> Any:
     return ctx.program_id(axis)
 
 
+def _num_programs(ctx: ReferenceContext, *, axis: int) -> Any:
+    return jnp.asarray(ctx.grid[ctx.num_batch_axes + axis], jnp.int32)
+
+
 def _axis_index(ctx: ReferenceContext, *, axis_name: Any) -> Any:
     names = ctx.grid_names or ()
     name = axis_name[0] if isinstance(axis_name, tuple) and len(axis_name) == 1 else axis_name
@@ -94,6 +99,15 @@ def _axis_index(ctx: ReferenceContext, *, axis_name: Any) -> Any:
 def _debug_print(ctx: ReferenceContext, *args: Any, fmt: str) -> list[Any]:
     jax.debug.print(fmt, *args, ordered=False)
     return []
+
+
+def _debug_check(ctx: ReferenceContext, cond: Any, *, message: str) -> list[Any]:
+    jax.debug.callback(functools.partial(extras.report_failed_check, message=message), cond)
+    return []
+
+
+def _reciprocal(ctx: ReferenceContext, x: Any, *, approx: bool, full_range: bool) -> Any:
+    return jnp.asarray(1, x.dtype) / x  # exact: within any approximation's error
 
 
 # --- discharge rules --------------------------------------------------------------------
@@ -243,64 +257,92 @@ def device_index(device_id: Sequence[Any], mesh_coordinates: bool) -> Any:
     return index
 
 
-def exchange(value: Any, target: Any) -> tuple[Any, Any]:
-    """Every device sends ``value`` to device ``target``; returns what this device received
-    (``value``'s shape; zeros if nothing) and how many devices sent to it."""
-    axes = _require_devices("a remote copy")
+def gather_devices(tree: Any) -> Any:
+    """Each leaf of ``tree`` as every device holds it, stacked along a new leading axis in the
+    order of the devices' logical indices (a collective: every device must reach it)."""
+    axes = _require_devices("a cross-device primitive")
     names = tuple(n for n, _ in axes)
-    values = lax.all_gather(value, names, tiled=False).reshape((-1, *jnp.shape(value)))
-    targets = lax.all_gather(target, names, tiled=False).reshape(-1)
-    to_me = targets == my_device_index()
-    count = jnp.sum(to_me.astype(jnp.int32))
-    sender = jnp.argmax(to_me)  # the first device sending here; several is a race
-    received = jnp.where(count > 0, values[sender], jnp.zeros_like(value))
-    return received, count
+    return jax.tree_util.tree_map(
+        lambda x: lax.all_gather(x, names, tiled=False).reshape((-1, *jnp.shape(x))), tree)
+
+
+def receive(payload: Any, target: Any, state: Any, deliver: Callable[[Any, Any], Any]) -> Any:
+    """Point-to-point delivery between the devices of a ``shard_map``.
+
+    Every device sends ``payload`` (a pytree) to the device whose logical index is ``target``.
+    This device applies ``deliver(state, payload)`` for each payload sent to it, in the order
+    of the senders' indices, and returns the final ``state``. What a payload addresses on the
+    receiver (a destination slice, a semaphore) is the sender's to say, so it travels with it.
+    """
+    payloads = gather_devices(payload)
+    targets = gather_devices(jnp.asarray(target, jnp.int32))
+    me = my_device_index()
+
+    def one(sender: Any, state: Any) -> Any:
+        sent = jax.tree_util.tree_map(lambda x: x[sender], payloads)
+        return lax.cond(targets[sender] == me, lambda st: deliver(st, sent), lambda st: st,
+                        state)
+
+    return lax.fori_loop(0, targets.shape[0], one, state)
 
 
 def _semaphore_signal_discharge(in_avals: Any, out_avals: Any, sem: Any, *args: Any, tree: Any,
-                                has_device_id: bool, device_id_type: Any) -> Any:
+                                has_device_id: bool, device_id_type: Any,
+                                has_core_index: bool = False) -> Any:
+    # A core index needs nothing more: the cores of a mesh run one after another here and
+    # share one copy of each semaphore.
     n = tree.num_leaves
-    flat, inc = args[:n], args[n]
-    if has_device_id:
-        target = device_index(args[n + 1:], device_id_type.value == "mesh")
-        inc = _sum_from_senders(inc, target)  # what the devices signalling this one add up to
-    _, new = _read_modify_write(sem, flat, tree, lambda old: old + inc)
+    flat, inc = list(args[:n]), args[n]
+    if not has_device_id:
+        _, new = _read_modify_write(sem, flat, tree, lambda old: old + inc)
+        return (new,) + (None,) * len(args), []
+    ids = args[n + 1:len(args) - int(has_core_index)]
+    target = device_index(ids, device_id_type.value == "mesh")
+
+    def deliver(value: Any, sent: tuple[Any, list[Any]]) -> Any:
+        sent_inc, sent_flat = sent  # the sender's increment, and its view of the semaphore
+        return _read_modify_write(value, sent_flat, tree, lambda old: old + sent_inc)[1]
+
+    new = receive((inc, flat), target, sem, deliver)
     return (new,) + (None,) * len(args), []
 
 
-def _sum_from_senders(inc: Any, target: Any) -> Any:
-    axes = _require_devices("a remote signal")
-    names = tuple(n for n, _ in axes)
-    incs = lax.all_gather(inc, names, tiled=False).reshape(-1)
-    targets = lax.all_gather(target, names, tiled=False).reshape(-1)
-    return jnp.sum(jnp.where(targets == my_device_index(), incs, 0))
-
-
 def _semaphore_wait_discharge(in_avals: Any, out_avals: Any, sem: Any, *args: Any, tree: Any,
-                              decrement: bool) -> Any:
+                              decrement: bool, cores: int = 1) -> Any:
     n = tree.num_leaves
     flat, value = args[:n], args[n]
     old = _jax.transform_array(sem, jax.tree_util.tree_unflatten(tree, flat))
-    check_wait(old, value, "pl.semaphore_wait")
+    check_wait(old, value, "pl.semaphore_wait", cores)
     if not decrement:
         return (None,) * (len(args) + 1), []
     _, new = _read_modify_write(sem, flat, tree, lambda cur: cur - value)
     return (new,) + (None,) * len(args), []
 
 
-def check_wait(count: Any, value: Any, what: str) -> None:
+def check_wait(count: Any, value: Any, what: str, cores: int = 1) -> None:
     """In checked mode, reports a wait for ``value`` on a semaphore at ``count`` that can never
-    finish: steps run one at a time here, so no later step can signal it first."""
+    finish: steps run one at a time here, so no later step can signal it first. ``cores``: the
+    kernel runs on a mesh of that many cores, which the interpreter also runs one by one."""
     if _CHECKED.get():
-        jax.debug.callback(functools.partial(_report_deadlock, what=what), count, value)
+        jax.debug.callback(functools.partial(_report_deadlock, what=what, cores=cores), count,
+                           value)
 
 
-def _report_deadlock(count: Any, value: Any, *, what: str) -> None:
-    if int(count) < int(value):
+def _report_deadlock(count: Any, value: Any, *, what: str, cores: int = 1) -> None:
+    if int(count) >= int(value):
+        return
+    if cores > 1:
         raise PallasError(
-            f"deadlock: {what} waits for {int(value)} on a semaphore at {int(count)}, and "
-            "no step still to run can signal it. Fix: signal the semaphore (or start the copy "
-            "that signals it) before waiting on it.")
+            f"deadlock: {what} waits for {int(value)} on a semaphore at {int(count)}. The "
+            f"interpreter runs the {cores} cores of the kernel's mesh one after another (and "
+            "allocates a core's pl.run_scoped semaphores afresh when it runs), so a signal "
+            "from another core (semaphore_signal(core_index=...)) may not reach this wait "
+            "here although it would on the hardware. Fix: signal the semaphore before waiting "
+            "on it, or run this kernel without checked mode if another core signals it.")
+    raise PallasError(
+        f"deadlock: {what} waits for {int(value)} on a semaphore at {int(count)}, and "
+        "no step still to run can signal it. Fix: signal the semaphore (or start the copy "
+        "that signals it) before waiting on it.")
 
 
 def _semaphore_read_discharge(in_avals: Any, out_avals: Any, sem: Any, *flat: Any,
@@ -328,12 +370,11 @@ def uninitialized_memory(mode: str) -> Iterator[None]:
 
 def uninitialized(shape: Sequence[int], dtype: Any, checked: bool = False) -> Any:
     """The contents of memory nobody has written (edge-block padding, outputs before their
-    first write, scratch), as :func:`uninitialized_memory` says (poison unless ``"zero"``, in
-    checked mode too). ``checked`` is accepted for callers that track it and changes nothing."""
-    del checked
+    first write, scratch), as :func:`uninitialized_memory` says; poison (as ``"nan"`` says)
+    whatever it says when ``checked`` (callers pass it to force poison)."""
     dtype = jnp.dtype(dtype)
     mode = _UNINITIALIZED_MEMORY.get()
-    if mode == "zero":
+    if mode == "zero" and not checked:
         return jnp.zeros(tuple(shape), dtype)
     high = mode == "nan_max"
     if jnp.issubdtype(dtype, jnp.inexact):
@@ -349,7 +390,9 @@ def uninitialized(shape: Sequence[int], dtype: Any, checked: bool = False) -> An
 def fresh_buffer(shape: Sequence[int], dtype: Any, memory_space: Any, checked: bool = False
                  ) -> Any:
     """A newly allocated buffer in ``memory_space``: zeros where the space says so
-    (semaphores), else :func:`uninitialized`."""
+    (semaphores), else :func:`uninitialized`, poisoned also while ``pl.enable_poison_buffers``
+    is on (when the kernel is lowered)."""
+    checked = checked or bool(extras.enable_poison_buffers.value)
     if getattr(memory_space, "zeroed", False):
         return jnp.zeros(tuple(shape), dtype)
     return uninitialized(shape, dtype, checked)
@@ -372,7 +415,9 @@ def checked_discharge() -> Iterator[None]:
 def _run_scoped_discharge(in_avals: Any, out_avals: Any, *args: Any, jaxpr: Any,
                           scoped: tuple[Any, ...]) -> Any:
     discharged = _jax.discharge_state(jaxpr)
-    fresh = [fresh_buffer(t.shape, t.dtype, t.memory_space, _CHECKED.get()) for t in scoped]
+    # Checked mode poisons them, unless the interpreter was told to fill memory with zeros.
+    poison = _CHECKED.get() and _UNINITIALIZED_MEMORY.get() != "zero"
+    fresh = [fresh_buffer(t.shape, t.dtype, t.memory_space, poison) for t in scoped]
     res = _jax.eval_jaxpr(discharged.jaxpr, discharged.consts, *args, *fresh)
     n_out = len(out_avals)
     outs, finals = res[:n_out], iter(res[n_out:])
@@ -382,9 +427,13 @@ def _run_scoped_discharge(in_avals: Any, out_avals: Any, *args: Any, jaxpr: Any,
 
 CORE_SEMANTICS: tuple[PrimitiveSemantics, ...] = (
     PrimitiveSemantics(prims.program_id_p, evaluate=_program_id),
+    PrimitiveSemantics(prims.num_programs_p, evaluate=_num_programs),
     PrimitiveSemantics(_jax.axis_index_p, evaluate=_axis_index),
     PrimitiveSemantics(prims.multiple_of_p, evaluate=lambda ctx, x, *, values: x),
     PrimitiveSemantics(prims.debug_print_p, evaluate=_debug_print),
+    PrimitiveSemantics(extras.debug_check_p, evaluate=_debug_check),
+    PrimitiveSemantics(extras.delay_p, evaluate=lambda ctx, nanos: []),
+    PrimitiveSemantics(extras.reciprocal_p, evaluate=_reciprocal),
     PrimitiveSemantics(prims.masked_load_p, discharge=_masked_load_discharge),
     PrimitiveSemantics(prims.masked_swap_p, discharge=_masked_swap_discharge),
     PrimitiveSemantics(prims.atomic_rmw_p, discharge=_atomic_rmw_discharge),

@@ -348,7 +348,7 @@ def test_custom_vjp_under_vmap() -> None:
 
 
 def test_grad_without_custom_vjp_names_the_fix() -> None:
-    """A bare pallas_call has no derivative: the error points at jax.custom_vjp."""
+    """A bare pallas_call has no reverse-mode derivative: the error points at jax.custom_vjp."""
     x = rand(0, (256,))
     with pytest.raises(pl.AutodiffError, match="custom_vjp"):
         jax.grad(lambda x: jnp.sum(_elementwise_call(_silu_fwd_kernel, x, 1)(x)))(x)

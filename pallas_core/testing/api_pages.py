@@ -62,7 +62,14 @@ class ApiPage:
 
     @functools.cached_property
     def jax_names(self) -> frozenset[str]:
-        return frozenset(n for n in dir(self.jax_module) if not n.startswith("_"))
+        """Public names of the JAX module; its submodules (``jax.experimental.pallas.tpu``),
+        which appear once imported, are pages of their own."""
+        def submodule(n: str) -> bool:
+            value = getattr(self.jax_module, n, None)
+            return isinstance(value, ModuleType) and value.__name__ == f"{self.jax_name}.{n}"
+
+        return frozenset(n for n in dir(self.jax_module)
+                         if not n.startswith("_") and not submodule(n))
 
     @functools.cached_property
     def rows(self) -> list[Row]:

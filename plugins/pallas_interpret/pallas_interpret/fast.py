@@ -10,7 +10,8 @@ Whenever safety cannot be proven, ``plan`` returns ``None`` and the exact path r
 scratch buffers (they carry state from one step to the next), aliased outputs, writes to input
 blocks, atomics, prints and other side effects, primitives a plugin added (their semantics may
 have effects), index maps that are not a grid index or a constant in every dimension (or that
-read scalar-prefetch operands), and grids too large to check.
+read scalar-prefetch operands), element-indexed block dimensions (``pl.Element``,
+``pl.BoundedSlice``), dynamic grids, and grids too large to check.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ class Plan:
 def plan(call: KernelCall) -> Plan | None:
     """The batched plan for ``call``, or ``None`` when only the exact path is safe."""
     gm = call.grid_mapping
+    if gm.dynamic_axes or not all(bm.block_indexed for bm in gm.block_mappings):
+        return None  # steps unknown ahead of time, or blocks not laid out on a block grid
     if gm.num_steps <= 1 or gm.scratch_avals or call.input_output_aliases:
         return None
     if not _batchable_kernel(call):

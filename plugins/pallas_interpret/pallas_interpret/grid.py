@@ -18,6 +18,7 @@ from jax import lax
 from jax.experimental import io_callback
 
 from pallas_core import reference
+from pallas_core.errors import UnsupportedError
 from pallas_core.request import KernelCall
 from pallas_core.semantics import ReferenceContext, fresh_buffer
 from pallas_interpret import blocks, checks, fast, lockstep, schedule, skip_float
@@ -26,11 +27,19 @@ from pallas_interpret.params import InterpretParams
 
 def run(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
         params: InterpretParams | None = None) -> list[Any]:
-    """The outputs of ``call`` on ``args``: batched where that is proven safe and allowed by
-    ``params``, else step by step."""
+    """The outputs of ``call`` on ``args`` (the primitive's operands: inputs, then the sizes
+    of dynamic grid axes): batched where that is proven safe and allowed by ``params``, else
+    step by step."""
     params = params or InterpretParams()
     if params.skip_floating_point_ops:
         call = call.replace(jaxpr=skip_float.transform(call.jaxpr, call.grid_mapping.axis_env))
+    if call.grid_mapping.dynamic_axes:
+        if lockstep.barrier_axes(call) is not None:
+            raise UnsupportedError(
+                f"kernel {call.name!r} has barriers and a dynamic grid "
+                f"{call.grid_mapping.user_grid}; the interpreter runs barriers on static grids "
+                "only. Fix: give the grid int sizes.")
+        return run_exact(call, args, rules, params)
     axes = lockstep.lockstep_axes(call)
     if axes is not None:
         return lockstep.run(call, args, rules, params, axes)
@@ -42,25 +51,36 @@ def run(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
     return run_exact(call, args, rules, params)
 
 
+def _split_grid_sizes(call: KernelCall, args: Sequence[Any]) -> tuple[list[Any], tuple[Any, ...]]:
+    """The call's inputs, and its full grid with each dynamic size taken from the operands."""
+    gm = call.grid_mapping
+    n = len(args) - gm.num_dynamic_grid_bounds
+    return list(args[:n]), gm.resolved_grid([jnp.asarray(s, jnp.int32) for s in args[n:]])
+
+
 def run_exact(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
               params: InterpretParams | None = None) -> list[Any]:
-    """The outputs of ``call`` on ``args``, one grid step after another (in the order, and on
-    the simulated cores, of :mod:`pallas_interpret.schedule`)."""
+    """The outputs of ``call`` on ``args`` (as for :func:`run`), one grid step after another,
+    in the order and on the simulated cores of :mod:`pallas_interpret.schedule`."""
     params = params or InterpretParams()
     checked = params.checked
     gm = call.grid_mapping
+    args, grid = _split_grid_sizes(call, args)
     parallel = params.resolved_parallel_axes(gm.user_grid, call.compiler_params)
     parallel = tuple(a + gm.num_batch_axes for a in parallel) + tuple(range(gm.num_batch_axes))
-    sched = schedule.make(gm.grid, parallel, params.shuffle_seed, params.num_cores, call.name)
-    if checked and params.detect_races:
-        # With the TPU memory model, only steps on different simulated cores race.
-        checks.check_races(call, parallel, sched.cores_by_point() if params.tpu_memory else None,
-                           warn=params.on_race == "warn")
-    if params.tpu_memory:
-        checks.check_revisits(call, sched.points(), sched.cores())
+    sched = schedule.make(grid, parallel, params.shuffle_seed, params.num_cores, call.name)
+    if not gm.dynamic_axes:
+        if checked and params.detect_races:
+            # With the TPU memory model, only steps on different simulated cores race.
+            checks.check_races(call, parallel,
+                               sched.cores_by_point() if params.tpu_memory else None,
+                               warn=params.on_race == "warn")
+        if params.tpu_memory:
+            checks.check_revisits(call, sched.points(), sched.cores())
     kernel = checks.discharge(call, params)
-    ins, outs = blocks.initial_operands(call, args, checked)
-    scratch0 = [fresh_buffer(a.inner_aval.shape, a.inner_aval.dtype, a.memory_space, checked)
+    poison = params.poison
+    ins, outs = blocks.initial_operands(call, args, poison)
+    scratch0 = [fresh_buffer(a.inner_aval.shape, a.inner_aval.dtype, a.memory_space, poison)
                 for a in gm.scratch_avals]
     n_in, n_out = gm.num_inputs, gm.num_outputs
     prefetch = list(args[:gm.num_scalar_prefetch])
@@ -73,26 +93,30 @@ def run_exact(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
         if sched.num_cores > 1 and scratch:
             scratch = lax.cond(first, lambda: list(scratch0), lambda: list(scratch))
         if params.grid_point_recorder is not None:
+            point = ids[gm.num_batch_axes:]
             token = io_callback(params.grid_point_recorder, jax.ShapeDtypeStruct((), jnp.int32),
-                                token, jnp.stack(ids[gm.num_batch_axes:]).astype(jnp.int32)
-                                if gm.grid else jnp.zeros(0, jnp.int32),
-                                sched.core(k).astype(jnp.int32))
-        ctx = ReferenceContext(ids, gm.grid, gm.num_batch_axes, gm.grid_names, checked)
-        in_starts = [blocks.starts(bm, ids, prefetch) for bm in gm.inputs]
-        out_starts = [blocks.starts(bm, ids, prefetch) for bm in gm.outputs]
+                                token, jnp.stack(point).astype(jnp.int32) if point
+                                else jnp.zeros(0, jnp.int32), sched.core(k).astype(jnp.int32))
+        ctx = ReferenceContext(ids, grid, gm.num_batch_axes, gm.grid_names, checked)
+        in_starts = [blocks.starts(bm, ids, prefetch, ctx, rules) for bm in gm.inputs]
+        out_starts = [blocks.starts(bm, ids, prefetch, ctx, rules) for bm in gm.outputs]
         views = inputs.read(ins, outs, in_starts, in_state, first)
-        views += [blocks.read_block(o, bm, s) for o, bm, s in zip(outs, gm.outputs, out_starts)]
+        views += [blocks.read_block(o, bm, s, poison)
+                  for o, bm, s in zip(outs, gm.outputs, out_starts)]
         results = reference.evaluate(kernel, [*views, *scratch], ctx, rules)
         new_outs = [blocks.write_block(o, bm, s, b) for o, bm, s, b in
                     zip(outs, gm.outputs, out_starts, results[n_in:n_in + n_out])]
-        in_state = inputs.after(ins, in_state, in_starts, results[:n_in])
+        in_state = inputs.after(in_state, in_starts, results[:n_in])
         return new_outs, list(results[n_in + n_out:]), in_state, token
 
     carry = (outs, scratch0, inputs.initial(ins), jnp.int32(0))
-    if sched.num_steps == 1:
+    num_steps = sched.num_steps
+    if gm.dynamic_axes:  # the number of steps is a traced value
+        carry = lax.fori_loop(jnp.int32(0), num_steps, step, carry)
+    elif num_steps == 1:
         carry = step(jnp.int32(0), carry)
-    elif sched.num_steps > 1:
-        carry = lax.fori_loop(0, sched.num_steps, step, carry)
+    elif num_steps > 1:
+        carry = lax.fori_loop(0, num_steps, step, carry)
     outs = carry[0]
     return [blocks.unpad(o, bm) for o, bm in zip(outs, gm.outputs)]
 
@@ -103,29 +127,32 @@ class _InputBlocks:
     By default a kernel's write to an input block stays visible to every later step that reads
     the block (it is written back to the input). With ``tpu_memory``, as on a TPU, each input
     has one block buffer, filled (from the output it is aliased to, if any) when its block
-    index changes or a core starts; a kernel's writes to it last until then.
+    index changes or a core starts; a kernel's writes to it last until then. With
+    ``out_of_bounds_reads="uninitialized"`` the parts of a block outside its array read as
+    uninitialized memory.
     """
 
     def __init__(self, call: KernelCall, params: InterpretParams, kernel: Any) -> None:
         self.gm = call.grid_mapping
         self.tpu = params.tpu_memory
+        self.poison = params.poison
         self.fill_outside = params.out_of_bounds_reads == "uninitialized"
         self.alias = dict(call.input_output_aliases)
         outvars, invars = kernel.jaxpr.outvars, kernel.jaxpr.invars
         self.written = [j for j in range(self.gm.num_inputs) if outvars[j] is not invars[j]]
 
     def initial(self, ins: list[Any]) -> list[Any]:
-        """The carried state: per input, its block buffer and where it came from (TPU);
+        """The carried state: per input its block buffer and where that came from (TPU);
         else the inputs the kernel writes."""
         if self.tpu:
             return [(jnp.zeros(bm.ref_shape, bm.dtype), [jnp.int32(0)] * len(bm.array_shape))
                     for bm in self.gm.inputs]
         return [ins[j] for j in self.written]
 
-    def _read(self, src: Any, bm: Any, starts: Any) -> Any:
+    def _read(self, src: Any, bm: Any, where: Any) -> Any:
         if self.fill_outside:
-            return blocks.read_block_filled(src, bm, starts)
-        return blocks.read_block(src, bm, starts)
+            return blocks.read_block_filled(src, bm, where, self.poison)
+        return blocks.read_block(src, bm, where, self.poison)
 
     def read(self, ins: list[Any], outs: list[Any], starts: list[Any], state: list[Any],
              first: Any) -> list[Any]:
@@ -140,16 +167,15 @@ class _InputBlocks:
             block = self._read(outs[self.alias[j]] if j in self.alias else ins[j], bm, starts[j])
             cached, cached_starts = state[j]
             refill = first
-            for a, b in zip(starts[j], cached_starts):
+            for a, b in zip(starts[j].starts, cached_starts):
                 refill = refill | (jnp.asarray(a, jnp.int32) != b)
             views.append(lax.select(jnp.broadcast_to(refill, block.shape), block, cached))
         return views
 
-    def after(self, ins: list[Any], state: list[Any], starts: list[Any],
-              results: Sequence[Any]) -> list[Any]:
+    def after(self, state: list[Any], starts: list[Any], results: Sequence[Any]) -> list[Any]:
         """The state after a step whose kernel left ``results`` in the input blocks."""
         if self.tpu:
-            return [(r, [jnp.asarray(s, jnp.int32) for s in st])
+            return [(r, [jnp.asarray(s, jnp.int32) for s in st.starts])
                     for r, st in zip(results, starts)]
         return [blocks.write_block(x, self.gm.inputs[j], starts[j], results[j])
                 for j, x in zip(self.written, state)]
@@ -157,5 +183,5 @@ class _InputBlocks:
 
 def run_jitted(call: KernelCall, rules: reference.Rules,
                params: InterpretParams | None = None) -> Any:
-    """A jitted function of the call's inputs (for inspection stages)."""
+    """A jitted function of the call's operands (for inspection stages)."""
     return jax.jit(lambda *args: run(call, args, rules, params))

@@ -144,7 +144,8 @@ class _Runner:
     def fresh_buffer(self, shape: Sequence[int], dtype: Any, memory_space: Any) -> tuple[int, Any]:
         shared = bool(getattr(memory_space, "shared", False))
         full = tuple(shape) if shared else (self.members, *shape)
-        return self.new_slot(shared), fresh_buffer(full, dtype, memory_space, self.checked)
+        return self.new_slot(shared), fresh_buffer(full, dtype, memory_space,
+                                                   self.params.poison)
 
     # --- where the points are
 
@@ -252,7 +253,9 @@ class _Runner:
         return slots
 
     def discharge_context(self) -> contextlib.AbstractContextManager[None]:
-        return checks.checked_rules(self.call, self.params) if self.checked else contextlib.nullcontext()
+        if not self.checked:
+            return contextlib.nullcontext()
+        return checks.checked_rules(self.call, self.params)
 
     # --- equations that hold a barrier
 
@@ -418,8 +421,7 @@ def run(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
     gm = call.grid_mapping
     _check_one_block_per_group(call, axes)
     runner = _Runner(call, rules, params, axes)
-    checked = params.checked
-    ins, outs = blocks.initial_operands(call, args, checked)
+    ins, outs = blocks.initial_operands(call, args, params.poison)
     arrays = [*ins, *outs]
     prefetch = list(args[:gm.num_scalar_prefetch])
     block_slots = [runner.new_slot(True) for _ in gm.block_mappings]

@@ -120,6 +120,11 @@ class InterpretParams(CompilerParams):
                      if str(getattr(s, "value", s)).lower().endswith("parallel"))
 
     @property
+    def poison(self) -> bool:
+        """Checked mode fills unwritten memory with poison, unless told to use zeros."""
+        return self.checked and self.uninitialized_memory != "zero"
+
+    @property
     def fill(self) -> str:
         """The fill of unwritten memory, as ``pallas_core.semantics.uninitialized_memory``
         names it."""

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from pallas_core import _jax, reference, semantics
 from pallas_core.hookspecs import hookimpl
@@ -36,7 +37,8 @@ def pallas_describe() -> BackendInfo:
         capabilities=frozenset({"atomics", "masked_access", "debug_print", "scratch",
                                 "run_scoped", "mesh", "aliasing", "vmap",
                                 "foreign_memory_spaces", "scalar_prefetch", "semaphores",
-                                "async_copy", "remote_copy", "checked_mode"}),
+                                "async_copy", "remote_copy", "checked_mode", "dynamic_grid",
+                                "element_blocks", "bounded_slice_blocks", "pipeline_mode"}),
         package="pallas-interpret",
     )
 
@@ -55,7 +57,9 @@ def pallas_stages(call: KernelCall, backend: str, target: str | None) -> Mapping
     if backend != NAME:
         return None
     rules = reference.semantics_rules()
-    avals = [jax.ShapeDtypeStruct(bm.array_shape, bm.dtype) for bm in call.grid_mapping.inputs]
+    gm = call.grid_mapping
+    avals = [jax.ShapeDtypeStruct(bm.array_shape, bm.dtype) for bm in gm.inputs]
+    avals += [jax.ShapeDtypeStruct((), jnp.int32)] * gm.num_dynamic_grid_bounds
     lowered = grid.run_jitted(call, rules).trace(*avals).lower(lowering_platforms=("cpu",))
     return {
         "discharged_jaxpr": str(_jax.discharge_state(

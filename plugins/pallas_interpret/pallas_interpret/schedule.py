@@ -30,18 +30,27 @@ class ParallelAxesError(PallasError, ValueError):
     """The parallel grid axes cannot be split between cores as asked."""
 
 
+class DynamicParallelAxisError(PallasError, jax.errors.ConcretizationTypeError):
+    """A parallel grid axis to shuffle has a size known only at run time."""
+
+    def __init__(self, message: str) -> None:
+        jax.errors.JAXTypeError.__init__(self, message)
+
+
 @dataclasses.dataclass(frozen=True)
 class Schedule:
     """The visiting order of a grid: ``perms[a]`` permutes the indices of axis ``a`` (``None``:
-    in order); step ``k`` runs on core ``k // steps_per_core``."""
+    in order); step ``k`` runs on core ``k // steps_per_core``. Sizes of dynamic grid axes,
+    and so ``steps_per_core``, may be traced; :meth:`points` and the methods built on it need
+    a static grid."""
 
-    grid: tuple[int, ...]
+    grid: tuple[Any, ...]
     perms: tuple[np.ndarray | None, ...]
     num_cores: int
-    steps_per_core: int
+    steps_per_core: Any
 
     @property
-    def num_steps(self) -> int:
+    def num_steps(self) -> Any:
         return math.prod(self.grid)
 
     def point(self, k: Any) -> tuple[Any, ...]:
@@ -94,21 +103,33 @@ def permutations(grid: Sequence[int], axes: Sequence[int], seed: int) -> tuple[A
     return tuple(perms)
 
 
-def make(grid: Sequence[int], parallel: Sequence[int], seed: int | None, num_cores: int,
+def _static(n: Any) -> bool:
+    return isinstance(n, (int, np.integer))
+
+
+def make(grid: Sequence[Any], parallel: Sequence[int], seed: int | None, num_cores: int,
          kernel: str) -> Schedule:
     """The schedule of ``grid`` whose ``parallel`` axes are shuffled by ``seed`` (if given) and
     split between ``num_cores`` cores."""
-    grid = tuple(int(n) for n in grid)
+    grid = tuple(int(n) if _static(n) else n for n in grid)
+    dynamic = [a for a in parallel if not _static(grid[a])]
+    if seed is not None and dynamic:
+        raise DynamicParallelAxisError(
+            f"kernel {kernel!r} shuffles its parallel grid axes (InterpretParams random_seed / "
+            f"shuffle_seed, which JAX's TPU interpret mode always applies), but axes "
+            f"{tuple(dynamic)} have sizes known only at run time, and a shuffle needs them "
+            "when the kernel is traced. Fix: give those axes int sizes, or make them "
+            "'arbitrary'.")
     perms = ((None,) * len(grid) if seed is None or not parallel
              else permutations(grid, parallel, seed))
     n = math.prod(grid)
-    if num_cores == 1 or n == 0:
-        return Schedule(grid, perms, 1, max(n, 1))
+    if num_cores == 1 or (_static(n) and n == 0):
+        return Schedule(grid, perms, 1, n if not _static(n) else max(n, 1))
     if sorted(parallel) != list(range(len(parallel))):
         raise ParallelAxesError(
             f"kernel {kernel!r} runs on {num_cores} cores, which split the parallel grid axes "
             f"between them, but the parallel axes {tuple(sorted(parallel))} of its grid "
-            f"{grid} do not lead it. Fix: put the parallel axes first (dimension_semantics "
+            f"do not lead it. Fix: put the parallel axes first (dimension_semantics "
             "such as ('parallel', 'arbitrary')), or run on one core.")
     sub = math.prod(grid[a] for a in parallel)
     per_core = -(-sub // num_cores) * (n // sub)

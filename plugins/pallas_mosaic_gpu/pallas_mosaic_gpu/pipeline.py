@@ -17,6 +17,7 @@ from jax import lax
 
 import pallas_core as pl
 from pallas_core.errors import PallasError
+from pallas_core.spec import plain_block_dim
 from pallas_mosaic_gpu import primitives as gp
 from pallas_mosaic_gpu.params import SMEM, Barrier
 
@@ -31,8 +32,7 @@ def _block_dims(spec: Any, what: str, ndim: int) -> tuple[tuple[int | None, ...]
         raise PallasError(
             f"plgpu.emit_pipeline: {what} names memory space {spec.memory_space}; the "
             "pipeline stages every block in SMEM. Fix: leave memory_space unset.")
-    dims = tuple(None if d is None or isinstance(d, pl.Squeezed) else int(d)
-                 for d in spec.block_shape)
+    dims = tuple(plain_block_dim(d, f"plgpu.emit_pipeline: {what}") for d in spec.block_shape)
     if len(dims) != ndim:
         raise PallasError(
             f"plgpu.emit_pipeline: {what} has a {len(dims)}-D block_shape {spec.block_shape} "

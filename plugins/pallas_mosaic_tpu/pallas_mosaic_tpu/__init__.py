@@ -9,6 +9,12 @@ from __future__ import annotations
 
 from pallas_core.copies import async_copy, make_async_copy, make_async_remote_copy
 from pallas_core.spec import ANY
+from pallas_mosaic_tpu.interpret import (
+    InterpretParams,
+    force_tpu_interpret_mode,
+    reset_tpu_interpret_mode_state,
+    set_tpu_interpret_mode,
+)
 from pallas_mosaic_tpu.params import (
     ARBITRARY,
     CORE_PARALLEL,
@@ -27,12 +33,6 @@ from pallas_mosaic_tpu.params import (
     create_tensorcore_mesh,
     get_barrier_semaphore,
     sync_copy,
-)
-from pallas_mosaic_tpu.interpret import (
-    InterpretParams,
-    force_tpu_interpret_mode,
-    reset_tpu_interpret_mode_state,
-    set_tpu_interpret_mode,
 )
 from pallas_mosaic_tpu.pipeline import emit_pipeline
 from pallas_mosaic_tpu.plugin import __version__

@@ -28,9 +28,9 @@ from jaxlib.mlir.dialects import arith, func, memref, scf, vector
 from jaxlib.mlir.dialects import math as mmath
 from jaxlib.mosaic.python import tpu
 
-from pallas_core import _jax, copies, mlir_lowering
+from pallas_core import _jax, copies, extras, mlir_lowering
 from pallas_core import primitives as prims
-from pallas_core.errors import PallasError
+from pallas_core.errors import PallasError, UnsupportedError
 from pallas_core.grid_mapping import BlockMapping
 from pallas_core.mlir_lowering import LoweringState
 from pallas_core.request import KernelCall
@@ -108,6 +108,7 @@ def lower_kernel(call: KernelCall, mesh_axes: tuple[tuple[str, int], ...] = ()
                 windows.append(ir.DictAttr.get({
                     "transform_indices": ir.FlatSymbolRefAttr.get(f"transform_{j}"),
                     "window_bounds": ir.DenseI64ArrayAttr.get(list(bm.full_block_shape)),
+                    **_pipeline_mode(call, bm),
                 }))
         _set_attributes(kernel, call, windows, len(scratch))
         entry = kernel.add_entry_block()
@@ -122,6 +123,26 @@ def lower_kernel(call: KernelCall, mesh_axes: tuple[tuple[str, int], ...] = ()
         if not module.operation.verify():
             raise PallasError(f"the Mosaic module of kernel {call.name!r} does not verify")
     return module, name
+
+
+def _pipeline_mode(call: KernelCall, bm: BlockMapping) -> dict[str, ir.Attribute]:
+    """The window attributes of a ``pl.Buffered`` pipeline mode (as JAX's lowering emits)."""
+    mode = bm.pipeline_mode
+    if mode is None:
+        return {}
+    if mode.use_lookahead or mode.buffer_count > 2:
+        raise UnsupportedError(
+            f"kernel {call.name!r}: {bm.origin} has pipeline_mode={mode}; the TPU pipeline "
+            "takes 1 or 2 buffers and no lookahead. Fix: pl.Buffered(1) or pl.Buffered(2).")
+    kind = "synchronous" if mode.buffer_count == 1 else "double_buffered"
+    attrs = {"pipeline_mode": ir.Attribute.parse(f"#tpu.pipeline_mode<{kind}>")}
+    if mode.revisit is not None:
+        if mode.revisit.value == "any" and mode.buffer_count > 1:
+            raise UnsupportedError(
+                f"kernel {call.name!r}: {bm.origin} has pipeline_mode={mode}; revisiting any "
+                "block needs a single buffer on TPU. Fix: pl.Buffered(1, revisit=...).")
+        attrs["revisit_mode"] = ir.Attribute.parse(f"#tpu.revisit_mode<{mode.revisit.value}>")
+    return attrs
 
 
 def _transform(call: KernelCall, bm: BlockMapping, name: str, arg_types: list[ir.Type]) -> None:
@@ -146,7 +167,7 @@ def _set_attributes(kernel: Any, call: KernelCall, windows: list[ir.Attribute],
             f"kernel {call.name!r}: dimension_semantics has {len(semantics)} entries but the "
             f"grid {gm.user_grid} has {len(gm.user_grid)} axes. Fix: give one per grid axis.")
     # The cores of a mesh (pl.kernel) run in parallel; grid steps default to arbitrary.
-    default = "parallel" if gm.grid_names else "arbitrary"
+    default = "parallel" if gm.is_mesh else "arbitrary"
     names = ["parallel"] * gm.num_batch_axes + [s.value for s in semantics] + [
         default] * (len(gm.user_grid) - len(semantics))
     attrs = kernel.attributes
@@ -399,6 +420,22 @@ def _multiple_of(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
     return x
 
 
+@rule(extras.delay_p)
+def _delay(lowering: Lowering, eqn: Any, nanos: ir.Value) -> list[Any]:
+    tpu.DelayOp(nanos)
+    return []
+
+
+@rule(extras.reciprocal_p)
+def _approx_reciprocal(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
+    aval = _in(eqn)
+    if np.dtype(aval.dtype) != np.float32 or not aval.shape:
+        raise lowering.fail(f"pl.reciprocal(approx=True) of {aval.str_short()} (Mosaic's "
+                            "approximate reciprocal takes float32 vectors)", eqn)
+    full_range = {} if eqn.params["full_range"] else {"full_range": False}
+    return tpu.ReciprocalOp(x, approx=True, **full_range).result
+
+
 # --- Refs ------------------------------------------------------------------------------------
 
 
@@ -574,13 +611,15 @@ def _copy_device_id(lowering: Lowering, eqn: Any, args: Sequence[Any]) -> ir.Val
 def _copy_start(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
     if eqn.params.get("add"):
         raise lowering.fail("an adding copy (add=True; a SparseCore DMA) on a TensorCore")
+    priority = eqn.params.get("priority", 0)
+    queue = {"priority": priority} if priority else {}
     if not eqn.params["remote"]:
         src, dst, sem = _role_views(lowering, eqn, args)
-        tpu.EnqueueDMAOp(src, dst, target_semaphore=sem)
+        tpu.EnqueueDMAOp(src, dst, target_semaphore=sem, **queue)
         return []
     src, dst, recv_sem, send_sem = _role_views(lowering, eqn, args)
     tpu.EnqueueDMAOp(src, dst, source_semaphore=send_sem, target_semaphore=recv_sem,
-                     device_id=_copy_device_id(lowering, eqn, args))
+                     device_id=_copy_device_id(lowering, eqn, args), **queue)
     return []
 
 
@@ -607,9 +646,13 @@ def _semaphore(lowering: Lowering, eqn: Any, args: Sequence[Any]) -> ir.Value:
 @rule(prims.semaphore_signal_p)
 def _semaphore_signal(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
     n = 1 + eqn.params["tree"].num_leaves
-    device = (_device_id(lowering, args[n + 1:], eqn.params["device_id_type"])
+    has_core = eqn.params.get("has_core_index", False)
+    ids = args[n + 1:len(args) - int(has_core)]
+    device = (_device_id(lowering, ids, eqn.params["device_id_type"])
               if eqn.params["has_device_id"] else None)
-    tpu.SemaphoreSignalOp(_semaphore(lowering, eqn, args), args[n], device_id=device)
+    core = args[-1] if has_core else None
+    tpu.SemaphoreSignalOp(_semaphore(lowering, eqn, args), args[n], device_id=device,
+                          core_id=core)
     return []
 
 

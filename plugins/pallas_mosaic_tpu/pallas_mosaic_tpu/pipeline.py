@@ -30,7 +30,7 @@ from pallas_core import _jax
 from pallas_core import primitives as prims
 from pallas_core.copies import make_async_copy
 from pallas_core.errors import BlockSpecError, PallasError, UnsupportedError
-from pallas_core.spec import BlockSpec, Squeezed
+from pallas_core.spec import BlockSpec, plain_block_dim
 from pallas_mosaic_tpu.params import PARALLEL, VMEM, GridDimensionSemantics, SemaphoreType
 from pallas_mosaic_tpu.validation import LANES, SUBLANES, tiled_block
 
@@ -52,8 +52,9 @@ class _Operand:
             raise BlockSpecError(
                 f"emit_pipeline {origin}: block shape {block} has {len(block)} dimensions but "
                 f"the Ref has shape {self.shape}. Fix: give one block size per dimension.")
-        self.squeezed = [b is None or isinstance(b, Squeezed) for b in block]
-        self.block = tuple(1 if sq else int(b) for sq, b in zip(self.squeezed, block))
+        sizes = [plain_block_dim(b, f"emit_pipeline {origin}") for b in block]
+        self.squeezed = [b is None for b in sizes]
+        self.block = tuple(1 if b is None else b for b in sizes)
         for d, (b, n) in enumerate(zip(self.block, self.shape)):
             if n % b:
                 raise UnsupportedError(

@@ -109,7 +109,8 @@ def emit_tpu_custom_call(request: LoweringRequest, config: str, kernel_name: str
 def pallas_describe() -> BackendInfo:
     return BackendInfo(name=NAME, version=__version__, platforms=("tpu",),
                        compiler_params_type=TPUCompilerParams, default_for=("tpu",),
-                       package="pallas-mosaic-tpu", capabilities=frozenset({"scalar_prefetch"}))
+                       package="pallas-mosaic-tpu", capabilities=frozenset({"scalar_prefetch",
+                                                                "pipeline_mode"}))
 
 
 @hookimpl

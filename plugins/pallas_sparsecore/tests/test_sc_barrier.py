@@ -249,7 +249,7 @@ def test_checked_mode_reports_out_of_bounds_reads_between_barriers() -> None:
             pltpu.sync_copy(w, o_hbm.at[s])
         return k(x)
 
-    with pytest.raises(Exception, match=r"out-of-bounds read of scratch 1 in kernel 'k' at grid "
+    with pytest.raises(Exception, match=r"Out-of-bounds read of scratch 1 in kernel 'k' at grid "
                        r"step \(0, 3\).*index starting at \(24,\)"):
         jax.block_until_ready(fn(rand(14, (2 * L,))))
         jax.effects_barrier()

@@ -1,0 +1,53 @@
+"""Arithmetic helpers for sizes and indices: ``cdiv``, ``align_to``, ``next_power_of_2``,
+``strides_from_shape``.
+
+``cdiv`` and ``align_to`` work on Python ints (grid and block sizes) and on traced integers
+inside kernels and index maps; on traced values they use only ``add``, ``sub`` and ``div``
+(truncating division), which every backend lowers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from jax import lax
+
+from pallas_core import _jax
+from pallas_core.errors import ArgumentError
+
+
+def cdiv(a: Any, b: Any) -> Any:
+    """Ceiling division of ``a`` by ``b``: how many blocks of size ``b`` cover ``a``.
+
+    On sizes (Python ints, or JAX's symbolic dimensions) this is ``(a + b - 1) // b``; on
+    arrays it is ``lax.div(a + (b - 1), b)``, a division that truncates toward zero. Both are
+    exact for non-negative ``a`` and positive ``b`` (which is what sizes are); they are JAX's
+    definitions, also for other signs, where the two can differ.
+    """
+    if _jax.is_dim(a) and _jax.is_dim(b):
+        return (a + b - 1) // b
+    return lax.div(a + (b - 1), b)
+
+
+def align_to(a: Any, alignment: Any) -> Any:
+    """``a`` rounded up to a multiple of ``alignment`` (``cdiv(a, alignment) * alignment``)."""
+    return cdiv(a, alignment) * alignment
+
+
+def next_power_of_2(x: int) -> int:
+    """The smallest power of two that is ``>= x`` (1 for 0); ``x`` must be a non-negative int."""
+    if x < 0:
+        raise ArgumentError(f"pl.next_power_of_2 needs a non-negative integer, found {x!r}.")
+    return 1 if x == 0 else 1 << (int(x) - 1).bit_length()
+
+
+def strides_from_shape(shape: Sequence[int]) -> tuple[int, ...]:
+    """Row-major (C order) strides, in elements, of an array of ``shape``."""
+    strides = []
+    remaining = math.prod(shape)
+    for size in shape:
+        remaining = remaining // size if size else 0
+        strides.append(int(remaining))
+    return tuple(strides)
