@@ -206,6 +206,14 @@ def _check_kernel_signature(kernel: Callable[..., Any], names: Sequence[str],
         ) from None
 
 
+def _describe_value(x: Any) -> str:
+    """``x`` for a message: ``an array float32[8,128]``, else its type."""
+    aval = getattr(x, "aval", None)
+    if aval is not None and hasattr(aval, "str_short"):
+        return f"an array {aval.str_short()}"
+    return f"a {type(x).__name__}"
+
+
 def _source_of(fn: Any) -> str:
     try:
         code = fn.__code__
@@ -265,7 +273,7 @@ def trace_kernel(kernel: Callable[..., Any], gm: gmap.GridMapping, in_tree: Any,
         if result is not None:
             raise KernelSignatureError(
                 f"The kernel function {kernel_name!r} at {_source_of(kernel)} should return "
-                f"None, but returned {type(result).__name__}: kernels write their results into "
+                f"None, but returned {_describe_value(result)}: kernels write their results into "
                 "the output Refs (o_ref[...] = value). Fix: drop the return value.")
         return []
 

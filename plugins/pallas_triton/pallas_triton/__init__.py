@@ -8,16 +8,31 @@ emitted as XLA's Triton custom call, which compiles them for the GPU they run on
 
 from __future__ import annotations
 
+from pallas_core import (
+    atomic_add,
+    atomic_and,
+    atomic_cas,
+    atomic_max,
+    atomic_min,
+    atomic_or,
+    atomic_xchg,
+    atomic_xor,
+    dot,
+)
 from pallas_triton.params import TritonParams
 from pallas_triton.plugin import __version__
 from pallas_triton.primitives import (
     approx_tanh,
     debug_barrier,
     elementwise_inline_asm,
+    load,
     max_contiguous,
+    store,
 )
 
 CompilerParams = TritonParams
 
-__all__ = ["CompilerParams", "TritonParams", "__version__", "approx_tanh", "debug_barrier",
-           "elementwise_inline_asm", "max_contiguous"]
+__all__ = ["CompilerParams", "TritonParams", "__version__", "approx_tanh", "atomic_add",
+           "atomic_and", "atomic_cas", "atomic_max", "atomic_min", "atomic_or", "atomic_xchg",
+           "atomic_xor", "debug_barrier", "dot", "elementwise_inline_asm", "load",
+           "max_contiguous", "store"]

@@ -35,6 +35,7 @@ from pallas_core.mlir_lowering import LoweringState
 from pallas_core.request import KernelCall
 from pallas_triton import ir as tir
 from pallas_triton import primitives as tprims
+from pallas_triton import validation
 
 
 @dataclasses.dataclass
@@ -564,6 +565,8 @@ def _pointers(lowering: Lowering, eqn: Any, ref: BlockRef, transforms: Sequence[
         raise lowering.fail("indexing a Ref with more than one index array", eqn)
     ranges = [i for i, (_, r) in enumerate(parts) if r]
     shape = tuple(tir.shape_of(parts[i][0])[0] for i in ranges)
+    validation.check_access_shape(f"kernel {lowering.call.name!r} ({lowering.location})",
+                                  bm.origin, bm.ref_shape, shape)
     rank = len(shape)
     strides = [math.prod(bm.array_shape[d + 1:]) for d in range(len(bm.array_shape))]
     offset: ir.Value = tir.i32(0)

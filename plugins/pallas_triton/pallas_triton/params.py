@@ -16,7 +16,8 @@ class TritonParams(CompilerParams):
     """Compiler parameters of the Triton backend; passing them selects it.
 
     ``num_warps``: warps per program (a power of two, 1 to 32). ``num_stages``: software
-    pipelining depth of loops. ``debug``: let Triton keep device-side assertions.
+    pipelining depth of loops. ``debug``: let Triton keep device-side assertions. As in JAX,
+    ``None`` for either means the default (4 warps, 3 stages).
     """
 
     BACKEND: ClassVar[str] = NAME
@@ -25,6 +26,11 @@ class TritonParams(CompilerParams):
     debug: bool = False
 
     def __post_init__(self) -> None:
+        # JAX's kernels pass num_warps=None / num_stages=None for "the default".
+        if self.num_warps is None:
+            object.__setattr__(self, "num_warps", 4)
+        if self.num_stages is None:
+            object.__setattr__(self, "num_stages", 3)
         w = self.num_warps
         if not isinstance(w, int) or w < 1 or w > 32 or w & (w - 1):
             raise PallasError(f"TritonParams(num_warps={w!r}): expected a power of two from 1 "

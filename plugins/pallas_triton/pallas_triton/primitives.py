@@ -4,6 +4,10 @@
 ``debug_barrier`` (synchronise the threads of a program) and ``max_contiguous`` (a hint that
 runs of values are contiguous). The interpreter runs kernels that use them through the
 semantics registered here; inline assembly needs a ``reference`` function for that.
+
+``load`` and ``store`` are JAX's ``pallas.triton`` spellings of the core's masked access: the
+whole Ref (or view) is accessed, and the cache and eviction hints are checked but do not
+change results, so they are the core's ``pl.load``/``pl.store`` with every backend's rules.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ import jax
 import jax.numpy as jnp
 
 from pallas_core import _jax
-from pallas_core.errors import PallasError, UnsupportedError
+from pallas_core import primitives as core_prims
+from pallas_core.errors import ArgumentError, PallasError, UnsupportedError
 from pallas_core.semantics import PrimitiveSemantics, ReferenceContext
 
 approx_tanh_p = _jax.Primitive("triton_approx_tanh")
@@ -78,6 +83,42 @@ def elementwise_inline_asm(asm: str, *, args: Sequence[Any], constraints: str, p
                                  jax.ShapeDtypeStruct(s.shape, s.dtype)
                                  for s in result_shape_dtypes), reference=reference)
     return list(outs)
+
+
+LOAD_CACHE_MODIFIERS = (".ca", ".cg")
+"""The cache modifiers a Triton load may name (JAX's Triton lowering accepts these)."""
+EVICTION_POLICIES = ("evict_normal", "evict_first", "evict_last")
+"""The eviction policies a Triton load or store may name."""
+
+
+def _check_hint(fn: str, name: str, value: Any, allowed: Sequence[str]) -> None:
+    if value is not None and value not in allowed:
+        raise ArgumentError(f"pallas_triton.{fn}: {name}={value!r} is not one of "
+                            f"{', '.join(map(repr, allowed))}. Fix: pass one of them, or None.")
+
+
+def load(ref: Any, *, mask: Any = None, other: Any = None, cache_modifier: str | None = None,
+         eviction_policy: str | None = None, volatile: bool = False) -> jax.Array:
+    """Reads all of ``ref`` (a Ref or a view such as ``ref.at[idx]``).
+
+    Where ``mask`` is False the result is ``other`` (undefined without it) and nothing is read,
+    so masked-off indices may lie outside the Ref. ``cache_modifier`` (``".ca"``, ``".cg"``),
+    ``eviction_policy`` and ``volatile`` are hints to the GPU's memory system: checked here,
+    without effect on the values.
+    """
+    _check_hint("load", "cache_modifier", cache_modifier, LOAD_CACHE_MODIFIERS)
+    _check_hint("load", "eviction_policy", eviction_policy, EVICTION_POLICIES)
+    del volatile  # Only orders memory between programs; one program reads the same values.
+    return core_prims.load(ref, ..., mask=mask, other=other)
+
+
+def store(ref: Any, val: Any, *, mask: Any = None, eviction_policy: str | None = None) -> None:
+    """Writes ``val`` to all of ``ref`` (a Ref or a view), only where ``mask`` is True.
+
+    ``eviction_policy`` is a hint to the GPU's caches: checked, without effect on the values.
+    """
+    _check_hint("store", "eviction_policy", eviction_policy, EVICTION_POLICIES)
+    core_prims.store(ref, ..., val, mask=mask)
 
 
 def _inline_asm_reference(ctx: ReferenceContext, *args: Any, asm: str, constraints: str,

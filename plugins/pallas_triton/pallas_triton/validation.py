@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 from pallas_core import reference
@@ -35,14 +36,13 @@ def check(call: KernelCall) -> None:
                 "Fix: split the array.")
         if bm.is_whole_array:
             continue  # accessed through pl.ds slices, each checked when it is lowered
-        for size in bm.ref_shape:
-            if size & (size - 1):
-                padded = tuple(1 << (s - 1).bit_length() for s in bm.ref_shape)
-                raise BlockSpecError(
-                    f"{where}: {bm.origin} has block shape {bm.ref_shape}, but Triton blocks "
-                    f"must have power-of-two sizes. Fix: use block_shape {padded} (edge blocks "
-                    "are masked, so the array need not be padded), or a power-of-two divisor.")
-    unknown = reference.registered_primitives() - _LOWERED
+        # A block dimension spanning its whole array dimension may have any size: kernels
+        # (JAX's layer_norm, softmax) read it through power-of-two index vectors and masks;
+        # what they read is checked when it is lowered (`check_access_shape`).
+        tiled = [b for b, a in zip(bm.block_shape, bm.array_shape) if b is not None and b != a]
+        if any(size & (size - 1) for size in tiled):
+            raise BlockSpecError(_power_of_two_message(where, bm.origin, bm.ref_shape))
+    unknown = reference.registered_primitives() - _lowered()
     eqn = reference.find_eqn(call.jaxpr.jaxpr, unknown)
     if eqn is not None:
         raise UnsupportedError(
@@ -50,10 +50,25 @@ def check(call: KernelCall) -> None:
             "backend. Fix: rewrite that part of the kernel, or pass backend='interpret'.")
 
 
+def _power_of_two_message(where: str, origin: str, shape: tuple[int, ...]) -> str:
+    padded = tuple(1 << (s - 1).bit_length() for s in shape)
+    return (f"{where}: {origin} has block shape {shape}, but Triton blocks must have "
+            f"power-of-two sizes. Fix: use block_shape {padded} (edge blocks are masked, so "
+            "the array need not be padded), or a power-of-two divisor.")
+
+
+def check_access_shape(where: str, origin: str, block_shape: tuple[int, ...],
+                       shape: tuple[int, ...]) -> None:
+    """Raises a ``BlockSpecError`` when a read or write of a Ref has a tensor ``shape`` that
+    Triton cannot hold (a size that is not a power of two); ``block_shape`` is the Ref's."""
+    if any(size & (size - 1) for size in shape):
+        raise BlockSpecError(_power_of_two_message(where, origin, block_shape) + (
+            f" (A read or write of shape {shape} is lowered; with a block dimension spanning "
+            "its whole array, read it through a power-of-two index vector and a mask.)"))
+
+
+@functools.cache
 def _lowered() -> frozenset[object]:
-    from pallas_triton.lowering import RULES
+    from pallas_triton.lowering import RULES  # lowering imports this module
 
     return frozenset(RULES)
-
-
-_LOWERED = _lowered()
