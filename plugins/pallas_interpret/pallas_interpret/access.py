@@ -48,7 +48,7 @@ def locate(transforms: Sequence[Any], ref_shape: Sequence[int]) -> Access | None
     """Where the access through ``transforms`` (indexers applied in turn) lies in a Ref of
     ``ref_shape``; ``None`` for transforms other than slices and scalar indices."""
     # Each dimension of the current view: (Ref dimension, first position, step, size).
-    view = [(d, 0, 1, int(n)) for d, n in enumerate(ref_shape)]
+    view: list[tuple[int, Any, int, int]] = [(d, 0, 1, int(n)) for d, n in enumerate(ref_shape)]
     fixed: dict[int, Any] = {}
     static = True
     for t in transforms:
@@ -101,7 +101,7 @@ def inside(acc: Access, shape: Sequence[int]) -> Any:
 def statically_inside(acc: Access, shape: Sequence[int]) -> bool:
     """The access is known at trace time to lie inside ``shape``."""
     return acc.ranges is not None and all(
-        lo > hi or (0 <= lo and hi < n) for (lo, hi), n in zip(acc.ranges, shape))
+        lo > hi or (lo >= 0 and hi < n) for (lo, hi), n in zip(acc.ranges, shape))
 
 
 def _indices(acc: Access, shape: Sequence[int], keep: Any = None) -> tuple[Any, ...]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -93,7 +93,8 @@ def _first_race(table: np.ndarray, points: np.ndarray, par: list[int], cores: An
         if other == step:
             continue
         if cores is not None and cores[other] != cores[step]:
-            return block, other, step, f"run on cores {int(cores[other])} and {int(cores[step])}", None
+            why = f"run on cores {int(cores[other])} and {int(cores[step])}"
+            return block, other, step, why, None
         if cores is None and (points[other, par] != points[step, par]).any():
             axis = par[int(np.argmax(points[other, par] != points[step, par]))] - num_batch_axes
             return block, other, step, f"differ along parallel grid axis {axis}", axis
@@ -184,8 +185,10 @@ class _Checker:
         if self.params.tpu_memory and _in_hbm(space):
             raise HbmAccessError(
                 f"kernel {self.call.name!r} {what} {self.name(aval)} directly, but it is in "
-                f"{str(space.name).upper()}, which TPU cores cannot address. Fix: copy it to or from VMEM "
-                "with pltpu.sync_copy or pltpu.async_copy (or give it a VMEM BlockSpec).")
+                f"{str(getattr(space, 'name', '')).upper()}, which TPU cores cannot address. "
+                "Fix: copy it to or "
+                "from VMEM with pltpu.sync_copy or pltpu.async_copy (or give it a VMEM "
+                "BlockSpec).")
 
     def locate(self, aval: Any, transforms: Any) -> access.Access | None:
         """Where an access lies, or ``None`` when it needs no check (or cannot be placed)."""
@@ -301,7 +304,8 @@ class _Checker:
                 if _in_hbm(getattr(t, "memory_space", None)):
                     raise HbmAccessError(
                         f"Cannot allocate HBM in `run_scoped` of kernel {self.call.name!r}: "
-                        f"it asks for a {str(t.memory_space.name).upper()} buffer of shape {tuple(t.shape)}, "
+                        f"it asks for a {str(t.memory_space.name).upper()} buffer of shape "
+                        f"{tuple(t.shape)}, "
                         "and TPUs allocate run_scoped buffers only in VMEM, SMEM and "
                         "semaphores. Fix: pass the HBM buffer in (or as scratch), or, to try "
                         "it in the interpreter anyway, "
@@ -329,10 +333,10 @@ def checked_rules(call: KernelCall, params: InterpretParams | None = None) -> It
     """Within the block, discharging (parts of) ``call``'s kernel applies checked mode: reads
     and writes are checked (see the module docstring), ``run_scoped`` buffers start poisoned."""
     checker = _Checker(call, params or InterpretParams(checked=True))
-    methods = {_jax.get_p: checker.get, _jax.swap_p: checker.swap,
-               prims.masked_load_p: checker.masked_load,
-               prims.masked_swap_p: checker.masked_swap,
-               _copies.copy_wait_p: checker.copy_wait, prims.run_scoped_p: checker.run_scoped}
+    methods: dict[Any, Callable[..., Any]] = {
+        _jax.get_p: checker.get, _jax.swap_p: checker.swap,
+        prims.masked_load_p: checker.masked_load, prims.masked_swap_p: checker.masked_swap,
+        _copies.copy_wait_p: checker.copy_wait, prims.run_scoped_p: checker.run_scoped}
 
     def wrap(prim: Any, rule: Any) -> Any:
         return functools.partial(methods[prim], rule)

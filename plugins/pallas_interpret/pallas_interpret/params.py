@@ -170,7 +170,7 @@ def from_interpret_arg(value: Any) -> InterpretParams:
         buffer_bounds=str(get("buffer_bounds", "logical")),
         detect_races=bool(get("detect_races", False)),
         on_race="warn",
-        num_cores=int(get("num_cores_or_threads", 1)),
+        num_cores=int(get("num_cores_or_threads", 1) or 1),
         grid_point_recorder=get("grid_point_recorder"),
         skip_floating_point_ops=bool(get("skip_floating_point_ops", False)),
         tpu_memory=True,

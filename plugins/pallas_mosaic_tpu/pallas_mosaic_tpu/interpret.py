@@ -22,14 +22,18 @@ from pallas_core.spec import CompilerParams
 class InterpretParams(CompilerParams):
     """Parameters of TPU interpret mode, with the fields and defaults of JAX's class.
 
-    The interpreter maps them onto its own options: ``detect_races`` reports two ``parallel``
-    grid steps that write the same output block; ``random_seed`` shuffles the ``parallel``
-    grid axes; ``out_of_bounds_reads="raise"`` (the default) reports reads outside a Ref;
-    ``uninitialized_memory`` (``"nan"`` or ``"zero"``) fills memory nobody has written.
-    ``dma_execution_mode``, ``vector_clock_size``, ``logging_mode`` and
-    ``allow_hbm_allocation_in_run_scoped`` are accepted and change nothing here.
-    ``skip_floating_point_ops``, ``grid_point_recorder``, ``buffer_bounds="padded"`` and more
-    than one core per device are refused by name when the kernel runs.
+    The interpreter runs the kernel as JAX's TPU interpret mode does: accesses outside a Ref
+    raise (reads only with ``out_of_bounds_reads="raise"``; ``"uninitialized"`` reads NaN
+    there), within TPU-tiled bounds with ``buffer_bounds="padded"``; unwritten memory is
+    ``uninitialized_memory`` (NaN and the integer maximum, or zeros); an aliased output shares
+    its input's buffer, input blocks are copied in when their index changes, and revisiting an
+    output block or touching HBM directly is an error (HBM in ``pl.run_scoped`` only with
+    ``allow_hbm_allocation_in_run_scoped``); the ``parallel`` grid axes are permuted by
+    ``random_seed`` (0 when unset) and split between ``num_cores_or_threads`` simulated cores,
+    which run one after another; ``grid_point_recorder(token, grid_point, core)`` sees every
+    step in order; ``skip_floating_point_ops`` replaces float results by ``inf``;
+    ``detect_races`` warns about output blocks two cores write. ``dma_execution_mode``,
+    ``vector_clock_size`` and ``logging_mode`` change nothing here.
     """
 
     BACKEND: ClassVar[str] = "interpret"
