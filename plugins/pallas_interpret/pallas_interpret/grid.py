@@ -42,6 +42,11 @@ def run(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
         return run_exact(call, args, rules, params)
     axes = lockstep.lockstep_axes(call)
     if axes is not None:
+        if params.num_cores > 1 or params.grid_point_recorder is not None:
+            raise UnsupportedError(
+                f"kernel {call.name!r} has barriers, so the interpreter runs its points in "
+                "lockstep, and then simulates neither several cores nor a grid_point_recorder. "
+                "Fix: use num_cores_or_threads=1 and no grid_point_recorder for this kernel.")
         return lockstep.run(call, args, rules, params, axes)
     if params.fast and not (params.checked or params.tpu_memory or params.num_cores > 1
                             or params.shuffle_seed is not None or params.grid_point_recorder):

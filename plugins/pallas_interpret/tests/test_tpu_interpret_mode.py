@@ -480,3 +480,32 @@ def test_forced_tpu_interpret_mode_replaces_the_calls_own() -> None:
     with pltpu.force_tpu_interpret_mode(pltpu.InterpretParams(uninitialized_memory="zero")):
         np.testing.assert_array_equal(f(), np.zeros((8, 128), np.float32))
     assert np.isnan(np.asarray(f())).all()
+
+
+def test_barrier_kernels_run_with_jax_params_but_refuse_cores_and_recorder() -> None:
+    """A SparseCore kernel with a barrier runs in lockstep under pltpu.InterpretParams; several
+    simulated cores or a recorder are not simulated there, and are refused by name."""
+    plsc = pytest.importorskip("pallas_sparsecore")
+    from jax import lax
+
+    def run(params: Any) -> Any:
+        mesh = plsc.VectorSubcoreMesh(core_axis_name="c", subcore_axis_name="s", num_cores=1,
+                                      num_subcores=4, target="v7x")
+
+        @pl.kernel(out_type=jax.ShapeDtypeStruct((4, 16), jnp.float32), mesh=mesh,
+                   interpret=params,
+                   scratch_types=[plsc.VMEM_SHARED((4, 16), jnp.float32),
+                                  pltpu.VMEM((16,), jnp.float32)])
+        def k(x_hbm: Any, o_hbm: Any, shared: Any, mine: Any) -> None:
+            s = lax.axis_index("s")
+            pltpu.sync_copy(x_hbm.at[s], shared.at[s])
+            plsc.subcore_barrier()
+            pltpu.sync_copy(shared.at[(s + 1) % 4], mine)
+            pltpu.sync_copy(mine, o_hbm.at[s])
+        return k(x)
+
+    x = _rand((4, 16))
+    np.testing.assert_array_equal(run(pltpu.InterpretParams()), np.roll(np.asarray(x), -1, 0))
+    with pytest.raises(PallasError, match=r"has barriers.*neither several cores nor a "
+                       r"grid_point_recorder"):
+        run(pltpu.InterpretParams(grid_point_recorder=_Recorder()))
