@@ -153,27 +153,30 @@ def from_interpret_arg(value: Any) -> InterpretParams:
     ``allow_hbm_allocation_in_run_scoped`` carry over; ``num_cores_or_threads`` becomes
     ``num_cores``; the ``parallel`` grid axes of the kernel's ``dimension_semantics`` are always
     shuffled, by ``random_seed`` (0 when unset), as JAX does. The fields in ``IGNORED_FIELDS``
-    change nothing.
+    change nothing. Objects without TPU fields (JAX's GPU interpret params) get checked mode
+    with their shared fields only.
     """
     if isinstance(value, InterpretParams):
         return value
     if value is None or isinstance(value, bool):
         return InterpretParams()
     get = lambda name, default=None: getattr(value, name, default)  # noqa: E731
+    # JAX's TPU params; its GPU ones (threads, not cores) share only the fields below.
+    tpu = hasattr(value, "dma_execution_mode")
     seed = get("random_seed")
     return InterpretParams(
         checked=True,
         parallel_axes=None,
-        shuffle_seed=0 if seed is None else int(seed),
+        shuffle_seed=(0 if seed is None else int(seed)) if tpu else None,
         uninitialized_memory=str(get("uninitialized_memory", "nan")),
         out_of_bounds_reads=str(get("out_of_bounds_reads", "raise")),
         buffer_bounds=str(get("buffer_bounds", "logical")),
         detect_races=bool(get("detect_races", False)),
         on_race="warn",
-        num_cores=int(get("num_cores_or_threads", 1) or 1),
+        num_cores=int(get("num_cores_or_threads", 1) or 1) if tpu else 1,
         grid_point_recorder=get("grid_point_recorder"),
         skip_floating_point_ops=bool(get("skip_floating_point_ops", False)),
-        tpu_memory=True,
+        tpu_memory=tpu,
         allow_hbm_allocation_in_run_scoped=bool(get("allow_hbm_allocation_in_run_scoped",
-                                                    False)),
+                                                    not tpu)),
     )

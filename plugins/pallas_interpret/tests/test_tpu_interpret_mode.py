@@ -509,3 +509,22 @@ def test_barrier_kernels_run_with_jax_params_but_refuse_cores_and_recorder() -> 
     with pytest.raises(PallasError, match=r"has barriers.*neither several cores nor a "
                        r"grid_point_recorder"):
         run(pltpu.InterpretParams(grid_point_recorder=_Recorder()))
+
+
+def test_translation_of_jax_style_params() -> None:
+    """pltpu.InterpretParams become the TPU model (always shuffled, seed 0 when unset); JAX's
+    GPU interpret params (no TPU fields) only checked mode with their shared fields."""
+    import types
+
+    from pallas_interpret.params import from_interpret_arg
+
+    tpu = from_interpret_arg(pltpu.InterpretParams(num_cores_or_threads=3))
+    assert (tpu.tpu_memory, tpu.shuffle_seed, tpu.num_cores, tpu.on_race) == (True, 0, 3, "warn")
+    assert not tpu.allow_hbm_allocation_in_run_scoped
+    gpu = from_interpret_arg(types.SimpleNamespace(
+        detect_races=True, out_of_bounds_reads="uninitialized", uninitialized_memory="zero",
+        num_cores_or_threads=4, skip_floating_point_ops=False))
+    assert (gpu.tpu_memory, gpu.shuffle_seed, gpu.num_cores) == (False, None, 1)
+    assert (gpu.checked, gpu.detect_races, gpu.out_of_bounds_reads, gpu.fill) == (
+        True, True, "uninitialized", "zero")
+    assert from_interpret_arg(True) == InterpretParams()
