@@ -282,9 +282,9 @@ def no_mesh() -> Iterator[None]:
     from jax._src import mesh as mesh_lib
 
     # JAX 0.10 keeps these settings in its config module, 0.11 in its mesh module.
-    devices = getattr(_config, "device_context", None) or mesh_lib.device_context
+    devices = getattr(_config, "device_context", None) or mesh_lib.device_context  # type: ignore[attr-defined]
     abstract = (getattr(_config, "abstract_mesh_context_manager", None)
-                or mesh_lib.abstract_mesh_context_manager)
+                or mesh_lib.abstract_mesh_context_manager)  # type: ignore[attr-defined]
     prev_devices = devices.swap_local(mesh_lib.empty_concrete_mesh)
     prev_abstract = abstract.swap_local(mesh_lib.empty_abstract_mesh)
     try:
