@@ -120,10 +120,28 @@ def register_batching_rule(prim: Primitive, rule: Callable[..., Any]) -> None:
 primitive_jvps = ad.primitive_jvps
 """``rule(primals, tangents, **params) -> (primal_outs, tangent_outs)``; tangents may be
 symbolic zeros (:func:`is_zero`)."""
-primitive_linearizations = ad.primitive_linearizations
-"""``rule(is_vjp, nonzeros, *primals, **params) -> (primal_outs, out_nonzeros, residuals,
-linearized)`` with ``linearized(residuals, *tangents) -> tangent_outs`` (``jax.linearize``,
-``jax.vjp`` and ``jax.grad`` linearize through it)."""
+
+
+def register_linearization(prim: Primitive, rule: Callable[..., Any]) -> None:
+    """``rule(is_vjp, nonzeros, *primals, **params) -> (primal_outs, out_nonzeros, residuals,
+    linearized)`` with ``linearized(residuals, *tangents) -> tangent_outs`` (``jax.linearize``,
+    ``jax.vjp`` and ``jax.grad`` linearize through it). JAX 0.11 adds structured residuals
+    (none here) to the result and to ``linearized``'s arguments; this adapts it."""
+    if not _LINEARIZE_HAS_STRUCTURED_RESIDUALS:
+        ad.primitive_linearizations[prim] = rule
+        return
+
+    def adapted(*args: Any, **params: Any) -> Any:
+        outs, nonzeros, residuals, linearized = rule(*args, **params)
+        return outs, nonzeros, residuals, None, (
+            lambda res, _structured, *tangents: linearized(res, *tangents))
+
+    ad.primitive_linearizations[prim] = adapted
+
+
+# JAX 0.11's linearization rules return structured residuals as a fifth value.
+_LINEARIZE_HAS_STRUCTURED_RESIDUALS = tuple(
+    int(p) for p in jax.__version__.split(".")[:2]) >= (0, 11)
 primitive_transposes = ad.primitive_transposes
 """``rule(cotangents, *args, **params)``: reverse mode of a linear equation."""
 register_lowering = mlir.register_lowering
@@ -268,14 +286,17 @@ def no_mesh() -> Iterator[None]:
     device even while a ``shard_map`` is being lowered, whose mesh is current otherwise."""
     from jax._src import mesh as mesh_lib
 
-    prev_devices = _config.device_context.swap_local(mesh_lib.empty_concrete_mesh)
-    prev_abstract = _config.abstract_mesh_context_manager.swap_local(
-        mesh_lib.empty_abstract_mesh)
+    # JAX 0.10 keeps these settings in its config module, 0.11 in its mesh module.
+    devices = getattr(_config, "device_context", None) or mesh_lib.device_context  # type: ignore[attr-defined]
+    abstract = (getattr(_config, "abstract_mesh_context_manager", None)
+                or mesh_lib.abstract_mesh_context_manager)  # type: ignore[attr-defined]
+    prev_devices = devices.swap_local(mesh_lib.empty_concrete_mesh)
+    prev_abstract = abstract.swap_local(mesh_lib.empty_abstract_mesh)
     try:
         yield
     finally:
-        _config.abstract_mesh_context_manager.set_local(prev_abstract)
-        _config.device_context.set_local(prev_devices)
+        abstract.set_local(prev_abstract)
+        devices.set_local(prev_devices)
 
 
 def scan_parts(

@@ -650,7 +650,7 @@ def _transpose(cotangents: Any, *args: Any, call: KernelCall) -> Any:
 
 
 _jax.primitive_jvps[pallas_call_p] = _jvp
-_jax.primitive_linearizations[pallas_call_p] = _linearize
+_jax.register_linearization(pallas_call_p, _linearize)
 _jax.primitive_transposes[pallas_call_p] = _transpose
 
 

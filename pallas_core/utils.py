@@ -21,13 +21,15 @@ from pallas_core.errors import ArgumentError
 def cdiv(a: Any, b: Any) -> Any:
     """Ceiling division of ``a`` by ``b``: how many blocks of size ``b`` cover ``a``.
 
-    On sizes (Python ints, or JAX's symbolic dimensions) this is ``(a + b - 1) // b``; on
-    arrays it is ``lax.div(a + (b - 1), b)``, a division that truncates toward zero. Both are
-    exact for non-negative ``a`` and positive ``b`` (which is what sizes are); they are JAX's
-    definitions, also for other signs, where the two can differ.
+    ``(a + b - 1) / b`` divided with truncation toward zero: ``lax.div`` on arrays, the same
+    arithmetic on sizes (Python ints, or JAX's symbolic dimensions), so both agree for every
+    sign. Exact for non-negative ``a`` and positive ``b`` (which is what sizes are); JAX 0.11
+    defines it so for other signs too (0.10's integer form floored instead).
     """
     if _jax.is_dim(a) and _jax.is_dim(b):
-        return (a + b - 1) // b
+        n = a + b - 1
+        # Truncating division: floor when the quotient is non-negative, ceiling otherwise.
+        return n // b if (n < 0) == (b < 0) else -(-n // b)
     return lax.div(a + (b - 1), b)
 
 

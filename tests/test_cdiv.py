@@ -70,13 +70,19 @@ def test_cdiv_on_program_ids_lowers(backend: str, platform: str) -> None:
 @pytest.mark.parametrize(("a", "b"), list(itertools.product(
     [-9, -8, -7, -1, 0, 1, 7, 8, 9, 100], [-4, -3, -1, 1, 3, 4, 8])))
 def test_cdiv_matches_jax_on_ints_and_arrays(a: int, b: int) -> None:
-    assert pl.cdiv(a, b) == jax_pl.cdiv(a, b)
-    assert pl.cdiv(np.int32(a), b) == jax_pl.cdiv(np.int32(a), b)
+    """Traced values agree with JAX's for every sign; sizes agree with the traced form (as in
+    JAX 0.11), and with JAX's on sizes, where every version agrees: a >= 0, b > 0."""
     traced = jax.jit(lambda x, y: (pl.cdiv(x, y), pl.cdiv(x, b), pl.cdiv(a, y)))
     theirs = jax.jit(lambda x, y: (jax_pl.cdiv(x, y), jax_pl.cdiv(x, b), jax_pl.cdiv(a, y)))
     args = (jnp.int32(a), jnp.int32(b))
-    assert [int(v) for v in traced(*args)] == [int(v) for v in theirs(*args)]
-    assert pl.align_to(a, b) == jax_pl.align_to(a, b)
+    ours = [int(v) for v in traced(*args)]
+    assert ours == [int(v) for v in theirs(*args)]
+    assert pl.cdiv(a, b) == pl.cdiv(np.int32(a), b) == ours[0]
+    expected = abs(a + b - 1) // abs(b) * (1 if (a + b - 1 < 0) == (b < 0) else -1)
+    assert pl.cdiv(a, b) == expected
+    if a >= 0 and b > 0:
+        assert pl.cdiv(a, b) == jax_pl.cdiv(a, b) == -(-a // b)
+        assert pl.align_to(a, b) == jax_pl.align_to(a, b)
 
 
 def test_cdiv_of_sizes_is_a_python_int() -> None:

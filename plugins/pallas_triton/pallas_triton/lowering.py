@@ -199,6 +199,8 @@ def _unary_math(op: Any) -> Rule:
 rule(lax.exp_p)(_unary_math(mmath.ExpOp))
 rule(lax.exp2_p)(_unary_math(mmath.Exp2Op))
 rule(lax.log_p)(_unary_math(mmath.LogOp))
+if hasattr(lax, "log2_p"):  # JAX 0.11 (its attention kernel uses it)
+    rule(lax.log2_p)(_unary_math(mmath.Log2Op))
 rule(lax.sqrt_p)(_unary_math(mmath.SqrtOp))
 rule(lax.rsqrt_p)(_unary_math(mmath.RsqrtOp))
 rule(lax.sin_p)(_unary_math(mmath.SinOp))
