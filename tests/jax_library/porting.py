@@ -6,6 +6,12 @@ time. ``ported("tpu.flash_attention")`` returns the module ``jax.experimental.pa
 flash_attention`` as it runs against ``pallas_core`` and its plugins; sibling imports inside
 the library (``from jax.experimental.pallas.ops.tpu.megablox import gmm``) get the ported
 sibling too.
+
+One more line changes: the random modules register their PRNG implementations with JAX under a
+name, which JAX allows once per process. The ported ones register as ``ported_<name>`` (tag
+``p<tag>``), so that JAX's own modules and the ported ones can be imported side by side (the
+benchmark does); pass the implementation object itself (``jax.random.key(0,
+impl=threefry.plthreefry_prng_impl)``) or its new name.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ PREFIX = "pallas_ported_ops"
 
 LIBRARY = pathlib.Path(_jax_ops.__file__).parent
 
-# (pattern, replacement): only Pallas imports change; everything else is JAX's code as it is.
+# (pattern, replacement): only Pallas imports (and PRNG names) change; the rest is JAX's code.
 REWRITES = [
     (r"^from jax\.experimental import pallas as (\w+)", r"import pallas_core as \1"),
     (r"^from jax\.experimental\.pallas import tpu as (\w+)", r"import pallas_mosaic_tpu as \1"),
@@ -35,6 +41,9 @@ REWRITES = [
     (r"^from jax\.experimental\.pallas import mosaic_gpu as (\w+)",
      r"import pallas_mosaic_gpu as \1"),
     (r"jax\.experimental\.pallas\.ops\b", PREFIX),
+    # A PRNG name can be registered once per process: the ported one gets its own.
+    (r"^prng\.register_prng\((\w+)\)",
+     r'\1 = \1._replace(name="ported_" + \1.name, tag="p" + \1.tag)\nprng.register_prng(\1)'),
 ]
 
 
