@@ -11,8 +11,7 @@ reference without a custom VJP.
 
 Kernels that take no ``interpret`` argument run under ``pltpu.force_tpu_interpret_mode()``;
 the others get ``interpret=True``. Shapes are the smallest the kernels accept (TPU tiles of
-(8, 128) and blocks of 128), so the module takes about a minute of CPU time. Tests of kernels
-that wait only on features being added elsewhere are marked ``xfail(strict=False)``.
+(8, 128) and blocks of 128), so the module takes about two minutes of CPU time.
 """
 
 from __future__ import annotations
@@ -33,19 +32,6 @@ import pallas_core as pl
 from tests.jax_library import porting
 
 interpreted = pltpu.force_tpu_interpret_mode
-
-# Blocked only by features other helpers are adding; the tests run and may pass once merged.
-NEEDS_DYNAMIC_GRID = pytest.mark.xfail(
-    reason="needs dynamic grid sizes (a traced grid, as megablox computes it; in progress)",
-    strict=False)
-NEEDS_NONE_PREFETCH = pytest.mark.xfail(
-    reason="needs None scalar-prefetch operands (splash passes mask_next=None; in progress)",
-    strict=False)
-NEEDS_PLTPU_STORE = pytest.mark.xfail(
-    reason="needs pltpu.store(ref, val, mask=) (masked TPU store; in progress)", strict=False)
-NEEDS_TWO_CORES = pytest.mark.xfail(
-    reason="needs pltpu.InterpretParams(num_cores_or_threads=2): megacore kernels expect one "
-           "scalar-prefetch copy per core", strict=False)
 
 
 def _keys(seed: int, n: int) -> list[jax.Array]:
@@ -326,7 +312,6 @@ def test_paged_attention(num_kv: int, ratio: int, dtype: Any, quantized: bool,
         _check_paged(num_kv, ratio, dtype, quantized, **kw)
 
 
-@NEEDS_TWO_CORES
 @pytest.mark.parametrize("megacore_mode", ["batch", "kv_head"])
 def test_paged_attention_megacore(megacore_mode: str) -> None:
     with interpreted(pltpu.InterpretParams(num_cores_or_threads=2)):
@@ -373,7 +358,6 @@ def _ragged_inputs(seq_lens: list[tuple[int, int]], heads: tuple[int, int]) -> t
             jnp.asarray(cu_q, jnp.int32), jnp.array([len(seq_lens)], jnp.int32))
 
 
-@NEEDS_PLTPU_STORE
 @pytest.mark.parametrize(("seq_lens", "heads", "kw"), [
     ([(12, 40), (1, 20), (16, 16)], (8, 2), {}),
     ([(5, 33), (20, 50)], (4, 4), {"sliding_window": 8}),
@@ -408,7 +392,6 @@ def _gmm_inputs() -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
             jnp.asarray(_GROUP_SIZES, jnp.int32), jax.random.normal(k3, (m, n)))
 
 
-@NEEDS_DYNAMIC_GRID
 @pytest.mark.parametrize("transpose_rhs", [False, True])
 def test_megablox_gmm(transpose_rhs: bool) -> None:
     gmm = porting.ported("tpu.megablox.gmm")
@@ -418,7 +401,6 @@ def test_megablox_gmm(transpose_rhs: bool) -> None:
     _close(out, _reference_gmm(lhs, rhs, _GROUP_SIZES), 1e-4)
 
 
-@NEEDS_DYNAMIC_GRID
 def test_megablox_tgmm() -> None:
     """tgmm: per group, lhs[:, rows of the group] @ rhs[rows of the group]."""
     gmm = porting.ported("tpu.megablox.gmm")
@@ -429,7 +411,6 @@ def test_megablox_tgmm() -> None:
     _close(out, expected, 1e-4)
 
 
-@NEEDS_DYNAMIC_GRID
 @pytest.mark.parametrize("transpose_rhs", [False, True])
 def test_megablox_gmm_backward(transpose_rhs: bool) -> None:
     """ops.gmm's custom_vjp (a gmm for the lhs gradient, a tgmm for the rhs one) against
@@ -490,7 +471,6 @@ def _splash_call(kind: str, form: str, **kw: Any) -> tuple[Any, Any, tuple[jax.A
     return kernel, reference, (q, k, v)
 
 
-@NEEDS_NONE_PREFETCH
 @pytest.mark.parametrize("form", ["mha", "gqa", "mqa"])
 @pytest.mark.parametrize("kind", ["causal", "local", "full"])
 def test_splash_attention_forward(kind: str, form: str) -> None:
@@ -498,7 +478,6 @@ def test_splash_attention_forward(kind: str, form: str) -> None:
     _close(kernel(*args), reference(*args), 1e-5)
 
 
-@NEEDS_NONE_PREFETCH
 @pytest.mark.parametrize(("kind", "form"), [("causal", "mha"), ("local", "gqa"),
                                              ("full", "mqa")])
 def test_splash_attention_backward(kind: str, form: str) -> None:
@@ -510,7 +489,6 @@ def test_splash_attention_backward(kind: str, form: str) -> None:
         _close(got, want, 1e-4)
 
 
-@NEEDS_NONE_PREFETCH
 def test_splash_attention_segments_softcap_and_residuals() -> None:
     splash = porting.ported("tpu.splash_attention.splash_attention_kernel")
     kernel, reference, args = _splash_call("causal", "gqa", save_residuals=True,
@@ -524,7 +502,6 @@ def test_splash_attention_segments_softcap_and_residuals() -> None:
     _close(lse, expected_lse, 1e-5)
 
 
-@NEEDS_NONE_PREFETCH
 def test_splash_attention_fused_backward() -> None:
     """The fused dq+dkv backward kernel (use_fused_bwd_kernel=True)."""
     splash = porting.ported("tpu.splash_attention.splash_attention_kernel")
