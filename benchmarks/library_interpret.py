@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import dataclasses
 import importlib
+import os
 import pathlib
 import platform
 import re
@@ -25,6 +26,11 @@ import traceback
 import types
 from collections.abc import Callable
 from typing import Any
+
+# The all_gather case runs over 4 host devices; XLA must be told before jax starts.
+if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + " --xla_force_host_platform_device_count=8").strip()
 
 import jax
 import jax.numpy as jnp
