@@ -293,10 +293,8 @@ def trace_kernel(kernel: Callable[..., Any], gm: gmap.GridMapping, in_tree: Any,
             gm = dataclasses.replace(gm, scratch_avals=(*gm.scratch_avals, *barrier))
             jaxpr, _, consts = _jax.trace_to_jaxpr(with_barrier, [*avals, *barrier],
                                                    name=kernel_name, axis_sizes=gm.axis_env)
-    bad = [c for c in consts if np.shape(c) != () or isinstance(c, _jax.Tracer)]
-    if bad:
-        shapes = ", ".join(f"{jnp.dtype(getattr(c, 'dtype', float))}{list(np.shape(c))}"
-                           for c in bad)
+    shapes = gmap.captured_arrays(consts)
+    if shapes:
         raise KernelSignatureError(
             f"The kernel function {kernel_name!r} captures constants from its enclosing scope "
             f"(arrays {shapes}). "

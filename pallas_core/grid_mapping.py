@@ -328,18 +328,23 @@ def _trace_index_map(spec: BlockSpec, dims: tuple[BlockDim, ...], grid: tuple[in
         return [jnp.asarray(o, jnp.int32) for o in (*indices, *sizes)]
 
     jaxpr, _, consts = _jax.trace_to_jaxpr(flat, avals, name="index_map")
-    captured = [c for c in consts if np.shape(c) != () or isinstance(c, _jax.Tracer)]
-    if captured:
+    shapes = captured_arrays(consts)
+    if shapes:
         # Backends compile index maps into the launch (TPU) or the kernel (GPU), where there is
         # no place for arrays; JAX refuses them too.
-        shapes = ", ".join(f"{jnp.dtype(getattr(c, 'dtype', float))}{list(np.shape(c))}"
-                           for c in captured)
         raise BlockSpecError(
             f"In kernel {kernel_name!r}, the index map of {origin} must not capture constants: "
             f"it closes over arrays ({shapes}). Fix: pass the data as a scalar-prefetch operand "
             "(GridSpec(num_scalar_prefetch=...)) and read it from the index map's Ref argument, "
             "or compute the index from the grid indices.")
     return _jax.ClosedJaxpr(jaxpr, consts)
+
+
+def captured_arrays(consts: Sequence[Any]) -> str:
+    """The arrays (not scalars) among a traced function's captured constants, described for a
+    message (``"float32[128], int32[4]"``); empty when there are none."""
+    return ", ".join(f"{jnp.dtype(getattr(c, 'dtype', float))}{list(np.shape(c))}"
+                     for c in consts if np.shape(c) != () or isinstance(c, _jax.Tracer))
 
 
 def make_block_mapping(spec: Any, x: Any, grid: tuple[int, ...], origin: str,
