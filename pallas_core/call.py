@@ -60,9 +60,7 @@ def resolve_backend(backend: str | None, compiler_params: Any, interpret: Any) -
         if not isinstance(backend, str):
             raise ArgumentError(f"backend= must be a backend name (str), found {backend!r}.")
         return manager.get(backend).info.name
-    forced = forced_interpret_params()
-    if forced is not None:  # a forced interpret mode wins over interpret=, as in JAX
-        interpret = forced
+    interpret = interpret_in_force(backend, interpret)
     if interpret is not None and interpret is not False:
         name = getattr(type(interpret), "BACKEND", None) if _is_params(interpret) else None
         return manager.get(name if isinstance(name, str) else "interpret").info.name
@@ -109,6 +107,13 @@ def force_interpret_mode(params: Any = True) -> Iterator[None]:
         yield
     finally:
         _FORCED_INTERPRET.set_local(prev)
+
+
+def interpret_in_force(backend: str | None, interpret: Any) -> Any:
+    """The ``interpret=`` a call runs with: a forced interpret mode wins over the call's own, as
+    in JAX, unless the call names its backend."""
+    forced = forced_interpret_params()
+    return forced if backend is None and forced is not None else interpret
 
 
 def set_interpret_mode(params: Any = True) -> None:
@@ -371,9 +376,7 @@ def pallas_call(
     def wrapped(*args: Any) -> Any:
         # The sizes of dynamic grid axes come last, and become the primitive's last operands.
         args, sizes = args[:len(args) - len(dynamic)], args[len(args) - len(dynamic):]
-        mode = interpret
-        if backend is None and forced_interpret_params() is not None:
-            mode = forced_interpret_params()
+        mode = interpret_in_force(backend, interpret)
         chosen = resolve_backend(backend, compiler_params, mode)
         flat_args, in_tree = jax.tree_util.tree_flatten(args)
         for i, a in enumerate(flat_args):

@@ -9,7 +9,7 @@ import jax
 
 from pallas_core import _jax
 from pallas_core import primitives as prims
-from pallas_core.call import forced_interpret_params, pallas_call
+from pallas_core.call import interpret_in_force, pallas_call
 from pallas_core.errors import KernelSignatureError, PallasError, UnsupportedError
 from pallas_core.plugins import manager
 from pallas_core.spec import ANY, BlockSpec, CostEstimate, Mesh
@@ -147,8 +147,7 @@ def _mesh_call(fn: Callable[..., None], out: Any, mesh: Mesh, args: Any, *,
     if manager.backend_for_params(user_params) != "interpret":
         # The interpreter runs any mesh: its params go through as they are.
         kwargs["compiler_params"] = mesh.compiler_params_for(user_params)
-    if backend is None and forced_interpret_params() is not None:
-        kwargs["interpret"] = forced_interpret_params()
+    kwargs["interpret"] = interpret_in_force(backend, kwargs.get("interpret", False))
 
     return pallas_call(
         fn, out, grid=mesh.axis_sizes, in_specs=whole(tuple(args)), out_specs=whole(out),
