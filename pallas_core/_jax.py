@@ -448,6 +448,16 @@ def input_effects_by_position(jaxpr: Jaxpr, num_inputs: int) -> set[Any]:
     return out
 
 
+def written_invars(jaxpr: Jaxpr) -> set[Any]:
+    """The invars of ``jaxpr`` (Refs) that it writes or accumulates into, at any depth.
+
+    From the jaxpr's effects, not its discharged form: a loop that only reads a Ref still
+    carries it through, so discharge gives it a new variable although nothing changed.
+    """
+    return {eff.input for eff in jaxpr.effects
+            if isinstance(eff, state_types.RefEffect) and not isinstance(eff, ReadEffect)}
+
+
 def jaxpr_from_eqns(invars: Sequence[Any], outvars: Sequence[Any],
                     eqns: Sequence[Any]) -> ClosedJaxpr:
     """A closed jaxpr of some equations of another jaxpr: ``invars`` must hold every variable

@@ -388,8 +388,7 @@ semaphore_wait_p.multiple_results = True
 
 
 @semaphore_wait_p.def_effectful_abstract_eval
-def _semaphore_wait_abstract_eval(sem: Any, *args: Any, tree: Any, decrement: bool,
-                                  cores: int = 1) -> Any:
+def _semaphore_wait_abstract_eval(sem: Any, *args: Any, tree: Any, decrement: bool) -> Any:
     return [], {_jax.ReadEffect(0), _jax.WriteEffect(0)}
 
 
@@ -515,12 +514,8 @@ def _check_core_index(core_index: Any) -> jax.Array:
 def semaphore_wait(sem: Any, value: Any = 1, *, decrement: bool = True) -> None:
     """Blocks until the semaphore reaches ``value``; then subtracts it (if ``decrement``)."""
     ref, flat, tree = _semaphore_access(sem, "semaphore_wait")
-    ctx = current_kernel_context()
-    cores = int(np.prod(ctx.grid)) if ctx is not None and ctx.grid_names else 1
-    # On a mesh of cores the interpreter's deadlock check says that other cores run later.
-    params = {"cores": cores} if cores > 1 else {}
     semaphore_wait_p.bind(ref, *flat, _int32_operand(value, "value", "semaphore_wait"),
-                          tree=tree, decrement=decrement, **params)
+                          tree=tree, decrement=decrement)
 
 
 def semaphore_read(sem: Any) -> jax.Array:

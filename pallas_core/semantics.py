@@ -139,8 +139,10 @@ def _unpad(xp: Any, shape: tuple[int, ...]) -> Any:
     return lax.slice(xp, (0,) * len(shape), shape)
 
 
-def _read_modify_write(x: Any, flat: Sequence[Any], tree: Any,
-                       update: Callable[[Any], Any]) -> tuple[Any, Any]:
+def read_modify_write(x: Any, flat: Sequence[Any], tree: Any,
+                      update: Callable[[Any], Any]) -> tuple[Any, Any]:
+    """``(old, new_x)``: the view of ``x`` that the Ref transforms ``flat`` (flattened by
+    ``tree``) select, and ``x`` with that view replaced by ``update(old)``."""
     transforms = jax.tree_util.tree_unflatten(tree, flat)
     xp, tf = _pad_for_slices(x, transforms)
     old = _jax.transform_array(xp, tf)
@@ -164,7 +166,7 @@ def _masked_swap_discharge(in_avals: Any, out_avals: Any, x: Any, val: Any, *arg
                            tree: Any) -> Any:
     n = tree.num_leaves
     flat, mask = args[:n], args[n]
-    old, new_x = _read_modify_write(x, flat, tree, lambda old: jnp.where(mask, val, old))
+    old, new_x = read_modify_write(x, flat, tree, lambda old: jnp.where(mask, val, old))
     return (new_x, None) + (None,) * len(args), old
 
 
@@ -192,13 +194,13 @@ def _atomic_rmw_discharge(in_avals: Any, out_avals: Any, x: Any, val: Any, *args
     else:
         def update(old: Any) -> Any:
             return combine(old, val)
-    old, new_x = _read_modify_write(x, flat, tree, update)
+    old, new_x = read_modify_write(x, flat, tree, update)
     return (new_x, None) + (None,) * len(args), old
 
 
 def _atomic_cas_discharge(in_avals: Any, out_avals: Any, x: Any, cmp: Any, val: Any,
                           *flat: Any, tree: Any) -> Any:
-    old, new_x = _read_modify_write(x, flat, tree, lambda old: jnp.where(old == cmp, val, old))
+    old, new_x = read_modify_write(x, flat, tree, lambda old: jnp.where(old == cmp, val, old))
     return (new_x, None, None) + (None,) * len(flat), old
 
 
@@ -289,56 +291,48 @@ def receive(payload: Any, target: Any, state: Any, deliver: Callable[[Any, Any],
 def _semaphore_signal_discharge(in_avals: Any, out_avals: Any, sem: Any, *args: Any, tree: Any,
                                 has_device_id: bool, device_id_type: Any,
                                 has_core_index: bool = False) -> Any:
-    # A core index needs nothing more: the cores of a mesh run one after another here and
-    # share one copy of each semaphore.
+    # A kernel that signals another core's semaphore (core_index) runs in
+    # pallas_interpret.handshake, which applies the signal itself; elsewhere there is one core.
     n = tree.num_leaves
     flat, inc = list(args[:n]), args[n]
     if not has_device_id:
-        _, new = _read_modify_write(sem, flat, tree, lambda old: old + inc)
+        _, new = read_modify_write(sem, flat, tree, lambda old: old + inc)
         return (new,) + (None,) * len(args), []
     ids = args[n + 1:len(args) - int(has_core_index)]
     target = device_index(ids, device_id_type.value == "mesh")
 
     def deliver(value: Any, sent: tuple[Any, list[Any]]) -> Any:
         sent_inc, sent_flat = sent  # the sender's increment, and its view of the semaphore
-        return _read_modify_write(value, sent_flat, tree, lambda old: old + sent_inc)[1]
+        return read_modify_write(value, sent_flat, tree, lambda old: old + sent_inc)[1]
 
     new = receive((inc, flat), target, sem, deliver)
     return (new,) + (None,) * len(args), []
 
 
 def _semaphore_wait_discharge(in_avals: Any, out_avals: Any, sem: Any, *args: Any, tree: Any,
-                              decrement: bool, cores: int = 1) -> Any:
+                              decrement: bool) -> Any:
     n = tree.num_leaves
     flat, value = args[:n], args[n]
     old = _jax.transform_array(sem, jax.tree_util.tree_unflatten(tree, flat))
-    check_wait(old, value, "pl.semaphore_wait", cores)
+    check_wait(old, value, "pl.semaphore_wait")
     if not decrement:
         return (None,) * (len(args) + 1), []
-    _, new = _read_modify_write(sem, flat, tree, lambda cur: cur - value)
+    _, new = read_modify_write(sem, flat, tree, lambda cur: cur - value)
     return (new,) + (None,) * len(args), []
 
 
-def check_wait(count: Any, value: Any, what: str, cores: int = 1) -> None:
+def check_wait(count: Any, value: Any, what: str) -> None:
     """In checked mode, reports a wait for ``value`` on a semaphore at ``count`` that can never
-    finish: steps run one at a time here, so no later step can signal it first. ``cores``: the
-    kernel runs on a mesh of that many cores, which the interpreter also runs one by one."""
+    finish: steps run one at a time here, so no later step can signal it first. (Kernels whose
+    cores signal one another run each core at its own pace; the interpreter checks their waits
+    itself.)"""
     if _CHECKED.get():
-        jax.debug.callback(functools.partial(_report_deadlock, what=what, cores=cores), count,
-                           value)
+        jax.debug.callback(functools.partial(_report_deadlock, what=what), count, value)
 
 
-def _report_deadlock(count: Any, value: Any, *, what: str, cores: int = 1) -> None:
+def _report_deadlock(count: Any, value: Any, *, what: str) -> None:
     if int(count) >= int(value):
         return
-    if cores > 1:
-        raise PallasError(
-            f"deadlock: {what} waits for {int(value)} on a semaphore at {int(count)}. The "
-            f"interpreter runs the {cores} cores of the kernel's mesh one after another (and "
-            "allocates a core's pl.run_scoped semaphores afresh when it runs), so a signal "
-            "from another core (semaphore_signal(core_index=...)) may not reach this wait "
-            "here although it would on the hardware. Fix: signal the semaphore before waiting "
-            "on it, or run this kernel without checked mode if another core signals it.")
     raise PallasError(
         f"deadlock: {what} waits for {int(value)} on a semaphore at {int(count)}, and "
         "no step still to run can signal it. Fix: signal the semaphore (or start the copy "

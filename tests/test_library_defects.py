@@ -255,53 +255,6 @@ def test_core_map_signals_every_core(num_cores: int) -> None:
     np.testing.assert_array_equal(f(x), expected)
 
 
-def _handshake(first: int, params: InterpretParams) -> Any:
-    """JAX's test_allocate_shared_buffer_in_core_map: core ``first`` copies, then signals the
-    other core (core_index=), which waits for it before copying too."""
-    mesh = pltpu.create_tensorcore_mesh("x", num_cores=2)
-
-    @jax.jit
-    def f(x: jax.Array) -> jax.Array:
-        def inner(refs: Any) -> None:
-            x_ref, y_ref = refs
-
-            @pl.core_map(mesh, interpret=params)
-            def _() -> None:
-                def body(sem: Any) -> None:
-                    @pl.when(lax.axis_index("x") == 1 - first)
-                    def _() -> None:
-                        pl.semaphore_wait(sem, 1)
-
-                    def copy(hbm: Any) -> None:
-                        pltpu.sync_copy(x_ref, hbm)
-                        pltpu.sync_copy(hbm, y_ref)
-
-                    pl.run_scoped(copy, pltpu.HBM(x_ref.shape, x_ref.dtype))
-
-                    @pl.when(lax.axis_index("x") == first)
-                    def _() -> None:
-                        pl.semaphore_signal(sem, 1, core_index=1 - first)
-
-                pl.run_scoped(body, pltpu.SemaphoreType.REGULAR)
-
-        return pl.run_state(inner)((x, jnp.zeros_like(x)))[1]
-
-    return f
-
-
-@pytest.mark.parametrize("first", [0, 1])
-def test_core_index_handshake_runs(first: int) -> None:
-    x = jax.random.randint(jax.random.key(9), (16, 128), -100, 100, jnp.int32)
-    np.testing.assert_array_equal(_handshake(first, InterpretParams())(x), x)
-
-
-def test_checked_mode_explains_a_wait_on_another_core() -> None:
-    with pytest.raises(Exception, match=r"runs the 2 cores of the kernel's mesh one after "
-                                        r"another.*core_index.*Fix"):
-        jax.block_until_ready(_handshake(1, InterpretParams(checked=True))(jnp.ones((8, 128))))
-        jax.effects_barrier()
-
-
 def _semaphore_kernel(body: Any) -> Any:
     return pl.pallas_call(lambda x_ref, o_ref, sems: body(sems, o_ref),
                           jax.ShapeDtypeStruct((2,), jnp.int32), in_specs=[WHOLE],

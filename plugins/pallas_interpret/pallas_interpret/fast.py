@@ -91,9 +91,8 @@ def _batchable_kernel(call: KernelCall) -> bool:
     if reference.find_eqn(closed.jaxpr, unsafe) is not None:
         return False
     # A write to an input block stays visible to the next step that reads the same block.
-    discharged = _jax.discharge_state(closed, axis_sizes=call.grid_mapping.axis_env).jaxpr
-    n_in = call.grid_mapping.num_inputs
-    return all(o is i for o, i in zip(discharged.outvars[:n_in], discharged.invars[:n_in]))
+    written = _jax.written_invars(closed.jaxpr)
+    return not any(v in written for v in closed.jaxpr.invars[:call.grid_mapping.num_inputs])
 
 
 def _classify(table: np.ndarray, points: np.ndarray) -> tuple[tuple[str, int], ...] | None:

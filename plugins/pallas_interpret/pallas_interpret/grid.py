@@ -17,11 +17,11 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import io_callback
 
-from pallas_core import reference
+from pallas_core import _jax, reference
 from pallas_core.errors import UnsupportedError
 from pallas_core.request import KernelCall
 from pallas_core.semantics import ReferenceContext, fresh_buffer
-from pallas_interpret import blocks, checks, fast, lockstep, schedule, skip_float
+from pallas_interpret import blocks, checks, fast, handshake, lockstep, schedule, skip_float
 from pallas_interpret.params import InterpretParams
 
 
@@ -40,6 +40,8 @@ def run(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
                 f"{call.grid_mapping.user_grid}; the interpreter runs barriers on static grids "
                 "only. Fix: give the grid int sizes.")
         return run_exact(call, args, rules, params)
+    if handshake.signals_cores(call):
+        return handshake.run(call, args, rules, params)
     axes = lockstep.lockstep_axes(call)
     if axes is not None:
         if params.num_cores > 1 or params.grid_point_recorder is not None:
@@ -89,7 +91,7 @@ def run_exact(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
                 for a in gm.scratch_avals]
     n_in, n_out = gm.num_inputs, gm.num_outputs
     prefetch = list(args[:gm.num_scalar_prefetch])
-    inputs = _InputBlocks(call, params, kernel)
+    inputs = _InputBlocks(call, params)
 
     def step(k: Any, carry: tuple[Any, ...]) -> tuple[Any, ...]:
         outs, scratch, in_state, token = carry
@@ -137,14 +139,15 @@ class _InputBlocks:
     uninitialized memory.
     """
 
-    def __init__(self, call: KernelCall, params: InterpretParams, kernel: Any) -> None:
+    def __init__(self, call: KernelCall, params: InterpretParams) -> None:
         self.gm = call.grid_mapping
         self.tpu = params.tpu_memory
         self.poison = params.poison
         self.fill_outside = params.out_of_bounds_reads == "uninitialized"
         self.alias = dict(call.input_output_aliases)
-        outvars, invars = kernel.jaxpr.outvars, kernel.jaxpr.invars
-        self.written = [j for j in range(self.gm.num_inputs) if outvars[j] is not invars[j]]
+        written = _jax.written_invars(call.jaxpr.jaxpr)
+        self.written = [j for j, v in enumerate(call.jaxpr.jaxpr.invars[:self.gm.num_inputs])
+                        if v in written]
 
     def initial(self, ins: list[Any]) -> list[Any]:
         """The carried state: per input its block buffer and where that came from (TPU);

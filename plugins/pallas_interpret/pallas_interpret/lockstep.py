@@ -415,12 +415,14 @@ _STRUCTURED: dict[Any, Callable[..., tuple[list[_Entry], Slots]]] = {
 
 
 def run(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
-        params: InterpretParams, axes: tuple[int, ...]) -> list[Any]:
+        params: InterpretParams, axes: tuple[int, ...],
+        runner_class: Callable[..., _Runner] | None = None) -> list[Any]:
     """The outputs of ``call`` on ``args``, the points along ``axes`` (see
-    :func:`lockstep_axes`) run in lockstep."""
+    :func:`lockstep_axes`) run in lockstep, or as ``runner_class`` (a subclass of the lockstep
+    runner, such as :mod:`pallas_interpret.handshake`'s) runs them."""
     gm = call.grid_mapping
     _check_one_block_per_group(call, axes)
-    runner = _Runner(call, rules, params, axes)
+    runner = (runner_class or _Runner)(call, rules, params, axes)
     ins, outs = blocks.initial_operands(call, args, params.poison)
     arrays = [*ins, *outs]
     prefetch = list(args[:gm.num_scalar_prefetch])

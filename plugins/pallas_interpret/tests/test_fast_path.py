@@ -458,3 +458,45 @@ def test_single_step_and_size_one_grids_run() -> None:
                          in_specs=[ROW], out_specs=ROW)
     assert fast.plan(the_call(one, x)) is None
     np.testing.assert_array_equal(one(x), x)
+
+
+def _loop_reader(x_ref: Any, o_ref: Any) -> None:
+    def body(k: Any, acc: Any) -> Any:
+        return acc + x_ref[pl.ds(k * 4, 4)] * (k + 1).astype(jnp.float32)
+
+    o_ref[...] = jax.lax.fori_loop(0, 2, body, jnp.zeros(4, jnp.float32))
+
+
+def _loop_writer(x_ref: Any, o_ref: Any) -> None:
+    def body(k: Any, acc: Any) -> Any:
+        x_ref[pl.ds(k * 4, 4)] = x_ref[pl.ds(k * 4, 4)] + acc
+        return acc + 1.0
+
+    jax.lax.fori_loop(0, 2, body, jnp.ones(4, jnp.float32))
+    o_ref[...] = x_ref[pl.ds(0, 4)]
+
+
+def test_an_input_read_in_a_loop_runs_batched() -> None:
+    """A loop that only reads an input still carries it through when discharged; the
+    kernel's effects, not that, decide that the input is not written."""
+    x = np.asarray(jax.random.normal(jax.random.key(3), (4, 8), jnp.float32))
+    call = pl.pallas_call(_loop_reader, jax.ShapeDtypeStruct((4, 4), jnp.float32), grid=(4,),
+                          in_specs=[ROW], out_specs=pl.BlockSpec((None, 4), lambda i: (i, 0)))
+    assert fast.plan(the_call(call, x)) is not None
+    want = x[:, :4] + 2 * x[:, 4:]
+    np.testing.assert_allclose(call(x), want, rtol=1e-6)
+    np.testing.assert_allclose(call(x), pl.pallas_call(
+        _loop_reader, jax.ShapeDtypeStruct((4, 4), jnp.float32), grid=(4,), in_specs=[ROW],
+        out_specs=pl.BlockSpec((None, 4), lambda i: (i, 0)), interpret=EXACT)(x), rtol=1e-6)
+
+
+def test_an_input_written_in_a_loop_is_seen_by_later_steps() -> None:
+    """Every step reads and writes the whole input inside a loop: the exact path runs, and
+    each step sees what the steps before it wrote."""
+    x = np.asarray(jax.random.normal(jax.random.key(4), (8,), jnp.float32))
+    call = pl.pallas_call(_loop_writer, jax.ShapeDtypeStruct((3, 4), jnp.float32), grid=(3,),
+                          in_specs=[pl.BlockSpec((8,), lambda i: (0,))],
+                          out_specs=pl.BlockSpec((None, 4), lambda i: (i, 0)))
+    assert fast.plan(the_call(call, x)) is None
+    want = np.stack([x[:4] + 1 + s for s in range(3)])
+    np.testing.assert_allclose(call(x), want, rtol=1e-6)
