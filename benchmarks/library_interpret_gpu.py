@@ -9,10 +9,11 @@ forward and backward, softmax) runs two ways on the same inputs, both with ``int
 2. ``jax``: the unmodified module, so on ``jax.experimental.pallas``'s interpreter.
 
 Both outputs are compared (max absolute difference printed). Each way's first call (trace,
-compile and run) is timed once; then, after ``--warmup`` calls, the median of ``--repeats``
-calls. The ratio is ``jax / ours`` (above 1: this project is faster). A markdown table is
-printed at the end. Run from the repository root: ``python benchmarks/library_interpret_gpu.py
-[--quick] [--json PATH]``.
+compile and run) is timed once; then, after ``--warmup`` calls, the median over ``--repeats``
+rounds, each round timing both ways in turn (``timing.paired_medians``: the order alternates
+between rounds, and a sample is as many back-to-back calls as fill 20 ms). The ratio is
+``jax / ours`` (above 1: this project is faster). A markdown table is printed at the end. Run
+from the repository root: ``python benchmarks/library_interpret_gpu.py [--quick] [--json PATH]``.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from timing import median_seconds
+from timing import paired_medians
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from tests.jax_library import porting
@@ -137,13 +138,15 @@ def run(quick: bool, warmup: int, repeats: int) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for name, (shape, build) in cases(quick).items():
         row: dict[str, Any] = {"shape": shape}
-        outs = {}
+        outs, ways = {}, {}
         for way, lib in libs.items():
             fn, args = build(lib)
             fn = jax.jit(fn)
             first, outs[way] = _first_call(fn, args)
-            row[way] = {"first_call_s": first,
-                        "median_s": median_seconds(fn, list(args), warmup, repeats)}
+            row[way] = {"first_call_s": first}
+            ways[way] = (fn, list(args))
+        for way, median in paired_medians(ways, warmup, repeats).items():
+            row[way]["median_s"] = median
         row["max_abs_diff"] = max(
             float(jnp.max(jnp.abs(jnp.asarray(a, jnp.float32) - jnp.asarray(b, jnp.float32))))
             for a, b in zip(jax.tree.leaves(outs["ours"]), jax.tree.leaves(outs["jax"])))

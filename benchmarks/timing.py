@@ -23,3 +23,31 @@ def median_seconds(fn: Callable[..., Any], args: list[jax.Array], warmup: int,
     for _ in range(warmup):
         jax.block_until_ready(fn(*args))
     return statistics.median(call_seconds(fn, args) for _ in range(repeats))
+
+
+def paired_medians(ways: dict[str, tuple[Callable[..., Any], list[Any]]], warmup: int,
+                   repeats: int, min_sample_s: float = 0.02) -> dict[str, float]:
+    """Median seconds per call of each way, timed side by side.
+
+    After ``warmup`` calls of each, ``repeats`` rounds each take one sample of every way, in
+    an order that alternates from round to round, so that a drift of the machine's speed
+    touches all ways alike. A sample times as many back-to-back calls as it takes to fill
+    ``min_sample_s`` (the same count for every round), divided by that count.
+    """
+    counts = {}
+    for name, (fn, args) in ways.items():
+        for _ in range(warmup):
+            jax.block_until_ready(fn(*args))
+        once = call_seconds(fn, args)
+        counts[name] = max(1, int(min_sample_s / max(once, 1e-6)))
+    samples: dict[str, list[float]] = {name: [] for name in ways}
+    names = list(ways)
+    for r in range(repeats):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            fn, args = ways[name]
+            start = time.perf_counter()
+            for _ in range(counts[name]):
+                out = fn(*args)
+            jax.block_until_ready(out)
+            samples[name].append((time.perf_counter() - start) / counts[name])
+    return {name: statistics.median(s) for name, s in samples.items()}

@@ -11,7 +11,9 @@ scratch buffers (they carry state from one step to the next), aliased outputs, w
 blocks, atomics, prints and other side effects, primitives a plugin added (their semantics may
 have effects), index maps that are not a grid index or a constant in every dimension (or that
 read scalar-prefetch operands), element-indexed block dimensions (``pl.Element``,
-``pl.BoundedSlice``), dynamic grids, and grids too large to check.
+``pl.BoundedSlice``), dynamic grids, and grids too large to check. Kernels whose loops run a
+number of times that depends on the grid position (causal attention) also step through the
+grid: batched, every lane would run the longest lane's loop.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ def plan(call: KernelCall) -> Plan | None:
         return None  # steps unknown ahead of time, or blocks not laid out on a block grid
     if gm.num_steps <= 1 or gm.scratch_avals or call.input_output_aliases:
         return None
-    if not _batchable_kernel(call):
+    if not _batchable_kernel(call) or _loops_follow_the_grid(call.jaxpr.jaxpr):
         return None
     tables = gmap.block_index_tables(gm)
     if tables is None:
@@ -93,6 +95,65 @@ def _batchable_kernel(call: KernelCall) -> bool:
     # A write to an input block stays visible to the next step that reads the same block.
     written = _jax.written_invars(closed.jaxpr)
     return not any(v in written for v in closed.jaxpr.invars[:call.grid_mapping.num_inputs])
+
+
+def _loops_follow_the_grid(jaxpr: Any) -> bool:
+    """Whether a ``while`` loop's trip count may depend on the grid position (causal
+    attention's inner loop, say). Batched, every lane would run the longest lane's trip count
+    with the others masked off: about twice the work of stepping through the grid for a
+    triangular mask, more than the batching saves. Found by a taint analysis from
+    ``program_id`` and ``axis_index`` (see :func:`_taint`)."""
+    try:
+        _taint(jaxpr, set())
+    except _FollowsGridError:
+        return True
+    return False
+
+
+class _FollowsGridError(Exception):
+    pass
+
+
+def _taint(jaxpr: Any, tainted: set[Any]) -> list[bool]:
+    """Which outputs of ``jaxpr`` may depend on the grid position, given its ``tainted``
+    invars; raises ``_FollowsGridError`` at a loop whose trip count may. An equation reading a
+    tainted value taints its results and the Refs it was given (it may write the value into
+    them); an equation holding a jaxpr taints it all when any input is tainted, except loops,
+    whose carries are followed to a fixed point."""
+    def marked(atoms: Sequence[Any]) -> list[bool]:
+        return [_jax.is_var(v) and v in tainted for v in atoms]
+
+    for eqn in jaxpr.eqns:
+        ins = [v for v in eqn.invars if _jax.is_var(v)]
+        if eqn.primitive is _jax.while_p:
+            outs = _while_taint(eqn, marked(eqn.invars))
+        else:
+            hit = (eqn.primitive in (prims.program_id_p, _jax.axis_index_p)
+                   or any(marked(ins)))
+            for sub in reference.sub_jaxprs(eqn.params):
+                inner = getattr(sub, "jaxpr", sub)
+                _taint(inner, set(inner.invars) if hit else set())
+            outs = [hit] * len(eqn.outvars)
+            if hit:
+                tainted.update(v for v in ins if isinstance(v.aval, _jax.AbstractRef))
+        tainted.update(v for v, t in zip(eqn.outvars, outs) if t and _jax.is_var(v))
+    return marked(jaxpr.outvars)
+
+
+def _while_taint(eqn: Any, ins: list[bool]) -> list[bool]:
+    p = eqn.params
+    nc, nb = p["cond_nconsts"], p["body_nconsts"]
+    cond, body = p["cond_jaxpr"].jaxpr, p["body_jaxpr"].jaxpr
+    carry = ins[nc + nb:]
+    while True:
+        new = _taint(body, {v for v, t in zip(body.invars, [*ins[nc:nc + nb], *carry]) if t})
+        merged = [a or b for a, b in zip(carry, new)]
+        if merged == carry:
+            break
+        carry = merged
+    if any(_taint(cond, {v for v, t in zip(cond.invars, [*ins[:nc], *carry]) if t})):
+        raise _FollowsGridError
+    return carry
 
 
 def _classify(table: np.ndarray, points: np.ndarray) -> tuple[tuple[str, int], ...] | None:

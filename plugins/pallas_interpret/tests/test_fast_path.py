@@ -500,3 +500,28 @@ def test_an_input_written_in_a_loop_is_seen_by_later_steps() -> None:
     assert fast.plan(the_call(call, x)) is None
     want = np.stack([x[:4] + 1 + s for s in range(3)])
     np.testing.assert_allclose(call(x), want, rtol=1e-6)
+
+
+def _triangle(x_ref: Any, o_ref: Any) -> None:
+    """Row i sums the first i + 1 rows: a loop whose trip count is the grid position."""
+    i = pl.program_id(0)
+    o_ref[...] = jax.lax.fori_loop(0, i + 1, lambda k, acc: acc + x_ref[k], jnp.zeros(8))
+
+
+def _offset_sum(x_ref: Any, o_ref: Any) -> None:
+    """A loop of fixed trip count whose body uses the grid position."""
+    i = pl.program_id(0)
+    o_ref[...] = jax.lax.fori_loop(0, 2, lambda k, acc: acc + x_ref[(i + k) % 4], jnp.zeros(8))
+
+
+@pytest.mark.parametrize(("kernel", "batched"), [(_triangle, False), (_offset_sum, True)])
+def test_loops_whose_trip_count_follows_the_grid_step(kernel: Any, batched: bool) -> None:
+    """Batched, every lane would run the longest trip count; such kernels step through the
+    grid instead. A loop of fixed trip count still runs batched."""
+    x = np.asarray(jax.random.normal(jax.random.key(5), (4, 8), jnp.float32))
+    call = pl.pallas_call(kernel, ROWS, grid=(4,),
+                          in_specs=[pl.BlockSpec((4, 8), lambda i: (0, 0))], out_specs=ROW)
+    assert (fast.plan(the_call(call, x)) is not None) == batched
+    want = (np.cumsum(x, axis=0) if kernel is _triangle
+            else x + np.roll(x, -1, axis=0))
+    np.testing.assert_allclose(call(x), want, rtol=1e-5, atol=1e-6)
