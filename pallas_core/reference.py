@@ -127,9 +127,9 @@ def _eval_eqn(eqn: Any, invals: list[Any], ctx: ReferenceContext, rules: Rules) 
         return prim.bind(*_one_shape(invals), **params)
     subs = sub_jaxprs(params)
     static_branch = prim is _jax.cond_p and not isinstance(invals[0], _jax.Tracer)
-    if static_branch or (subs and any(find_eqn(s, rules) is not None
-                                      or find_eqn(s, _SAME_SHAPE_OPERANDS) is not None
-                                      for s in subs)):
+    if static_branch or prim in _ALWAYS_INLINED or (subs and any(
+            find_eqn(s, rules) is not None or find_eqn(s, _SAME_SHAPE_OPERANDS) is not None
+            or find_eqn(s, _ALWAYS_INLINED) is not None for s in subs)):
         handler = _CONTROL_FLOW.get(prim)
         if handler is None:
             raise UnsupportedError(
@@ -146,6 +146,12 @@ def _eval_eqn(eqn: Any, invals: list[Any], ctx: ReferenceContext, rules: Rules) 
             return prim.bind(*invals, **params)
     return prim.bind(*invals, **prim.get_bind_params(params))
 
+
+_ALWAYS_INLINED = frozenset({_jax.closed_call_p})
+"""Evaluated by inlining its body, also where no rule of ours is inside: the discharge of a
+loop that reads Refs wraps its body in ``closed_call``, and under ``vmap`` (the interpreter's
+batched path) JAX 0.10 re-binds that with a ``name`` parameter which its own jaxpr checker
+(``jax_enable_checks``) then rejects."""
 
 _SAME_SHAPE_OPERANDS = frozenset({threefry2x32_p})
 """JAX primitives whose abstract evaluation broadcasts their operands but whose CPU lowering

@@ -478,13 +478,16 @@ def _loop_writer(x_ref: Any, o_ref: Any) -> None:
 
 def test_an_input_read_in_a_loop_runs_batched() -> None:
     """A loop that only reads an input still carries it through when discharged; the
-    kernel's effects, not that, decide that the input is not written."""
+    kernel's effects, not that, decide that the input is not written. Batched with JAX's
+    jaxpr checks on (the discharged loop's ``closed_call`` is inlined, see
+    ``reference._ALWAYS_INLINED``)."""
     x = np.asarray(jax.random.normal(jax.random.key(3), (4, 8), jnp.float32))
     call = pl.pallas_call(_loop_reader, jax.ShapeDtypeStruct((4, 4), jnp.float32), grid=(4,),
                           in_specs=[ROW], out_specs=pl.BlockSpec((None, 4), lambda i: (i, 0)))
     assert fast.plan(the_call(call, x)) is not None
     want = x[:, :4] + 2 * x[:, 4:]
-    np.testing.assert_allclose(call(x), want, rtol=1e-6)
+    with jax.enable_checks(True):
+        np.testing.assert_allclose(call(x), want, rtol=1e-6)
     np.testing.assert_allclose(call(x), pl.pallas_call(
         _loop_reader, jax.ShapeDtypeStruct((4, 4), jnp.float32), grid=(4,), in_specs=[ROW],
         out_specs=pl.BlockSpec((None, 4), lambda i: (i, 0)), interpret=EXACT)(x), rtol=1e-6)
