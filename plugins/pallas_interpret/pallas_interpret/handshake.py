@@ -99,12 +99,7 @@ class _Runner(lockstep._Runner):
         jaxpr, consts = (closed.jaxpr, closed.consts) if hasattr(closed, "consts") else (closed, ())
         env: dict[Any, _Operand] = {v: _Uniform(c) for v, c in zip(jaxpr.constvars, consts)}
         env.update(zip(jaxpr.invars, ins))
-        live_from: list[set[Any]] = [set()] * (len(jaxpr.eqns) + 1)
-        live = {v for v in jaxpr.outvars if _jax.is_var(v)}
-        live_from[-1] = set(live)
-        for i in range(len(jaxpr.eqns) - 1, -1, -1):
-            live = live | {v for v in jaxpr.eqns[i].invars if _jax.is_var(v)}
-            live_from[i] = live
+        live_from = lockstep.live_sets(jaxpr)
         segment: list[Any] = []
         for i, eqn in enumerate(jaxpr.eqns):
             if not _holds(eqn):

@@ -111,6 +111,18 @@ _Entry = _Stacked | _Uniform | _Slot
 Slots = dict[int, Any]
 
 
+def live_sets(jaxpr: Any) -> list[set[Any]]:
+    """Entry ``i``: the variables that equation ``i`` or a later one reads, or that ``jaxpr``
+    returns (the last entry: those it returns)."""
+    live_from: list[set[Any]] = [set()] * (len(jaxpr.eqns) + 1)
+    live = {v for v in jaxpr.outvars if _jax.is_var(v)}
+    live_from[-1] = set(live)
+    for i in range(len(jaxpr.eqns) - 1, -1, -1):
+        live = live | {v for v in jaxpr.eqns[i].invars if _jax.is_var(v)}
+        live_from[i] = live
+    return live_from
+
+
 def _row(x: Any, m: Any) -> Any:
     return lax.dynamic_index_in_dim(x, m, 0, keepdims=False)
 
@@ -177,12 +189,7 @@ class _Runner:
                   ) -> tuple[list[_Entry], Slots]:
         """Runs ``jaxpr`` (its invars and constvars bound in ``env``) for every point."""
         env = dict(env)
-        live_from: list[set[Any]] = [set()] * (len(jaxpr.eqns) + 1)
-        live = {v for v in jaxpr.outvars if _jax.is_var(v)}
-        live_from[-1] = set(live)
-        for i in range(len(jaxpr.eqns) - 1, -1, -1):
-            live = live | {v for v in jaxpr.eqns[i].invars if _jax.is_var(v)}
-            live_from[i] = live
+        live_from = live_sets(jaxpr)
         segment: list[Any] = []
         for i, eqn in enumerate(jaxpr.eqns):
             if not self.holds_barrier(eqn):
