@@ -299,18 +299,25 @@ class _Checker:
 
     def run_scoped(self, rule: Any, in_avals: Any, out_avals: Any, *args: Any,
                    **params: Any) -> Any:
-        if self.params.tpu_memory and not self.params.allow_hbm_allocation_in_run_scoped:
-            for t in params["scoped"]:
-                if _in_hbm(getattr(t, "memory_space", None)):
-                    raise HbmAccessError(
-                        f"Cannot allocate HBM in `run_scoped` of kernel {self.call.name!r}: "
-                        f"it asks for a {str(t.memory_space.name).upper()} buffer of shape "
-                        f"{tuple(t.shape)}, "
-                        "and TPUs allocate run_scoped buffers only in VMEM, SMEM and "
-                        "semaphores. Fix: pass the HBM buffer in (or as scratch), or, to try "
-                        "it in the interpreter anyway, "
-                        "InterpretParams(allow_hbm_allocation_in_run_scoped=True).")
+        check_scoped_allocation(self.call, self.params, params["scoped"])
         return rule(in_avals, out_avals, *args, **params)
+
+
+def check_scoped_allocation(call: KernelCall, params: InterpretParams,
+                            scoped: Sequence[Any]) -> None:
+    """Raises ``HbmAccessError`` for HBM buffers among a ``pl.run_scoped``'s ``scoped``
+    allocations, under the TPU memory model unless the params allow them."""
+    if not params.tpu_memory or params.allow_hbm_allocation_in_run_scoped:
+        return
+    for t in scoped:
+        if _in_hbm(getattr(t, "memory_space", None)):
+            raise HbmAccessError(
+                f"Cannot allocate HBM in `run_scoped` of kernel {call.name!r}: "
+                f"it asks for a {str(t.memory_space.name).upper()} buffer of shape "
+                f"{tuple(t.shape)}, and TPUs allocate run_scoped buffers only in VMEM, SMEM "
+                "and semaphores. Fix: pass the HBM buffer in (or as scratch), or, to try it "
+                "in the interpreter anyway, "
+                "InterpretParams(allow_hbm_allocation_in_run_scoped=True).")
 
 
 def _report(outside: Any, starts: Any, step: Any, *, kernel: str, what: str, name: str,

@@ -37,7 +37,7 @@ from pallas_core import _jax, reference, semantics
 from pallas_core import primitives as prims
 from pallas_core.copies import copy_start_p
 from pallas_core.errors import PallasError, UnsupportedError
-from pallas_interpret import lockstep
+from pallas_interpret import checks, lockstep
 from pallas_interpret.lockstep import _Slot, _Uniform
 
 _SEMAPHORE_OPS = (prims.semaphore_wait_p, prims.semaphore_signal_p, prims.semaphore_read_p)
@@ -206,6 +206,7 @@ class _Runner(lockstep._Runner):
         if prim in _SEMAPHORE_OPS:
             return self.semaphore(eqn, ins)
         if prim is prims.run_scoped_p:
+            checks.check_scoped_allocation(self.call, self.params, eqn.params["scoped"])
             new = []
             for t in eqn.params["scoped"]:
                 slot, value = self.fresh_buffer(t.shape, t.dtype, t.memory_space)

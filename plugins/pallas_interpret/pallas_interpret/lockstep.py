@@ -324,6 +324,7 @@ def _report_divergence(same: Any, first: Any, *, kernel: str, what: str) -> None
 
 def _run_scoped(r: _Runner, eqn: Any, ins: list[_Entry], slots: Slots
                 ) -> tuple[list[_Entry], Slots]:
+    checks.check_scoped_allocation(r.call, r.params, eqn.params["scoped"])
     slots = dict(slots)
     new = []
     for t in eqn.params["scoped"]:

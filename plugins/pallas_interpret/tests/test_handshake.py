@@ -167,3 +167,28 @@ def test_a_signal_sent_before_the_wait_is_kept() -> None:
                      scratch_types=[pltpu.SemaphoreType.REGULAR], interpret=True)
     x = jnp.asarray([5, 9], jnp.int32)
     np.testing.assert_array_equal(call(x), x)
+
+
+def test_hbm_in_run_scoped_is_refused_as_elsewhere() -> None:
+    """The semaphore's scope (run by the handshake runner) allocates HBM: TPU interpret mode
+    refuses it unless allow_hbm_allocation_in_run_scoped, as it does in any other kernel."""
+    mesh = pltpu.create_tensorcore_mesh("x", num_cores=2)
+
+    def body(x_ref: Any, o_ref: Any) -> None:
+        def scope(sem: Any, hbm: Any) -> None:
+            core = lax.axis_index("x")
+            pl.semaphore_signal(sem, 1, core_index=1 - core)
+            pl.semaphore_wait(sem, 1)
+            pltpu.sync_copy(x_ref, hbm)
+            pltpu.sync_copy(hbm, o_ref)
+
+        pl.run_scoped(scope, pltpu.SemaphoreType.REGULAR, pltpu.HBM((8,), jnp.float32))
+
+    def call(**kw: Any) -> Any:
+        return pl.kernel(body, out_type=jax.ShapeDtypeStruct((8,), jnp.float32), mesh=mesh,
+                         interpret=pltpu.InterpretParams(**kw))
+
+    x = jax.random.normal(jax.random.key(1), (8,), jnp.float32)
+    with pytest.raises(Exception, match=r"Cannot allocate HBM in `run_scoped`.*Fix"):
+        call()(x)
+    np.testing.assert_array_equal(call(allow_hbm_allocation_in_run_scoped=True)(x), x)
