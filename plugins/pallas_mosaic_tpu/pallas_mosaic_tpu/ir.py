@@ -142,3 +142,23 @@ def broadcast_to(v: ir.Value, shape: Sequence[int]) -> ir.Value:
         return v
     elt = v.type if not shape_of(v) else ir.VectorType(v.type).element_type
     return vector.BroadcastOp(ir.VectorType.get(list(shape), elt), v).result
+
+
+def memory_dtype(dtype: Any) -> Any:
+    """The dtype a value of ``dtype`` has in memory: booleans are int32 (0 or 1), as JAX lays
+    them out."""
+    return np.int32 if np.dtype(dtype) == np.bool_ else dtype
+
+
+def from_memory(v: ir.Value, dtype: Any) -> ir.Value:
+    """``v`` as read from memory, as a value of ``dtype`` (a boolean is ``v != 0``)."""
+    if np.dtype(dtype) != np.bool_:
+        return v
+    return arith.CmpIOp(arith.CmpIPredicate.ne, v, constant(0, np.int32, shape_of(v))).result
+
+
+def to_memory(v: ir.Value, dtype: Any) -> ir.Value:
+    """``v`` (of ``dtype``) as written to memory (a boolean becomes 0 or 1)."""
+    if np.dtype(dtype) != np.bool_:
+        return v
+    return arith.ExtUIOp(value_type(shape_of(v), np.int32), v).result

@@ -24,11 +24,10 @@ import jax
 import numpy as np
 from jax import lax
 from jaxlib.mlir import ir
-from jaxlib.mlir.dialects import arith, func, memref, scf, vector
-from jaxlib.mlir.dialects import math as mmath
+from jaxlib.mlir.dialects import arith, func, memref, vector
 from jaxlib.mosaic.python import tpu
 
-from pallas_core import _jax, copies, extras, mlir_lowering
+from pallas_core import _jax, copies, extras, mlir_lowering, mlir_rules
 from pallas_core import primitives as prims
 from pallas_core.errors import PallasError, UnsupportedError
 from pallas_core.grid_mapping import BlockMapping
@@ -53,7 +52,20 @@ class Lowering(LoweringState):
 
 
 Rule = mlir_lowering.Rule
-RULES = mlir_lowering.Rules()
+
+
+def _lower_sub(lowering: Lowering, jaxpr: Any, consts: Sequence[Any],
+               args: Sequence[Any]) -> list[Any]:
+    return lower_jaxpr(lowering, jaxpr, consts, args)
+
+
+DIALECT = mlir_rules.Dialect(
+    constant=lambda value, dtype, shape: mir.constant(value, dtype, shape),
+    broadcast_to=mir.broadcast_to, value_type=mir.value_type, lower_jaxpr=_lower_sub,
+    reduce=lambda *a: _reduce(*a))
+"""Mosaic's values: scalars, and vectors for arrays."""
+RULES = mlir_lowering.Rules(mlir_rules.table(DIALECT))
+"""The shared rules (``pallas_core.mlir_rules``) and Mosaic TPU's own."""
 rule = RULES.rule
 
 
@@ -208,80 +220,6 @@ def _out(eqn: Any) -> Any:
     return eqn.outvars[0].aval
 
 
-mlir_lowering.register_binary_rules(RULES, mir.broadcast_to)
-
-
-def _unary(op: Any) -> Rule:
-    def lower(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
-        return op(x).result
-    return lower
-
-
-for _p, _op in ((lax.exp_p, mmath.ExpOp), (lax.log_p, mmath.LogOp), (lax.tanh_p, mmath.TanhOp),
-                (lax.sqrt_p, mmath.SqrtOp), (lax.rsqrt_p, mmath.RsqrtOp),
-                (lax.neg_p, arith.NegFOp), (lax.abs_p, mmath.AbsFOp)):
-    rule(_p)(_unary(_op))
-
-
-@rule(lax.logistic_p)
-def _logistic(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
-    one = mir.constant(1.0, _in(eqn).dtype, _in(eqn).shape)
-    return arith.DivFOp(one, arith.AddFOp(one, mmath.ExpOp(arith.NegFOp(x).result).result)
-                        .result).result
-
-
-@rule(lax.integer_pow_p)
-def _integer_pow(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
-    mul = arith.MulFOp if mir.is_float(_in(eqn).dtype) else arith.MulIOp
-    out = x
-    for _ in range(eqn.params["y"] - 1):
-        out = mul(out, x).result
-    return out
-
-
-_CMP = {lax.eq_p: ("OEQ", "eq", "eq"), lax.ne_p: ("UNE", "ne", "ne"),
-        lax.lt_p: ("OLT", "slt", "ult"), lax.le_p: ("OLE", "sle", "ule"),
-        lax.gt_p: ("OGT", "sgt", "ugt"), lax.ge_p: ("OGE", "sge", "uge")}
-
-
-@rule(*_CMP)
-def _compare(lowering: Lowering, eqn: Any, x: ir.Value, y: ir.Value) -> ir.Value:
-    shape, dtype = _out(eqn).shape, _in(eqn).dtype
-    x, y = mir.broadcast_to(x, shape), mir.broadcast_to(y, shape)
-    f, s, u = _CMP[eqn.primitive]
-    if mir.is_float(dtype):
-        return arith.CmpFOp(getattr(arith.CmpFPredicate, f), x, y).result
-    return arith.CmpIOp(getattr(arith.CmpIPredicate, u if mir.is_unsigned(dtype) else s),
-                        x, y).result
-
-
-@rule(lax.select_n_p)
-def _select_n(lowering: Lowering, eqn: Any, which: ir.Value, *cases: ir.Value) -> ir.Value:
-    if len(cases) != 2 or _in(eqn).dtype != np.bool_:
-        raise lowering.fail("select_n with more than two cases or an integer selector")
-    shape = _out(eqn).shape
-    which, on_false, on_true = (mir.broadcast_to(v, shape) for v in (which, *cases))
-    return arith.SelectOp(which, on_true, on_false).result
-
-
-@rule(lax.convert_element_type_p)
-def _convert(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
-    src, dst, shape = _in(eqn).dtype, _out(eqn).dtype, _out(eqn).shape
-    out = mir.value_type(shape, dst)
-    if np.dtype(src) == np.dtype(dst):
-        return x
-    sbits, dbits = np.dtype(src).itemsize, np.dtype(dst).itemsize
-    if mir.is_float(src) and mir.is_float(dst):
-        return (arith.ExtFOp if dbits > sbits else arith.TruncFOp)(out, x).result
-    if mir.is_float(src):
-        return (arith.FPToUIOp if mir.is_unsigned(dst) else arith.FPToSIOp)(out, x).result
-    if mir.is_float(dst):
-        return (arith.UIToFPOp if mir.is_unsigned(src) else arith.SIToFPOp)(out, x).result
-    if dbits > sbits:
-        return (arith.ExtUIOp if mir.is_unsigned(src) else arith.ExtSIOp)(out, x).result
-    return arith.TruncIOp(out, x).result if dbits < sbits else x
-
-
 @rule(lax.iota_p)
 def _iota(lowering: Lowering, eqn: Any, *_: Any) -> ir.Value:
     aval = _out(eqn)
@@ -329,60 +267,17 @@ def _dot(lowering: Lowering, eqn: Any, a: ir.Value, b: ir.Value) -> ir.Value:
                         transpose_lhs_hint=False, dimension_numbers=numbers).result
 
 
-_KINDS = {lax.reduce_sum_p: ("add", "add"), lax.reduce_max_p: ("maximumf", "maxsi"),
-          lax.reduce_min_p: ("minimumf", "minsi")}
-_INITS = {lax.reduce_sum_p: 0.0, lax.reduce_max_p: -np.inf, lax.reduce_min_p: np.inf}
-
-
-@rule(*_KINDS)
-def _reduce(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
+def _reduce(lowering: Lowering, eqn: Any, x: ir.Value, axes: Sequence[int],
+            kind: str) -> ir.Value:
+    """A ``vector.multi_reduction`` of ``kind`` (as ``mlir_rules.Dialect.reduce`` says)."""
     dtype, out = _in(eqn).dtype, _out(eqn)
-    fkind, ikind = _KINDS[eqn.primitive]
-    kind = ir.Attribute.parse(f"#vector.kind<{fkind if mir.is_float(dtype) else ikind}>")
-    init = _INITS[eqn.primitive]
-    if not mir.is_float(dtype) and np.isinf(init):
-        info = np.iinfo(dtype)
-        init = info.min if init < 0 else info.max
-    acc = mir.constant(init, dtype, out.shape)
-    return vector.MultiDimReductionOp(kind, x, acc, list(eqn.params["axes"])).result
-
-
-@rule(*mlir_lowering.CALL_PRIMITIVES)
-def _inline(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
-    jaxpr, consts = mlir_lowering.called_jaxpr(eqn)
-    return lower_jaxpr(lowering, jaxpr, consts, args)
-
-
-@rule(_jax.cond_p)
-def _cond(lowering: Lowering, eqn: Any, index: ir.Value, *ops: Any) -> list[Any]:
-    branches = eqn.params["branches"]
-    if len(branches) != 2:
-        raise lowering.fail("lax.switch with more than two branches")
-    if ir.IntegerType(index.type).width != 1:
-        index = arith.CmpIOp(arith.CmpIPredicate.ne, index, mir.constant(0, np.int32)).result
-    types = [mir.value_type(v.aval.shape, v.aval.dtype) for v in eqn.outvars]
-    if_op = scf.IfOp(index, types, has_else=True)
-    for block, branch in ((if_op.then_block, branches[1]), (if_op.else_block, branches[0])):
-        with ir.InsertionPoint(block):
-            scf.YieldOp(lower_jaxpr(lowering, branch.jaxpr, branch.consts, ops))
-    return list(if_op.results)
-
-
-@rule(_jax.scan_p)
-def _scan(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
-    consts, init, xs, split_out = _jax.scan_parts(eqn.params, args)
-    if xs or eqn.params["reverse"]:
-        raise lowering.fail("lax.scan over arrays (only fori_loop-style loops)")
-    body = eqn.params["jaxpr"]
-    loop = scf.ForOp(mir.constant(0, np.int32), mir.constant(eqn.params["length"], np.int32),
-                     mir.constant(1, np.int32), list(init))
-    with ir.InsertionPoint(loop.body):
-        carry, ys = split_out(lower_jaxpr(lowering, body.jaxpr, body.consts,
-                                          [*consts, *loop.inner_iter_args]))
-        if ys:
-            raise lowering.fail("lax.scan with stacked outputs")
-        scf.YieldOp(carry)
-    return list(loop.results)
+    name = kind
+    if kind in ("max", "min"):
+        name = (kind + "imumf" if mir.is_float(dtype)
+                else kind + ("ui" if mir.is_unsigned(dtype) else "si"))
+    acc = mir.constant(mlir_rules.reduction_identity(kind, dtype), dtype, out.shape)
+    return vector.MultiDimReductionOp(ir.Attribute.parse(f"#vector.kind<{name}>"), x, acc,
+                                      list(axes)).result
 
 
 @rule(prims.program_id_p)
@@ -468,8 +363,15 @@ def _is_smem(ref: ir.Value) -> bool:
 
 
 def _read(lowering: Lowering, eqn: Any, ref: ir.Value, transforms: Sequence[Any]) -> ir.Value:
-    starts, sizes, dropped = _indices(lowering, ref, transforms)
     out = _out(eqn)
+    raw = _read_raw(lowering, ref, transforms, out.shape, mir.memory_dtype(out.dtype))
+    return mir.from_memory(raw, out.dtype)
+
+
+def _read_raw(lowering: Lowering, ref: ir.Value, transforms: Sequence[Any],
+              shape: Sequence[int], dtype: Any) -> ir.Value:
+    starts, sizes, dropped = _indices(lowering, ref, transforms)
+    out = _jax.ShapedArray(tuple(shape), dtype)
     if _is_smem(ref):
         if any(s != 1 for s in sizes):
             raise lowering.fail("vector reads from SMEM")
@@ -485,7 +387,8 @@ def _read(lowering: Lowering, eqn: Any, ref: ir.Value, transforms: Sequence[Any]
 def _write(lowering: Lowering, eqn: Any, ref: ir.Value, value: ir.Value,
            transforms: Sequence[Any]) -> None:
     starts, sizes, dropped = _indices(lowering, ref, transforms)
-    dtype = _in(eqn, 1).dtype
+    value = mir.to_memory(value, _in(eqn, 1).dtype)
+    dtype = mir.memory_dtype(_in(eqn, 1).dtype)
     if _is_smem(ref):
         memref.StoreOp(value, ref, starts)
         return

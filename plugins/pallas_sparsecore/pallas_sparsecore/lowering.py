@@ -137,22 +137,24 @@ def _get(lowering: Lowering, eqn: Any, ref: ir.Value, *args: Any) -> ir.Value:
     if not out.shape:
         raise lowering.fail("reading a single element of a VMEM Ref (read a vector, "
                             "ref[pl.ds(i, num_lanes)], and take its element)")
-    full = tpu.VectorLoadOp(mir.value_type(sizes, out.dtype), ref, starts, []).result
+    stored = mir.memory_dtype(out.dtype)
+    full = tpu.VectorLoadOp(mir.value_type(sizes, stored), ref, starts, []).result
     if dropped:
         from jaxlib.mlir.dialects import vector
-        return vector.ShapeCastOp(mir.value_type(out.shape, out.dtype), full).result
-    return full
+        full = vector.ShapeCastOp(mir.value_type(out.shape, stored), full).result
+    return mir.from_memory(full, out.dtype)
 
 
 @rule(_jax.swap_p)
 def _swap(lowering: Lowering, eqn: Any, ref: ir.Value, value: ir.Value, *args: Any) -> Any:
     transforms = tl._transforms(eqn, args)
     starts, sizes, dropped = _access(lowering, eqn, ref, transforms)
-    dtype = eqn.invars[1].aval.dtype
+    value_dtype = eqn.invars[1].aval.dtype
+    value, dtype = mir.to_memory(value, value_dtype), mir.memory_dtype(value_dtype)
     if _space(ref) == "smem":
         old = memref.LoadOp(ref, starts).result
         memref.StoreOp(value, ref, starts)
-        return old
+        return mir.from_memory(old, value_dtype)
     if not sizes or (all(s == 1 for s in sizes) and not mir.shape_of(value)):
         raise lowering.fail("writing a single element of a VMEM Ref")
     value = mir.broadcast_to(value, [s for d, s in enumerate(sizes) if d not in dropped])
@@ -163,8 +165,8 @@ def _swap(lowering: Lowering, eqn: Any, ref: ir.Value, value: ir.Value, *args: A
     tpu.VectorStoreOp(value, ref, starts, [])
     if dropped:
         out = eqn.outvars[0].aval
-        return vector.ShapeCastOp(mir.value_type(out.shape, out.dtype), old).result
-    return old
+        old = vector.ShapeCastOp(mir.value_type(out.shape, dtype), old).result
+    return mir.from_memory(old, value_dtype)
 
 
 # --- DMAs: plain ones as on a TensorCore, gathers and scatters indirect ------------------------
@@ -427,7 +429,7 @@ def _scan_loop(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
     marker = next((e for e in body.eqns if e.primitive is sc.parallel_loop_p), None)
     block = ir.InsertionPoint.current.block
     before = len(block.operations)
-    outs = tl._scan(lowering, eqn, *args)
+    outs = tl.RULES[_jax.scan_p](lowering, eqn, *args)
     if marker is not None:
         loops = [op for op in list(block.operations)[before:]
                  if isinstance(op.opview, scf.ForOp)]

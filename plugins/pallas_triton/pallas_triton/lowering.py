@@ -27,7 +27,7 @@ from jaxlib.mlir.dialects import arith, gpu, scf
 from jaxlib.mlir.dialects import math as mmath
 from jaxlib.triton import dialect as tt
 
-from pallas_core import _jax, mlir_lowering
+from pallas_core import _jax, mlir_lowering, mlir_rules
 from pallas_core import primitives as prims
 from pallas_core.errors import PallasError
 from pallas_core.grid_mapping import BlockMapping, block_index_tables
@@ -50,7 +50,20 @@ class BlockRef:
 
 Lowering = LoweringState
 Rule = mlir_lowering.Rule
-RULES = mlir_lowering.Rules()
+
+
+def _lower_sub(lowering: Lowering, jaxpr: Any, consts: Sequence[Any],
+               args: Sequence[Any]) -> list[Any]:
+    return lower_jaxpr(lowering, jaxpr, consts, args)
+
+
+DIALECT = mlir_rules.Dialect(
+    constant=lambda value, dtype, shape: tir.constant(value, dtype, shape),
+    broadcast_to=tir.broadcast_to, value_type=tir.value_type, lower_jaxpr=_lower_sub,
+    reduce=lambda *a: _reduce(*a))
+"""Triton's values: scalars, and ranked tensors for arrays."""
+RULES = mlir_lowering.Rules(mlir_rules.table(DIALECT))
+"""The shared rules (``pallas_core.mlir_rules``) and Triton's own (``tanh``, memory, dot)."""
 rule = RULES.rule
 
 
@@ -185,31 +198,6 @@ def _bcast(eqn: Any, *vals: ir.Value) -> list[ir.Value]:
 # --- elementwise arithmetic ------------------------------------------------------------------
 
 
-mlir_lowering.register_binary_rules(RULES, tir.broadcast_to)
-
-
-def _unary_math(op: Any) -> Rule:
-    def lower(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
-        if not tir.is_float(_aval_in(eqn, 0).dtype):
-            raise lowering.fail(f"{eqn.primitive.name} on {_aval_in(eqn, 0).dtype}", eqn)
-        return op(x).result
-    return lower
-
-
-rule(lax.exp_p)(_unary_math(mmath.ExpOp))
-rule(lax.exp2_p)(_unary_math(mmath.Exp2Op))
-rule(lax.log_p)(_unary_math(mmath.LogOp))
-if hasattr(lax, "log2_p"):  # JAX 0.11 (its attention kernel uses it)
-    rule(lax.log2_p)(_unary_math(mmath.Log2Op))
-rule(lax.sqrt_p)(_unary_math(mmath.SqrtOp))
-rule(lax.rsqrt_p)(_unary_math(mmath.RsqrtOp))
-rule(lax.sin_p)(_unary_math(mmath.SinOp))
-rule(lax.cos_p)(_unary_math(mmath.CosOp))
-rule(lax.floor_p)(_unary_math(mmath.FloorOp))
-rule(lax.ceil_p)(_unary_math(mmath.CeilOp))
-rule(lax.erf_p)(_unary_math(mmath.ErfOp))
-
-
 @rule(lax.tanh_p)
 def _tanh(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
     """``sign(x) * (1 - e) / (1 + e)`` with ``e = exp(-2|x|)`` (a Pade approximant near 0):
@@ -238,111 +226,9 @@ def _tanh(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
     return arith.SelectOp(small, near, far).result
 
 
-@rule(lax.neg_p)
-def _neg(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
-    if tir.is_float(_aval_in(eqn, 0).dtype):
-        return arith.NegFOp(x).result
-    zero = tir.constant(0, _aval_in(eqn, 0).dtype, _aval_in(eqn, 0).shape)
-    return arith.SubIOp(zero, x).result
-
-
-@rule(lax.abs_p)
-def _abs(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
-    if tir.is_float(_aval_in(eqn, 0).dtype):
-        return mmath.AbsFOp(x).result
-    return mmath.AbsIOp(x).result
-
-
-@rule(lax.logistic_p)
-def _logistic(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
-    aval = _aval_in(eqn, 0)
-    one = tir.constant(1.0, aval.dtype, aval.shape)
-    return arith.DivFOp(one, arith.AddFOp(one, mmath.ExpOp(arith.NegFOp(x).result).result)
-                        .result).result
-
-
-@rule(lax.integer_pow_p)
-def _integer_pow(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
-    power = eqn.params["y"]
-    if power < 1:
-        raise lowering.fail(f"integer_pow with exponent {power}", eqn)
-    mul = arith.MulFOp if tir.is_float(_aval_in(eqn, 0).dtype) else arith.MulIOp
-    out = x
-    for _ in range(power - 1):
-        out = mul(out, x).result
-    return out
-
-
-@rule(lax.not_p)
-def _not(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
-    aval = _aval_in(eqn, 0)
-    ones = tir.constant(1 if aval.dtype == np.bool_ else -1, aval.dtype, aval.shape)
-    return arith.XOrIOp(x, ones).result
-
-
-_FLOAT_CMP = {lax.eq_p: arith.CmpFPredicate.OEQ, lax.ne_p: arith.CmpFPredicate.UNE,
-              lax.lt_p: arith.CmpFPredicate.OLT, lax.le_p: arith.CmpFPredicate.OLE,
-              lax.gt_p: arith.CmpFPredicate.OGT, lax.ge_p: arith.CmpFPredicate.OGE}
-_SIGNED_CMP = {lax.eq_p: arith.CmpIPredicate.eq, lax.ne_p: arith.CmpIPredicate.ne,
-               lax.lt_p: arith.CmpIPredicate.slt, lax.le_p: arith.CmpIPredicate.sle,
-               lax.gt_p: arith.CmpIPredicate.sgt, lax.ge_p: arith.CmpIPredicate.sge}
-_UNSIGNED_CMP = {lax.eq_p: arith.CmpIPredicate.eq, lax.ne_p: arith.CmpIPredicate.ne,
-                 lax.lt_p: arith.CmpIPredicate.ult, lax.le_p: arith.CmpIPredicate.ule,
-                 lax.gt_p: arith.CmpIPredicate.ugt, lax.ge_p: arith.CmpIPredicate.uge}
-
-
-@rule(*_FLOAT_CMP)
-def _compare(lowering: Lowering, eqn: Any, x: ir.Value, y: ir.Value) -> ir.Value:
-    shape = _aval_out(eqn).shape
-    x, y = tir.broadcast_to(x, shape), tir.broadcast_to(y, shape)
-    dtype = _aval_in(eqn, 0).dtype
-    if tir.is_float(dtype):
-        return arith.CmpFOp(_FLOAT_CMP[eqn.primitive], x, y).result
-    table = _UNSIGNED_CMP if tir.is_unsigned(dtype) else _SIGNED_CMP
-    return arith.CmpIOp(table[eqn.primitive], x, y).result
-
-
-@rule(lax.select_n_p)
-def _select_n(lowering: Lowering, eqn: Any, which: ir.Value, *cases: ir.Value) -> ir.Value:
-    if len(cases) != 2 or _aval_in(eqn, 0).dtype != np.bool_:
-        raise lowering.fail("select_n with more than two cases or an integer selector", eqn)
-    which, on_false, on_true = _bcast(eqn, which, *cases)
-    return arith.SelectOp(which, on_true, on_false).result
-
-
-@rule(lax.convert_element_type_p)
-def _convert(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
-    return convert(x, _aval_in(eqn, 0).dtype, _aval_out(eqn).dtype, _aval_out(eqn).shape)
-
-
 def convert(x: ir.Value, src: Any, dst: Any, shape: Sequence[int]) -> ir.Value:
     """``x`` (of dtype ``src``) converted to ``dst`` as ``lax.convert_element_type`` does."""
-    out_type = tir.value_type(shape, dst)
-    if np.dtype(src) == np.dtype(dst):
-        return x
-    if dst == np.bool_:
-        zero = tir.constant(0, src, shape)
-        if tir.is_float(src):
-            return arith.CmpFOp(arith.CmpFPredicate.UNE, x, zero).result
-        return arith.CmpIOp(arith.CmpIPredicate.ne, x, zero).result
-    sbits, dbits = np.dtype(src).itemsize * 8, np.dtype(dst).itemsize * 8
-    if tir.is_float(src) and tir.is_float(dst):
-        if dbits == sbits:  # float16 <-> bfloat16: through float32
-            return convert(convert(x, src, np.float32, shape), np.float32, dst, shape)
-        op = arith.ExtFOp if dbits > sbits else arith.TruncFOp
-        return op(out_type, x).result
-    if tir.is_float(src):
-        op = arith.FPToUIOp if tir.is_unsigned(dst) else arith.FPToSIOp
-        return op(out_type, x).result
-    if tir.is_float(dst):
-        op = arith.UIToFPOp if tir.is_unsigned(src) else arith.SIToFPOp
-        return op(out_type, x).result
-    if src == np.bool_ or dbits > sbits:
-        op = arith.ExtUIOp if tir.is_unsigned(src) else arith.ExtSIOp
-        return op(out_type, x).result
-    if dbits < sbits:
-        return arith.TruncIOp(out_type, x).result
-    return x  # same width, signedness only
+    return mlir_rules.convert(DIALECT, x, src, dst, shape)
 
 
 # --- shapes ------------------------------------------------------------------------------------
@@ -419,95 +305,19 @@ def _dot(lowering: Lowering, eqn: Any, a: ir.Value, b: ir.Value) -> ir.Value:
     return convert(res, acc_dtype, out.dtype, out.shape)
 
 
-def _combiner(prim: Any, dtype: Any) -> Any:
-    f = tir.is_float(dtype)
-    if prim is lax.reduce_sum_p:
-        return arith.AddFOp if f else arith.AddIOp
-    if prim is lax.reduce_max_p:
-        return arith.MaximumFOp if f else (arith.MaxUIOp if tir.is_unsigned(dtype)
-                                           else arith.MaxSIOp)
-    return arith.MinimumFOp if f else (arith.MinUIOp if tir.is_unsigned(dtype)
-                                       else arith.MinSIOp)
-
-
-@rule(lax.reduce_sum_p, lax.reduce_max_p, lax.reduce_min_p)
-def _reduce(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
+def _reduce(lowering: Lowering, eqn: Any, x: ir.Value, axes: Sequence[int],
+            kind: str) -> ir.Value:
+    """A ``tt.reduce`` per axis, combining with ``kind``'s op (``mlir_rules.Dialect.reduce``)."""
     dtype = _aval_in(eqn, 0).dtype
-    combine = _combiner(eqn.primitive, dtype)
+    combine = mlir_rules.reduction_op(kind, dtype)
     elt = tir.element_type(dtype)
-    for axis in sorted(eqn.params["axes"], reverse=True):
+    for axis in sorted(axes, reverse=True):
         red = tt.ReduceOp([x], axis)
         body = red.regions[0].blocks.append(elt, elt)
         with ir.InsertionPoint(body):
             tt.ReduceReturnOp([combine(*body.arguments).result])
         x = red.result[0] if isinstance(red.result, list) else red.results[0]
     return x
-
-
-# --- control flow ----------------------------------------------------------------------------
-
-
-@rule(*mlir_lowering.CALL_PRIMITIVES)
-def _inline(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
-    jaxpr, consts = mlir_lowering.called_jaxpr(eqn)
-    return lower_jaxpr(lowering, jaxpr, consts, args)
-
-
-def _result_types(avals: Sequence[Any]) -> list[ir.Type]:
-    return [tir.value_type(a.shape, a.dtype) for a in avals]
-
-
-@rule(_jax.cond_p)
-def _cond(lowering: Lowering, eqn: Any, index: ir.Value, *ops: Any) -> list[Any]:
-    branches = eqn.params["branches"]
-    if len(branches) != 2:
-        raise lowering.fail("lax.switch with more than two branches", eqn)
-    if ir.IntegerType(index.type).width != 1:
-        index = arith.CmpIOp(arith.CmpIPredicate.ne, index, tir.i32(0)).result
-    out_avals = [v.aval for v in eqn.outvars]
-    if_op = scf.IfOp(index, _result_types(out_avals), has_else=True)
-    for block, branch in ((if_op.then_block, branches[1]), (if_op.else_block, branches[0])):
-        with ir.InsertionPoint(block):
-            outs = lower_jaxpr(lowering, branch.jaxpr, branch.consts, ops)
-            scf.YieldOp(outs)
-    return list(if_op.results)
-
-
-@rule(_jax.scan_p)
-def _scan(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
-    consts, init, xs, split_out = _jax.scan_parts(eqn.params, args)
-    if xs or eqn.params["reverse"]:
-        raise lowering.fail("lax.scan over arrays (only fori_loop-style loops)", eqn)
-    body = eqn.params["jaxpr"]
-    lower_b, upper, step = tir.i32(0), tir.i32(eqn.params["length"]), tir.i32(1)
-    loop = scf.ForOp(lower_b, upper, step, list(init))
-    with ir.InsertionPoint(loop.body):
-        carry = list(loop.inner_iter_args)
-        outs = lower_jaxpr(lowering, body.jaxpr, body.consts, [*consts, *carry])
-        new_carry, ys = split_out(outs)
-        if ys:
-            raise lowering.fail("lax.scan with stacked outputs", eqn)
-        scf.YieldOp(new_carry)
-    return list(loop.results)
-
-
-@rule(_jax.while_p)
-def _while(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
-    nc, nb = eqn.params["cond_nconsts"], eqn.params["body_nconsts"]
-    cconsts, bconsts, init = args[:nc], args[nc:nc + nb], args[nc + nb:]
-    types = [a.type for a in init]
-    loop = scf.WhileOp(types, list(init))
-    before = loop.before.blocks.append(*types)
-    with ir.InsertionPoint(before):
-        cj = eqn.params["cond_jaxpr"]
-        (pred,) = lower_jaxpr(lowering, cj.jaxpr, cj.consts, [*cconsts, *before.arguments])
-        scf.ConditionOp(pred, list(before.arguments))
-    after = loop.after.blocks.append(*types)
-    with ir.InsertionPoint(after):
-        bj = eqn.params["body_jaxpr"]
-        outs = lower_jaxpr(lowering, bj.jaxpr, bj.consts, [*bconsts, *after.arguments])
-        scf.YieldOp(outs)
-    return list(loop.results)
 
 
 # --- grid position and hints -----------------------------------------------------------------

@@ -1,0 +1,68 @@
+"""The shared dtype-by-operation matrix (``pallas_core.testing.rule_matrix``) on Mosaic TPU:
+every entry lowers to a module that verifies, or is refused naming the operation, the dtype and
+the backend."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import pytest
+from pallas_mosaic_tpu import lowering
+
+import pallas_core as pl
+from pallas_core.stages import kernel_calls
+from pallas_core.testing import rule_matrix
+
+
+def _lower(case: rule_matrix.Case) -> None:
+    body, out, xs = rule_matrix.call_parts(case, (8, 128))
+    f = pl.pallas_call(body, out, backend="mosaic_tpu")
+    (call,) = kernel_calls(jax.make_jaxpr(f)(*xs).jaxpr)
+    lowering.lower_kernel(call)  # verifies the module
+
+
+@pytest.mark.parametrize("case", rule_matrix.CASES, ids=str)
+def test_rule_matrix(case: rule_matrix.Case) -> None:
+    rule_matrix.check(case, _lower, "mosaic_tpu")
+
+
+def _module(op: Any, x: jax.Array) -> str:
+    out = jax.eval_shape(op, x)
+
+    def body(x_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = op(x_ref[...])
+
+    f = pl.pallas_call(body, jax.ShapeDtypeStruct(out.shape, out.dtype), backend="mosaic_tpu")
+    (call,) = kernel_calls(jax.make_jaxpr(f)(x).jaxpr)
+    module, _ = lowering.lower_kernel(call)
+    return lowering.module_text(module)
+
+
+# Defects the shared rules fixed (issue 15): each was lowered wrongly by this backend's own copy.
+
+
+def test_float_to_bool_compares_with_zero() -> None:
+    """0.5 is True: ``x != 0``, not ``fptoui`` to i1 (which truncates 0.5 to 0)."""
+    text = _module(lambda x: x.astype(jnp.bool_), jnp.full((8, 128), 0.5, jnp.float32))
+    assert "arith.cmpf une" in text and "fptoui" not in text
+
+
+def test_int_to_bool_compares_with_zero() -> None:
+    """2 is True: ``x != 0``, not ``trunci`` to i1 (which keeps the low bit, 0)."""
+    text = _module(lambda x: x.astype(jnp.bool_), jnp.full((8, 128), 2, jnp.int32))
+    assert "arith.cmpi ne" in text and "trunci" not in text
+
+
+def test_power_zero_is_one() -> None:
+    """``x ** 0`` stores ones, whatever x is (it stored x)."""
+    text = _module(lambda x: x ** 0, jnp.full((8, 128), 3.0, jnp.float32))
+    assert "arith.constant dense<1.000000e+00> : vector<8x128xf32>" in text
+    assert "arith.mulf" not in text
+
+
+def test_integer_negation_subtracts_from_zero() -> None:
+    """``-x`` on int32 is ``0 - x`` (``arith.negf`` on integers failed to verify)."""
+    text = _module(lambda x: -x, jnp.full((8, 128), 2, jnp.int32))
+    assert "arith.subi" in text and "negf" not in text
