@@ -182,6 +182,10 @@ def jvp_jaxpr(closed: ClosedJaxpr, nonzeros: Sequence[bool], *,
     return ClosedJaxpr(_adds_as_lax_add(jvp.jaxpr), jvp.consts)
 
 
+add_any_p = ad_util.add_jaxvals_p
+"""JAX's autodiff-internal sum of two tangents (``add_any``): ``lax.add`` on arrays."""
+
+
 def _adds_as_lax_add(jaxpr: Jaxpr) -> Jaxpr:
     """``jaxpr`` with JAX's autodiff-internal sum of tangents (``add_any``) written as
     ``lax.add`` (the same on arrays of one type), nested jaxprs included, so that backends
@@ -549,3 +553,15 @@ def assume_device(device_kind: str, platform: str, num_cores: int = 1) -> Iterat
     with jax.sharding.use_abstract_mesh(AbstractMesh((1,), ("_device",),
                                                      abstract_device=device)):
         yield
+
+
+def jax_lowering_rule_names(backend: str) -> dict[str, frozenset[str]]:
+    """The names of the primitives JAX's own Pallas lowering for ``backend`` (``"mosaic_tpu"``)
+    has a rule for, per kernel type (``"tc"``, ``"sc_vector_subcore"``, ...): what this
+    project's backends are compared against."""
+    if backend != "mosaic_tpu":
+        raise ValueError(f"no JAX rule registry known for {backend!r}")
+    from jax._src.pallas.mosaic import lowering as mosaic_lowering
+
+    return {str(getattr(kind, "value", kind)): frozenset(p.name for p in rules)
+            for kind, rules in mosaic_lowering.lowering_rules.items()}

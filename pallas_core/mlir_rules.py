@@ -122,6 +122,22 @@ def table(d: Dialect) -> Rules:
     }.items():
         rules[prim] = binary(*ops)
 
+    rules[_jax.add_any_p] = rules[lax.add_p]  # the sum of two cotangents
+
+    def _identity(state: LoweringState, eqn: Any, x: ir.Value) -> ir.Value:
+        return x
+
+    if hasattr(lax, "stop_gradient_p"):
+        rules[lax.stop_gradient_p] = _identity
+
+    @rule(lax.bitcast_convert_type_p)
+    def _bitcast(state: LoweringState, eqn: Any, x: ir.Value) -> ir.Value:
+        src, out = _in(eqn), _out(eqn)
+        if _bits(src.dtype) != _bits(out.dtype) or np.dtype(out.dtype) == np.bool_:
+            raise state.fail(f"bitcast_convert_type from {np.dtype(src.dtype).name} to "
+                             f"{np.dtype(out.dtype).name} (of another width)", eqn)
+        return arith.BitcastOp(d.value_type(out.shape, out.dtype), x).result
+
     @rule(lax.shift_left_p, lax.shift_right_arithmetic_p, lax.shift_right_logical_p)
     def _shift(state: LoweringState, eqn: Any, x: ir.Value, y: ir.Value) -> ir.Value:
         # arith's shifts are poison from the bit width on; lax's give 0 (or the sign).

@@ -117,6 +117,11 @@ _ALL: list[Case] = [
     *(Case("convert_element_type", lambda x, t=t: x.astype(t), 1, s, t)
       for s in DTYPES for t in DTYPES if s != t),
     Case("switch", _switch, 1, "int32"),
+    *(Case("bitcast_convert_type", lambda x, t=t: lax.bitcast_convert_type(x, t), 1, s, t)
+      for s, t in (("float32", "int32"), ("int32", "float32"), ("uint32", "float32"),
+                   ("bfloat16", "int16"), ("float16", "uint16"), ("int8", "uint8"),
+                   ("float32", "int16"))),
+    Case("stop_gradient", lax.stop_gradient, 1, "float32"),
 ]
 CASES: list[Case] = [c for c in _ALL if _jax_takes(c)]
 """Every operation on every dtype JAX takes it on, and every cast."""

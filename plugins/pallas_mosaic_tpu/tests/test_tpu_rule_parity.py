@@ -1,0 +1,61 @@
+"""Every primitive JAX 0.10's own Mosaic TPU lowering has a rule for has one here, or is named
+below: with what this project has instead, or as a known gap with its reason. JAX's registry is
+read through the core's adapter, so upgrading JAX fails this test until each new primitive is
+either lowered or listed; lowering a listed gap fails it until the entry goes."""
+
+from __future__ import annotations
+
+import pytest
+from pallas_mosaic_tpu import lowering
+
+from pallas_core import _jax
+
+OTHER_MEANS = {
+    "dma_start": "copy_start (pallas_core.copies: one primitive for every backend's DMAs)",
+    "dma_wait": "copy_wait",
+    "get_barrier_semaphore": "pltpu.get_barrier_semaphore() makes the kernel take the barrier "
+                             "semaphore as a hidden scratch operand (tpu.sem_barrier)",
+}
+"""JAX primitives whose feature this project provides under another primitive."""
+
+KNOWN_GAPS = {
+    # Shapes and layout (the TPU kernel library work of issue 15 adds these).
+    "broadcast_to", "concatenate", "slice", "split", "stack", "unstack", "pad", "roll", "tile",
+    "bitcast", "gather", "pack_elementwise", "unpack_elementwise",
+    # Memory.
+    "masked_load", "masked_swap", "empty_ref",
+    # Reductions to an index.
+    "argmax", "argmin",
+    # Elementwise math with no MLIR op to lower to.
+    "erf_inv", "nextafter", "stochastic_round",
+    # The TPU's hardware PRNG and JAX's key arrays.
+    "prng_seed", "prng_random_bits", "prng_split", "prng_join", "random_bits",
+    "random_fold_in", "random_seed", "random_unwrap", "random_wrap", "threefry2x32",
+    "iota_2x32_shape",
+    # The MXU driven by hand.
+    "matmul_push_rhs", "matmul_acc_lhs", "matmul_pop",
+    # Debugging and tracing.
+    "debug_print", "debug_callback", "check", "trace_value",
+    # Dynamic grids, sharding and scheduling.
+    "num_programs", "dim_as_value", "platform_index", "reshard", "stage", "add_dependency",
+}
+"""Known gaps: lowering any of these raises an UnsupportedError naming the primitive."""
+
+
+def _ours() -> set[str]:
+    return {p.name for p in lowering.RULES}
+
+
+@pytest.mark.parametrize("kind", ["tc"])
+def test_every_jax_rule_is_lowered_or_listed(kind: str) -> None:
+    theirs = _jax.jax_lowering_rule_names("mosaic_tpu")[kind]
+    ours = _ours()
+    unlisted = sorted(n for n in theirs - ours if n not in OTHER_MEANS and n not in KNOWN_GAPS)
+    assert not unlisted, f"JAX lowers {unlisted} for TPU; lower them or list them here"
+
+
+def test_listed_gaps_are_still_gaps() -> None:
+    closed = sorted(KNOWN_GAPS & _ours())
+    assert not closed, f"{closed} lower now: take them off KNOWN_GAPS"
+    equivalents = {"dma_start": "copy_start", "dma_wait": "copy_wait"}
+    assert all(equivalents[n] in _ours() for n in equivalents)
