@@ -130,39 +130,3 @@ def called_jaxpr(eqn: Any) -> tuple[Any, Sequence[Any]]:
 CALL_PRIMITIVES = (_jax.jit_p, _jax.closed_call_p, _jax.custom_jvp_call_p,
                    _jax.custom_vjp_call_p)
 """Primitives that call a jaxpr, which backends inline."""
-
-
-def register_binary_rules(rules: Rules, broadcast_to: Callable[[Any, Sequence[int]], Any]) -> None:
-    """Registers the elementwise binary ``arith`` rules (add ... xor) in ``rules``.
-
-    ``broadcast_to(value, shape)`` brings a scalar or a smaller operand to the result's shape
-    (a tensor splat for Triton, a vector broadcast for Mosaic).
-    """
-    from jax import lax
-    from jaxlib.mlir.dialects import arith
-
-    def binary(float_op: Any, signed_op: Any, unsigned_op: Any = None) -> Rule:
-        def lower(state: LoweringState, eqn: Any, x: Any, y: Any) -> Any:
-            shape, dtype = eqn.outvars[0].aval.shape, eqn.invars[0].aval.dtype
-            x, y = broadcast_to(x, shape), broadcast_to(y, shape)
-            op = float_op if is_float(dtype) else (
-                unsigned_op if unsigned_op and is_unsigned(dtype) else signed_op)
-            if op is None:
-                raise state.fail(f"{eqn.primitive.name} on {dtype}", eqn)
-            return op(x, y).result
-        return lower
-
-    table = {
-        lax.add_p: (arith.AddFOp, arith.AddIOp),
-        lax.sub_p: (arith.SubFOp, arith.SubIOp),
-        lax.mul_p: (arith.MulFOp, arith.MulIOp),
-        lax.div_p: (arith.DivFOp, arith.DivSIOp, arith.DivUIOp),
-        lax.rem_p: (arith.RemFOp, arith.RemSIOp, arith.RemUIOp),
-        lax.max_p: (arith.MaximumFOp, arith.MaxSIOp, arith.MaxUIOp),
-        lax.min_p: (arith.MinimumFOp, arith.MinSIOp, arith.MinUIOp),
-        lax.and_p: (None, arith.AndIOp),
-        lax.or_p: (None, arith.OrIOp),
-        lax.xor_p: (None, arith.XOrIOp),
-    }
-    for prim, ops in table.items():
-        rules[prim] = binary(*ops)
