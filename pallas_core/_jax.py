@@ -8,6 +8,7 @@ Plugins import these names from ``pallas_core._jax`` rather than from ``jax._src
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import os
 import threading
@@ -561,7 +562,17 @@ def jax_lowering_rule_names(backend: str) -> dict[str, frozenset[str]]:
     project's backends are compared against."""
     if backend != "mosaic_tpu":
         raise ValueError(f"no JAX rule registry known for {backend!r}")
+    import jax.experimental.pallas.tpu  # noqa: F401 - its modules register rules too
     from jax._src.pallas.mosaic import lowering as mosaic_lowering
 
     return {str(getattr(kind, "value", kind)): frozenset(p.name for p in rules)
             for kind, rules in mosaic_lowering.lowering_rules.items()}
+
+
+def threefry2x32_expansion(avals: Sequence[Any]) -> ClosedJaxpr:
+    """``threefry2x32`` on operands of ``avals`` written as plain ``lax`` ops (its rounds
+    unrolled), as JAX's own TPU lowering inlines it: for backends without the primitive."""
+    from jax._src.random import threefry2x32 as threefry
+
+    fn = functools.partial(threefry._threefry2x32_lowering, use_rolled_loops=False)
+    return jax.make_jaxpr(fn)(*(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals))

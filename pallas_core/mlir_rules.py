@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 from jax import lax
+from jax.extend.random import threefry2x32_p
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith, scf
 from jaxlib.mlir.dialects import math as mmath
@@ -323,6 +324,11 @@ def table(d: Dialect) -> Rules:
             if eqn.primitive is lax.reduce_sum_p:
                 raise _refuse(state, eqn, dtype)
         return d.reduce(state, eqn, x, tuple(eqn.params["axes"]), kind)
+
+    @rule(threefry2x32_p)
+    def _threefry(state: LoweringState, eqn: Any, *args: ir.Value) -> list[Any]:
+        expansion = _jax.threefry2x32_expansion([v.aval for v in eqn.invars])
+        return d.lower_jaxpr(state, expansion.jaxpr, expansion.consts, args)
 
     # --- control flow
 

@@ -41,6 +41,7 @@ from pallas_mosaic_tpu.primitives import (
     load,
     prng_random_bits,
     prng_seed,
+    repeat,
     roll,
     store,
 )
@@ -52,6 +53,6 @@ __all__ = ["__version__", "ANY", "ARBITRARY", "async_copy", "async_remote_copy",
            "emit_pipeline", "force_tpu_interpret_mode", "get_barrier_semaphore",
            "GridDimensionSemantics", "HBM", "InterpretParams", "load", "make_async_copy",
            "make_async_remote_copy", "PARALLEL", "PrefetchScalarGridSpec", "prng_random_bits",
-           "prng_seed", "reset_tpu_interpret_mode_state", "roll", "SEMAPHORE", "SemaphoreType",
-           "set_tpu_interpret_mode", "SideEffectType", "SMEM", "store", "sync_copy",
-           "TPUCompilerParams", "VMEM"]
+           "prng_seed", "repeat", "reset_tpu_interpret_mode_state", "roll", "SEMAPHORE",
+           "SemaphoreType", "set_tpu_interpret_mode", "SideEffectType", "SMEM", "store",
+           "sync_copy", "TPUCompilerParams", "VMEM"]

@@ -4,11 +4,13 @@
 ``summary(module)`` gives the attributes a TPU runtime acts on (grid, dimension semantics,
 windows, scalar prefetch, scratch); ``block_indices(module, window, ids, prefetch)`` evaluates a
 window's index map at one grid point. Together they let a test check this backend against what
-``jax.experimental.pallas`` emits for the same kernel, whatever the text of the index maps.
+``jax.experimental.pallas`` emits for the same kernel, whatever the text of the index maps;
+``assert_same_kernel(ours, theirs)`` does all of it for two modules.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections.abc import Sequence
@@ -123,8 +125,9 @@ def _eval(name: str, op: Any, ins: list[Any]) -> Any:
         return ir.IntegerAttr(op.attributes["value"]).value
     if name in ("arith.index_cast", "arith.extui", "arith.extsi", "arith.trunci"):
         return ins[0]
-    if name == "memref.load":
-        return int(ins[0][tuple(int(i) for i in ins[1:])])
+    if name == "memref.load":  # out-of-range indices wrap (prefetch values may be arbitrary)
+        table = np.asarray(ins[0])
+        return int(table[tuple(int(i) % n for i, n in zip(ins[1:], table.shape))])
     if name == "arith.select":
         return ins[1] if ins[0] else ins[2]
     if name == "arith.cmpi":
@@ -138,3 +141,36 @@ def _eval(name: str, op: Any, ins: list[Any]) -> Any:
     if name not in ops:
         raise NotImplementedError(f"evaluating {name} in an index map")
     return ops[name]()
+
+
+def prefetch_values(module: ir.Module, seed: int = 0) -> list[np.ndarray]:
+    """Pseudo-random small non-negative integers for each scalar-prefetch operand of the kernel
+    in ``module`` (index maps evaluated on them wrap out-of-range loads)."""
+    fn = _kernel_func(module)
+    info = summary(module)
+    inputs = ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value).inputs
+    first = len(info["iteration_bounds"])
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 8, tuple(ir.MemRefType(t).shape)).astype(np.int64)
+            for t in inputs[first:first + info["scalar_prefetch"]]]
+
+
+def assert_same_kernel(ours: ir.Module, theirs: ir.Module,
+                       prefetch: Sequence[np.ndarray] | None = None) -> None:
+    """Raises ``AssertionError`` unless the two kernels agree on what a TPU runtime acts on:
+    their :func:`summary`, and every window's block indices at every grid point (on
+    ``prefetch``, or on :func:`prefetch_values` of ``ours``)."""
+    a, b = summary(ours), summary(theirs)
+    if a != b:
+        diff = {k: (a[k], b[k]) for k in a if a[k] != b.get(k)}
+        raise AssertionError(f"the kernels differ (ours, theirs): {diff}")
+    values = prefetch_values(ours) if prefetch is None else list(prefetch)
+    for k, window in enumerate(a["windows"]):
+        if window["transform"] is None:
+            continue
+        for point in itertools.product(*map(range, a["iteration_bounds"])):
+            mine = block_indices(ours, window["transform"], point, values)
+            other = block_indices(theirs, b["windows"][k]["transform"], point, values)
+            if mine != other:
+                raise AssertionError(f"window {k} at grid point {point}: block {mine} here, "
+                                     f"{other} in the other kernel")

@@ -103,7 +103,11 @@ def lower_kernel(call: KernelCall, mesh_axes: tuple[tuple[str, int], ...] = ()
         operand_types = []
         for k, bm in enumerate(gm.block_mappings):
             space = _space(bm, k < n_pf)
-            shape = bm.array_shape if space in ("smem", "any", "hbm") else bm.ref_shape
+            # Squeezed block dimensions (``None``) stay in the operand as size 1, as JAX has
+            # them; the kernel body sees the operand squeezed (below).
+            # Scalar prefetch and ANY/HBM operands come whole; VMEM and SMEM ones by block.
+            whole = k < n_pf or space in ("any", "hbm")
+            shape = bm.array_shape if whole else bm.full_block_shape
             operand_types.append(mir.memref(shape, bm.dtype, space))
         scratch = [a for a in gm.scratch_avals if a.memory_space is not BARRIER_SEMAPHORE]
         barrier = len(scratch) < len(gm.scratch_avals)
@@ -113,7 +117,7 @@ def lower_kernel(call: KernelCall, mesh_axes: tuple[tuple[str, int], ...] = ()
         with ir.InsertionPoint(module.body):
             kernel = func.FuncOp(name, (grid_types + operand_types + scratch_types, []))
             for j, bm in enumerate(gm.block_mappings[n_pf:]):
-                if _space(bm, False) != "vmem":
+                if _space(bm, False) not in ("vmem", "smem"):
                     windows.append(ir.DictAttr.get({}))
                     continue
                 _transform(call, bm, f"transform_{j}", grid_types + operand_types[:n_pf])
@@ -126,6 +130,8 @@ def lower_kernel(call: KernelCall, mesh_axes: tuple[tuple[str, int], ...] = ()
         entry = kernel.add_entry_block()
         with ir.InsertionPoint(entry):
             args = list(entry.arguments)
+            for k, bm in enumerate(gm.block_mappings):
+                args[len(gm.grid) + k] = _squeezed(args[len(gm.grid) + k], bm)
             if barrier:  # the hidden last scratch operand is the kernel's barrier semaphore
                 args.append(tpu.GetBarrierSemaphoreOp(_scratch_type((), np.int32, SEMAPHORE))
                             .result)
@@ -135,6 +141,15 @@ def lower_kernel(call: KernelCall, mesh_axes: tuple[tuple[str, int], ...] = ()
         if not module.operation.verify():
             raise PallasError(f"the Mosaic module of kernel {call.name!r} does not verify")
     return module, name
+
+
+def _squeezed(arg: ir.Value, bm: BlockMapping) -> ir.Value:
+    """The block ``arg`` without its squeezed (``None``) dimensions: the Ref the body sees."""
+    ty = ir.MemRefType(arg.type)
+    if list(ty.shape) == list(bm.ref_shape):
+        return arg
+    return tpu.MemRefSqueezeOp(ir.MemRefType.get(list(bm.ref_shape), ty.element_type,
+                                                 memory_space=ty.memory_space), arg).result
 
 
 def _pipeline_mode(call: KernelCall, bm: BlockMapping) -> dict[str, ir.Attribute]:
@@ -241,9 +256,25 @@ def _broadcast_in_dim(lowering: Lowering, eqn: Any, x: ir.Value, *_: Any) -> ir.
 @rule(lax.reshape_p, lax.squeeze_p)
 def _reshape(lowering: Lowering, eqn: Any, x: ir.Value, *_: Any) -> ir.Value:
     out = _out(eqn)
-    if not out.shape or not mir.shape_of(x):
-        raise lowering.fail("reshaping to or from a scalar")
+    if not mir.shape_of(x):  # a scalar becomes a vector of one element
+        return mir.broadcast_to(x, out.shape) if out.shape else x
+    if not out.shape:  # the one element of a vector, as a scalar
+        if np.dtype(out.dtype).itemsize != 4:
+            raise lowering.fail(f"reshaping a {np.dtype(out.dtype).name} vector to a scalar "
+                                "(Mosaic's scalars are 32-bit: cast to a 32-bit type first)")
+        return vector.ExtractOp(x, [], [0] * len(mir.shape_of(x))).result
     return vector.ShapeCastOp(mir.value_type(out.shape, out.dtype), x).result
+
+
+@rule(lax.tile_p)
+def _tile(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
+    """``jnp.tile``: copies of the vector side by side, one axis at a time."""
+    if not mir.shape_of(x):
+        raise lowering.fail("tiling a scalar")
+    for axis, reps in enumerate(eqn.params["reps"]):
+        if reps > 1:
+            x = tpu.ConcatenateOp([x] * reps, axis).result
+    return x
 
 
 @rule(lax.transpose_p)
@@ -336,11 +367,12 @@ def _approx_reciprocal(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
 
 def _indices(lowering: Lowering, ref: ir.Value, transforms: Sequence[Any]
              ) -> tuple[list[ir.Value], list[int], list[int]]:
-    """Start indices, sizes, and which dimensions an integer index drops."""
+    """Start indices, sizes, and which dimensions an integer index drops (of the one indexer
+    in ``transforms``: see :func:`_accessed`)."""
     shape = list(ir.MemRefType(ref.type).shape)
     if not transforms:
         return [mir.index(0) for _ in shape], shape, []
-    if len(transforms) > 1 or not isinstance(transforms[0], _jax.NDIndexer):
+    if not isinstance(transforms[0], _jax.NDIndexer):
         raise lowering.fail("Ref transforms other than indexing")
     starts, sizes, dropped = [], [], []
     for d, idx in enumerate(transforms[0].indices):
@@ -358,11 +390,20 @@ def _indices(lowering: Lowering, ref: ir.Value, transforms: Sequence[Any]
     return starts, sizes, dropped
 
 
+def _accessed(lowering: Lowering, ref: ir.Value, transforms: Sequence[Any]
+              ) -> tuple[ir.Value, Sequence[Any]]:
+    """``ref.at[a].at[b][c]``: the view ``ref.at[a].at[b]`` and the last indexer ``[c]``."""
+    if len(transforms) > 1:
+        return _view(lowering, ref, transforms[:-1]), transforms[-1:]
+    return ref, transforms
+
+
 def _is_smem(ref: ir.Value) -> bool:
     return "smem" in str(ir.MemRefType(ref.type).memory_space)
 
 
 def _read(lowering: Lowering, eqn: Any, ref: ir.Value, transforms: Sequence[Any]) -> ir.Value:
+    ref, transforms = _accessed(lowering, ref, transforms)
     out = _out(eqn)
     raw = _read_raw(lowering, ref, transforms, out.shape, mir.memory_dtype(out.dtype))
     return mir.from_memory(raw, out.dtype)
@@ -385,19 +426,27 @@ def _read_raw(lowering: Lowering, ref: ir.Value, transforms: Sequence[Any],
 
 
 def _write(lowering: Lowering, eqn: Any, ref: ir.Value, value: ir.Value,
-           transforms: Sequence[Any]) -> None:
+           transforms: Sequence[Any], mask: ir.Value | None = None) -> None:
+    ref, transforms = _accessed(lowering, ref, transforms)
     starts, sizes, dropped = _indices(lowering, ref, transforms)
     value = mir.to_memory(value, _in(eqn, 1).dtype)
     dtype = mir.memory_dtype(_in(eqn, 1).dtype)
     if _is_smem(ref):
+        if mask is not None:
+            raise lowering.fail("a masked store to SMEM (store scalars under pl.when instead)")
         memref.StoreOp(value, ref, starts)
         return
     # The value has the indexed shape (integer-indexed dimensions dropped); the store takes
     # the slice's full rank.
-    value = mir.broadcast_to(value, [s for d, s in enumerate(sizes) if d not in dropped])
+    kept = [s for d, s in enumerate(sizes) if d not in dropped]
+    value = mir.broadcast_to(value, kept)
     if list(mir.shape_of(value)) != sizes:
         value = vector.ShapeCastOp(mir.value_type(sizes, dtype), value).result
-    tpu.VectorStoreOp(value, ref, starts, strides=[])
+    if mask is not None:
+        mask = mir.broadcast_to(mask, kept)
+        if list(mir.shape_of(mask)) != sizes:
+            mask = vector.ShapeCastOp(mir.value_type(sizes, np.bool_), mask).result
+    tpu.VectorStoreOp(value, ref, starts, strides=[], mask=mask)
 
 
 def _transforms(eqn: Any, args: Sequence[Any]) -> Sequence[Any]:
@@ -416,6 +465,25 @@ def _swap(lowering: Lowering, eqn: Any, ref: ir.Value, value: ir.Value, *args: A
     old = _read(lowering, eqn, ref, transforms)
     _write(lowering, eqn, ref, value, transforms)
     return old
+
+
+@rule(prims.masked_swap_p)
+def _masked_swap(lowering: Lowering, eqn: Any, ref: ir.Value, value: ir.Value,
+                 *args: Any) -> ir.Value:
+    """``pl.store``/``pltpu.store`` with ``mask=``: a VMEM store of the lanes the mask sets."""
+    if np.dtype(_in(eqn, 1).dtype).itemsize != 4:
+        raise lowering.fail(f"a masked store of {np.dtype(_in(eqn, 1).dtype).name} data "
+                            "(Mosaic masks 32-bit stores: store a 32-bit type)")
+    transforms = jax.tree_util.tree_unflatten(eqn.params["tree"], args[:-1])
+    old = _read(lowering, eqn, ref, transforms)
+    _write(lowering, eqn, ref, value, transforms, mask=args[-1])
+    return old
+
+
+@rule(prims.masked_load_p)
+def _masked_load(lowering: Lowering, eqn: Any, *args: Any) -> ir.Value:
+    raise lowering.fail("a masked load (pl.load/pltpu.load with mask=, as in JAX's Mosaic "
+                        "lowering; load the whole view and select with jnp.where)")
 
 
 # --- scoped allocation, semaphores, DMA -------------------------------------------------------
@@ -445,11 +513,13 @@ def _view(lowering: Lowering, ref: ir.Value, transforms: Sequence[Any]) -> ir.Va
     """``ref.at[...]`` as a memref: a slice, with integer-indexed dimensions squeezed out."""
     if not transforms:
         return ref
-    if len(transforms) > 1 or not isinstance(transforms[0], _jax.NDIndexer):
+    if len(transforms) > 1:
+        ref = _view(lowering, ref, transforms[:-1])
+    if not isinstance(transforms[-1], _jax.NDIndexer):
         raise lowering.fail("Ref transforms other than indexing")
     ref_type = ir.MemRefType(ref.type)
     starts, sizes, dropped = [], [], []
-    for d, idx in enumerate(transforms[0].indices):
+    for d, idx in enumerate(transforms[-1].indices):
         if isinstance(idx, _jax.Slice):
             if idx.stride != 1 or not isinstance(idx.size, int):
                 raise lowering.fail("strided or dynamically sized views of a Ref")

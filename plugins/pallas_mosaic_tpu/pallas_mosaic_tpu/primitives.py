@@ -10,6 +10,7 @@ interpreter and a Mosaic lowering rule.
   least significant bits); going to a narrower one unpacks them the same way.
 * ``prng_seed(*seeds)`` / ``prng_random_bits(shape)``: the TPU core's stateful hardware PRNG
   (``tpu.prng_set_seed_32`` / ``tpu.prng_random_bits``).
+* ``repeat(x, repeats, axis)``: ``repeats`` copies of ``x`` along ``axis`` (``jnp.tile``).
 * ``load(ref, *, mask=None)`` / ``store(ref, val, *, mask=None)``: the whole of ``ref`` (a Ref
   or a view of one, ``ref.at[...]``), read or written only where ``mask`` is set: the core's
   ``pl.load``/``pl.store`` of the full view, with their reference semantics.
@@ -58,11 +59,11 @@ def _roll_abstract_eval(x: Any, *dynamic_shift: Any, shift: int | None, axis: in
     return x
 
 
-def _normalized_axis(axis: Any, ndim: int, what: str) -> int:
+def _normalized_axis(axis: Any, ndim: int, what: str, fn: str = "roll") -> int:
     if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
-        raise PallasError(f"pltpu.roll: {what} must be a Python int, found {axis!r}.")
+        raise PallasError(f"pltpu.{fn}: {what} must be a Python int, found {axis!r}.")
     if not -ndim <= axis < ndim:
-        raise PallasError(f"pltpu.roll: {what}={axis} is out of range for an array of rank "
+        raise PallasError(f"pltpu.{fn}: {what}={axis} is out of range for an array of rank "
                           f"{ndim}. Fix: use an axis in [{-ndim}, {ndim}).")
     return int(axis) % ndim
 
@@ -348,6 +349,22 @@ def _prng_random_bits_lowering(lowering: Lowering, eqn: Any) -> ir.Value:
         raise lowering.fail(f"pltpu.prng_random_bits of rank {len(shape)} (shape {shape}; "
                             "Mosaic draws rank >= 2: draw (1, n) and reshape)")
     return tpu.PRNGRandomBitsOp(mir.value_type(shape, jnp.int32)).result
+
+
+# --- repeat --------------------------------------------------------------------------------
+
+
+def repeat(x: jax.Array, repeats: int, axis: int) -> jax.Array:
+    """``repeats`` copies of ``x`` side by side along ``axis`` (``jnp.tile`` along one axis;
+    lowered to ``tpu.concatenate``, as JAX's ``pltpu.repeat``)."""
+    x = jnp.asarray(x)
+    if x.ndim == 0:
+        raise PallasError("pltpu.repeat needs an array of rank >= 1, found a scalar.")
+    if isinstance(repeats, bool) or not isinstance(repeats, (int, np.integer)) or repeats < 1:
+        raise PallasError(f"pltpu.repeat: repeats must be a positive Python int, found "
+                          f"{repeats!r}.")
+    axis = _normalized_axis(axis, x.ndim, "axis", "repeat")
+    return jnp.tile(x, [int(repeats) if d == axis else 1 for d in range(x.ndim)])
 
 
 # --- masked loads and stores --------------------------------------------------------------

@@ -1,0 +1,178 @@
+"""Lowering rules JAX's TPU kernel library needs: ``tile`` / ``pltpu.repeat``, reshapes to and
+from scalars, masked stores, chained Ref views (``ref.at[a].at[b]``) and squeezed block
+dimensions. Each kernel runs in the interpreter against ``jax.numpy`` and lowers for TPU; where
+JAX lowers the same kernel, the two agree (``inspection.assert_same_kernel``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import pallas as jax_pl
+from jax.experimental.pallas import tpu as jax_pltpu
+
+import pallas_core as pl
+from pallas_core import _jax
+from pallas_core.errors import UnsupportedError
+
+pltpu = pytest.importorskip("pallas_mosaic_tpu")
+from pallas_mosaic_tpu import inspection  # noqa: E402
+
+F32 = jnp.float32
+
+
+def _x(shape: tuple[int, ...], seed: int = 0, dtype: Any = F32) -> jax.Array:
+    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), dtype)
+
+
+def _lower(f: Callable[..., Any], *args: Any) -> tuple[dict[str, Any], Any]:
+    text = jax.jit(f).trace(*args).lower(lowering_platforms=("tpu",)).as_text()
+    (found,) = inspection.kernels(text)  # decoded and verified
+    return found
+
+
+def _agree(build: Callable[[Any], Callable[..., Any]], *args: Any) -> str:
+    """Lowers ``build(pl)`` and ``build(jax_pl)``; asserts they agree; our module's text."""
+    config, ours = _lower(build(pl), *args)
+    with _jax.assume_device("TPU v5 lite", "tpu"):
+        their_config, theirs = _lower(build(jax_pl), *args)
+    assert config == their_config
+    inspection.assert_same_kernel(ours, theirs)
+    return str(ours)
+
+
+def _one_block(m: Any, kernel: Callable[..., None], out: Any, block: tuple[Any, ...],
+               **kw: Any) -> Callable[..., Any]:
+    spec = m.BlockSpec(block, lambda i: (i,) + (0,) * (len(block) - 1))
+    return m.pallas_call(kernel, out, grid=(2,), in_specs=[spec], out_specs=spec, **kw)
+
+
+def tiled(m: Any, **kw: Any) -> Callable[..., Any]:
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = jnp.tile(x_ref[:, :128], (1, 2)) + x_ref[...]
+
+    return _one_block(m, kernel, jax.ShapeDtypeStruct((16, 256), F32), (8, 256), **kw)
+
+
+def test_tile_and_repeat() -> None:
+    x = _x((16, 256))
+    want = (x.reshape(2, 8, 256) + jnp.tile(x.reshape(2, 8, 256)[:, :, :128], (1, 1, 2)))
+    np.testing.assert_allclose(tiled(pl, backend="interpret")(x), want.reshape(16, 256),
+                               rtol=1e-6)
+    assert "tpu.concatenate" in _agree(tiled, x)
+
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = pltpu.repeat(x_ref[:, :128], 2, axis=1) + x_ref[...]
+
+    out = jax.ShapeDtypeStruct((16, 256), F32)
+    np.testing.assert_allclose(_one_block(pl, kernel, out, (8, 256), backend="interpret")(x),
+                               want.reshape(16, 256), rtol=1e-6)
+    assert "tpu.concatenate" in str(_lower(_one_block(pl, kernel, out, (8, 256)), x)[1])
+    with pytest.raises(pl.PallasError, match="repeats must be a positive"):
+        pltpu.repeat(x, 0, axis=0)
+
+
+def scalar_reshapes(m: Any, **kw: Any) -> Callable[..., Any]:
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        corner = x_ref[0:1, 0:1].reshape(())  # a vector of one element to a scalar
+        o_ref[...] = x_ref[...] * corner.reshape(1, 1)  # and back
+
+    return _one_block(m, kernel, jax.ShapeDtypeStruct((16, 128), F32), (8, 128), **kw)
+
+
+def test_reshapes_to_and_from_scalars() -> None:
+    x = _x((16, 128), 1)
+    blocks = x.reshape(2, 8, 128)
+    want = (blocks * blocks[:, :1, :1]).reshape(16, 128)
+    np.testing.assert_allclose(scalar_reshapes(pl, backend="interpret")(x), want, rtol=1e-6)
+    text = _agree(scalar_reshapes, x)
+    assert "vector.extract" in text and "vector.broadcast" in text
+
+
+def masked_store(m: Any, **kw: Any) -> Callable[..., Any]:
+    """Zeros, then ``x`` stored where the column is below 37 (``pltpu.store`` with a mask)."""
+    tpu = pltpu if m is pl else jax_pltpu
+
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = jnp.zeros_like(o_ref)
+        tpu.store(o_ref, x_ref[...], mask=jax.lax.broadcasted_iota(jnp.int32, (8, 128), 1) < 37)
+
+    return _one_block(m, kernel, jax.ShapeDtypeStruct((16, 128), F32), (8, 128), **kw)
+
+
+def test_masked_store() -> None:
+    x = _x((16, 128), 2)
+    want = jnp.where(jnp.arange(128) < 37, x, 0.0)
+    np.testing.assert_array_equal(masked_store(pl, backend="interpret")(x), want)
+    text = _agree(masked_store, x)
+    assert "tpu.vector_store" in text and "masks" not in text
+    store = [ln for ln in text.splitlines() if "tpu.vector_store" in ln][-1]
+    assert "vector<8x128xi1>" in store  # the mask operand
+
+    def core_form(x_ref: Any, o_ref: Any) -> None:  # pl.store(ref, idx, val, mask=)
+        o_ref[...] = jnp.zeros_like(o_ref)
+        pl.store(o_ref, ..., x_ref[...], mask=jax.lax.broadcasted_iota(jnp.int32, (8, 128), 1)
+                 < 37)
+
+    out = jax.ShapeDtypeStruct((16, 128), F32)
+    np.testing.assert_array_equal(
+        _one_block(pl, core_form, out, (8, 128), backend="interpret")(x), want)
+    core_text = str(_lower(_one_block(pl, core_form, out, (8, 128)), x)[1])
+    assert [ln for ln in core_text.splitlines() if "tpu.vector_store" in ln][-1] == store
+
+
+def test_masked_store_of_16_bit_data_and_masked_load_are_refused() -> None:
+    def store16(x_ref: Any, o_ref: Any) -> None:
+        pltpu.store(o_ref, x_ref[...], mask=x_ref[...] > 0)
+
+    def load(x_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = pltpu.load(x_ref, mask=x_ref[...] > 0)
+
+    x16 = _x((16, 128), 3, jnp.bfloat16)
+    out16 = jax.ShapeDtypeStruct((16, 128), jnp.bfloat16)
+    with pytest.raises(UnsupportedError, match="a masked store of bfloat16 data"):
+        _lower(_one_block(pl, store16, out16, (8, 128)), x16)
+    x = _x((16, 128), 3)
+    with pytest.raises(UnsupportedError, match="a masked load"):
+        _lower(_one_block(pl, load, jax.ShapeDtypeStruct((16, 128), F32), (8, 128)), x)
+
+
+def chained_views(m: Any, **kw: Any) -> Callable[..., Any]:
+    """Reads and writes through ``ref.at[a].at[b]`` (a view of a view), as the ragged paged
+    attention kernel's DMA buffers are indexed."""
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = x_ref[...]
+        o_ref.at[2:6].at[1][...] = x_ref.at[4:8].at[3, :][...] * 2.0
+
+    return _one_block(m, kernel, jax.ShapeDtypeStruct((16, 128), F32), (8, 128), **kw)
+
+
+def test_chained_views() -> None:
+    x = _x((16, 128), 4)
+    want = np.array(x).reshape(2, 8, 128)
+    want[:, 3] = want[:, 7] * 2.0
+    np.testing.assert_allclose(chained_views(pl, backend="interpret")(x),
+                               want.reshape(16, 128), rtol=1e-6)
+    assert "tpu.memref_slice" in str(_lower(chained_views(pl), x)[1])
+
+
+def squeezed_block(m: Any, **kw: Any) -> Callable[..., Any]:
+    """Blocks of ``(None, 8, 128)``: the kernel sees ``(8, 128)``; the operand keeps the 1."""
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = x_ref[...] + 1.0
+
+    spec = m.BlockSpec((None, 8, 128), lambda i, j: (i, j, 0))
+    return m.pallas_call(kernel, jax.ShapeDtypeStruct((3, 16, 128), F32), grid=(3, 2),
+                         in_specs=[spec], out_specs=spec, **kw)
+
+
+def test_squeezed_block_dimensions_stay_in_the_operand_types() -> None:
+    x = _x((3, 16, 128), 5)
+    np.testing.assert_allclose(squeezed_block(pl, backend="interpret")(x), x + 1.0, rtol=1e-6)
+    text = _agree(squeezed_block, x)
+    assert "memref<1x8x128xf32, #tpu.memory_space<vmem>>" in text
+    assert "tpu.memref_squeeze" in text
