@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from pallas_core import _jax
-from pallas_core.errors import UnsupportedError
+from pallas_core.errors import PallasError, UnsupportedError
 from pallas_core.request import KernelCall
 
 Rule = Callable[..., Any]
@@ -130,3 +130,20 @@ def called_jaxpr(eqn: Any) -> tuple[Any, Sequence[Any]]:
 CALL_PRIMITIVES = (_jax.jit_p, _jax.closed_call_p, _jax.custom_jvp_call_p,
                    _jax.custom_vjp_call_p)
 """Primitives that call a jaxpr, which backends inline."""
+
+
+def verify(module: Any, backend: str, kernel: str) -> None:
+    """Raises a ``PallasError`` (with MLIR's diagnostics) unless ``module`` verifies: a
+    backend's lowering emitted something invalid, and MLIR's own error must not reach the
+    user raw."""
+    from jaxlib.mlir import ir
+
+    try:
+        ok, why = module.operation.verify(), ""
+    except ir.MLIRError as e:
+        ok, why = False, ": " + " ".join(str(e).split())
+    if not ok:
+        raise PallasError(
+            f"the {backend} module of kernel {kernel!r} does not verify{why}. This is a bug in "
+            f"the {backend!r} backend's lowering. Fix: run the kernel with backend='interpret' "
+            "and report the kernel.")

@@ -138,8 +138,7 @@ def lower_kernel(call: KernelCall, mesh_axes: tuple[tuple[str, int], ...] = ()
             lowering = Lowering(call, "mosaic_tpu", args[:len(gm.grid)], mesh_axes=mesh_axes)
             lower_jaxpr(lowering, call.jaxpr.jaxpr, call.jaxpr.consts, args[len(gm.grid):])
             func.ReturnOp([])
-        if not module.operation.verify():
-            raise PallasError(f"the Mosaic module of kernel {call.name!r} does not verify")
+        mlir_lowering.verify(module, "mosaic_tpu", call.name)
     return module, name
 
 

@@ -66,3 +66,22 @@ def test_integer_negation_subtracts_from_zero() -> None:
     """``-x`` on int32 is ``0 - x`` (``arith.negf`` on integers failed to verify)."""
     text = _module(lambda x: -x, jnp.full((8, 128), 2, jnp.int32))
     assert "arith.subi" in text and "negf" not in text
+
+
+def test_a_module_that_does_not_verify_is_a_pallas_error() -> None:
+    """MLIR's own verification error never reaches the user raw."""
+    from jaxlib.mlir import ir
+    from jaxlib.mlir.dialects import func
+    from pallas_mosaic_tpu import ir as mir
+
+    from pallas_core import mlir_lowering
+    from pallas_core.errors import PallasError
+
+    with mir.new_context(), ir.Location.unknown():
+        module = ir.Module.create()
+        with ir.InsertionPoint(module.body):
+            f = func.FuncOp("broken", ([], []))
+            f.add_entry_block()  # a block without its terminator
+        with pytest.raises(PallasError, match=r"'k' does not verify.*Fix: run the kernel with "
+                                              r"backend='interpret'"):
+            mlir_lowering.verify(module, "mosaic_tpu", "k")

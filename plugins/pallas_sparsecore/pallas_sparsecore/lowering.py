@@ -99,8 +99,7 @@ def lower_kernel(call: KernelCall) -> tuple[ir.Module, str]:
                                 scratch_type=_scratch_type)
             tl.lower_jaxpr(lowering, call.jaxpr.jaxpr, call.jaxpr.consts, args[len(gm.grid):])
             func.ReturnOp([])
-        if not module.operation.verify():
-            raise PallasError(f"the SparseCore module of kernel {call.name!r} does not verify")
+        mlir_lowering.verify(module, "sparsecore", call.name)
     return module, name
 
 

@@ -29,7 +29,6 @@ from jaxlib.triton import dialect as tt
 
 from pallas_core import _jax, mlir_lowering, mlir_rules
 from pallas_core import primitives as prims
-from pallas_core.errors import PallasError
 from pallas_core.grid_mapping import BlockMapping, block_index_tables
 from pallas_core.mlir_lowering import LoweringState
 from pallas_core.request import KernelCall
@@ -104,8 +103,7 @@ def lower_kernel(call: KernelCall) -> tuple[ir.Module, str]:
                     gpu.BarrierOp()  # this step's stores are visible to the next step's loads
                     scf.YieldOp([])
             tt.ReturnOp([])
-        if not module.operation.verify():
-            raise PallasError(f"the Triton module of kernel {call.name!r} does not verify")
+        mlir_lowering.verify(module, "triton", call.name)
     return module, name
 
 
