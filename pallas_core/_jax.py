@@ -80,6 +80,10 @@ def is_ref_effect(effect: Any) -> bool:
     return isinstance(effect, state_types.RefEffect)
 
 NDIndexer = state_indexing.NDIndexer
+BitcastTransform = state_types.BitcastTransform
+"""``ref.bitcast(dtype)``: a view of a Ref's bits as another dtype."""
+ReshapeTransform = state_types.ReshapeTransform
+"""``ref.reshape(*shape)``: a view of a Ref in another shape."""
 Slice = state_indexing.Slice
 ds = state_indexing.ds
 get_p = state_primitives.get_p

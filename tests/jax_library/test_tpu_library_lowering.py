@@ -234,9 +234,6 @@ CASES: dict[str, Callable[[Library], tuple[Callable[..., Any], list[Any]]]] = {
 }
 
 GAPS: dict[str, str] = {
-    "ragged_paged_attention": ("UnsupportedError: Ref transforms other than indexing is not "
-                               "supported by the 'mosaic_tpu' backend (a bitcast or reshape "
-                               "view of a Ref)"),
     "megablox_gmm": ("UnsupportedError: its grid (2, dynamic, 1) has dynamic sizes, which "
                      "backend 'mosaic_tpu' does not support (grid sizes from group_sizes)"),
     "megablox_tgmm": ("UnsupportedError: its grid (2, 1, dynamic) has dynamic sizes, which "

@@ -162,3 +162,11 @@ def to_memory(v: ir.Value, dtype: Any) -> ir.Value:
     if np.dtype(dtype) != np.bool_:
         return v
     return arith.ExtUIOp(value_type(shape_of(v), np.int32), v).result
+
+
+def bit_width(t: ir.Type) -> int:
+    """The bit width of a scalar MLIR type (integers and floats)."""
+    try:
+        return int(ir.IntegerType(t).width)
+    except ValueError:
+        return int(ir.FloatType(t).width)

@@ -364,10 +364,20 @@ def _approx_reciprocal(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
 # --- Refs ------------------------------------------------------------------------------------
 
 
-def _indices(lowering: Lowering, ref: ir.Value, transforms: Sequence[Any]
-             ) -> tuple[list[ir.Value], list[int], list[int]]:
+def _strides(transforms: Sequence[Any]) -> list[int] | None:
+    """The strides of the one indexer in ``transforms``, if any slice of it has one."""
+    if not transforms or not isinstance(transforms[0], _jax.NDIndexer):
+        return None
+    strides = [idx.stride if isinstance(idx, _jax.Slice) else 1
+               for idx in transforms[0].indices]
+    return strides if any(s != 1 for s in strides) else None
+
+
+def _indices(lowering: Lowering, ref: ir.Value, transforms: Sequence[Any],
+             strided: bool = False) -> tuple[list[ir.Value], list[int], list[int]]:
     """Start indices, sizes, and which dimensions an integer index drops (of the one indexer
-    in ``transforms``: see :func:`_accessed`)."""
+    in ``transforms``: see :func:`_accessed`); ``strided``: slices may have strides (the
+    caller takes them from :func:`_strides`)."""
     shape = list(ir.MemRefType(ref.type).shape)
     if not transforms:
         return [mir.index(0) for _ in shape], shape, []
@@ -376,7 +386,7 @@ def _indices(lowering: Lowering, ref: ir.Value, transforms: Sequence[Any]
     starts, sizes, dropped = [], [], []
     for d, idx in enumerate(transforms[0].indices):
         if isinstance(idx, _jax.Slice):
-            if idx.stride != 1 or not isinstance(idx.size, int):
+            if (idx.stride != 1 and not strided) or not isinstance(idx.size, int):
                 raise lowering.fail("strided or dynamically sized slices of a Ref")
             starts.append(mir.index(idx.start))
             sizes.append(idx.size)
@@ -392,6 +402,8 @@ def _indices(lowering: Lowering, ref: ir.Value, transforms: Sequence[Any]
 def _accessed(lowering: Lowering, ref: ir.Value, transforms: Sequence[Any]
               ) -> tuple[ir.Value, Sequence[Any]]:
     """``ref.at[a].at[b][c]``: the view ``ref.at[a].at[b]`` and the last indexer ``[c]``."""
+    if transforms and not isinstance(transforms[-1], _jax.NDIndexer):
+        return _view(lowering, ref, transforms), ()  # a reshaped or bitcast view, read whole
     if len(transforms) > 1:
         return _view(lowering, ref, transforms[:-1]), transforms[-1:]
     return ref, transforms
@@ -410,13 +422,17 @@ def _read(lowering: Lowering, eqn: Any, ref: ir.Value, transforms: Sequence[Any]
 
 def _read_raw(lowering: Lowering, ref: ir.Value, transforms: Sequence[Any],
               shape: Sequence[int], dtype: Any) -> ir.Value:
-    starts, sizes, dropped = _indices(lowering, ref, transforms)
+    strides = _strides(transforms)
+    starts, sizes, dropped = _indices(lowering, ref, transforms, strided=strides is not None)
     out = _jax.ShapedArray(tuple(shape), dtype)
     if _is_smem(ref):
-        if any(s != 1 for s in sizes):
+        if any(s != 1 for s in sizes) or strides is not None:
             raise lowering.fail("vector reads from SMEM")
         return memref.LoadOp(ref, starts).result
-    full = vector.LoadOp(mir.value_type(sizes, out.dtype), ref, starts).result
+    if strides is not None:  # every stride-th row (or column), as JAX lowers ref[a::k]
+        full = tpu.StridedLoadOp(mir.value_type(sizes, out.dtype), ref, starts, strides).result
+    else:
+        full = vector.LoadOp(mir.value_type(sizes, out.dtype), ref, starts).result
     if dropped:
         if not out.shape:
             raise lowering.fail("reading a single element of a VMEM Ref")
@@ -508,12 +524,35 @@ def _run_scoped(lowering: Lowering, eqn: Any, *outer: Any) -> list[Any]:
     return []
 
 
+def _bitcast_view(lowering: Lowering, ref: ir.Value, dtype: Any) -> ir.Value:
+    """``ref.bitcast(dtype)``: the same bits as ``dtype``; the second-minor dimension scales
+    by the ratio of the bit widths (``tpu.memref_bitcast``, as JAX lowers it)."""
+    ref_type = ir.MemRefType(ref.type)
+    shape = list(ref_type.shape)
+    src_bits = mir.bit_width(ref_type.element_type)
+    dst_bits = np.dtype(dtype).itemsize * 8
+    if len(shape) < 2 or (shape[-2] * src_bits) % dst_bits:
+        raise lowering.fail(f"bitcasting a Ref of shape {tuple(shape)} from {src_bits}-bit "
+                            f"to {np.dtype(dtype).name}")
+    shape[-2] = shape[-2] * src_bits // dst_bits
+    out = ir.MemRefType.get(shape, mir.element_type(dtype), memory_space=ref_type.memory_space)
+    return tpu.MemRefBitcastOp(out, ref).result
+
+
 def _view(lowering: Lowering, ref: ir.Value, transforms: Sequence[Any]) -> ir.Value:
     """``ref.at[...]`` as a memref: a slice, with integer-indexed dimensions squeezed out."""
     if not transforms:
         return ref
     if len(transforms) > 1:
         ref = _view(lowering, ref, transforms[:-1])
+    if isinstance(transforms[-1], _jax.BitcastTransform):
+        return _bitcast_view(lowering, ref, transforms[-1].dtype)
+    if isinstance(transforms[-1], _jax.ReshapeTransform):
+        ref_type = ir.MemRefType(ref.type)
+        shape = list(transforms[-1].shape)
+        return tpu.MemRefReshapeOp(ir.MemRefType.get(shape, ref_type.element_type,
+                                                     memory_space=ref_type.memory_space),
+                                   ref).result
     if not isinstance(transforms[-1], _jax.NDIndexer):
         raise lowering.fail("Ref transforms other than indexing")
     ref_type = ir.MemRefType(ref.type)

@@ -176,3 +176,40 @@ def test_squeezed_block_dimensions_stay_in_the_operand_types() -> None:
     text = _agree(squeezed_block, x)
     assert "memref<1x8x128xf32, #tpu.memory_space<vmem>>" in text
     assert "tpu.memref_squeeze" in text
+
+
+def reshaped_view(m: Any, **kw: Any) -> Callable[..., Any]:
+    """Reads a (2, 8, 128) block through ``ref.reshape(16, 128)``."""
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = x_ref.reshape(16, 128)[...] * 2.0
+
+    spec_in = m.BlockSpec((2, 8, 128), lambda i: (i, 0, 0))
+    spec_out = m.BlockSpec((16, 128), lambda i: (i, 0))
+    return m.pallas_call(kernel, jax.ShapeDtypeStruct((32, 128), F32), grid=(2,),
+                         in_specs=[spec_in], out_specs=spec_out, **kw)
+
+
+def test_reshaped_ref_view() -> None:
+    x = _x((4, 8, 128), seed=3)
+    np.testing.assert_allclose(reshaped_view(pl, backend="interpret")(x),
+                               x.reshape(32, 128) * 2.0, rtol=1e-6)
+    assert "tpu.memref_reshape" in _agree(reshaped_view, x)
+
+
+def bitcast_strided(m: Any, **kw: Any) -> Callable[..., Any]:
+    """Reads a bf16 block's bits as uint32 (rows pair up), every second packed row."""
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = x_ref.bitcast(jnp.uint32)[pl.ds(0, 8, stride=2), :]
+
+    return m.pallas_call(kernel, jax.ShapeDtypeStruct((8, 128), jnp.uint32),
+                         in_specs=[m.BlockSpec((32, 128), lambda: (0, 0))],
+                         out_specs=m.BlockSpec((8, 128), lambda: (0, 0)), **kw)
+
+
+def test_bitcast_ref_view_and_strided_read() -> None:
+    x = _x((32, 128), seed=4, dtype=jnp.bfloat16)
+    packed = jax.lax.bitcast_convert_type(x.reshape(16, 2, 128).transpose(0, 2, 1),
+                                          jnp.uint32)
+    np.testing.assert_array_equal(bitcast_strided(pl, backend="interpret")(x), packed[::2])
+    text = _agree(bitcast_strided, x)
+    assert "tpu.memref_bitcast" in text and "tpu.strided_load" in text
