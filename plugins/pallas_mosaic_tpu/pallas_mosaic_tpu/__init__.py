@@ -15,6 +15,7 @@ from pallas_mosaic_tpu.helpers import (
     core_barrier,
     einshape,
     run_on_first_core,
+    touch,
 )
 from pallas_mosaic_tpu.interpret import (
     InterpretParams,
@@ -51,6 +52,12 @@ from pallas_mosaic_tpu.primitives import (
     roll,
     store,
 )
+from pallas_mosaic_tpu.stateful_random import (
+    stateful_bernoulli,
+    stateful_bits,
+    stateful_normal,
+    stateful_uniform,
+)
 from pallas_mosaic_tpu.tpu_info import (
     ChipVersion,
     Tiling,
@@ -72,4 +79,5 @@ __all__ = ["__version__", "ANY", "ARBITRARY", "async_copy", "async_remote_copy",
            "TPUCompilerParams", "VMEM",
            "ChipVersion", "CoreType", "core_barrier", "einshape", "get_tpu_info",
            "get_tpu_info_for_chip", "is_tpu_device", "run_on_first_core", "TensorCoreMesh",
-           "Tiling", "TpuInfo"]
+           "Tiling", "TpuInfo", "stateful_bernoulli", "stateful_bits", "stateful_normal",
+           "stateful_uniform", "touch"]

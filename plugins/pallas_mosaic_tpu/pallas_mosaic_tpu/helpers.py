@@ -189,3 +189,11 @@ def einshape(equation: str, x: jax.Array, assert_is_tile_preserving: bool = Fals
     split = x.reshape([known[n] for n in before])
     moved = jnp.transpose(split, [before.index(n) for n in after]) if before != after else split
     return moved.reshape([math.prod(known[n] for n in g) for g in rhs])
+
+
+def touch(ref: Any) -> None:
+    """Marks ``ref`` (or a PyTree of Refs) as read and written here, an ordering hint for
+    Mosaic's scheduler that moves no data. Kernels here run their Ref accesses in program
+    order, so the hint changes nothing and nothing is emitted (as JAX's lowering emits
+    nothing)."""
+    del ref
