@@ -5,6 +5,7 @@ either lowered or listed; lowering a listed gap fails it until the entry goes.""
 
 from __future__ import annotations
 
+import jax.experimental.pallas.tpu  # noqa: F401  (registers JAX's einshape and pipeline rules)
 import pytest
 from pallas_mosaic_tpu import lowering
 
@@ -15,6 +16,9 @@ OTHER_MEANS = {
     "dma_wait": "copy_wait",
     "get_barrier_semaphore": "pltpu.get_barrier_semaphore() makes the kernel take the barrier "
                              "semaphore as a hidden scratch operand (tpu.sem_barrier)",
+    "einshape_lo": "pltpu.einshape is a reshape and a transpose (their rules)",
+    "emit_pipeline": "pltpu.emit_pipeline is traced into the kernel body (its loops and copies)",
+    "pipeline_body": "see emit_pipeline",
 }
 """JAX primitives whose feature this project provides under another primitive."""
 
