@@ -9,6 +9,14 @@ from __future__ import annotations
 
 from pallas_core.copies import async_copy, make_async_copy, make_async_remote_copy
 from pallas_core.spec import ANY
+from pallas_mosaic_tpu.helpers import (
+    CoreType,
+    TensorCoreMesh,
+    core_barrier,
+    einshape,
+    run_on_first_core,
+    touch,
+)
 from pallas_mosaic_tpu.interpret import (
     InterpretParams,
     force_tpu_interpret_mode,
@@ -45,6 +53,20 @@ from pallas_mosaic_tpu.primitives import (
     roll,
     store,
 )
+from pallas_mosaic_tpu.stateful_random import (
+    stateful_bernoulli,
+    stateful_bits,
+    stateful_normal,
+    stateful_uniform,
+)
+from pallas_mosaic_tpu.tpu_info import (
+    ChipVersion,
+    Tiling,
+    TpuInfo,
+    get_tpu_info,
+    get_tpu_info_for_chip,
+    is_tpu_device,
+)
 
 CompilerParams = TPUCompilerParams
 
@@ -55,4 +77,8 @@ __all__ = ["__version__", "ANY", "ARBITRARY", "async_copy", "async_remote_copy",
            "make_async_remote_copy", "PARALLEL", "PrefetchScalarGridSpec", "prng_random_bits",
            "prng_seed", "repeat", "reset_tpu_interpret_mode_state", "roll", "SEMAPHORE",
            "SemaphoreType", "set_tpu_interpret_mode", "SideEffectType", "SMEM", "store",
-           "sync_copy", "TPUCompilerParams", "VMEM"]
+           "sync_copy", "TPUCompilerParams", "VMEM",
+           "ChipVersion", "CoreType", "core_barrier", "einshape", "get_tpu_info",
+           "get_tpu_info_for_chip", "is_tpu_device", "run_on_first_core", "TensorCoreMesh",
+           "Tiling", "TpuInfo", "stateful_bernoulli", "stateful_bits", "stateful_normal",
+           "stateful_uniform", "touch"]
