@@ -35,9 +35,8 @@ from jax import lax
 from jax.experimental.mosaic import gpu as mgpu
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith, gpu, nvvm, scf
-from jaxlib.mlir.dialects import math as mmath
 
-from pallas_core import _jax, mlir_lowering, reference
+from pallas_core import _jax, mlir_lowering, mlir_rules, reference
 from pallas_core import primitives as prims
 from pallas_core.errors import PallasError, UnsupportedError
 from pallas_core.grid_mapping import BlockMapping
@@ -872,164 +871,154 @@ def _rewrap(out: Any, like: Any) -> Any:
     return Expanded(out, like.shape, like.dims) if like is not None else out
 
 
-def _binary(float_op: Any, int_op: Any, uint_op: Any = None, fa_op: Any = None) -> Any:
+# Scalars (SMEM values, loop indices) take the shared rules (``pallas_core.mlir_rules``);
+# register arrays (FragmentedArray) take the rules below, which hand scalars to the shared ones.
+
+
+def _scalar_value(state: GPULowering, v: ir.Value, shape: Sequence[int]) -> ir.Value:
+    if tuple(shape):
+        raise state.fail(f"an array constant of shape {tuple(shape)} outside a register array")
+    return v
+
+
+def _no_reduction(state: GPULowering, eqn: Any, *_: Any) -> Any:
+    raise state.fail(f"{eqn.primitive.name} of a scalar")
+
+
+DIALECT = mlir_rules.Dialect(
+    constant=lambda value, dtype, shape: (scalar_constant(value, dtype) if not tuple(shape)
+                                          else _splat_constant(value, dtype, shape)),
+    broadcast_to=lambda v, shape: v,
+    value_type=lambda shape, dtype: element_type(dtype),
+    lower_jaxpr=lambda state, jaxpr, consts, args: lower_jaxpr(state, jaxpr, consts, args),
+    reduce=_no_reduction)
+"""Mosaic GPU's scalars, for the shared rules."""
+SHARED = mlir_rules.table(DIALECT)
+
+
+def _splat_constant(value: Any, dtype: Any, shape: Sequence[int]) -> Any:
+    raise UnsupportedError(f"a {np.dtype(dtype).name} constant of shape {tuple(shape)} in a "
+                           "scalar rule of the 'mosaic_gpu' backend")
+
+
+def _is_array(v: Any) -> bool:
+    return isinstance(v, (FA, Expanded))
+
+
+def _scalar_only(prim: Any) -> Any:
+    shared = SHARED[prim]
+
+    def lower(state: GPULowering, eqn: Any, *args: Any, **_: Any) -> Any:
+        if any(_is_array(a) for a in args):
+            dtype = np.dtype(eqn.invars[0].aval.dtype).name
+            raise state.fail(f"{eqn.primitive.name} on {dtype} arrays")
+        return shared(state, eqn, *args)
+    return lower
+
+
+for _p in SHARED:
+    if _p not in (_jax.cond_p, _jax.while_p, _jax.scan_p, *mlir_lowering.CALL_PRIMITIVES):
+        rule(_p)(_scalar_only(_p))
+
+
+def _shared(state: GPULowering, eqn: Any, *args: Any) -> Any:
+    return SHARED[eqn.primitive](state, eqn, *args)
+
+
+def _binary(fa_op: Any) -> Any:
     def lower(state: GPULowering, eqn: Any, x: Any, y: Any, **_: Any) -> Any:
         (x, y), exp = _unexpand(state, eqn, [x, y])
+        if not (isinstance(x, FA) or isinstance(y, FA)):
+            return _rewrap(_shared(state, eqn, x, y), exp)
         dtype = eqn.invars[0].aval.dtype
-        if isinstance(x, FA) or isinstance(y, FA):
-            x, y = _splat_like(x, y, dtype), _splat_like(y, x, dtype)
-            if fa_op is None:
-                raise state.fail(f"{eqn.primitive.name} on arrays")
-            return _rewrap(fa_op(x, y), exp)
-        op = float_op if is_float(dtype) else (uint_op if uint_op and is_unsigned(dtype)
-                                               else int_op)
-        if op is None:
-            raise state.fail(f"{eqn.primitive.name} on {dtype}")
-        return _rewrap(op(x, y), exp)
-    return lower
-
-
-for _p, _ops in {
-    lax.add_p: (arith.addf, arith.addi, None, lambda a, b: a + b),
-    lax.sub_p: (arith.subf, arith.subi, None, lambda a, b: a - b),
-    lax.mul_p: (arith.mulf, arith.muli, None, lambda a, b: a * b),
-    lax.div_p: (arith.divf, arith.divsi, arith.divui, lambda a, b: a / b),
-    lax.rem_p: (arith.remf, arith.remsi, arith.remui, lambda a, b: a % b),
-    lax.max_p: (arith.maximumf, arith.maxsi, arith.maxui, lambda a, b: a.max(b)),
-    lax.min_p: (arith.minimumf, arith.minsi, arith.minui, lambda a, b: a.min(b)),
-    lax.and_p: (None, arith.andi, None, lambda a, b: a & b),
-    lax.or_p: (None, arith.ori, None, lambda a, b: a | b),
-    lax.xor_p: (None, arith.xori, None, lambda a, b: a ^ b),
-}.items():
-    rule(_p)(_binary(*_ops))
-
-_CMP = {
-    lax.eq_p: ("oeq", "eq", "eq", lambda a, b: a == b),
-    lax.ne_p: ("une", "ne", "ne", lambda a, b: a != b),
-    lax.lt_p: ("olt", "slt", "ult", lambda a, b: a < b),
-    lax.le_p: ("ole", "sle", "ule", lambda a, b: a <= b),
-    lax.gt_p: ("ogt", "sgt", "ugt", lambda a, b: a > b),
-    lax.ge_p: ("oge", "sge", "uge", lambda a, b: a >= b),
-}
-
-
-@rule(*_CMP)
-def _compare(state: GPULowering, eqn: Any, x: Any, y: Any, **_: Any) -> Any:
-    (x, y), exp = _unexpand(state, eqn, [x, y])
-    fpred, spred, upred, fa_op = _CMP[eqn.primitive]
-    dtype = eqn.invars[0].aval.dtype
-    if isinstance(x, FA) or isinstance(y, FA):
         x, y = _splat_like(x, y, dtype), _splat_like(y, x, dtype)
         return _rewrap(fa_op(x, y), exp)
-    if is_float(dtype):
-        return _rewrap(arith.cmpf(getattr(arith.CmpFPredicate, fpred), x, y), exp)
-    pred = upred if is_unsigned(dtype) else spred
-    return _rewrap(arith.cmpi(getattr(arith.CmpIPredicate, pred), x, y), exp)
-
-
-def _unary(fa_method: str, scalar_op: Any, approx_ok: bool = False) -> Any:
-    def lower(state: GPULowering, eqn: Any, x: Any, **_: Any) -> Any:
-        (x,), exp = _unexpand(state, eqn, [x])
-        if isinstance(x, FA):
-            fn = getattr(x, fa_method)
-            return _rewrap(fn(approx=state.approx) if approx_ok else fn(), exp)
-        if scalar_op is None:
-            raise state.fail(f"{eqn.primitive.name} on a scalar")
-        return _rewrap(scalar_op(x), exp)
     return lower
 
 
-rule(lax.exp_p)(_unary("exp", mmath.exp, True))
-rule(lax.exp2_p)(_unary("exp2", mmath.exp2, True))
-rule(lax.log_p)(_unary("log", mmath.log, True))
-rule(lax.tanh_p)(_unary("tanh", mmath.tanh, True))
-rule(lax.rsqrt_p)(_unary("rsqrt", mmath.rsqrt, True))
-rule(lax.sin_p)(_unary("sin", mmath.sin, True))
-rule(lax.cos_p)(_unary("cos", mmath.cos, True))
-rule(lax.abs_p)(_unary("abs", None))
+for _p, _op in {
+    lax.add_p: lambda a, b: a + b, lax.sub_p: lambda a, b: a - b,
+    lax.mul_p: lambda a, b: a * b, lax.div_p: lambda a, b: a / b,
+    lax.rem_p: lambda a, b: a % b, lax.max_p: lambda a, b: a.max(b),
+    lax.min_p: lambda a, b: a.min(b), lax.and_p: lambda a, b: a & b,
+    lax.or_p: lambda a, b: a | b, lax.xor_p: lambda a, b: a ^ b,
+    lax.eq_p: lambda a, b: a == b, lax.ne_p: lambda a, b: a != b,
+    lax.lt_p: lambda a, b: a < b, lax.le_p: lambda a, b: a <= b,
+    lax.gt_p: lambda a, b: a > b, lax.ge_p: lambda a, b: a >= b,
+}.items():
+    rule(_p)(_binary(_op))
 
 
-@rule(lax.neg_p)
-def _neg(state: GPULowering, eqn: Any, x: Any, **_: Any) -> Any:
-    (x,), exp = _unexpand(state, eqn, [x])
-    if isinstance(x, FA):
-        return _rewrap(-x, exp)
-    dtype = eqn.invars[0].aval.dtype
-    if is_float(dtype):
-        return _rewrap(arith.negf(x), exp)
-    return _rewrap(arith.subi(scalar_constant(0, dtype), x), exp)
+def _unary(array_op: Callable[[GPULowering, Any, Any], Any]) -> Any:
+    """A rule applying ``array_op(state, eqn, x)`` to register arrays, the shared rule to
+    scalars."""
+    def lower(state: GPULowering, eqn: Any, x: Any, **_: Any) -> Any:
+        (x,), exp = _unexpand(state, eqn, [x])
+        if not isinstance(x, FA):
+            return _rewrap(_shared(state, eqn, x), exp)
+        return _rewrap(array_op(state, eqn, x), exp)
+    return lower
 
 
-@rule(lax.not_p)
-def _not(state: GPULowering, eqn: Any, x: Any, **_: Any) -> Any:
-    (x,), exp = _unexpand(state, eqn, [x])
-    if isinstance(x, FA):
-        return _rewrap(~x, exp)
-    dtype = eqn.invars[0].aval.dtype
-    ones = scalar_constant(1 if dtype == np.bool_ else -1, dtype)
-    return _rewrap(arith.xori(x, ones), exp)
+def _method(name: str, approx_ok: bool = False) -> Any:
+    def apply(state: GPULowering, eqn: Any, x: Any) -> Any:
+        fn = getattr(x, name)
+        return fn(approx=state.approx) if approx_ok else fn()
+    return apply
+
+
+for _p, _name in ((lax.exp_p, "exp"), (lax.exp2_p, "exp2"), (lax.log_p, "log"),
+                  (lax.tanh_p, "tanh"), (lax.rsqrt_p, "rsqrt"), (lax.sin_p, "sin"),
+                  (lax.cos_p, "cos")):
+    rule(_p)(_unary(_method(_name, approx_ok=True)))
+rule(lax.abs_p)(_unary(_method("abs")))
+rule(lax.neg_p)(_unary(lambda state, eqn, x: -x))
+rule(lax.not_p)(_unary(lambda state, eqn, x: ~x))
 
 
 @rule(lax.logistic_p)
-def _logistic(state: GPULowering, eqn: Any, x: Any, **_: Any) -> Any:
-    (x,), exp = _unexpand(state, eqn, [x])
-    dtype = eqn.invars[0].aval.dtype
-    one = scalar_constant(1.0, dtype)
-    if isinstance(x, FA):
-        return _rewrap(splat(one, x.shape, dtype) / ((-x).exp(approx=state.approx) + 1.0), exp)
-    return _rewrap(arith.divf(one, arith.addf(one, mmath.exp(arith.negf(x)))), exp)
+@_unary
+def _logistic(state: GPULowering, eqn: Any, x: Any) -> Any:
+    one = splat(scalar_constant(1.0, eqn.invars[0].aval.dtype), x.shape,
+                eqn.invars[0].aval.dtype)
+    return one / ((-x).exp(approx=state.approx) + 1.0)
 
 
 @rule(lax.integer_pow_p)
-def _integer_pow(state: GPULowering, eqn: Any, x: Any, *, y: int, **_: Any) -> Any:
-    (x,), exp = _unexpand(state, eqn, [x])
+@_unary
+def _integer_pow(state: GPULowering, eqn: Any, x: Any) -> Any:
+    y = eqn.params["y"]
     if y < 1:
-        raise state.fail(f"integer_pow with exponent {y}")
+        raise state.fail(f"integer_pow with exponent {y} on "
+                         f"{np.dtype(eqn.invars[0].aval.dtype).name} arrays")
     out = x
     for _step in range(y - 1):
-        out = out * x if isinstance(x, FA) else (
-            arith.mulf(out, x) if is_float(eqn.invars[0].aval.dtype) else arith.muli(out, x))
-    return _rewrap(out, exp)
+        out = out * x
+    return out
+
+
+@rule(lax.convert_element_type_p)
+@_unary
+def _convert(state: GPULowering, eqn: Any, x: Any) -> Any:
+    dst = eqn.outvars[0].aval.dtype
+    return x.astype(element_type(dst), is_signed=signed(dst))
 
 
 @rule(lax.select_n_p)
 def _select(state: GPULowering, eqn: Any, pred: Any, *cases: Any, **_: Any) -> Any:
     unwrapped, exp = _unexpand(state, eqn, [pred, *cases])
     pred, cases = unwrapped[0], tuple(unwrapped[1:])
-    if len(cases) != 2:
-        raise state.fail("select_n with more than two cases")
+    if not any(isinstance(v, FA) for v in (pred, *cases)):
+        return _rewrap(_shared(state, eqn, pred, *cases), exp)
+    if len(cases) != 2 or eqn.invars[0].aval.dtype != np.bool_:
+        raise state.fail(f"select_n on {np.dtype(eqn.outvars[0].aval.dtype).name} arrays with "
+                         "more than two cases or an integer selector")
     on_false, on_true = cases
     dtype = eqn.outvars[0].aval.dtype
-    if eqn.invars[0].aval.dtype != np.bool_:
-        raise state.fail("select_n on an integer predicate")
-    if any(isinstance(v, FA) for v in (pred, on_false, on_true)):
-        like = next(v for v in (pred, on_true, on_false) if isinstance(v, FA))
-        pred = _splat_like(pred, like, np.bool_)
-        on_true, on_false = _splat_like(on_true, like, dtype), _splat_like(on_false, like, dtype)
-        return _rewrap(pred.select(on_true, on_false), exp)
-    return _rewrap(arith.select(pred, on_true, on_false), exp)
-
-
-@rule(lax.convert_element_type_p)
-def _convert(state: GPULowering, eqn: Any, x: Any, **_: Any) -> Any:
-    (x,), exp = _unexpand(state, eqn, [x])
-    src, dst = eqn.invars[0].aval.dtype, eqn.outvars[0].aval.dtype
-    if isinstance(x, FA):
-        return _rewrap(x.astype(element_type(dst), is_signed=signed(dst)), exp)
-    if src == dst:
-        return x
-    t = element_type(dst)
-    if is_float(src) and is_float(dst):
-        wider = np.dtype(dst).itemsize > np.dtype(src).itemsize
-        return _rewrap((arith.extf if wider else arith.truncf)(t, x), exp)
-    if is_float(src):
-        return _rewrap((arith.fptoui if is_unsigned(dst) else arith.fptosi)(t, x), exp)
-    if is_float(dst):
-        return _rewrap((arith.uitofp if is_unsigned(src) else arith.sitofp)(t, x), exp)
-    sw, dw = np.dtype(src).itemsize, np.dtype(dst).itemsize
-    if src == np.bool_ or dw > sw:
-        return _rewrap((arith.extui if is_unsigned(src) else arith.extsi)(t, x), exp)
-    return _rewrap(arith.trunci(t, x) if dw < sw else x, exp)
+    like = next(v for v in (pred, on_true, on_false) if isinstance(v, FA))
+    pred = _splat_like(pred, like, np.bool_)
+    on_true, on_false = _splat_like(on_true, like, dtype), _splat_like(on_false, like, dtype)
+    return _rewrap(pred.select(on_true, on_false), exp)
 
 
 @rule(lax.iota_p)
@@ -1092,15 +1081,16 @@ _REDUCE = {lax.reduce_sum_p: "add", lax.reduce_max_p: "max", lax.reduce_min_p: "
 
 @rule(*_REDUCE)
 def _reduce(state: GPULowering, eqn: Any, x: Any, *, axes: Any, **_: Any) -> Any:
+    what = f"{eqn.primitive.name} on {np.dtype(eqn.invars[0].aval.dtype).name}"
     if not isinstance(x, FA):
-        raise state.fail(f"{eqn.primitive.name} of a scalar")
+        raise state.fail(f"{what} of a scalar")
     op = _REDUCE[eqn.primitive]
     if isinstance(x.layout, mgpu.WGSplatFragLayout):
-        raise state.fail(f"{eqn.primitive.name} of a constant array")
+        raise state.fail(f"{what} of a constant array")
     try:
         return x.reduce(op, tuple(axes))
     except (NotImplementedError, ValueError) as e:
-        raise state.fail(f"{eqn.primitive.name} over axes {tuple(axes)} of {x.shape} in "
+        raise state.fail(f"{what} over axes {tuple(axes)} of {x.shape} in "
                          f"layout {x.layout} ({e})") from None
 
 
