@@ -580,3 +580,11 @@ def threefry2x32_expansion(avals: Sequence[Any]) -> ClosedJaxpr:
 
     fn = functools.partial(threefry._threefry2x32_lowering, use_rolled_loops=False)
     return jax.make_jaxpr(fn)(*(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals))
+
+
+from jax._src.lax import lax as _lax_internal  # noqa: E402
+
+stack_p = _lax_internal.stack_p
+"""``jnp.stack``'s primitive (JAX-internal name)."""
+unstack_p = _lax_internal.unstack_p
+"""``unstack``'s primitive, the inverse of :data:`stack_p`."""

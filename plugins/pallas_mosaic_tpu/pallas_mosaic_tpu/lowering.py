@@ -276,6 +276,93 @@ def _tile(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
     return x
 
 
+def _extract(x: ir.Value, aval: Any, starts: Sequence[int], sizes: Sequence[int],
+             strides: Sequence[int]) -> ir.Value:
+    return vector.ExtractStridedSliceOp(mir.value_type(aval.shape, aval.dtype), x,
+                                        list(starts), list(sizes), list(strides)).result
+
+
+@rule(lax.slice_p)
+def _slice(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
+    p = eqn.params
+    starts, limits = p["start_indices"], p["limit_indices"]
+    strides = p["strides"] or [1] * len(starts)
+    if not mir.shape_of(x):
+        raise lowering.fail("slicing a scalar")
+    return _extract(x, _out(eqn), starts, [b - a for a, b in zip(starts, limits)], strides)
+
+
+@rule(lax.split_p)
+def _split(lowering: Lowering, eqn: Any, x: ir.Value) -> list[ir.Value]:
+    axis, shape = eqn.params["axis"], list(_in(eqn).shape)
+    outs, start = [], 0
+    for size, v in zip(eqn.params["sizes"], eqn.outvars):
+        starts, sizes = [0] * len(shape), list(shape)
+        starts[axis], sizes[axis] = start, size
+        outs.append(_extract(x, v.aval, starts, sizes, [1] * len(shape)))
+        start += size
+    return outs
+
+
+@rule(lax.concatenate_p)
+def _concatenate(lowering: Lowering, eqn: Any, *xs: ir.Value) -> ir.Value:
+    if len(xs) == 1:
+        return xs[0]
+    return tpu.ConcatenateOp(list(xs), eqn.params["dimension"]).result
+
+
+@rule(_jax.stack_p)
+def _stack(lowering: Lowering, eqn: Any, *xs: ir.Value) -> ir.Value:
+    axis, aval = eqn.params["axis"], _in(eqn)
+    shape = list(aval.shape)
+    shape.insert(axis, 1)
+    one = mir.value_type(shape, aval.dtype)
+    parts = [vector.ShapeCastOp(one, x).result if aval.shape else
+             vector.BroadcastOp(one, x).result for x in xs]
+    if len(parts) == 1:
+        return parts[0]
+    return tpu.ConcatenateOp(parts, axis).result
+
+
+@rule(_jax.unstack_p)
+def _unstack(lowering: Lowering, eqn: Any, x: ir.Value) -> list[ir.Value]:
+    axis, shape = eqn.params["axis"], list(_in(eqn).shape)
+    outs = []
+    for k, v in enumerate(eqn.outvars):
+        starts, sizes = [0] * len(shape), list(shape)
+        starts[axis], sizes[axis] = k, 1
+        one = list(shape)
+        one[axis] = 1
+        piece = _extract(x, _jax.ShapedArray(tuple(one), v.aval.dtype), starts, sizes,
+                         [1] * len(shape))
+        out = v.aval
+        piece = (vector.ShapeCastOp(mir.value_type(out.shape, out.dtype), piece).result
+                 if out.shape else vector.ExtractOp(piece, [], [0] * len(shape)).result)
+        outs.append(piece)
+    return outs
+
+
+@rule(lax.pad_p)
+def _pad(lowering: Lowering, eqn: Any, x: ir.Value, value: ir.Value) -> ir.Value:
+    aval = _in(eqn)
+    shape = list(aval.shape)
+    for axis, (low, high, interior) in enumerate(eqn.params["padding_config"]):
+        if interior or low < 0 or high < 0:
+            raise lowering.fail("lax.pad with interior or negative padding")
+        parts = []
+        for n in (low, None, high):
+            if n is None:
+                parts.append(x)
+            elif n:
+                side = list(shape)
+                side[axis] = n
+                parts.append(mir.broadcast_to(value, side))
+        shape[axis] += low + high
+        if len(parts) > 1:
+            x = tpu.ConcatenateOp(parts, axis).result
+    return x
+
+
 @rule(lax.transpose_p)
 def _transpose(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
     out = _out(eqn)

@@ -28,8 +28,7 @@ OTHER_MEANS = {
 
 KNOWN_GAPS = {
     # Shapes and layout.
-    "broadcast_to", "concatenate", "slice", "split", "stack", "unstack", "pad", "gather",
-    "pack_elementwise", "unpack_elementwise",
+    "broadcast_to", "gather", "pack_elementwise", "unpack_elementwise",
     # Memory.
     "empty_ref",
     # Reductions to an index.

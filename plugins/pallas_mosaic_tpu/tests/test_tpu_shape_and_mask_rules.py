@@ -213,3 +213,31 @@ def test_bitcast_ref_view_and_strided_read() -> None:
     np.testing.assert_array_equal(bitcast_strided(pl, backend="interpret")(x), packed[::2])
     text = _agree(bitcast_strided, x)
     assert "tpu.memref_bitcast" in text and "tpu.strided_load" in text
+
+
+def _pieces(x: Any) -> Any:
+    """slice, split, concatenate, stack, unstack and pad on one block."""
+    a = x[:8, :128]  # slice
+    b, c = jnp.split(x[8:], 2, axis=1)  # split
+    joined = jnp.concatenate([a, b + c], axis=1)  # concatenate
+    padded = jnp.pad(x[:8, :128], ((0, 0), (0, 128)), constant_values=1.5)  # pad
+    rows = jnp.stack([joined[0], padded[1]], axis=0)  # stack
+    pair = jnp.stack([joined, padded], axis=0)
+    first, second = jnp.unstack(pair, axis=0)  # unstack
+    return first + second + jnp.broadcast_to(rows.sum(0), joined.shape)
+
+
+def shape_pieces(m: Any, **kw: Any) -> Callable[..., Any]:
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = _pieces(x_ref[...])
+
+    return m.pallas_call(kernel, jax.ShapeDtypeStruct((8, 256), F32),
+                         in_specs=[m.BlockSpec((16, 256), lambda: (0, 0))],
+                         out_specs=m.BlockSpec((8, 256), lambda: (0, 0)), **kw)
+
+
+def test_slice_split_concatenate_stack_pad() -> None:
+    x = _x((16, 256), seed=5)
+    np.testing.assert_allclose(shape_pieces(pl, backend="interpret")(x), _pieces(x), rtol=1e-6)
+    text = _agree(shape_pieces, x)
+    assert "vector.extract_strided_slice" in text and "tpu.concatenate" in text
