@@ -253,7 +253,7 @@ def emit_custom_call(ctx: Any, target: str, operands: Sequence[Any], out_avals: 
             return mlir.ir.IntegerAttr.get(mlir.ir.IntegerType.get_signless(32), v)
         return mlir.ir.StringAttr.get(v)
 
-    in_avals = ctx.avals_in
+    in_ranks = [len(mlir.ir.RankedTensorType(o.type).shape) for o in operands]
     config = ({k: attr(v) for k, v in backend_config.items()}
               if isinstance(backend_config, dict) else backend_config)
     call = mlir.custom_call(
@@ -266,7 +266,7 @@ def emit_custom_call(ctx: Any, target: str, operands: Sequence[Any], out_avals: 
         has_side_effect=has_side_effect,
         extra_attributes={k: attr(v) for k, v in (extra_attributes or {}).items()},
         operand_output_aliases=operand_output_aliases,
-        operand_layouts=[list(reversed(range(len(a.shape)))) for a in in_avals],
+        operand_layouts=[list(reversed(range(r))) for r in in_ranks],
         result_layouts=[list(reversed(range(len(a.shape)))) for a in out_avals],
     )
     if frontend_attributes:

@@ -234,10 +234,6 @@ CASES: dict[str, Callable[[Library], tuple[Callable[..., Any], list[Any]]]] = {
 }
 
 GAPS: dict[str, str] = {
-    "megablox_gmm": ("UnsupportedError: its grid (2, dynamic, 1) has dynamic sizes, which "
-                     "backend 'mosaic_tpu' does not support (grid sizes from group_sizes)"),
-    "megablox_tgmm": ("UnsupportedError: its grid (2, 1, dynamic) has dynamic sizes, which "
-                      "backend 'mosaic_tpu' does not support (grid sizes from group_sizes)"),
 }
 """Kernels whose lowering stops on a rule this backend does not have yet: the error."""
 

@@ -200,7 +200,11 @@ def _set_attributes(kernel: Any, call: KernelCall, windows: list[ir.Attribute],
     attrs["dimension_semantics"] = ir.ArrayAttr.get(
         [ir.Attribute.parse(f"#tpu.dimension_semantics<{n}>") for n in names])
     if gm.grid:
-        attrs["iteration_bounds"] = ir.DenseI64ArrayAttr.get(list(gm.grid))
+        # A dynamic axis's size is a leading operand of the custom call (see plugin.py).
+        dynamic = set(gm.dynamic_axes)
+        attrs["iteration_bounds"] = ir.DenseI64ArrayAttr.get(
+            [ir.ShapedType.get_dynamic_size() if a in dynamic else b
+             for a, b in enumerate(gm.grid)])
         attrs["window_params"] = ir.ArrayAttr.get(windows)
     i64 = ir.IntegerType.get_signless(64)
     attrs["scalar_prefetch"] = ir.IntegerAttr.get(i64, gm.num_scalar_prefetch)
@@ -425,6 +429,13 @@ def _axis_index(lowering: Lowering, eqn: Any) -> ir.Value:
 def _mesh_stride(axes: Sequence[tuple[str, int]], k: int) -> int:
     """How far apart, in linear device ids, neighbours along mesh axis ``k`` are."""
     return math.prod(size for _, size in axes[k + 1:])
+
+
+@rule(prims.num_programs_p)
+def _num_programs(lowering: Lowering, eqn: Any) -> ir.Value:
+    """The size of a dynamic grid axis, as the TPU runtime knows it."""
+    gm = lowering.call.grid_mapping
+    return tpu.GetIterationBoundOp(gm.num_batch_axes + eqn.params["axis"]).result
 
 
 @rule(prims.multiple_of_p)

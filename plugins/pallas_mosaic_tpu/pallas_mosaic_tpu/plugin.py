@@ -98,10 +98,16 @@ def emit_tpu_custom_call(request: LoweringRequest, config: str, kernel_name: str
               else SideEffectType.PURE)
     frontend = ({"xla_allow_dce_side_effecting_op": "true"}
                 if effect is SideEffectType.DATAFLOW_SIDE_EFFECTING else None)
+    # Dynamic grid sizes (the call's last operands) go first, as the TPU runtime reads them.
+    n = call.grid_mapping.num_dynamic_grid_bounds
+    operands = list(request.operands)
+    if n:
+        operands = operands[len(operands) - n:] + operands[:len(operands) - n]
+    aliases = {i + n: o for i, o in call.input_output_aliases}
     return _jax.emit_custom_call(
-        request.ctx, CUSTOM_CALL_TARGET, request.operands, call.out_avals,
+        request.ctx, CUSTOM_CALL_TARGET, operands, call.out_avals,
         backend_config=config, api_version=1, extra_attributes={"kernel_name": kernel_name},
-        operand_output_aliases=dict(call.input_output_aliases) or None,
+        operand_output_aliases=aliases or None,
         has_side_effect=effect is not SideEffectType.PURE, frontend_attributes=frontend)
 
 
@@ -110,7 +116,8 @@ def pallas_describe() -> BackendInfo:
     return BackendInfo(name=NAME, version=__version__, platforms=("tpu",),
                        compiler_params_type=TPUCompilerParams, default_for=("tpu",),
                        package="pallas-mosaic-tpu", capabilities=frozenset({"scalar_prefetch",
-                                                                "pipeline_mode"}))
+                                                                "pipeline_mode",
+                                                                "dynamic_grid"}))
 
 
 @hookimpl

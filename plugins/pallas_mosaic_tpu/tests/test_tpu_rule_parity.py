@@ -43,8 +43,8 @@ KNOWN_GAPS = {
     "matmul_push_rhs", "matmul_acc_lhs", "matmul_pop",
     # Debugging and tracing.
     "debug_print", "debug_callback", "check", "trace_value",
-    # Dynamic grids, sharding and scheduling.
-    "num_programs", "dim_as_value", "platform_index", "reshard", "stage", "add_dependency",
+    # Dynamic shapes, sharding and scheduling.
+    "dim_as_value", "platform_index", "reshard", "stage", "add_dependency",
     # New in JAX 0.11.
     "approx_top_k", "top_k", "conv", "conv_general_dilated", "matmul_lhs_fifo",
     "matmul_pop_fifo", "one_minus_square", "reduce_precision",
