@@ -40,11 +40,14 @@ def check(call: KernelCall) -> None:
                     f"{shape}; on a TPU the last two block dimensions must be divisible by "
                     f"({SUBLANES}, {LANES}) or equal the array's. Fix: use block shape {fixed}, "
                     "or the array's full size in those dimensions.")
-        elif len(block) == 1 and block[0] != shape[0] and block[0] % (LANES * SUBLANES):
+        elif len(block) == 1 and not _one_d_block_fits(block[0], shape[0], bm.dtype):
+            smallest = LANES * _packing(bm.dtype)
             raise BlockSpecError(
                 f"{where}: {bm.origin} has 1-D block {block} for an array of shape {shape}; a "
-                f"1-D block on a TPU must equal the array or be a multiple of "
-                f"{LANES * SUBLANES}. Fix: use block ({LANES * SUBLANES},) or reshape to 2-D.")
+                f"1-D block on a TPU must equal the array, be a multiple of "
+                f"{LANES * SUBLANES}, or be a power of two of at least {smallest} (128 lanes "
+                f"of {np.dtype(bm.dtype).name} packed into 32 bits). Fix: use block "
+                f"({max(smallest, LANES * SUBLANES)},) or reshape to 2-D.")
     for bm in gm.block_mappings:
         _check_dtype(bm.dtype, f"{where}: {bm.origin}")
     for k, a in enumerate(gm.scratch_avals):
@@ -167,3 +170,16 @@ def _check_vmem(call: KernelCall, where: str) -> None:
 
 def _round_up(n: int) -> int:
     return -(-n // 2**20) * 2**20
+
+
+def _packing(dtype: Any) -> int:
+    """How many elements of ``dtype`` share a 32-bit word (booleans are stored as int32)."""
+    bits = 32 if np.dtype(dtype) == np.bool_ else np.dtype(dtype).itemsize * 8
+    return max(1, 32 // bits)
+
+
+def _one_d_block_fits(block: int, size: int, dtype: Any) -> bool:
+    """JAX's rule for 1-D blocks on a TPU: the whole array, a multiple of a (8, 128) chunk, or
+    a power of two of at least 128 lanes' worth of packed elements."""
+    return (block == size or block % (LANES * SUBLANES) == 0
+            or (block >= LANES * _packing(dtype) and block & (block - 1) == 0))

@@ -241,3 +241,30 @@ def test_slice_split_concatenate_stack_pad() -> None:
     np.testing.assert_allclose(shape_pieces(pl, backend="interpret")(x), _pieces(x), rtol=1e-6)
     text = _agree(shape_pieces, x)
     assert "vector.extract_strided_slice" in text and "tpu.concatenate" in text
+
+
+def one_d_blocks(m: Any, block: int, dtype: Any = F32, **kw: Any) -> Callable[..., Any]:
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = x_ref[...] * 2
+
+    spec = m.BlockSpec((block,), lambda i: (i,))
+    return m.pallas_call(kernel, jax.ShapeDtypeStruct((2048,), dtype),
+                         grid=(2048 // block,), in_specs=[spec], out_specs=spec, **kw)
+
+
+@pytest.mark.parametrize(("block", "dtype"), [(256, F32), (512, jnp.bfloat16), (1024, F32)])
+def test_one_d_blocks_jax_accepts(block: int, dtype: Any) -> None:
+    """1-D blocks: the whole array, a multiple of 1024, or a power of two of at least 128
+    lanes of packed elements (128 float32, 256 bfloat16), as JAX's lowering accepts them."""
+    x = _x((2048,), seed=6, dtype=dtype)
+    np.testing.assert_array_equal(
+        one_d_blocks(pl, block, dtype, backend="interpret")(x), x * 2)
+    _agree(lambda m: one_d_blocks(m, block, dtype), x)
+
+
+def test_one_d_block_too_small_is_refused() -> None:
+    x = _x((2048,), seed=7, dtype=jnp.bfloat16)
+    with pytest.raises(pl.BlockSpecError, match=r"1-D block \(128,\).*power of two of at "
+                                                r"least 256.*bfloat16"):
+        jax.jit(one_d_blocks(pl, 128, jnp.bfloat16)).trace(x).lower(
+            lowering_platforms=("tpu",))
