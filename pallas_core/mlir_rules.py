@@ -270,6 +270,35 @@ def table(d: Dialect) -> Rules:
             return const(1, aval)
         return arith.DivFOp(const(1.0, aval), out).result if power < 0 else out
 
+    @rule(lax.erf_inv_p)
+    def _erf_inv(state: LoweringState, eqn: Any, x: ir.Value) -> ir.Value:
+        # Giles' single-precision approximation ("Approximating the erfinv function", GPU
+        # Computing Gems, 2011): a polynomial in w = -log(1 - x^2), in two ranges of w.
+        aval = _in(eqn)
+        if not is_float(aval.dtype):
+            raise _refuse(state, eqn, aval.dtype)
+        f32, shape = np.float32, aval.shape
+        xf = convert(d, x, aval.dtype, f32, shape)
+
+        def c(v: float) -> ir.Value:
+            return d.constant(v, f32, shape)
+
+        def horner(coeffs: Sequence[float], w: ir.Value) -> ir.Value:
+            p = c(coeffs[0])
+            for k in coeffs[1:]:
+                p = arith.AddFOp(c(k), arith.MulFOp(p, w).result).result
+            return p
+
+        one = c(1.0)
+        w = arith.NegFOp(mmath.LogOp(arith.MulFOp(arith.SubFOp(one, xf).result,
+                                                   arith.AddFOp(one, xf).result).result
+                                      ).result).result
+        central = horner(_ERF_INV_CENTRAL, arith.SubFOp(w, c(2.5)).result)
+        tail = horner(_ERF_INV_TAIL, arith.SubFOp(mmath.SqrtOp(w).result, c(3.0)).result)
+        near = arith.CmpFOp(arith.CmpFPredicate.OLT, w, c(5.0)).result
+        out = arith.MulFOp(select(near, central, tail), xf).result
+        return convert(d, out, f32, aval.dtype, shape)
+
     @rule(lax.population_count_p)
     def _popcount(state: LoweringState, eqn: Any, x: ir.Value) -> ir.Value:
         if is_float(_in(eqn).dtype) or _in(eqn).dtype == np.bool_:
@@ -400,6 +429,14 @@ def table(d: Dialect) -> Rules:
         return list(loop.results)
 
     return rules
+
+
+_ERF_INV_CENTRAL = (2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06,
+                    0.00021858087, -0.00125372503, -0.00417768164, 0.246640727, 1.50140941)
+"""Giles' coefficients of erfinv(x) / x for w = -log(1 - x^2) < 5, in powers of w - 2.5."""
+_ERF_INV_TAIL = (-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844,
+                 0.00573950773, -0.0076224613, 0.00943887047, 1.00167406, 2.83297682)
+"""The same for w >= 5, in powers of sqrt(w) - 3."""
 
 
 def convert(d: Dialect, x: ir.Value, src: Any, dst: Any, shape: Sequence[int]) -> ir.Value:
