@@ -22,6 +22,7 @@ from jax._src import linear_util as lu
 from jax._src.custom_derivatives import custom_jvp_call_p, custom_vjp_call_p
 from jax._src.interpreters import ad, batching, mlir
 from jax._src.interpreters import partial_eval as pe
+from jax._src.lax import lax as _lax_internal
 from jax._src.lax.control_flow.conditionals import cond_p
 from jax._src.lax.control_flow.loops import scan_p, while_p
 from jax._src.lax.parallel import axis_index_p
@@ -581,8 +582,6 @@ def threefry2x32_expansion(avals: Sequence[Any]) -> ClosedJaxpr:
     fn = functools.partial(threefry._threefry2x32_lowering, use_rolled_loops=False)
     return jax.make_jaxpr(fn)(*(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals))
 
-
-from jax._src.lax import lax as _lax_internal  # noqa: E402
 
 stack_p = _lax_internal.stack_p
 """``jnp.stack``'s primitive (JAX-internal name)."""

@@ -348,10 +348,10 @@ def table(d: Dialect) -> Rules:
         kind, dtype = kinds[eqn.primitive], _in(eqn).dtype
         if kind in ("and", "or") and is_float(dtype):
             raise _refuse(state, eqn, dtype)
-        if dtype == np.bool_ and kind in ("add", "max", "min"):
-            kind = {"add": "or", "max": "or", "min": "and"}[kind]
-            if eqn.primitive is lax.reduce_sum_p:
+        if dtype == np.bool_:
+            if kind == "add":
                 raise _refuse(state, eqn, dtype)
+            kind = {"max": "or", "min": "and"}.get(kind, kind)
         return d.reduce(state, eqn, x, tuple(eqn.params["axes"]), kind)
 
     @rule(threefry2x32_p)
@@ -380,9 +380,8 @@ def table(d: Dialect) -> Rules:
             b = branches[k]
             if k == len(branches) - 1:
                 return d.lower_jaxpr(state, b.jaxpr, b.consts, ops)
-            if _in(eqn).dtype == np.bool_:
-                pred = index if k == 1 else arith.XOrIOp(index, d.constant(1, np.bool_, ())
-                                                         ).result
+            if _in(eqn).dtype == np.bool_:  # two branches: branch 0 where the index is False
+                pred = arith.XOrIOp(index, d.constant(1, np.bool_, ())).result
             else:
                 pred = arith.CmpIOp(arith.CmpIPredicate.sle if k == 0 else
                                     arith.CmpIPredicate.eq, index,

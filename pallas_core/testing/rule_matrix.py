@@ -19,7 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from pallas_core.call import pallas_call
 from pallas_core.errors import PallasError
+from pallas_core.stages import kernel_calls
 
 DTYPES = ("float32", "bfloat16", "float16", "int32", "int16", "int8", "uint32", "uint8",
           "bool")
@@ -177,6 +179,19 @@ def call_parts(case: Case, shape: Sequence[int], bools_in_memory: bool = True
 
     xs = [x.astype(stored(x.dtype)) for x in xs]
     return body, jax.ShapeDtypeStruct(out.shape, stored(out.dtype)), xs
+
+
+def pallas_call_lowering(backend: str, shape: Sequence[int],
+                         lower_kernel: Callable[[Any], Any]) -> Callable[[Case], None]:
+    """A ``lower`` for :func:`check`: the case as a ``pallas_call`` of whole-array blocks of
+    ``shape`` on ``backend``, its kernel lowered by the backend's ``lower_kernel(call)`` (which
+    verifies the module)."""
+    def lower(case: Case) -> None:
+        body, out, xs = call_parts(case, shape)
+        f = pallas_call(body, out, backend=backend)
+        (call,) = kernel_calls(jax.make_jaxpr(f)(*xs).jaxpr)
+        lower_kernel(call)
+    return lower
 
 
 def check(case: Case, lower: Callable[[Case], None], backend: str) -> None:

@@ -875,12 +875,6 @@ def _rewrap(out: Any, like: Any) -> Any:
 # register arrays (FragmentedArray) take the rules below, which hand scalars to the shared ones.
 
 
-def _scalar_value(state: GPULowering, v: ir.Value, shape: Sequence[int]) -> ir.Value:
-    if tuple(shape):
-        raise state.fail(f"an array constant of shape {tuple(shape)} outside a register array")
-    return v
-
-
 def _no_reduction(state: GPULowering, eqn: Any, *_: Any) -> Any:
     raise state.fail(f"{eqn.primitive.name} of a scalar")
 

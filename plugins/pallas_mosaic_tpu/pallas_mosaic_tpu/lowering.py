@@ -54,15 +54,9 @@ class Lowering(LoweringState):
 Rule = mlir_lowering.Rule
 
 
-def _lower_sub(lowering: Lowering, jaxpr: Any, consts: Sequence[Any],
-               args: Sequence[Any]) -> list[Any]:
-    return lower_jaxpr(lowering, jaxpr, consts, args)
-
-
 DIALECT = mlir_rules.Dialect(
-    constant=lambda value, dtype, shape: mir.constant(value, dtype, shape),
-    broadcast_to=mir.broadcast_to, value_type=mir.value_type, lower_jaxpr=_lower_sub,
-    reduce=lambda *a: _reduce(*a))
+    constant=mir.constant, broadcast_to=mir.broadcast_to, value_type=mir.value_type,
+    lower_jaxpr=lambda *a: lower_jaxpr(*a), reduce=lambda *a: _reduce(*a))
 """Mosaic's values: scalars, and vectors for arrays."""
 RULES = mlir_lowering.Rules(mlir_rules.table(DIALECT))
 """The shared rules (``pallas_core.mlir_rules``) and Mosaic TPU's own."""
@@ -522,19 +516,18 @@ def _read_raw(lowering: Lowering, ref: ir.Value, transforms: Sequence[Any],
               shape: Sequence[int], dtype: Any) -> ir.Value:
     strides = _strides(transforms)
     starts, sizes, dropped = _indices(lowering, ref, transforms, strided=strides is not None)
-    out = _jax.ShapedArray(tuple(shape), dtype)
     if _is_smem(ref):
         if any(s != 1 for s in sizes) or strides is not None:
             raise lowering.fail("vector reads from SMEM")
         return memref.LoadOp(ref, starts).result
     if strides is not None:  # every stride-th row (or column), as JAX lowers ref[a::k]
-        full = tpu.StridedLoadOp(mir.value_type(sizes, out.dtype), ref, starts, strides).result
+        full = tpu.StridedLoadOp(mir.value_type(sizes, dtype), ref, starts, strides).result
     else:
-        full = vector.LoadOp(mir.value_type(sizes, out.dtype), ref, starts).result
+        full = vector.LoadOp(mir.value_type(sizes, dtype), ref, starts).result
     if dropped:
-        if not out.shape:
+        if not shape:
             raise lowering.fail("reading a single element of a VMEM Ref")
-        return vector.ShapeCastOp(mir.value_type(out.shape, out.dtype), full).result
+        return vector.ShapeCastOp(mir.value_type(shape, dtype), full).result
     return full
 
 

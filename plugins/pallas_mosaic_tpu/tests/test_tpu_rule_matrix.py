@@ -15,12 +15,7 @@ import pallas_core as pl
 from pallas_core.stages import kernel_calls
 from pallas_core.testing import rule_matrix
 
-
-def _lower(case: rule_matrix.Case) -> None:
-    body, out, xs = rule_matrix.call_parts(case, (8, 128))
-    f = pl.pallas_call(body, out, backend="mosaic_tpu")
-    (call,) = kernel_calls(jax.make_jaxpr(f)(*xs).jaxpr)
-    lowering.lower_kernel(call)  # verifies the module
+_lower = rule_matrix.pallas_call_lowering("mosaic_tpu", (8, 128), lowering.lower_kernel)
 
 
 @pytest.mark.parametrize("case", rule_matrix.CASES, ids=str)

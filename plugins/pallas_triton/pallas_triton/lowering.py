@@ -51,15 +51,9 @@ Lowering = LoweringState
 Rule = mlir_lowering.Rule
 
 
-def _lower_sub(lowering: Lowering, jaxpr: Any, consts: Sequence[Any],
-               args: Sequence[Any]) -> list[Any]:
-    return lower_jaxpr(lowering, jaxpr, consts, args)
-
-
 DIALECT = mlir_rules.Dialect(
-    constant=lambda value, dtype, shape: tir.constant(value, dtype, shape),
-    broadcast_to=tir.broadcast_to, value_type=tir.value_type, lower_jaxpr=_lower_sub,
-    reduce=lambda *a: _reduce(*a))
+    constant=tir.constant, broadcast_to=tir.broadcast_to, value_type=tir.value_type,
+    lower_jaxpr=lambda *a: lower_jaxpr(*a), reduce=lambda *a: _reduce(*a))
 """Triton's values: scalars, and ranked tensors for arrays."""
 RULES = mlir_lowering.Rules(mlir_rules.table(DIALECT))
 """The shared rules (``pallas_core.mlir_rules``) and Triton's own (``tanh``, memory, dot)."""
