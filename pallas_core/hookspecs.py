@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
+    from pallas_core.emulation.call import EmulatedCall
     from pallas_core.plugins import BackendInfo
     from pallas_core.request import KernelCall, LoweringRequest
     from pallas_core.semantics import PrimitiveSemantics
@@ -105,5 +106,21 @@ def pallas_validate(call: KernelCall, backend: str) -> None:
     Plugins other than ``backend`` do nothing. Messages must say what was expected, what was
     found, and the fix (e.g. "block shape (7, 100): last two dims must be divisible by (8, 128)
     ... pad to (8, 128)").
+    Since 0.1.
+    """
+
+
+@hookspec(firstresult=True)
+def pallas_emulate(call: EmulatedCall) -> Sequence[Any] | None:
+    """Execute one custom call emitted for this plugin's hardware, on CPU, with numpy.
+
+    ``pl.emulate`` lowers every kernel of a function for a hardware backend and hands each
+    custom call it finds to this hook: the calls this plugin emits, and those
+    ``jax.experimental.pallas`` emits for the same hardware (the same call target).
+
+    :param call: the :class:`pallas_core.emulation.EmulatedCall`: call target, configuration,
+        operands as numpy arrays, result shapes, aliases, options.
+    :return: the results as numpy arrays, in order, or ``None`` if the call target (or the
+        configuration's device) is not this plugin's. First non-``None`` result wins.
     Since 0.1.
     """

@@ -1,0 +1,11 @@
+"""Emulation: the modules hardware backends emit, executed on CPU with numpy.
+
+:mod:`~pallas_core.emulation.machine` compiles MLIR functions into steps over numpy values with
+a table of per-operation rules; :mod:`~pallas_core.emulation.arith` gives the ``arith`` and
+``math`` rules every emulator shares; :mod:`~pallas_core.emulation.types` maps MLIR types to
+numpy. A backend's emulator adds its dialect's rules and walks its grid.
+"""
+
+from pallas_core.emulation.machine import CONTROL_FLOW, Compiler, Function, Region, Rule
+
+__all__ = ["CONTROL_FLOW", "Compiler", "Function", "Region", "Rule"]
