@@ -7,10 +7,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from pallas_core import _jax
+from pallas_core.emulation.call import EmulatedCall
 from pallas_core.hookspecs import hookimpl
 from pallas_core.plugins import BackendInfo
 from pallas_core.request import KernelCall, LoweringRequest
 from pallas_triton import compile as triton_compile
+from pallas_triton import emulator
 from pallas_triton import lowering, primitives, validation
 from pallas_triton.params import NAME, TritonParams
 
@@ -75,3 +77,11 @@ def pallas_stages(call: KernelCall, backend: str, target: str | None) -> Mapping
     params = params_of(call)
     compiled = triton_compile.compile_stages(ttir, target, params.num_warps, params.num_stages)
     return {"ttir": ttir, **{k: v for k, v in compiled.items() if k != "ttir"}}
+
+
+@hookimpl
+def pallas_emulate(call: EmulatedCall) -> list[Any] | None:
+    """Runs XLA's Triton custom call (ours and ``jax.experimental.pallas``'s) with numpy."""
+    if call.target != CUSTOM_CALL_TARGET:
+        return None
+    return emulator.emulate(call)
