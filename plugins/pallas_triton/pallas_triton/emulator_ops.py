@@ -9,6 +9,7 @@ operations move them like any other value.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -379,20 +380,31 @@ def _extern_elementwise(c: Compiler, op: ir.Operation) -> _Fn:
     return _in_f32(run, dtype)
 
 
-_INLINE_ASM: dict[str, _Fn] = {
-    "tanh.approx.f32 $0, $1;": np.tanh,
+_PTX: dict[str, _Fn] = {
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
+    "min": np.fmin, "max": np.fmax, "neg": np.negative, "abs": np.abs, "mov": lambda x: x,
+    "tanh": np.tanh, "ex2": np.exp2, "lg2": np.log2, "rcp": lambda x: 1.0 / x,
+    "sqrt": np.sqrt, "rsqrt": lambda x: 1.0 / np.sqrt(x), "sin": np.sin, "cos": np.cos,
 }
+"""Single PTX float instructions ``tt.elementwise_inline_asm`` may hold, by opcode."""
+_ASM = re.compile(r"^\s*([a-z0-9]+)((?:\.[a-z0-9]+)*)\s+\$0((?:\s*,\s*\$\d+)+)\s*;\s*$")
 
 
 def _inline_asm(c: Compiler, op: ir.Operation) -> _Fn:
+    """One PTX float instruction over the operands (``add.f32 $0, $1, $2;``), elementwise."""
     asm = ir.StringAttr(op.attributes["asm_string"]).value
-    fn = _INLINE_ASM.get(asm.strip())
-    if fn is None or len(op.results) != 1:
+    match = _ASM.match(asm)
+    fn = _PTX.get(match.group(1)) if match else None
+    packed = "packed_element" in op.attributes \
+        and int(ir.IntegerAttr(op.attributes["packed_element"]).value) != 1
+    if fn is None or match is None or len(op.results) != 1 or packed:
         raise UnsupportedError(
             f"the Triton emulator cannot run the inline assembly {asm!r} "
-            f"(tt.elementwise_inline_asm at {op.location}); it knows "
-            f"{sorted(_INLINE_ASM)}")
-    return _in_f32(fn, dtype_of(op.results[0].type))
+            f"(tt.elementwise_inline_asm at {op.location}): it runs one PTX float "
+            f"instruction of {sorted(_PTX)} with pack=1 and one result")
+    refs = [int(r) - 1 for r in re.findall(r"\$(\d+)", match.group(3))]
+    base = _in_f32(fn, dtype_of(op.results[0].type))
+    return lambda *xs: base(*[xs[r] for r in refs])
 
 
 RULES: dict[str, Rule] = {

@@ -1,0 +1,474 @@
+"""The Triton emulator runs the TTIR that XLA's Triton call carries and matches jax.numpy.
+
+Every kernel of ``test_compile.py`` (the seed examples among them) is lowered for ``cuda`` by
+this project and emulated; the kernels below are also written once against either Pallas
+module and emulated both as this project lowers them and as ``jax.experimental.pallas`` does.
+Checked mode reports unmasked out-of-bounds accesses and cross-program write races.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import pallas as jpl
+from jax.experimental.pallas import triton as jpt
+from jaxlib.mlir import ir
+
+import pallas_core as pl
+from pallas_core.emulation.call import EmulatedCall, EmulateOptions
+
+pallas_triton = pytest.importorskip("pallas_triton")
+from pallas_triton import emulator  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import test_compile  # noqa: E402
+
+F32, BF16, F16 = jnp.float32, jnp.bfloat16, jnp.float16
+TARGET = "__gpu$xla.gpu.triton"
+
+
+# -- running a function's Triton call in the emulator ------------------------------------------
+
+def _attribute(attr: ir.Attribute) -> Any:
+    if isinstance(attr, ir.BoolAttr):
+        return ir.BoolAttr(attr).value
+    if isinstance(attr, ir.IntegerAttr):
+        return ir.IntegerAttr(attr).value
+    raw = ir.StringAttr(attr).value_bytes
+    return raw
+
+
+def _triton_call(fn: Callable[..., Any], *args: Any) -> ir.Operation:
+    module = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).compiler_ir()
+    main = next(op for op in module.body.operations
+                if ir.StringAttr(op.attributes["sym_name"]).value == "main")
+    calls = [op for op in main.regions[0].blocks[0].operations
+             if op.name == "stablehlo.custom_call"
+             and ir.StringAttr(op.attributes["call_target_name"]).value == TARGET]
+    assert len(calls) == 1, f"expected one Triton call, found {len(calls)}"
+    return calls[0]
+
+
+def _emulate_lowered(fn: Callable[..., Any], *args: Any, checked: bool = False,
+                     seed: int | None = None) -> Any:
+    """Lowers ``fn`` for cuda and runs its one Triton call, whose operands must be ``fn``'s
+    arguments, in the emulator (what ``pl.emulate`` does in general)."""
+    op = _triton_call(fn, *args)
+    flat = jax.tree.leaves(args)
+    operands = []
+    for v in op.operands:
+        if not isinstance(v.owner, ir.Block):
+            raise NotImplementedError("the Triton call's operands must be function arguments")
+        operands.append(np.asarray(flat[ir.BlockArgument(v).arg_number]))
+    config = {n.name: _attribute(n.attr) for n in ir.DictAttr(op.attributes["mhlo.backend_config"])}
+    config["name"] = config["name"].decode()
+    aliases = []
+    if "output_operand_aliases" in op.attributes:
+        for alias in ir.ArrayAttr(op.attributes["output_operand_aliases"]):
+            text = str(alias)
+            out = re.search(r"output_tuple_indices = \[(\d*)\]", text)
+            index = re.search(r"operand_index = (\d+)", text)
+            assert out is not None and index is not None
+            aliases.append((int(out.group(1) or 0), int(index.group(1))))
+    outs = jax.eval_shape(fn, *args)
+    call = EmulatedCall(TARGET, "", config, operands,
+                        [(tuple(o.shape), np.dtype(o.dtype)) for o in jax.tree.leaves(outs)],
+                        aliases, EmulateOptions("triton", checked=checked, seed=seed),
+                        name=config["name"])
+    return jax.tree.unflatten(jax.tree.structure(outs), emulator.emulate(call))
+
+
+def emulate(fn: Callable[..., Any], *args: Any, checked: bool = False,
+            seed: int | None = None) -> Any:
+    """``fn(*args)`` with its Triton kernel run by the emulator."""
+    if hasattr(pl, "emulate"):
+        return pl.emulate(fn, backend="triton", checked=checked, seed=seed)(*args)
+    return _emulate_lowered(fn, *args, checked=checked, seed=seed)
+
+
+def _rand(shape: tuple[int, ...], dtype: Any = F32, seed: int = 0) -> jax.Array:
+    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), dtype)
+
+
+def _close(got: Any, want: Any, tol: float = 1e-5) -> None:
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        assert np.shape(g) == np.shape(w)
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32),
+                                   rtol=tol, atol=tol)
+
+
+# -- every kernel of test_compile.py ------------------------------------------------------------
+
+def _attention(q: Any, k: Any, v: Any) -> Any:
+    s = jnp.einsum("...qd,...kd->...qk", q, k, precision="highest") / math.sqrt(q.shape[-1])
+    return jnp.einsum("...qk,...kd->...qd", jax.nn.softmax(s, axis=-1), v, precision="highest")
+
+
+def _dot(x: Any, y: Any) -> Any:
+    return jnp.dot(x, y, preferred_element_type=F32, precision="highest")
+
+
+def _while_reference(w: Any) -> Any:
+    counts = [int(np.ceil(np.log2(max(float(jnp.max(jnp.abs(b))), 1.0)))) for b in (w[:64],
+                                                                                   w[64:])]
+    return w * np.repeat(counts, 64)
+
+
+REFERENCES: dict[str, tuple[Callable[..., Any], float]] = {
+    "vector_add": (jnp.add, 1e-6),
+    "iota": (lambda: jnp.arange(64, dtype=jnp.int32), 0),
+    "blocked_add_uneven": (jnp.add, 1e-6),
+    "matmul_2x2_f32": (_dot, 2e-2),  # the kernel's dot runs in TF32
+    "matmul_2x2_bf16": (lambda x, y: _dot(x, y).astype(BF16), 2e-2),
+    "matmul_3d_f32": (_dot, 2e-2),
+    "matmul_3d_bf16": (_dot, 2e-2),
+    "matmul_activation": (lambda x, y: jax.nn.gelu(_dot(x, y)), 2e-2),
+    "softmax": (lambda x: jax.nn.softmax(x, axis=-1), 1e-5),
+    "row_reduction": (lambda x: (x.sum(1), x.max(1)), 1e-4),
+    "flash_attention": (_attention, 2e-2),
+    "vmap_multi_head": (_attention, 2e-2),
+    "vmap_nested_batch_heads": (_attention, 2e-2),
+    "grid_4d": (test_compile._grid_4d_reference, 1e-6),
+    "while_loop_and_print": (_while_reference, 1e-6),
+    "triton_only_primitives": (lambda x: 2 * jnp.tanh(x), 1e-6),
+    "masked_load_store": (lambda x: 2 * x, 1e-6),
+    "gather_rows": (lambda t, i: t[i] * 2.0, 1e-6),
+    "atomics": (lambda x: x.sum(0), 1e-5),
+}
+
+
+def test_every_kernel_of_test_compile_has_a_reference() -> None:
+    assert set(REFERENCES) == set(test_compile.CASES)
+
+
+@pytest.mark.parametrize("name", sorted(test_compile.CASES))
+def test_seed_kernel_emulated_matches_jnp(name: str) -> None:
+    fn, make_args = test_compile.CASES[name]
+    if name == "atomics" and not hasattr(pl, "emulate"):
+        pytest.skip("its accumulator is made inside the function: needs pl.emulate")
+    args = make_args()
+    reference, tol = REFERENCES[name]
+    _close(emulate(fn, *args, checked=True), reference(*args), tol)
+
+
+# -- kernels written against either Pallas module -----------------------------------------------
+
+OURS = (pl, pallas_triton)
+JAX = (jpl, jpt)
+BOTH = pytest.mark.parametrize("mods", [OURS, JAX], ids=["ours", "jax"])
+
+
+def _params(T: Any, **kw: Any) -> dict[str, Any]:
+    return {"compiler_params": T.CompilerParams(**kw)}
+
+
+def blocked_add(P: Any, T: Any, x: Any, y: Any, block: tuple[int, int] = (32, 64)) -> Any:
+    """Edge blocks of an uneven 2-D array (masked loads and stores)."""
+    def kernel(x_ref: Any, y_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = x_ref[...] * 2.0 + y_ref[...]
+
+    spec = P.BlockSpec(block, lambda i, j: (i, j))
+    grid = (pl.cdiv(x.shape[0], block[0]), pl.cdiv(x.shape[1], block[1]))
+    return P.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype), grid=grid,
+                         in_specs=[spec, spec], out_specs=spec, **_params(T))(x, y)
+
+
+def masked_scale(P: Any, T: Any, x: Any, block: int = 128) -> Any:
+    """Explicit masks and ``other`` on a whole-array Ref: ``load``/``store`` of ``ds``."""
+    n = x.shape[0]
+
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        start = P.program_id(0) * block
+        mask = start + jnp.arange(block) < n
+        v = T.load(x_ref.at[P.ds(start, block)], mask=mask, other=1.0)
+        T.store(o_ref.at[P.ds(start, block)], jnp.exp(v) + 1.0, mask=mask)
+
+    whole = P.BlockSpec(memory_space=P.ANY)
+    return P.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype),
+                         grid=(pl.cdiv(n, block),), in_specs=[whole], out_specs=whole,
+                         **_params(T))(x)
+
+
+def row_stats(P: Any, T: Any, x: Any, rows: int = 8) -> Any:
+    """Sum, max and argmax of each row (reductions)."""
+    def kernel(x_ref: Any, s_ref: Any, m_ref: Any, a_ref: Any) -> None:
+        v = x_ref[...]
+        s_ref[...] = jnp.sum(v, axis=1)
+        m_ref[...] = jnp.max(v, axis=1)
+        a_ref[...] = jnp.argmax(v, axis=1).astype(jnp.int32)
+
+    r, c = x.shape
+    in_spec = P.BlockSpec((rows, c), lambda i: (i, 0))
+    out_spec = P.BlockSpec((rows,), lambda i: (i,))
+    shapes = (jax.ShapeDtypeStruct((r,), x.dtype), jax.ShapeDtypeStruct((r,), x.dtype),
+              jax.ShapeDtypeStruct((r,), jnp.int32))
+    return P.pallas_call(kernel, shapes, grid=(r // rows,), in_specs=[in_spec],
+                         out_specs=(out_spec,) * 3, **_params(T))(x)
+
+
+def row_cumsum(P: Any, T: Any, x: Any, rows: int = 4) -> Any:
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = jnp.cumsum(x_ref[...], axis=1)
+
+    spec = P.BlockSpec((rows, x.shape[1]), lambda i: (i, 0))
+    return P.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype),
+                         grid=(x.shape[0] // rows,), in_specs=[spec], out_specs=spec,
+                         **_params(T))(x)
+
+
+def atomic_column_sum(P: Any, T: Any, x: Any, acc: Any) -> Any:
+    """Every program adds its row into one accumulator (aliased to ``acc``): atomics."""
+    def kernel(x_ref: Any, acc_ref: Any, o_ref: Any) -> None:
+        T.atomic_add(o_ref, (P.ds(0, x.shape[1]),), x_ref[...])
+
+    return P.pallas_call(
+        kernel, jax.ShapeDtypeStruct(acc.shape, acc.dtype), grid=(x.shape[0],),
+        in_specs=[P.BlockSpec((None, x.shape[1]), lambda i: (i, 0)),
+                  P.BlockSpec(memory_space=P.ANY)],
+        out_specs=P.BlockSpec(memory_space=P.ANY), input_output_aliases={1: 0},
+        **_params(T))(x, acc)
+
+
+def when_and_fori(P: Any, T: Any, x: Any) -> Any:
+    """``pl.when`` on the program id and a ``fori_loop`` carrying a vector."""
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        v = x_ref[...]
+        o_ref[...] = jax.lax.fori_loop(0, 3, lambda i, acc: acc * 0.5 + v, v)
+
+        @P.when(P.program_id(0) == 1)
+        def _() -> None:
+            o_ref[...] = -v
+
+    spec = P.BlockSpec((64,), lambda i: (i,))
+    return P.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype),
+                         grid=(x.shape[0] // 64,), in_specs=[spec], out_specs=spec,
+                         **_params(T))(x)
+
+
+def when_and_fori_reference(x: Any) -> Any:
+    acc = x
+    for _ in range(3):
+        acc = acc * 0.5 + x
+    return acc.at[64:128].set(-x[64:128])
+
+
+def transcendental(P: Any, T: Any, x: Any) -> Any:
+    """exp, log, tanh, pow, sqrt, sin (libdevice calls in JAX's lowering)."""
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        v = x_ref[...].astype(F32)
+        a = jnp.abs(v) + 0.5
+        out = (jnp.exp(v) + jnp.log(a) + jnp.tanh(v) + jnp.power(a, v)
+               + jnp.sqrt(a) + jnp.sin(v))
+        o_ref[...] = out.astype(o_ref.dtype)
+
+    spec = P.BlockSpec((128,), lambda i: (i,))
+    return P.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype),
+                         grid=(x.shape[0] // 128,), in_specs=[spec], out_specs=spec,
+                         **_params(T))(x)
+
+
+def transcendental_reference(x: Any) -> Any:
+    v = x.astype(F32)
+    a = jnp.abs(v) + 0.5
+    out = (jnp.exp(v) + jnp.log(a) + jnp.tanh(v) + jnp.power(a, v)
+           + jnp.sqrt(a) + jnp.sin(v))
+    return out.astype(x.dtype)
+
+
+def fori_matmul(P: Any, T: Any, x: Any, y: Any, bm: int = 32, bn: int = 32,
+                bk: int = 16) -> Any:
+    """A K loop inside the kernel (``fori_loop`` of ``pl.dot``-style dots on slices)."""
+    k = x.shape[1]
+
+    def kernel(x_ref: Any, y_ref: Any, o_ref: Any) -> None:
+        def body(t: Any, acc: Any) -> Any:
+            a = x_ref[:, P.ds(t * bk, bk)]
+            b = y_ref[P.ds(t * bk, bk), :]
+            return acc + jnp.dot(a, b, preferred_element_type=F32)
+
+        acc = jax.lax.fori_loop(0, k // bk, body, jnp.zeros((bm, bn), F32))
+        o_ref[...] = acc.astype(o_ref.dtype)
+
+    return P.pallas_call(
+        kernel, jax.ShapeDtypeStruct((x.shape[0], y.shape[1]), x.dtype),
+        grid=(x.shape[0] // bm, y.shape[1] // bn),
+        in_specs=[P.BlockSpec((bm, k), lambda i, j: (i, 0)),
+                  P.BlockSpec((k, bn), lambda i, j: (0, j))],
+        out_specs=P.BlockSpec((bm, bn), lambda i, j: (i, j)), **_params(T))(x, y)
+
+
+def grid_matmul(P: Any, T: Any, x: Any, y: Any, b: int = 32) -> Any:
+    """A 3-D grid accumulating into the output block over K, zeroed under ``pl.when``."""
+    def kernel(x_ref: Any, y_ref: Any, o_ref: Any) -> None:
+        @P.when(P.program_id(2) == 0)
+        def _() -> None:
+            o_ref[...] = jnp.zeros_like(o_ref)
+
+        o_ref[...] += T.dot(x_ref[...], y_ref[...])
+
+    (m, k), n = x.shape, y.shape[1]
+    return P.pallas_call(
+        kernel, jax.ShapeDtypeStruct((m, n), F32), grid=(m // b, n // b, k // b),
+        in_specs=[P.BlockSpec((b, b), lambda i, j, kk: (i, kk)),
+                  P.BlockSpec((b, b), lambda i, j, kk: (kk, j))],
+        out_specs=P.BlockSpec((b, b), lambda i, j, kk: (i, j)), **_params(T))(x, y)
+
+
+def erf_and_rsqrt(P: Any, T: Any, x: Any) -> Any:
+    """``erf`` (this project lowers it by a polynomial; JAX's Triton lowering has no rule)."""
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        v = x_ref[...]
+        o_ref[...] = jax.lax.erf(v) + jax.lax.rsqrt(jnp.abs(v) + 1.0)
+
+    spec = P.BlockSpec((128,), lambda i: (i,))
+    return P.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype),
+                         grid=(x.shape[0] // 128,), in_specs=[spec], out_specs=spec,
+                         **_params(T))(x)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """A kernel written against either Pallas module, with its jnp reference."""
+
+    kernel: Callable[..., Any]
+    """``kernel(P, T, *args)``: ``P`` the Pallas module, ``T`` its Triton module."""
+    args: Callable[[], tuple[Any, ...]]
+    reference: Callable[..., Any]
+    tol: float
+    ours: bool = True
+    """Whether this project lowers it (else lowering raises ``UnsupportedError``)."""
+    jax: bool = True
+    """Whether JAX lowers it (else lowering raises ``NotImplementedError``)."""
+    jax_checked: type[Exception] | None = None
+    """What checked mode reports in the module JAX emits (it is then run unchecked)."""
+
+
+def _transcendental_case(dtype: Any, tol: float) -> Case:
+    return Case(transcendental, lambda: (_rand((256,), dtype),), transcendental_reference, tol)
+
+
+KERNELS: dict[str, Case] = {
+    # JAX masks no edge block: the last row block reads past the array's end.
+    "blocked_add_uneven": Case(blocked_add, lambda: (_rand((100, 200)),
+                                                     _rand((100, 200), seed=1)),
+                               lambda x, y: x * 2 + y, 1e-6, jax_checked=pl.OutOfBoundsError),
+    "masked_scale": Case(masked_scale, lambda: (_rand((1000,)),), lambda x: jnp.exp(x) + 1,
+                         1e-5),
+    "row_stats": Case(row_stats, lambda: (_rand((32, 128)),),
+                      lambda x: (x.sum(1), x.max(1), jnp.argmax(x, 1).astype(jnp.int32)), 1e-5,
+                      ours=False),
+    "cumsum": Case(row_cumsum, lambda: (_rand((8, 128)),), lambda x: jnp.cumsum(x, 1), 1e-4,
+                   ours=False),
+    "atomic_add": Case(atomic_column_sum, lambda: (_rand((6, 128)), _rand((128,), seed=1)),
+                       lambda x, acc: acc + x.sum(0), 1e-5),
+    "when_and_fori": Case(when_and_fori, lambda: (_rand((256,)),), when_and_fori_reference,
+                          1e-6),
+    "libdevice_f32": _transcendental_case(F32, 1e-5),
+    "libdevice_bf16": _transcendental_case(BF16, 2e-2),
+    "libdevice_f16": _transcendental_case(F16, 2e-3),
+    "erf": Case(erf_and_rsqrt, lambda: (_rand((256,)),),
+                lambda x: jax.lax.erf(x) + jax.lax.rsqrt(jnp.abs(x) + 1), 1e-5, jax=False),
+    "fori_matmul_bf16": Case(fori_matmul, lambda: (_rand((64, 64), BF16),
+                                                   _rand((64, 64), BF16, 1)),
+                             lambda x, y: _dot(x, y).astype(BF16), 2e-2),
+    "fori_matmul_f16": Case(fori_matmul, lambda: (_rand((64, 64), F16),
+                                                  _rand((64, 64), F16, 1)),
+                            lambda x, y: _dot(x, y).astype(F16), 1e-2),
+    # JAX makes every step of the 3-D grid a program: the K steps race on the output block.
+    "grid_matmul": Case(grid_matmul, lambda: (_rand((64, 96)), _rand((96, 64), seed=1)), _dot,
+                        2e-2, jax_checked=emulator.RaceError),
+}
+
+
+@BOTH
+@pytest.mark.parametrize("name", sorted(KERNELS))
+def test_kernel_emulated_matches_jnp(name: str, mods: tuple[Any, Any]) -> None:
+    case = KERNELS[name]
+    args = case.args()
+    fn = functools.partial(case.kernel, *mods)
+    if not (case.ours if mods is OURS else case.jax):
+        with pytest.raises(pl.UnsupportedError if mods is OURS else NotImplementedError):
+            _triton_call(fn, *args)
+        return
+    checked = True
+    if mods is JAX and case.jax_checked is not None:
+        with pytest.raises(case.jax_checked):
+            emulate(fn, *args, checked=True)
+        checked = False
+    _close(emulate(fn, *args, checked=checked), case.reference(*args), case.tol)
+
+
+# -- checked mode -------------------------------------------------------------------------------
+
+def unmasked_tail(P: Any, T: Any, x: Any, block: int = 128) -> Any:
+    """Reads and writes ``block`` elements per program without a mask: the last program runs
+    past the end of a 200-element array."""
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        start = P.program_id(0) * block
+        T.store(o_ref.at[P.ds(start, block)], T.load(x_ref.at[P.ds(start, block)]) + 1.0,
+                mask=start + jnp.arange(block) < x.shape[0])
+
+    whole = P.BlockSpec(memory_space=P.ANY)
+    return P.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype),
+                         grid=(pl.cdiv(x.shape[0], block),), in_specs=[whole],
+                         out_specs=whole, **_params(T))(x)
+
+
+def test_checked_mode_reports_an_unmasked_out_of_bounds_read() -> None:
+    x = _rand((200,))
+    fn = functools.partial(unmasked_tail, *JAX)
+    with pytest.raises(pl.OutOfBoundsError, match=r"kernel `kernel`, program \(1, 0, 0\): "
+                       r"tt.load.*test_triton_emulator.py.*lane \(72,\) accesses operand 0 "
+                       r"\(\(200,\) float32\) at element 200.*no mask turns that lane off"):
+        emulate(fn, x, checked=True)
+    # Unchecked, the lanes past the end read 0 (and their stores are masked off).
+    _close(emulate(fn, x), x + 1.0)
+    # This project bounds every access of a Ref by its array's shape.
+    _close(emulate(functools.partial(unmasked_tail, *OURS), x, checked=True), x + 1.0)
+
+
+def racing_store(P: Any, T: Any, x: Any) -> Any:
+    """Every program stores its block to the same place of the output."""
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        T.store(o_ref.at[P.ds(0, 64)], T.load(x_ref.at[P.ds(P.program_id(0) * 64, 64)]))
+
+    whole = P.BlockSpec(memory_space=P.ANY)
+    return P.pallas_call(kernel, jax.ShapeDtypeStruct((64,), x.dtype), grid=(4,),
+                         in_specs=[whole], out_specs=whole, **_params(T))(x)
+
+
+def test_checked_mode_reports_two_programs_storing_one_address() -> None:
+    x = _rand((256,))
+    with pytest.raises(emulator.RaceError, match=r"program \(1, 0, 0\): tt.store.*result 0 "
+                                                 r"\(\(64,\) float32\) at element 0, which "
+                                                 r"program \(0, 0, 0\) also stored"):
+        emulate(functools.partial(racing_store, *JAX), x, checked=True)
+    _close(emulate(functools.partial(racing_store, *JAX), x), x[192:])  # the last store stays
+    # This project runs grid steps that share an output block in one program, in order.
+    _close(emulate(functools.partial(racing_store, *OURS), x, checked=True), x[192:])
+
+
+def test_programs_in_shuffled_order() -> None:
+    x, y = _rand((64, 64)), _rand((64, 64), seed=1)
+    _close(emulate(functools.partial(grid_matmul, *OURS), x, y, checked=True, seed=3),
+           _dot(x, y), 2e-2)
+    with pytest.raises(emulator.RaceError):
+        emulate(functools.partial(grid_matmul, *JAX), x, y, checked=True, seed=3)
+
+
+@BOTH
+def test_checked_mode_passes_a_correctly_masked_kernel(mods: tuple[Any, Any]) -> None:
+    x = _rand((1000,))
+    _close(emulate(functools.partial(masked_scale, *mods), x, checked=True), jnp.exp(x) + 1,
+           1e-5)
