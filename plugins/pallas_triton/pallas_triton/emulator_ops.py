@@ -327,7 +327,7 @@ def _clz(x: np.ndarray) -> np.ndarray:
 
 def _popc(x: np.ndarray) -> np.ndarray:
     u = unsigned(x)
-    return np.unpackbits(u.view(np.uint8).reshape(u.shape + (-1,)), axis=-1).sum(
+    return np.unpackbits(u.view(np.uint8).reshape((*u.shape, -1)), axis=-1).sum(
         axis=-1).astype(np.int32)
 
 

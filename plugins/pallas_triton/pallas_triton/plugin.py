@@ -12,8 +12,7 @@ from pallas_core.hookspecs import hookimpl
 from pallas_core.plugins import BackendInfo
 from pallas_core.request import KernelCall, LoweringRequest
 from pallas_triton import compile as triton_compile
-from pallas_triton import emulator
-from pallas_triton import lowering, primitives, validation
+from pallas_triton import emulator, lowering, primitives, validation
 from pallas_triton.params import NAME, TritonParams
 
 __version__ = "0.1.0"

@@ -169,38 +169,38 @@ JAX = (jpl, jpt)
 BOTH = pytest.mark.parametrize("mods", [OURS, JAX], ids=["ours", "jax"])
 
 
-def _params(T: Any, **kw: Any) -> dict[str, Any]:
-    return {"compiler_params": T.CompilerParams(**kw)}
+def _params(tm: Any, **kw: Any) -> dict[str, Any]:
+    return {"compiler_params": tm.CompilerParams(**kw)}
 
 
-def blocked_add(P: Any, T: Any, x: Any, y: Any, block: tuple[int, int] = (32, 64)) -> Any:
+def blocked_add(pm: Any, tm: Any, x: Any, y: Any, block: tuple[int, int] = (32, 64)) -> Any:
     """Edge blocks of an uneven 2-D array (masked loads and stores)."""
     def kernel(x_ref: Any, y_ref: Any, o_ref: Any) -> None:
         o_ref[...] = x_ref[...] * 2.0 + y_ref[...]
 
-    spec = P.BlockSpec(block, lambda i, j: (i, j))
+    spec = pm.BlockSpec(block, lambda i, j: (i, j))
     grid = (pl.cdiv(x.shape[0], block[0]), pl.cdiv(x.shape[1], block[1]))
-    return P.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype), grid=grid,
-                         in_specs=[spec, spec], out_specs=spec, **_params(T))(x, y)
+    return pm.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype), grid=grid,
+                         in_specs=[spec, spec], out_specs=spec, **_params(tm))(x, y)
 
 
-def masked_scale(P: Any, T: Any, x: Any, block: int = 128) -> Any:
+def masked_scale(pm: Any, tm: Any, x: Any, block: int = 128) -> Any:
     """Explicit masks and ``other`` on a whole-array Ref: ``load``/``store`` of ``ds``."""
     n = x.shape[0]
 
     def kernel(x_ref: Any, o_ref: Any) -> None:
-        start = P.program_id(0) * block
+        start = pm.program_id(0) * block
         mask = start + jnp.arange(block) < n
-        v = T.load(x_ref.at[P.ds(start, block)], mask=mask, other=1.0)
-        T.store(o_ref.at[P.ds(start, block)], jnp.exp(v) + 1.0, mask=mask)
+        v = tm.load(x_ref.at[pm.ds(start, block)], mask=mask, other=1.0)
+        tm.store(o_ref.at[pm.ds(start, block)], jnp.exp(v) + 1.0, mask=mask)
 
-    whole = P.BlockSpec(memory_space=P.ANY)
-    return P.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype),
+    whole = pm.BlockSpec(memory_space=pm.ANY)
+    return pm.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype),
                          grid=(pl.cdiv(n, block),), in_specs=[whole], out_specs=whole,
-                         **_params(T))(x)
+                         **_params(tm))(x)
 
 
-def row_stats(P: Any, T: Any, x: Any, rows: int = 8) -> Any:
+def row_stats(pm: Any, tm: Any, x: Any, rows: int = 8) -> Any:
     """Sum, max and argmax of each row (reductions)."""
     def kernel(x_ref: Any, s_ref: Any, m_ref: Any, a_ref: Any) -> None:
         v = x_ref[...]
@@ -209,51 +209,51 @@ def row_stats(P: Any, T: Any, x: Any, rows: int = 8) -> Any:
         a_ref[...] = jnp.argmax(v, axis=1).astype(jnp.int32)
 
     r, c = x.shape
-    in_spec = P.BlockSpec((rows, c), lambda i: (i, 0))
-    out_spec = P.BlockSpec((rows,), lambda i: (i,))
+    in_spec = pm.BlockSpec((rows, c), lambda i: (i, 0))
+    out_spec = pm.BlockSpec((rows,), lambda i: (i,))
     shapes = (jax.ShapeDtypeStruct((r,), x.dtype), jax.ShapeDtypeStruct((r,), x.dtype),
               jax.ShapeDtypeStruct((r,), jnp.int32))
-    return P.pallas_call(kernel, shapes, grid=(r // rows,), in_specs=[in_spec],
-                         out_specs=(out_spec,) * 3, **_params(T))(x)
+    return pm.pallas_call(kernel, shapes, grid=(r // rows,), in_specs=[in_spec],
+                         out_specs=(out_spec,) * 3, **_params(tm))(x)
 
 
-def row_cumsum(P: Any, T: Any, x: Any, rows: int = 4) -> Any:
+def row_cumsum(pm: Any, tm: Any, x: Any, rows: int = 4) -> Any:
     def kernel(x_ref: Any, o_ref: Any) -> None:
         o_ref[...] = jnp.cumsum(x_ref[...], axis=1)
 
-    spec = P.BlockSpec((rows, x.shape[1]), lambda i: (i, 0))
-    return P.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype),
+    spec = pm.BlockSpec((rows, x.shape[1]), lambda i: (i, 0))
+    return pm.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype),
                          grid=(x.shape[0] // rows,), in_specs=[spec], out_specs=spec,
-                         **_params(T))(x)
+                         **_params(tm))(x)
 
 
-def atomic_column_sum(P: Any, T: Any, x: Any, acc: Any) -> Any:
+def atomic_column_sum(pm: Any, tm: Any, x: Any, acc: Any) -> Any:
     """Every program adds its row into one accumulator (aliased to ``acc``): atomics."""
     def kernel(x_ref: Any, acc_ref: Any, o_ref: Any) -> None:
-        T.atomic_add(o_ref, (P.ds(0, x.shape[1]),), x_ref[...])
+        tm.atomic_add(o_ref, (pm.ds(0, x.shape[1]),), x_ref[...])
 
-    return P.pallas_call(
+    return pm.pallas_call(
         kernel, jax.ShapeDtypeStruct(acc.shape, acc.dtype), grid=(x.shape[0],),
-        in_specs=[P.BlockSpec((None, x.shape[1]), lambda i: (i, 0)),
-                  P.BlockSpec(memory_space=P.ANY)],
-        out_specs=P.BlockSpec(memory_space=P.ANY), input_output_aliases={1: 0},
-        **_params(T))(x, acc)
+        in_specs=[pm.BlockSpec((None, x.shape[1]), lambda i: (i, 0)),
+                  pm.BlockSpec(memory_space=pm.ANY)],
+        out_specs=pm.BlockSpec(memory_space=pm.ANY), input_output_aliases={1: 0},
+        **_params(tm))(x, acc)
 
 
-def when_and_fori(P: Any, T: Any, x: Any) -> Any:
+def when_and_fori(pm: Any, tm: Any, x: Any) -> Any:
     """``pl.when`` on the program id and a ``fori_loop`` carrying a vector."""
     def kernel(x_ref: Any, o_ref: Any) -> None:
         v = x_ref[...]
         o_ref[...] = jax.lax.fori_loop(0, 3, lambda i, acc: acc * 0.5 + v, v)
 
-        @P.when(P.program_id(0) == 1)
+        @pm.when(pm.program_id(0) == 1)
         def _() -> None:
             o_ref[...] = -v
 
-    spec = P.BlockSpec((64,), lambda i: (i,))
-    return P.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype),
+    spec = pm.BlockSpec((64,), lambda i: (i,))
+    return pm.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype),
                          grid=(x.shape[0] // 64,), in_specs=[spec], out_specs=spec,
-                         **_params(T))(x)
+                         **_params(tm))(x)
 
 
 def when_and_fori_reference(x: Any) -> Any:
@@ -263,7 +263,7 @@ def when_and_fori_reference(x: Any) -> Any:
     return acc.at[64:128].set(-x[64:128])
 
 
-def transcendental(P: Any, T: Any, x: Any) -> Any:
+def transcendental(pm: Any, tm: Any, x: Any) -> Any:
     """exp, log, tanh, pow, sqrt, sin (libdevice calls in JAX's lowering)."""
     def kernel(x_ref: Any, o_ref: Any) -> None:
         v = x_ref[...].astype(F32)
@@ -272,10 +272,10 @@ def transcendental(P: Any, T: Any, x: Any) -> Any:
                + jnp.sqrt(a) + jnp.sin(v))
         o_ref[...] = out.astype(o_ref.dtype)
 
-    spec = P.BlockSpec((128,), lambda i: (i,))
-    return P.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype),
+    spec = pm.BlockSpec((128,), lambda i: (i,))
+    return pm.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype),
                          grid=(x.shape[0] // 128,), in_specs=[spec], out_specs=spec,
-                         **_params(T))(x)
+                         **_params(tm))(x)
 
 
 def transcendental_reference(x: Any) -> Any:
@@ -286,55 +286,55 @@ def transcendental_reference(x: Any) -> Any:
     return out.astype(x.dtype)
 
 
-def fori_matmul(P: Any, T: Any, x: Any, y: Any, bm: int = 32, bn: int = 32,
+def fori_matmul(pm: Any, tm: Any, x: Any, y: Any, bm: int = 32, bn: int = 32,
                 bk: int = 16) -> Any:
     """A K loop inside the kernel (``fori_loop`` of ``pl.dot``-style dots on slices)."""
     k = x.shape[1]
 
     def kernel(x_ref: Any, y_ref: Any, o_ref: Any) -> None:
         def body(t: Any, acc: Any) -> Any:
-            a = x_ref[:, P.ds(t * bk, bk)]
-            b = y_ref[P.ds(t * bk, bk), :]
+            a = x_ref[:, pm.ds(t * bk, bk)]
+            b = y_ref[pm.ds(t * bk, bk), :]
             return acc + jnp.dot(a, b, preferred_element_type=F32)
 
         acc = jax.lax.fori_loop(0, k // bk, body, jnp.zeros((bm, bn), F32))
         o_ref[...] = acc.astype(o_ref.dtype)
 
-    return P.pallas_call(
+    return pm.pallas_call(
         kernel, jax.ShapeDtypeStruct((x.shape[0], y.shape[1]), x.dtype),
         grid=(x.shape[0] // bm, y.shape[1] // bn),
-        in_specs=[P.BlockSpec((bm, k), lambda i, j: (i, 0)),
-                  P.BlockSpec((k, bn), lambda i, j: (0, j))],
-        out_specs=P.BlockSpec((bm, bn), lambda i, j: (i, j)), **_params(T))(x, y)
+        in_specs=[pm.BlockSpec((bm, k), lambda i, j: (i, 0)),
+                  pm.BlockSpec((k, bn), lambda i, j: (0, j))],
+        out_specs=pm.BlockSpec((bm, bn), lambda i, j: (i, j)), **_params(tm))(x, y)
 
 
-def grid_matmul(P: Any, T: Any, x: Any, y: Any, b: int = 32) -> Any:
+def grid_matmul(pm: Any, tm: Any, x: Any, y: Any, b: int = 32) -> Any:
     """A 3-D grid accumulating into the output block over K, zeroed under ``pl.when``."""
     def kernel(x_ref: Any, y_ref: Any, o_ref: Any) -> None:
-        @P.when(P.program_id(2) == 0)
+        @pm.when(pm.program_id(2) == 0)
         def _() -> None:
             o_ref[...] = jnp.zeros_like(o_ref)
 
-        o_ref[...] += T.dot(x_ref[...], y_ref[...])
+        o_ref[...] += tm.dot(x_ref[...], y_ref[...])
 
     (m, k), n = x.shape, y.shape[1]
-    return P.pallas_call(
+    return pm.pallas_call(
         kernel, jax.ShapeDtypeStruct((m, n), F32), grid=(m // b, n // b, k // b),
-        in_specs=[P.BlockSpec((b, b), lambda i, j, kk: (i, kk)),
-                  P.BlockSpec((b, b), lambda i, j, kk: (kk, j))],
-        out_specs=P.BlockSpec((b, b), lambda i, j, kk: (i, j)), **_params(T))(x, y)
+        in_specs=[pm.BlockSpec((b, b), lambda i, j, kk: (i, kk)),
+                  pm.BlockSpec((b, b), lambda i, j, kk: (kk, j))],
+        out_specs=pm.BlockSpec((b, b), lambda i, j, kk: (i, j)), **_params(tm))(x, y)
 
 
-def erf_and_rsqrt(P: Any, T: Any, x: Any) -> Any:
+def erf_and_rsqrt(pm: Any, tm: Any, x: Any) -> Any:
     """``erf`` (this project lowers it by a polynomial; JAX's Triton lowering has no rule)."""
     def kernel(x_ref: Any, o_ref: Any) -> None:
         v = x_ref[...]
         o_ref[...] = jax.lax.erf(v) + jax.lax.rsqrt(jnp.abs(v) + 1.0)
 
-    spec = P.BlockSpec((128,), lambda i: (i,))
-    return P.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype),
+    spec = pm.BlockSpec((128,), lambda i: (i,))
+    return pm.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype),
                          grid=(x.shape[0] // 128,), in_specs=[spec], out_specs=spec,
-                         **_params(T))(x)
+                         **_params(tm))(x)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -342,7 +342,7 @@ class Case:
     """A kernel written against either Pallas module, with its jnp reference."""
 
     kernel: Callable[..., Any]
-    """``kernel(P, T, *args)``: ``P`` the Pallas module, ``T`` its Triton module."""
+    """``kernel(pm, tm, *args)``: ``pm`` the Pallas module, ``tm`` its Triton module."""
     args: Callable[[], tuple[Any, ...]]
     reference: Callable[..., Any]
     tol: float
@@ -411,18 +411,18 @@ def test_kernel_emulated_matches_jnp(name: str, mods: tuple[Any, Any]) -> None:
 
 # -- checked mode -------------------------------------------------------------------------------
 
-def unmasked_tail(P: Any, T: Any, x: Any, block: int = 128) -> Any:
+def unmasked_tail(pm: Any, tm: Any, x: Any, block: int = 128) -> Any:
     """Reads and writes ``block`` elements per program without a mask: the last program runs
     past the end of a 200-element array."""
     def kernel(x_ref: Any, o_ref: Any) -> None:
-        start = P.program_id(0) * block
-        T.store(o_ref.at[P.ds(start, block)], T.load(x_ref.at[P.ds(start, block)]) + 1.0,
+        start = pm.program_id(0) * block
+        tm.store(o_ref.at[pm.ds(start, block)], tm.load(x_ref.at[pm.ds(start, block)]) + 1.0,
                 mask=start + jnp.arange(block) < x.shape[0])
 
-    whole = P.BlockSpec(memory_space=P.ANY)
-    return P.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype),
+    whole = pm.BlockSpec(memory_space=pm.ANY)
+    return pm.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype),
                          grid=(pl.cdiv(x.shape[0], block),), in_specs=[whole],
-                         out_specs=whole, **_params(T))(x)
+                         out_specs=whole, **_params(tm))(x)
 
 
 def test_checked_mode_reports_an_unmasked_out_of_bounds_read() -> None:
@@ -438,14 +438,14 @@ def test_checked_mode_reports_an_unmasked_out_of_bounds_read() -> None:
     _close(emulate(functools.partial(unmasked_tail, *OURS), x, checked=True), x + 1.0)
 
 
-def racing_store(P: Any, T: Any, x: Any) -> Any:
+def racing_store(pm: Any, tm: Any, x: Any) -> Any:
     """Every program stores its block to the same place of the output."""
     def kernel(x_ref: Any, o_ref: Any) -> None:
-        T.store(o_ref.at[P.ds(0, 64)], T.load(x_ref.at[P.ds(P.program_id(0) * 64, 64)]))
+        tm.store(o_ref.at[pm.ds(0, 64)], tm.load(x_ref.at[pm.ds(pm.program_id(0) * 64, 64)]))
 
-    whole = P.BlockSpec(memory_space=P.ANY)
-    return P.pallas_call(kernel, jax.ShapeDtypeStruct((64,), x.dtype), grid=(4,),
-                         in_specs=[whole], out_specs=whole, **_params(T))(x)
+    whole = pm.BlockSpec(memory_space=pm.ANY)
+    return pm.pallas_call(kernel, jax.ShapeDtypeStruct((64,), x.dtype), grid=(4,),
+                         in_specs=[whole], out_specs=whole, **_params(tm))(x)
 
 
 def test_checked_mode_reports_two_programs_storing_one_address() -> None:
