@@ -297,6 +297,10 @@ def table(d: Dialect) -> Rules:
         tail = horner(_ERF_INV_TAIL, arith.SubFOp(mmath.SqrtOp(w).result, c(3.0)).result)
         near = arith.CmpFOp(arith.CmpFPredicate.OLT, w, c(5.0)).result
         out = arith.MulFOp(select(near, central, tail), xf).result
+        # At |x| = 1 the tail polynomial runs to -inf (its leading coefficient is negative):
+        # erf_inv(+-1) is +-inf.
+        edge = arith.CmpFOp(arith.CmpFPredicate.OEQ, mmath.AbsFOp(xf).result, one).result
+        out = select(edge, arith.MulFOp(xf, c(np.inf)).result, out)
         return convert(d, out, f32, aval.dtype, shape)
 
     @rule(lax.population_count_p)

@@ -197,8 +197,17 @@ def _tanh(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
     aval = _aval_in(eqn, 0)
     if not tir.is_float(aval.dtype):
         raise lowering.fail(f"tanh on {aval.dtype}", eqn)
+    if np.dtype(aval.dtype).itemsize < 4:
+        # The approximant's coefficients (135135) overflow float16: compute in float32.
+        x32 = convert(x, aval.dtype, np.float32, aval.shape)
+        return convert(_tanh_of(x32, np.float32, aval.shape), np.float32, aval.dtype,
+                       aval.shape)
+    return _tanh_of(x, aval.dtype, aval.shape)
+
+
+def _tanh_of(x: ir.Value, dtype: Any, shape: Sequence[int]) -> ir.Value:
     def c(v: float) -> ir.Value:
-        return tir.constant(v, aval.dtype, aval.shape)
+        return tir.constant(v, dtype, shape)
 
     def poly(coeffs: Sequence[float], z: ir.Value) -> ir.Value:
         acc = c(coeffs[0])

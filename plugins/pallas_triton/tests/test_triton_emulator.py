@@ -472,3 +472,32 @@ def test_checked_mode_passes_a_correctly_masked_kernel(mods: tuple[Any, Any]) ->
     x = _rand((1000,))
     _close(emulate(functools.partial(masked_scale, *mods), x, checked=True), jnp.exp(x) + 1,
            1e-5)
+
+
+# -- miscompiles the emulator found -----------------------------------------------------------
+
+def _elementwise(fn: Callable[[Any], Any], x: Any) -> Any:
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = fn(x_ref[...])
+
+    return pl.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype), backend="triton")(x)
+
+
+def test_tanh_of_float16_near_zero() -> None:
+    """Regression (rule matrix ``tanh-float16``): the Pade approximant used for |x| < 0.5 has
+    the coefficient 135135, infinite in float16, so tanh gave NaN there; it now runs in
+    float32."""
+    x = _rand((8, 32), F16)
+    _close(emulate(functools.partial(_elementwise, jnp.tanh), x, checked=True), jnp.tanh(x),
+           1e-3)
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16, F16])
+def test_erf_inv_at_plus_and_minus_one(dtype: Any) -> None:
+    """Regression (rule matrix ``erf_inv-float16``, shared rule): the tail polynomial runs to
+    -inf as |x| -> 1, so erf_inv(1) was -inf and erf_inv(-1) +inf."""
+    x = jnp.concatenate([jnp.array([1.0, -1.0, 0.999, -0.5, 0.0, 0.25, -0.9, 0.75]),
+                         jnp.tanh(_rand((248,)))]).astype(dtype)
+    got = emulate(functools.partial(_elementwise, jax.lax.erf_inv), x, checked=True)
+    assert np.asarray(got[:2], np.float32).tolist() == [np.inf, -np.inf]
+    _close(got, jax.lax.erf_inv(x), 2e-2 if dtype != F32 else 2e-5)
