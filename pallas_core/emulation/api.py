@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import re
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -42,8 +43,16 @@ def emulate(fn: Callable[..., Any], *, backend: str, target: str | None = None,
     """
     if not isinstance(backend, str):
         raise ArgumentError(f"pl.emulate(backend=...) must be a backend name, found {backend!r}")
-    info = manager.get(backend).info
-    platform = _platform(info.platforms, target, backend)
+    found = manager.get(backend)
+    if not hasattr(found.plugin, "pallas_emulate"):
+        runs_here = "cpu" in found.info.platforms
+        raise UnsupportedError(
+            f"pl.emulate(backend={backend!r}): {backend!r} has no emulator (its plugin "
+            "implements no pallas_emulate hook)"
+            + (", and runs on CPU already. Fix: call the function directly." if runs_here
+               else ". Fix: emulate with a backend that has one (mosaic_tpu, sparsecore, "
+               "triton)."))
+    platform = _platform(found.info.platforms, target, backend)
     options = EmulateOptions(backend=backend, target=target, checked=checked, seed=seed)
 
     @functools.wraps(fn)
@@ -51,10 +60,28 @@ def emulate(fn: Callable[..., Any], *, backend: str, target: str | None = None,
         closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args, **kwargs)
         flat = jax.tree_util.tree_leaves((args, kwargs))
         replace = functools.partial(_replace, platform=platform, options=options)
-        outs = _jax.evaluate_replacing(closed.jaxpr, closed.consts, flat, replace, _has_kernel)
+        _failures.error = None
+        try:
+            outs = _jax.evaluate_replacing(closed.jaxpr, closed.consts, flat, replace,
+                                           _has_kernel)
+            outs = jax.block_until_ready(outs)
+        except Exception as e:
+            # An emulator's error inside a callback reaches here wrapped by the runtime.
+            error, _failures.error = _failures.error, None
+            if error is not None and error is not e:
+                raise error from None
+            raise
         return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), outs)
 
     return emulated
+
+
+class _Failures(threading.local):
+    error: Exception | None = None
+
+
+_failures = _Failures()
+"""The last emulator error of this thread, re-raised where a callback's runtime wraps it."""
 
 
 def _platform(platforms: Sequence[str], target: str | None, backend: str) -> str:
@@ -105,6 +132,8 @@ def _replace(eqn: Any, invals: list[Any], *, platform: str,
     in_avals = [v.aval for v in eqn.invars]
     out_avals = [v.aval for v in eqn.outvars]
     kernel = _Kernel(eqn.primitive, params, in_avals, out_avals, platform, options)
+    if not any(isinstance(x, _jax.Tracer) for x in invals):
+        return [jax.numpy.asarray(o) for o in kernel(*invals)]
     shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals]
     outs = jax.pure_callback(kernel, shapes, *invals, vmap_method="sequential")
     return list(outs)
@@ -132,8 +161,12 @@ class _Kernel:
             self.main = compiler.function("main")
 
     def __call__(self, *operands: Any) -> tuple[np.ndarray, ...]:
-        with np.errstate(all="ignore"):
-            outs = self.main(*[np.asarray(x) for x in operands])
+        try:
+            with np.errstate(all="ignore"):
+                outs = self.main(*[np.asarray(x) for x in operands])
+        except PallasError as e:
+            _failures.error = e
+            raise
         return tuple(_check_result(o, a, self.name) for o, a in zip(outs, self.out_avals,
                                                                     strict=True))
 
