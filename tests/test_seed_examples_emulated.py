@@ -82,10 +82,19 @@ CASES: dict[str, Case] = {
 }
 
 
+TF32_DOTS = {"flash_attention", "matmul_2x2", "matmul_3d_grid", "matmul_activation",
+             "multi_head_attention"}
+"""Examples with float32 dots: Triton runs them in TensorFloat-32 (inputs rounded to 10 mantissa
+bits) by default, as a GPU does: they differ from jax.numpy's float32 dot by ~1e-3 of the
+inputs' scale times sqrt(K)."""
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_seed_example_emulated(name: str, backend: str) -> None:
     example, reference, inputs, tol = CASES[name]
+    if backend == "triton" and name in TF32_DOTS:
+        tol = 5e-2
     args = inputs()
     got = pl.emulate(example, backend=backend)(*args)
     want = reference(*args)
