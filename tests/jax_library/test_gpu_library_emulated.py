@@ -98,7 +98,7 @@ def test_gpu_library_kernel_emulated(name: str, lowered_by: str) -> None:
     make, tol = CASES[name]
     fn, ref, args = make(MODULES[lowered_by])
     if lowered_by == "ours" and name == "layer_norm_backward":
-        with pytest.raises(pl.UnsupportedError, match="broadcast_to.*triton"):
+        with pytest.raises(pl.UnsupportedError, match=r"broadcast_to.*triton"):
             pl.emulate(fn, backend="triton")(*args)
         return
     got = pl.emulate(fn, backend="triton", checked=True)(*args)
