@@ -250,9 +250,11 @@ def _describe(shape: Sequence[int], dtype: Any) -> str:
 
 def _uninitialised(size: int, dtype: Any) -> np.ndarray:
     dtype = np.dtype(dtype)
-    if dtype.kind == "f" or dtype.kind == "V" or "float" in dtype.name:
+    if dtype.kind == "f" or "float" in dtype.name:  # ml_dtypes' floats are of kind "V"
         return np.full(size, np.nan, dtype)
     if dtype == np.bool_:
+        return np.zeros(size, dtype)
+    if dtype.itemsize == 1 and dtype.kind == "V":  # int4/uint4 and the like, a byte each
         return np.zeros(size, dtype)
     return np.full(size * dtype.itemsize, 0xCD, np.uint8).view(dtype)
 

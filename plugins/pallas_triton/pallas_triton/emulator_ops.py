@@ -347,9 +347,15 @@ LIBDEVICE: dict[str, _Fn] = {
     "signbit": np.signbit,
     "clz": _clz, "clzll": _clz, "popc": _popc, "popcll": _popc,
 }
-"""libdevice functions by name without ``__nv_`` and the ``f`` of their float32 forms."""
+"""libdevice functions by name without ``__nv_`` and the ``f`` of their float32 forms (and
+ROCm's ocml functions by name)."""
 
 def _libdevice(symbol: str) -> _Fn | None:
+    """The function of a libdevice (``__nv_expf``) or ROCm ocml (``__ocml_exp_f32``) symbol."""
+    ocml = re.fullmatch(r"__ocml_([a-z0-9]+)_f(16|32|64)", symbol)
+    if ocml:
+        name = {"pown": "powi"}.get(ocml.group(1), ocml.group(1))
+        return LIBDEVICE.get(name)
     if not symbol.startswith("__nv_"):
         return None
     name = symbol[len("__nv_"):]

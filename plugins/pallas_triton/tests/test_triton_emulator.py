@@ -576,3 +576,13 @@ def test_atomic_cas_and_num_programs(mods: tuple[Any, Any]) -> None:
     # whose steps share an output block as a loop inside one program, in order.
     first = 2 if mods is JAX else 0
     assert int(emulate(fn, np.int32(-1), ids, seed=3)[0]) == first
+
+
+@BOTH
+def test_rocm_target_and_its_ocml_functions(mods: tuple[Any, Any]) -> None:
+    """For a ``gfx*`` target the kernel is lowered for ``rocm``: JAX calls ROCm's ocml
+    (``__ocml_exp_f32``) instead of libdevice."""
+    x = _rand((256,))
+    got = pl.emulate(functools.partial(transcendental, *mods), backend="triton",
+                     target="gfx942", checked=True)(x)
+    _close(got, transcendental_reference(x), 1e-5)
