@@ -1,0 +1,27 @@
+"""The conformance suite on the Triton backend in emulate mode: every kernel lowered for
+``cuda`` and run by the Triton emulator, against ``jax.numpy`` and the interpreter."""
+
+from __future__ import annotations
+
+import pytest
+
+from pallas_core.testing import (
+    ASYNC_COPY,
+    MESH,
+    RUN_SCOPED,
+    SCALAR_PREFETCH,
+    SCRATCH,
+    SEMAPHORES,
+    ConformanceSuite,
+)
+
+pytest.importorskip("pallas_triton")
+
+
+class TestTritonEmulated(ConformanceSuite):
+    """Triton, emulated."""
+
+    backend = "triton"
+    emulate = True
+    unsupported = frozenset({SCRATCH, RUN_SCOPED, MESH, SCALAR_PREFETCH, SEMAPHORES,
+                             ASYNC_COPY})
