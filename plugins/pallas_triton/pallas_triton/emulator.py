@@ -420,10 +420,11 @@ def _print(launch: Launch, c: Compiler, op: ir.Operation) -> _Fn:
         if not args:
             print(f"{pid} {prefix}")
             return
-        shape = np.shape(args[0])
+        values_of = np.broadcast_arrays(*[np.asarray(a) for a in args])
+        shape = values_of[0].shape
         for index in np.ndindex(*shape) if shape else [()]:
             where = f" idx ({', '.join(map(str, index))})" if shape else ""
-            values = ", ".join(fmt(np.asarray(a)[index]) for a in args)
+            values = ", ".join(fmt(a[index]) for a in values_of)
             print(f"{pid}{where} {prefix}{values}")
     return run
 

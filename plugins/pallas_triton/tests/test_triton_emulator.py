@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -23,10 +22,8 @@ import numpy as np
 import pytest
 from jax.experimental import pallas as jpl
 from jax.experimental.pallas import triton as jpt
-from jaxlib.mlir import ir
 
 import pallas_core as pl
-from pallas_core.emulation.call import EmulatedCall, EmulateOptions
 
 pallas_triton = pytest.importorskip("pallas_triton")
 from pallas_triton import emulator  # noqa: E402
@@ -35,66 +32,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import test_compile  # noqa: E402
 
 F32, BF16, F16 = jnp.float32, jnp.bfloat16, jnp.float16
-TARGET = "__gpu$xla.gpu.triton"
 
 
-# -- running a function's Triton call in the emulator ------------------------------------------
+# -- running a function's Triton kernels in the emulator --------------------------------------
 
-def _attribute(attr: ir.Attribute) -> Any:
-    if isinstance(attr, ir.BoolAttr):
-        return ir.BoolAttr(attr).value
-    if isinstance(attr, ir.IntegerAttr):
-        return ir.IntegerAttr(attr).value
-    raw = ir.StringAttr(attr).value_bytes
-    return raw
-
-
-def _triton_call(fn: Callable[..., Any], *args: Any) -> ir.Operation:
-    module = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).compiler_ir()
-    main = next(op for op in module.body.operations
-                if ir.StringAttr(op.attributes["sym_name"]).value == "main")
-    calls = [op for op in main.regions[0].blocks[0].operations
-             if op.name == "stablehlo.custom_call"
-             and ir.StringAttr(op.attributes["call_target_name"]).value == TARGET]
-    assert len(calls) == 1, f"expected one Triton call, found {len(calls)}"
-    return calls[0]
-
-
-def _emulate_lowered(fn: Callable[..., Any], *args: Any, checked: bool = False,
-                     seed: int | None = None) -> Any:
-    """Lowers ``fn`` for cuda and runs its one Triton call, whose operands must be ``fn``'s
-    arguments, in the emulator (what ``pl.emulate`` does in general)."""
-    op = _triton_call(fn, *args)
-    flat = jax.tree.leaves(args)
-    operands = []
-    for v in op.operands:
-        if not isinstance(v.owner, ir.Block):
-            raise NotImplementedError("the Triton call's operands must be function arguments")
-        operands.append(np.asarray(flat[ir.BlockArgument(v).arg_number]))
-    config = {n.name: _attribute(n.attr) for n in ir.DictAttr(op.attributes["mhlo.backend_config"])}
-    config["name"] = config["name"].decode()
-    aliases = []
-    if "output_operand_aliases" in op.attributes:
-        for alias in ir.ArrayAttr(op.attributes["output_operand_aliases"]):
-            text = str(alias)
-            out = re.search(r"output_tuple_indices = \[(\d*)\]", text)
-            index = re.search(r"operand_index = (\d+)", text)
-            assert out is not None and index is not None
-            aliases.append((int(out.group(1) or 0), int(index.group(1))))
-    outs = jax.eval_shape(fn, *args)
-    call = EmulatedCall(TARGET, "", config, operands,
-                        [(tuple(o.shape), np.dtype(o.dtype)) for o in jax.tree.leaves(outs)],
-                        aliases, EmulateOptions("triton", checked=checked, seed=seed),
-                        name=config["name"])
-    return jax.tree.unflatten(jax.tree.structure(outs), emulator.emulate(call))
+def _lower_for_cuda(fn: Callable[..., Any], *args: Any) -> str:
+    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
 def emulate(fn: Callable[..., Any], *args: Any, checked: bool = False,
             seed: int | None = None) -> Any:
-    """``fn(*args)`` with its Triton kernel run by the emulator."""
-    if hasattr(pl, "emulate"):
-        return pl.emulate(fn, backend="triton", checked=checked, seed=seed)(*args)
-    return _emulate_lowered(fn, *args, checked=checked, seed=seed)
+    """``fn(*args)`` with its Triton kernels run by the emulator."""
+    return pl.emulate(fn, backend="triton", checked=checked, seed=seed)(*args)
 
 
 def _rand(shape: tuple[int, ...], dtype: Any = F32, seed: int = 0) -> jax.Array:
@@ -155,8 +104,6 @@ def test_every_kernel_of_test_compile_has_a_reference() -> None:
 @pytest.mark.parametrize("name", sorted(test_compile.CASES))
 def test_seed_kernel_emulated_matches_jnp(name: str) -> None:
     fn, make_args = test_compile.CASES[name]
-    if name == "atomics" and not hasattr(pl, "emulate"):
-        pytest.skip("its accumulator is made inside the function: needs pl.emulate")
     args = make_args()
     reference, tol = REFERENCES[name]
     _close(emulate(fn, *args, checked=True), reference(*args), tol)
@@ -399,7 +346,7 @@ def test_kernel_emulated_matches_jnp(name: str, mods: tuple[Any, Any]) -> None:
     fn = functools.partial(case.kernel, *mods)
     if not (case.ours if mods is OURS else case.jax):
         with pytest.raises(pl.UnsupportedError if mods is OURS else NotImplementedError):
-            _triton_call(fn, *args)
+            _lower_for_cuda(fn, *args)
         return
     checked = True
     if mods is JAX and case.jax_checked is not None:
