@@ -533,3 +533,20 @@ def test_rocm_target_and_its_ocml_functions(mods: tuple[Any, Any]) -> None:
     got = pl.emulate(functools.partial(transcendental, *mods), backend="triton",
                      target="gfx942", checked=True)(x)
     _close(got, transcendental_reference(x), 1e-5)
+
+
+# -- the kernels of benchmarks/gpu_triton.py ---------------------------------------------------
+
+@pytest.mark.parametrize("module", [pl, jpl], ids=["ours", "jax"])
+@pytest.mark.parametrize("name", ["add_relu_2^28", "flash_attention", "matmul_bf16_4096",
+                                  "softmax_8192"])
+def test_benchmark_kernel_emulated(name: str, module: Any) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
+    import gpu_triton
+    from test_benchmark_kernels import SMALL
+
+    kernel, reference, _, tol = gpu_triton.CASES[name]
+    rng = np.random.default_rng(0)
+    args = [jnp.asarray(rng.standard_normal(s), dt) for s, dt in SMALL[name]]
+    got = emulate(functools.partial(kernel, module), *args, checked=True)
+    _close(got, reference(*args), tol)
