@@ -175,14 +175,34 @@ def launch(module: ir.Module) -> dict[str, Any]:
             "arch": arch}
 
 
+def smem_buffers(module: ir.Module) -> list[tuple[int, str]]:
+    """``(byte offset, memref type)`` of every view the kernel of ``module`` takes of its
+    dynamic shared memory at a constant offset (its buffers and barriers), by offset."""
+    found = set()
+    for op in _walk(module.operation):
+        if op.operation.name != "memref.view":
+            continue
+        source, offset = op.operation.operands[0], op.operation.operands[1]
+        if "workgroup" not in str(source.type) or \
+                getattr(offset.owner, "name", None) != "arith.constant":
+            continue
+        found.add((_constant(offset, "view offset"), str(op.operation.results[0].type)))
+    return sorted(found)
+
+
 def assert_same_kernel(ours: tuple[dict[str, Any], ir.Module],
-                       theirs: tuple[dict[str, Any], ir.Module]) -> None:
+                       theirs: tuple[dict[str, Any], ir.Module],
+                       differences: dict[str, tuple[Any, Any]] | None = None) -> None:
     """Raises ``AssertionError`` unless two entries of :func:`kernels` agree on what a GPU
     runtime acts on: the custom call's config (flags, operand and result types, layouts,
-    aliases) and the :func:`launch` of the module."""
+    aliases) and the :func:`launch` of the module. ``differences`` names the fields known to
+    differ, each as ``(ours, theirs)``: they must differ exactly so."""
     (config_a, module_a), (config_b, module_b) = ours, theirs
     a = {**config_a, **launch(module_a)}
     b = {**config_b, **launch(module_b)}
-    if a != b:
-        diff = {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
-        raise AssertionError(f"the kernels differ (ours, theirs): {diff}")
+    expected = dict(differences or {})
+    diff = {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b))
+            if a.get(k) != b.get(k) or k in expected}
+    if diff != expected:
+        raise AssertionError(f"the kernels differ (ours, theirs): {diff}; expected "
+                             f"differences: {expected}")

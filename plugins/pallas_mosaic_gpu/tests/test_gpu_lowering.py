@@ -84,6 +84,13 @@ def test_lowers_for_cuda_and_verifies(name: str) -> None:
     assert re.search(r"mosaic_gpu.arch_major = 9", text)
     for op in CASES[name][4]:
         assert op in text, f"{name}: {op} missing from the module"
+    # TMA and wgmma need every buffer at a multiple of 1024 bytes (128-byte swizzle); the
+    # barriers (i64) come after the buffers.
+    views = inspection.smem_buffers(module)
+    buffers = [(off, ty) for off, ty in views if "xi64," not in ty]
+    assert all(off % 1024 == 0 for off, _ in buffers), f"{name}: misaligned SMEM: {views}"
+    assert all(off >= max((o for o, _ in buffers), default=0)
+               for off, ty in views if "xi64," in ty), views
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
