@@ -73,9 +73,9 @@ def custom_calls(stablehlo: Any) -> list[dict[str, Any]]:
         if ir.StringAttr(attrs["call_target_name"]).value != CUSTOM_CALL_TARGET:
             continue
         entry = _backend_config(ir.DictAttr(attrs["mhlo.backend_config"]))
-        call = {name: str(attrs[name]) if name in attrs else None
-                for name in ("api_version", "has_side_effect", "operand_layouts",
-                             "result_layouts", "output_operand_aliases")}
+        names = ("api_version", "has_side_effect", "operand_layouts", "result_layouts",
+                 "output_operand_aliases")
+        call: dict[str, Any] = {n: str(attrs[n]) if n in attrs else None for n in names}
         call["operand_types"] = tuple(str(v.type) for v in op.operation.operands)
         call["result_types"] = tuple(str(r.type) for r in op.operation.results)
         entry["call"] = call
