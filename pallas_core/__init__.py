@@ -15,6 +15,7 @@ from pallas_core._jax import Slice, ds, run_state
 from pallas_core._jax import ds as dslice
 from pallas_core.call import pallas_call, pallas_call_p
 from pallas_core.cost import estimate_cost
+from pallas_core.emulation.api import emulate
 from pallas_core.errors import (
     ArgumentError,
     AutodiffError,
@@ -102,7 +103,7 @@ __all__ = [
     "BackendInfo", "BackendNotFoundError", "BlockDim", "Blocked", "BlockMapping", "BlockSpec",
     "BlockSpecError", "broadcast_to", "Buffered", "cdiv", "CompilerParams", "core_map",
     "CostEstimate", "debug_check", "debug_checks_enabled", "debug_print", "delay",
-    "DeviceIdType", "dot", "ds", "dslice", "empty", "empty_like", "enable_debug_checks",
+    "DeviceIdType", "dot", "ds", "dslice", "empty", "empty_like", "emulate", "enable_debug_checks",
     "enable_poison_buffers", "estimate_cost", "GridMapping", "GridSpec", "kernel", "KernelCall",
     "KernelSignatureError", "KernelStages", "KernelTraceError", "load", "loop", "lower_as_mlir",
     "LoweringError", "LoweringRequest", "MemoryRef", "MemorySpace", "Mesh", "multiple_of",

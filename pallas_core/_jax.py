@@ -587,3 +587,85 @@ stack_p = _lax_internal.stack_p
 """``jnp.stack``'s primitive (JAX-internal name)."""
 unstack_p = _lax_internal.unstack_p
 """``unstack``'s primitive, the inverse of :data:`stack_p`."""
+
+
+# --- emulation: jaxprs with some equations replaced -------------------------------------
+def evaluate_replacing(jaxpr: Jaxpr, consts: Sequence[Any], args: Sequence[Any],
+                       replace: Callable[[Any, list[Any]], list[Any] | None],
+                       touches: Callable[[Jaxpr], bool]) -> list[Any]:
+    """Evaluates ``jaxpr`` (binding its primitives on ``args``, traced or not), except that an
+    equation for which ``replace(eqn, in_values)`` returns values takes those; jaxprs held in
+    an equation's parameters are rewritten the same way where ``touches(sub_jaxpr)``."""
+    env: dict[Any, Any] = {}
+
+    def read(atom: Any) -> Any:
+        return atom.val if isinstance(atom, core.Literal) else env[atom]
+
+    env.update(zip(jaxpr.constvars, consts, strict=True))
+    env.update(zip(jaxpr.invars, args, strict=True))
+    for eqn in jaxpr.eqns:
+        invals = [read(a) for a in eqn.invars]
+        outs = replace(eqn, invals)
+        if outs is None:
+            params = eqn.params
+            if any(touches(s.jaxpr if isinstance(s, core.ClosedJaxpr) else s)
+                   for s in _param_jaxprs(params)):
+                params = {k: _rewrite_param(v, replace, touches) for k, v in params.items()}
+            bind_params = eqn.primitive.get_bind_params(params)
+            with source_info_util.user_context(eqn.source_info.traceback), eqn.ctx.manager:
+                ans = eqn.primitive.bind(*invals, **bind_params)
+            outs = ans if eqn.primitive.multiple_results else [ans]
+        for v, out in zip(eqn.outvars, outs, strict=True):
+            if not isinstance(v, core.DropVar):
+                env[v] = out
+    return [read(a) for a in jaxpr.outvars]
+
+
+def _param_jaxprs(params: Any) -> list[Any]:
+    found = []
+    for value in params.values():
+        for v in value if isinstance(value, (tuple, list)) else (value,):
+            if isinstance(v, (core.ClosedJaxpr, core.Jaxpr)):
+                found.append(v)
+    return found
+
+
+def _rewrite_param(value: Any, replace: Callable[[Any, list[Any]], list[Any] | None],
+                   touches: Callable[[Jaxpr], bool]) -> Any:
+    if isinstance(value, (tuple, list)):
+        return type(value)(_rewrite_param(v, replace, touches) for v in value)
+    if isinstance(value, core.ClosedJaxpr):
+        if not touches(value.jaxpr):
+            return value
+        return _retrace(value.jaxpr, value.consts, value.in_avals, replace, touches)
+    if isinstance(value, core.Jaxpr):
+        if not touches(value):
+            return value
+        closed = _retrace(value, (), [v.aval for v in value.invars], replace, touches)
+        if closed.consts:
+            _inline_consts(closed)
+        return closed.jaxpr
+    return value
+
+
+def _retrace(jaxpr: Jaxpr, consts: Sequence[Any], in_avals: Sequence[Any],
+             replace: Callable[[Any, list[Any]], list[Any] | None],
+             touches: Callable[[Jaxpr], bool]) -> core.ClosedJaxpr:
+    def fn(*args: Any) -> list[Any]:
+        return evaluate_replacing(jaxpr, consts, args, replace, touches)
+    return jax.make_jaxpr(fn)(*in_avals)
+
+
+def _inline_consts(closed: core.ClosedJaxpr) -> Jaxpr:
+    raise NotImplementedError(
+        "rewriting a jaxpr parameter without constants produced constants "
+        f"({[getattr(c, 'shape', c) for c in closed.consts]})")
+
+
+def jax_pallas_primitives() -> dict[str, Primitive]:
+    """``jax.experimental.pallas``'s kernel primitives by name (``pallas_call``, ``core_map``)."""
+    from jax._src.pallas import core as pallas_core_jax
+    from jax._src.pallas import pallas_call as pallas_call_jax
+
+    return {"pallas_call": pallas_call_jax.pallas_call_p,
+            "core_map": pallas_core_jax.core_map_p}

@@ -292,7 +292,7 @@ def _cttz(v: int, bits: int) -> int:
 
 def _per_element(fn: Callable[[float], float]) -> Callable[[Any], Any]:
     ufunc = np.frompyfunc(fn, 1, 1)
-    return lambda x: ufunc(np.asarray(x, np.float64)).astype(np.float64)
+    return lambda x: np.asarray(ufunc(np.asarray(x, np.float64)), dtype=np.float64)
 
 
 def _absi(x: Any) -> Any:

@@ -121,8 +121,7 @@ def attribute_array(attr: ir.Attribute, t: ir.Type) -> np.ndarray:
         if dense.is_splat:
             return np.broadcast_to(attribute_array(dense.get_splat_value(), element_type(t)),
                                    shape).copy()
-        if dtype.kind in "biuf" and dtype.itemsize in (1, 2, 4, 8) and dtype != np.float16 \
-                or dtype == np.float16:
+        if dtype.kind in "biuf":
             try:
                 return np.array(dense).astype(dtype).reshape(shape)
             except (TypeError, ValueError, RuntimeError):
@@ -144,13 +143,12 @@ def _int_scalar(v: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
 def _dense_from_text(text: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
     """A dense attribute of a type numpy's buffer protocol lacks (bfloat16, float8), read
     from its printed form: a hex blob of the raw little-endian data, or a nested list."""
-    body = text[text.index("<") + 1:text.rindex(">")]
-    body = body.rsplit(":", 1)[0] if body.startswith('"') is False and ":" in body else body
+    body = text[text.index("<") + 1:text.index(">")]
     if body.startswith('"0x'):
         raw = bytes.fromhex(body[3:body.index('"', 1)])
         return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
     numbers = re.findall(r"[-+]?(?:0x[0-9A-Fa-f]+|[0-9.]+(?:e[-+]?[0-9]+)?|inf|nan)|true|false",
-                         body.split(">")[0])
+                         body)
     bits = np.dtype(f"u{dtype.itemsize}") if dtype.itemsize in (1, 2, 4, 8) else None
     out = np.empty(len(numbers), dtype=dtype)
     for i, n in enumerate(numbers):

@@ -141,6 +141,10 @@ class ConformanceSuite:
     """Absolute tolerance of comparisons with ``jax.numpy``."""
     seed: ClassVar[int] = 0
     """Seed of the random inputs."""
+    emulate: ClassVar[bool] = False
+    """Emulate mode, for hardware backends: every kernel is lowered for the backend's hardware
+    and its module executed by the backend's emulator (``pl.emulate``); the result must match
+    ``jax.numpy`` and, where the kernel also runs in the interpreter, the interpreter's."""
 
     rng: np.random.Generator
 
@@ -177,7 +181,36 @@ class ConformanceSuite:
         """``pl.pallas_call`` on the backend under test (with ``compiler_params``)."""
         if self.compiler_params is not None:
             kwargs.setdefault("compiler_params", self.compiler_params)
-        return pl.pallas_call(kernel, out_shape, backend=self.backend, **kwargs)
+        call = pl.pallas_call(kernel, out_shape, backend=self.backend, **kwargs)
+        if not self.emulate:
+            return call
+        interpreted = pl.pallas_call(kernel, out_shape, backend="interpret", **kwargs)
+        return self._emulated(call, interpreted)
+
+    def kernel(self, body: Callable[..., None], **kwargs: Any) -> Callable[..., Any]:
+        """``pl.kernel`` on the backend under test (with ``compiler_params``)."""
+        call = pl.kernel(body, backend=self.backend, compiler_params=self.compiler_params,
+                         **kwargs)
+        if not self.emulate:
+            return call
+        return self._emulated(call, pl.kernel(body, backend="interpret", **kwargs))
+
+    def _emulated(self, call: Callable[..., Any],
+                  interpreted: Callable[..., Any]) -> Callable[..., Any]:
+        """``call`` emulated for the backend's hardware, checked against the interpreter when
+        its results are concrete (not inside ``jit`` or ``vmap``)."""
+        emulated = pl.emulate(call, backend=self.backend)
+
+        def run(*args: Any) -> Any:
+            out = emulated(*args)
+            leaves = jax.tree_util.tree_leaves(out)
+            if leaves and not any(isinstance(x, _jax.Tracer) for x in leaves):
+                for got, want in zip(leaves, jax.tree_util.tree_leaves(interpreted(*args)),
+                                     strict=True):
+                    self.assert_close(got, want, what="emulated result (against the "
+                                      "interpreter)")
+            return out
+        return run
 
     def random(self, shape: tuple[int, ...], dtype: Any = jnp.float32) -> jax.Array:
         """Random values: standard normal floats, or integers in [-100, 100)."""
@@ -496,8 +529,7 @@ class ConformanceSuite:
             o_ref[pl.ds(i * 8, 8)] = x_ref[pl.ds(i * 8, 8)] * 2.0 + i.astype(jnp.float32)
 
         x = self.random((32,))
-        out = pl.kernel(body, out_type=_like(x), mesh=pl.Mesh(("x",), (4,)),
-                        backend=self.backend, compiler_params=self.compiler_params)(x)
+        out = self.kernel(body, out_type=_like(x), mesh=pl.Mesh(("x",), (4,)))(x)
         self.assert_close(out, x * 2.0 + jnp.repeat(jnp.arange(4.0), 8))
 
     @feature(JIT)

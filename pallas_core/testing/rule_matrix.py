@@ -194,6 +194,38 @@ def pallas_call_lowering(backend: str, shape: Sequence[int],
     return lower
 
 
+_DIVIDES = ("div", "rem", "floor_divide", "remainder")
+TOLERANCE = {"float32": 2e-5, "float16": 2e-3, "bfloat16": 2e-2}
+"""Relative (and absolute) tolerance of an emulated float result against ``jax.numpy``: a few
+units in the last place, since backends may lower transcendental functions to polynomials."""
+
+
+def pallas_call_emulation(backend: str, shape: Sequence[int]) -> Callable[[Case], None]:
+    """A ``lower`` for :func:`check` that does more: the case as a ``pallas_call`` on
+    ``backend``, run by ``pl.emulate`` (lowered for the hardware, its module executed by the
+    backend's emulator), must match the operation computed by ``jax.numpy`` on the same
+    random operands: bit for bit on integers and booleans, within :data:`TOLERANCE` on
+    floats."""
+    from pallas_core.emulation.api import emulate
+
+    def run(case: Case) -> None:
+        body, out, xs = call_parts(case, shape)
+        if case.name in _DIVIDES and case.arity == 2 and jnp.issubdtype(xs[1].dtype,
+                                                                         jnp.integer):
+            xs[1] = jnp.where(xs[1] == 0, jnp.ones((), xs[1].dtype), xs[1])  # defined
+        got = emulate(pallas_call(body, out, backend=backend), backend=backend)(*xs)
+        want = case.op(*xs).astype(out.dtype)
+        tol = TOLERANCE.get(np.dtype(out.dtype).name, 0.0)
+        if jnp.issubdtype(out.dtype, jnp.floating) and not jnp.issubdtype(
+                xs[0].dtype, jnp.floating):
+            tol = 0.0  # an integer converted to float: exact
+        np.testing.assert_allclose(
+            np.asarray(got, np.float64) if tol else np.asarray(got),
+            np.asarray(want, np.float64) if tol else np.asarray(want), rtol=tol, atol=tol,
+            err_msg=f"{case} emulated on {backend!r} differs from jax.numpy")
+    return run
+
+
 def check(case: Case, lower: Callable[[Case], None], backend: str) -> None:
     """Lowers ``case`` with ``lower``; passes if it lowers, or if it is refused with a
     ``PallasError`` naming the operation, the dtype and ``backend``."""

@@ -1,0 +1,259 @@
+"""``pl.emulate``: run a function on CPU with every kernel as a hardware backend compiles it.
+
+Each kernel of the function (``pl.pallas_call``/``pl.kernel``, or ``jax.experimental.pallas``'s
+``pallas_call``) is lowered for the backend's hardware platform, exactly as it would be for the
+device; the custom calls of the lowered program are handed to the backend plugin's
+``pallas_emulate`` hook, which executes the module they carry with numpy. Everything else in the
+function runs as plain JAX on CPU. The kernel runs inside a ``jax.pure_callback``, so the emulated
+function can be jitted and vmapped (kernel by kernel, in sequence); to differentiate, emulate the
+derivative (``pl.emulate(jax.grad(f), ...)``).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jaxlib.mlir import ir
+
+from pallas_core import _jax
+from pallas_core.call import pallas_call_p
+from pallas_core.emulation.call import EmulatedCall, EmulateOptions
+from pallas_core.emulation.machine import Compiler, Rule
+from pallas_core.emulation.types import attribute_array, dtype_of, shape_of
+from pallas_core.errors import ArgumentError, PallasError, UnsupportedError
+from pallas_core.plugins import manager
+
+
+def emulate(fn: Callable[..., Any], *, backend: str, target: str | None = None,
+            checked: bool = False, seed: int | None = None) -> Callable[..., Any]:
+    """``fn`` run on CPU with each of its kernels compiled by ``backend`` and emulated.
+
+    :param backend: a hardware backend with an emulator (``"mosaic_tpu"``, ``"sparsecore"``,
+        ``"triton"``); kernels are lowered by it whatever backend they name.
+    :param target: the backend's hardware target (``"v5e"``, ``"sm_90"``, ``"gfx942"``).
+    :param checked: report out-of-bounds accesses and races between programs as errors.
+    :param seed: run the grid axes a kernel declares parallel in an order shuffled by ``seed``
+        (a correct kernel's result does not depend on it).
+    """
+    if not isinstance(backend, str):
+        raise ArgumentError(f"pl.emulate(backend=...) must be a backend name, found {backend!r}")
+    info = manager.get(backend).info
+    platform = _platform(info.platforms, target, backend)
+    options = EmulateOptions(backend=backend, target=target, checked=checked, seed=seed)
+
+    @functools.wraps(fn)
+    def emulated(*args: Any, **kwargs: Any) -> Any:
+        closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args, **kwargs)
+        flat = jax.tree_util.tree_leaves((args, kwargs))
+        replace = functools.partial(_replace, platform=platform, options=options)
+        outs = _jax.evaluate_replacing(closed.jaxpr, closed.consts, flat, replace, _has_kernel)
+        return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), outs)
+
+    return emulated
+
+
+def _platform(platforms: Sequence[str], target: str | None, backend: str) -> str:
+    hardware = [p for p in platforms if p != "cpu"]
+    if not hardware:
+        raise UnsupportedError(
+            f"pl.emulate(backend={backend!r}): {backend!r} runs on CPU already and has no "
+            "emulator. Fix: name a hardware backend (mosaic_tpu, sparsecore, triton), or call "
+            "the function directly.")
+    if target is not None and target.startswith("gfx") and "rocm" in hardware:
+        return "rocm"
+    return hardware[0]
+
+
+def _kernel_primitives() -> dict[Any, str]:
+    jax_prims = _jax.jax_pallas_primitives()
+    return {pallas_call_p: "pallas_call", jax_prims["pallas_call"]: "jax_pallas_call",
+            jax_prims["core_map"]: "jax_core_map"}
+
+
+def _has_kernel(jaxpr: Any) -> bool:
+    from pallas_core.reference import all_eqns
+
+    kinds = _kernel_primitives()
+    return any(eqn.primitive in kinds for eqn in all_eqns(jaxpr))
+
+
+def _replace(eqn: Any, invals: list[Any], *, platform: str,
+             options: EmulateOptions) -> list[Any] | None:
+    kind = _kernel_primitives().get(eqn.primitive)
+    if kind is None:
+        return None
+    if kind == "jax_core_map":
+        raise UnsupportedError(
+            "pl.emulate does not run jax.experimental.pallas's core_map/pl.kernel (a stateful "
+            "kernel over a mesh). Fix: write it with pallas_core's pl.kernel, or with "
+            "pallas_call.")
+    if kind == "pallas_call":
+        params = dict(eqn.params, call=eqn.params["call"].replace(
+            backend=options.backend, interpret=False))
+    else:
+        params = dict(eqn.params, interpret=False)
+        if params.get("compiler_params") is None and options.backend == "triton":
+            # JAX's GPU lowering picks Triton by the type of the compiler params.
+            from jax.experimental.pallas import triton as jax_triton
+
+            params["compiler_params"] = jax_triton.CompilerParams()
+    in_avals = [v.aval for v in eqn.invars]
+    out_avals = [v.aval for v in eqn.outvars]
+    kernel = _Kernel(eqn.primitive, params, in_avals, out_avals, platform, options)
+    shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals]
+    outs = jax.pure_callback(kernel, shapes, *invals, vmap_method="sequential")
+    return list(outs)
+
+
+class _Kernel:
+    """One kernel lowered for the hardware: called with numpy operands, it emulates."""
+
+    def __init__(self, primitive: Any, params: dict[str, Any], in_avals: Sequence[Any],
+                 out_avals: Sequence[Any], platform: str, options: EmulateOptions) -> None:
+        self.options = options
+        self.out_avals = out_avals
+        call = params.get("call")
+        self.name = call.name if call is not None else str(params.get("name_and_src_info", ""))
+
+        def bind(*args: Any) -> Any:
+            return primitive.bind(*args, **params)
+
+        avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in in_avals]
+        lowered = jax.jit(bind).trace(*avals).lower(lowering_platforms=(platform,))
+        self.module = lowered.compiler_ir("stablehlo")
+        with self.module.context:
+            compiler = Compiler(_glue_rules(self), backend=f"{options.backend} program",
+                                module=self.module)
+            self.main = compiler.function("main")
+
+    def __call__(self, *operands: Any) -> tuple[np.ndarray, ...]:
+        with np.errstate(all="ignore"):
+            outs = self.main(*[np.asarray(x) for x in operands])
+        return tuple(_check_result(o, a, self.name) for o, a in zip(outs, self.out_avals,
+                                                                    strict=True))
+
+
+def _check_result(value: Any, aval: Any, name: str) -> np.ndarray:
+    value = np.asarray(value)
+    if value.shape != tuple(aval.shape):
+        raise PallasError(f"emulating kernel {name!r}: a result has shape {value.shape}, "
+                          f"expected {tuple(aval.shape)}")
+    return value.astype(aval.dtype, copy=False)
+
+
+# -- the program around the kernel: its custom calls and the glue JAX emits --------------
+
+def _glue_rules(kernel: _Kernel) -> dict[str, Rule]:
+    def custom_call(c: Compiler, op: ir.Operation) -> Callable[..., Any]:
+        return _custom_call(op, kernel)
+
+    def constant(c: Compiler, op: ir.Operation) -> Callable[..., Any]:
+        value = attribute_array(op.attributes["value"], op.results[0].type)
+        return lambda: value
+
+    def reshape(c: Compiler, op: ir.Operation) -> Callable[..., Any]:
+        shape = shape_of(op.results[0].type)
+        return lambda x: np.reshape(x, shape)
+
+    def convert(c: Compiler, op: ir.Operation) -> Callable[..., Any]:
+        dtype = dtype_of(op.results[0].type)
+        return lambda x: np.asarray(x).astype(dtype)
+
+    def broadcast_in_dim(c: Compiler, op: ir.Operation) -> Callable[..., Any]:
+        shape = shape_of(op.results[0].type)
+        dims = list(ir.DenseI64ArrayAttr(op.attributes["broadcast_dimensions"]))
+
+        def run(x: Any) -> Any:
+            x = np.asarray(x)
+            expanded = [1] * len(shape)
+            for src, dst in enumerate(dims):
+                expanded[dst] = x.shape[src]
+            return np.broadcast_to(x.reshape(expanded), shape).copy()
+        return run
+
+    def tuple_(c: Compiler, op: ir.Operation) -> Callable[..., Any]:
+        return lambda *xs: tuple(xs)
+
+    def get_tuple_element(c: Compiler, op: ir.Operation) -> Callable[..., Any]:
+        index = ir.IntegerAttr(op.attributes["index"]).value
+        return lambda t: t[index]
+
+    return {"stablehlo.custom_call": custom_call, "stablehlo.constant": constant,
+            "stablehlo.reshape": reshape, "stablehlo.convert": convert,
+            "stablehlo.broadcast_in_dim": broadcast_in_dim, "stablehlo.tuple": tuple_,
+            "stablehlo.get_tuple_element": get_tuple_element,
+            "stablehlo.optimization_barrier": lambda c, op: lambda *xs: (
+                xs[0] if len(xs) == 1 else tuple(xs))}
+
+
+_ALIAS = re.compile(r"output_tuple_indices = \[([0-9, ]*)\], operand_index = ([0-9]+)")
+
+
+def _custom_call(op: ir.Operation, kernel: _Kernel) -> Callable[..., Any]:
+    attrs = op.attributes
+    target = ir.StringAttr(attrs["call_target_name"]).value
+    config: str | bytes = ""
+    if "backend_config" in attrs:
+        raw = attrs["backend_config"]
+        config = _python_value(raw) if isinstance(raw, ir.StringAttr) else ""
+    extra = _python_value(attrs["mhlo.backend_config"]) if "mhlo.backend_config" in attrs \
+        else {}
+    aliases = []
+    if "output_operand_aliases" in attrs:
+        for alias in ir.ArrayAttr(attrs["output_operand_aliases"]):
+            m = _ALIAS.search(str(alias))
+            if m is None:
+                raise UnsupportedError(f"pl.emulate cannot read the alias {alias}")
+            indices = [int(i) for i in m.group(1).split(",") if i.strip()]
+            aliases.append((indices[0] if indices else 0, int(m.group(2))))
+    results = [(shape_of(r.type), dtype_of(r.type)) for r in op.results]
+    options = kernel.options
+
+    def run(*operands: Any) -> Any:
+        call = EmulatedCall(target=target, backend_config=config, attributes=extra,
+                            operands=tuple(np.asarray(x) for x in operands),
+                            results=tuple(results), aliases=tuple(aliases), options=options,
+                            name=kernel.name)
+        outs = manager.hook.pallas_emulate(call=call)
+        if outs is None:
+            raise UnsupportedError(
+                f"pl.emulate(backend={options.backend!r}): no installed plugin emulates the "
+                f"custom call {target!r} of kernel {kernel.name!r}. Fix: install the plugin "
+                "whose hardware it targets (it must implement the pallas_emulate hook).")
+        outs = list(outs)
+        if len(outs) != len(results):
+            raise PallasError(f"the emulator of {target!r} returned {len(outs)} results for "
+                              f"kernel {kernel.name!r}, expected {len(results)}")
+        fixed = [np.asarray(o).astype(dt, copy=False).reshape(sh)
+                 for o, (sh, dt) in zip(outs, results, strict=True)]
+        return fixed[0] if len(fixed) == 1 else tuple(fixed)
+    return run
+
+
+def _python_value(attr: ir.Attribute) -> Any:
+    """An attribute as a Python value (strings that are not UTF-8 as bytes)."""
+    if isinstance(attr, ir.StringAttr):
+        data = attr.value_bytes
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            return data
+    if isinstance(attr, ir.BoolAttr):
+        return bool(attr.value)
+    if isinstance(attr, ir.IntegerAttr):
+        return int(attr.value)
+    if isinstance(attr, ir.FloatAttr):
+        return float(attr.value)
+    if isinstance(attr, ir.DictAttr):
+        return {named.name: _python_value(named.attr) for named in attr}
+    if isinstance(attr, ir.ArrayAttr):
+        return [_python_value(a) for a in attr]
+    return str(attr)
+
+
+__all__ = ["EmulateOptions", "EmulatedCall", "emulate"]
