@@ -46,7 +46,6 @@ from pallas_mosaic_tpu.emulator_ops import (
     _unsupported,
     allocate,
     bitcast_array,
-    is_semaphore,
     segments,
 )
 
@@ -109,7 +108,7 @@ def _matmul(c: Compiler, op: ir.Operation) -> _Fn:
 
     def run(lhs: Any, rhs: Any, acc: Any) -> Any:
         lhs, rhs = np.asarray(lhs), np.asarray(rhs)
-        wide = np.float32 if dtype.kind == "f" else np.int64
+        wide: Any = np.float32 if dtype.kind == "f" else np.int64
         if dtype.kind == "f" and np.dtype(dtype).itemsize > 4:
             wide = np.float64
         a = np.transpose(lhs, lhs_b + lhs_f + lhs_c).astype(wide)
@@ -276,7 +275,7 @@ def _enqueue_dma(c: Compiler, op: ir.Operation) -> _Fn:
 
 
 def _wait_dma2(c: Compiler, op: ir.Operation) -> _Fn:
-    (sem, _), (src, _), (dst, _), (d0, d1), *_ = segments(op)
+    (sem, _), _, (dst, _), (d0, d1), *_ = segments(op)
     if d1 > d0:
         raise _unsupported(op, "waits on remote DMAs")
 
