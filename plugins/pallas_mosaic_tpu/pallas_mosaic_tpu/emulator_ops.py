@@ -194,6 +194,8 @@ def _memref_slice(c: Compiler, op: ir.Operation) -> _Fn:
     (_, _), (b0, b1), _ = segments(op)
 
     def run(ref: np.ndarray, *rest: Any) -> Any:
+        if not isinstance(ref, np.ndarray):
+            raise _unsupported(op, "slices of a ref viewed as elements of another width")
         return ref[_key(op, ref, rest[b0 - 1:b1 - 1], shape)]
     return run
 
@@ -238,13 +240,34 @@ def bitcast_array(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return np.ascontiguousarray(parts).reshape(*lead, rows * k, cols)
 
 
+class PackedRef:
+    """A ref of 16-bit (say) data viewed as 32-bit words (``tpu.memref_bitcast`` to another
+    width): reads bitcast the buffer, writes bitcast back into it."""
+
+    def __init__(self, base: np.ndarray, dtype: np.dtype) -> None:
+        self.base = base
+        self.dtype = np.dtype(dtype)
+        self.shape = bitcast_array(base, self.dtype).shape
+        self.ndim = len(self.shape)
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        return np.array(bitcast_array(self.base, self.dtype)[key])
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        whole = bitcast_array(self.base, self.dtype)
+        whole[key] = value
+        self.base[...] = bitcast_array(whole, self.base.dtype)
+
+
 def _memref_bitcast(c: Compiler, op: ir.Operation) -> _Fn:
     dtype = dtype_of(op.results[0].type)
 
-    def run(ref: np.ndarray, *_: Any) -> Any:
-        if np.dtype(ref.dtype).itemsize == dtype.itemsize:
+    def run(ref: Any, *_: Any) -> Any:
+        if isinstance(ref, np.ndarray) and np.dtype(ref.dtype).itemsize == dtype.itemsize:
             return ref.view(dtype)
-        raise _unsupported(op, "views of a ref as elements of another width")
+        if isinstance(ref, np.ndarray) and ref.ndim >= 2:
+            return PackedRef(ref, dtype)
+        raise _unsupported(op, "this view of a ref as elements of another width")
     return run
 
 

@@ -308,3 +308,81 @@ def test_erf_inv_of_plus_and_minus_one_is_infinite(dtype: Any) -> None:
     tol = 2e-2 if dtype == BF16 else 2e-5
     np.testing.assert_allclose(np.asarray(_emulate(f, x), np.float32),
                                np.asarray(jax.lax.erf_inv(x), np.float32), rtol=tol, atol=tol)
+
+
+# --- the kernels of test_tpu_shape_and_mask_rules, test_tpu_primitives, test_tpu_pipeline ----
+
+def _shape_cases() -> dict[str, tuple[Callable[[Any], Any], list[Any], Callable[..., Any]]]:
+    import test_tpu_shape_and_mask_rules as shapes
+
+    def chained(x: Any) -> Any:
+        want = np.array(x).reshape(2, 8, 128)
+        want[:, 3] = want[:, 7] * 2.0
+        return want.reshape(16, 128)
+
+    def tiled(x: Any) -> Any:
+        b = x.reshape(2, 8, 256)
+        return (b + jnp.tile(b[:, :, :128], (1, 1, 2))).reshape(16, 256)
+
+    def corner(x: Any) -> Any:
+        b = x.reshape(2, 8, 128)
+        return (b * b[:, :1, :1]).reshape(16, 128)
+
+    def packed_rows(x: Any) -> Any:
+        words = jax.lax.bitcast_convert_type(x.reshape(16, 2, 128).transpose(0, 2, 1),
+                                             jnp.uint32)
+        return words[::2]
+
+    return {
+        "tiled": (shapes.tiled, [_x((16, 256), 21)], tiled),
+        "scalar_reshapes": (shapes.scalar_reshapes, [_x((16, 128), 22)], corner),
+        "masked_store": (shapes.masked_store, [_x((16, 128), 23)],
+                         lambda x: jnp.where(jnp.arange(128) < 37, x, 0.0)),
+        "chained_views": (shapes.chained_views, [_x((16, 128), 24)], chained),
+        "squeezed_block": (shapes.squeezed_block, [_x((3, 16, 128), 25)], lambda x: x + 1.0),
+        "reshaped_view": (shapes.reshaped_view, [_x((4, 8, 128), 26)],
+                          lambda x: x.reshape(32, 128) * 2.0),
+        "bitcast_strided": (shapes.bitcast_strided, [_x((32, 128), 27, BF16)], packed_rows),
+        "shape_pieces": (shapes.shape_pieces, [_x((16, 256), 28)], shapes._pieces),
+        "one_d_bf16": (lambda m: shapes.one_d_blocks(m, 512, BF16), [_x((2048,), 29, BF16)],
+                       lambda x: x * 2),
+    }
+
+
+SHAPES = _shape_cases()
+
+
+@pytest.mark.parametrize("m", MODULES)
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_shape_and_mask_kernels(name: str, m: Any) -> None:
+    build, args, want = SHAPES[name]
+    np.testing.assert_allclose(np.asarray(_emulate(build(m), *args), np.float64),
+                               np.asarray(want(*args), np.float64), rtol=1e-6)
+
+
+@pytest.mark.parametrize("ours", [True, False], ids=["ours", "jax"])
+def test_roll_and_bitcast_primitives(ours: bool) -> None:
+    import test_tpu_primitives as prims
+
+    mods, backend = (prims.OURS, "mosaic_tpu") if ours else (prims.JAX, None)
+    x = _x((16, 256), 30)
+    for shift, axis in ((3, 1), (1, 0), (250, 1)):
+        want = np.concatenate([np.roll(b, shift, axis) for b in np.split(np.asarray(x), 2)])
+        np.testing.assert_array_equal(
+            _emulate(prims.roll_static(mods, shift, axis, backend), x), want)
+    np.testing.assert_array_equal(
+        _emulate(prims.roll_strided(mods, 2, 1, 3, 0, backend), x[:8]),
+        prims._np_roll_strided(np.asarray(x[:8]), 2, 1, 3, 0))
+    for shape, src, dst in prims.BITCASTS.values():
+        v = prims._random(shape, src, seed=5)
+        got = _emulate(prims.bitcast_kernel(mods, shape, src, dst, backend), v)
+        np.testing.assert_array_equal(np.asarray(got).view(np.uint8),
+                                      prims._np_bitcast(np.asarray(v), dst).view(np.uint8))
+
+
+def test_emit_pipeline_matmul_of_ours() -> None:
+    import test_tpu_pipeline as pipeline
+
+    a, b = pipeline._operands()
+    np.testing.assert_allclose(_emulate(pipeline.blog_matmul(pl, pltpu), a, b),
+                               jnp.dot(a, b, preferred_element_type=F32), rtol=2e-2, atol=2e-2)
