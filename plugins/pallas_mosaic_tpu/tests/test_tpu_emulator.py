@@ -224,9 +224,10 @@ def test_grid_and_memory(name: str, m: Any) -> None:
     np.testing.assert_allclose(_emulate(build(m), *args), want(*args), rtol=tol, atol=tol)
 
 
-def test_dynamic_grid_of_ours() -> None:
+@pytest.mark.parametrize("m", MODULES)
+def test_dynamic_grid(m: Any) -> None:
     x = _x((32, 128), 16)
-    got = _emulate(dynamic_grid(pl), jnp.int32(3), x)
+    got = _emulate(dynamic_grid(m), jnp.int32(3), x)
     want = np.array(x)
     want[:24] = (x[:24].reshape(3, 8, 128) * 2.0 + jnp.arange(3.0)[:, None, None]).reshape(
         24, 128)
