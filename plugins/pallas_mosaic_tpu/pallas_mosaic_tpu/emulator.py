@@ -178,7 +178,7 @@ def _reciprocal(c: Compiler, op: ir.Operation) -> _Fn:
 def _reduce_index(c: Compiler, op: ir.Operation) -> _Fn:
     axis = _int(op, "axis")
     kind = _enum(op.attributes["kind"]).lower()
-    fn = {"max": np.argmax, "min": np.argmin}.get(kind.replace("arg_", "").replace("f", ""))
+    fn = {"arg_max": np.argmax, "arg_min": np.argmin}.get(kind)
     if fn is None:
         raise _unsupported(op, f"the index reduction {kind}")
     return lambda x: fn(np.asarray(x), axis=axis).astype(np.int32)
