@@ -36,12 +36,15 @@ def _result_dtype(op: ir.Operation) -> np.dtype:
 
 
 def _ints(fn: Callable[..., Any], *, unsigned_operands: bool = False) -> Rule:
-    """An integer operation computed in the operands' width (bool as integers modulo 2)."""
+    """An integer operation computed in the operands' width (``i1`` read as 0 and -1, or as 0
+    and 1 by the unsigned operations, with the result taken modulo 2)."""
     def rule(c: Compiler, op: ir.Operation) -> _Fn:
         dtype = _result_dtype(op)
         if dtype == np.bool_:
-            return lambda *xs: (np.asarray(fn(*[np.asarray(x).astype(np.uint8) for x in xs]))
-                                & 1).astype(np.bool_)
+            def widen(x: Any) -> Any:
+                x = np.asarray(x)
+                return x.astype(np.uint8) if unsigned_operands else -x.astype(np.int8)
+            return lambda *xs: (np.asarray(fn(*[widen(x) for x in xs])) & 1).astype(np.bool_)
         if unsigned_operands:
             return lambda *xs: signed(np.asarray(fn(*[unsigned(x) for x in xs])), dtype)
         return lambda *xs: np.asarray(fn(*xs)).astype(dtype, copy=False)
@@ -196,6 +199,38 @@ def _cast(fn: Callable[[Any, np.dtype, np.dtype], Any]) -> Rule:
     return rule
 
 
+def _narrow(x: Any, dst: np.dtype) -> Any:
+    """float64 values rounded once (to nearest, ties to even) to a float type narrower than
+    float32. numpy's and ml_dtypes' casts from float64 go through float32 for some types and
+    would round twice; float32 rounded to odd keeps enough bits for the second rounding to be
+    exact."""
+    x = np.asarray(x, np.float64)
+    if dst.itemsize >= 4:
+        return x.astype(dst)
+    with np.errstate(over="ignore", invalid="ignore"):
+        f = x.astype(np.float32)
+        back = f.astype(np.float64)
+        f = np.where(np.abs(back) > np.abs(x), np.nextafter(f, np.float32(0)), f)
+        inexact = (f.astype(np.float64) != x) & np.isfinite(x)
+    bits = f.view(np.uint32) | inexact.astype(np.uint32)
+    return bits.view(np.float32).astype(dst)
+
+
+def _int_to_float(magnitude: Any, negative: Any, dst: np.dtype) -> Any:
+    """Integers given as a uint64 magnitude and a sign, rounded once to ``dst``."""
+    u = np.asarray(magnitude, np.uint64)
+    if dst.itemsize < 4:
+        # Keep the top 32 significant bits and a sticky bit: exact in float64.
+        _, exp = np.frexp(u.astype(np.float64))
+        shift = np.maximum(exp - 32, 0).astype(np.uint64)
+        dropped = u & ((np.uint64(1) << shift) - np.uint64(1))
+        kept = (u >> shift) | (dropped != 0).astype(np.uint64)
+        f = np.ldexp(kept.astype(np.float64), shift.astype(np.int64))
+        return _narrow(np.where(negative, -f, f), dst)
+    f = u.astype(dst)
+    return np.where(negative, -f, f).astype(dst)
+
+
 def _extsi(x: Any, src: np.dtype, dst: np.dtype) -> Any:
     if src == np.bool_:
         return -(x.astype(dst))
@@ -216,12 +251,13 @@ def _trunci(x: Any, src: np.dtype, dst: np.dtype) -> Any:
 def _sitofp(x: Any, src: np.dtype, dst: np.dtype) -> Any:
     if src == np.bool_:
         return -(x.astype(np.float32)).astype(dst)
-    return x.astype(np.float64).astype(dst) if dst.itemsize < 4 else x.astype(dst)
+    wide = x.astype(np.int64)
+    magnitude = np.where(wide < 0, ~wide.view(np.uint64) + np.uint64(1), wide.view(np.uint64))
+    return _int_to_float(magnitude, wide < 0, dst)
 
 
 def _uitofp(x: Any, src: np.dtype, dst: np.dtype) -> Any:
-    u = unsigned(x)
-    return u.astype(np.float64).astype(dst) if dst.itemsize < 4 else u.astype(dst)
+    return _int_to_float(unsigned(x).astype(np.uint64), False, dst)
 
 
 def _fptosi(x: Any, src: np.dtype, dst: np.dtype) -> Any:
@@ -244,6 +280,8 @@ def _fptoui(x: Any, src: np.dtype, dst: np.dtype) -> Any:
 
 
 def _float_cast(x: Any, src: np.dtype, dst: np.dtype) -> Any:
+    if dst.itemsize < 4 and src.itemsize > 4:
+        return _narrow(x, dst)
     return x.astype(dst)
 
 
@@ -265,8 +303,10 @@ def _index_castui(x: Any, src: np.dtype, dst: np.dtype) -> Any:
 
 
 def _round_half_away(x: Any) -> Any:
-    return np.copysign(np.floor(np.abs(x) + 0.5), x) * (np.abs(x) < 2.0 ** 52) \
-        + np.where(np.abs(x) < 2.0 ** 52, 0, x)
+    t = np.trunc(x)
+    with np.errstate(invalid="ignore"):
+        up = np.abs(x - t) >= 0.5
+    return np.where(up, t + np.sign(x), t)
 
 
 def _bits(fn: Callable[[int, int], int]) -> Rule:
@@ -292,7 +332,7 @@ def _cttz(v: int, bits: int) -> int:
 
 def _per_element(fn: Callable[[float], float]) -> Callable[[Any], Any]:
     ufunc = np.frompyfunc(fn, 1, 1)
-    return lambda x: ufunc(np.asarray(x, np.float64)).astype(np.float64)
+    return lambda x: np.asarray(ufunc(np.asarray(x, np.float64)), np.float64)
 
 
 def _absi(x: Any) -> Any:
