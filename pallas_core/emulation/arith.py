@@ -16,6 +16,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 from jaxlib.mlir import ir
 
@@ -27,6 +28,7 @@ from pallas_core.emulation.types import (
     signed,
     unsigned,
 )
+from pallas_core.errors import UnsupportedError
 
 _Fn = Callable[..., Any]
 
@@ -309,25 +311,40 @@ def _round_half_away(x: Any) -> Any:
     return np.where(up, t + np.sign(x), t)
 
 
-def _bits(fn: Callable[[int, int], int]) -> Rule:
+def _bits(fn: Callable[[Any, int], Any]) -> Rule:
+    """A bit-counting operation: ``fn(uint64 values, width)`` -> uint64 counts."""
     def rule(c: Compiler, op: ir.Operation) -> _Fn:
         dtype = _result_dtype(op)
         bits = bit_width(op.results[0].type)
 
         def run(x: Any) -> Any:
-            u = unsigned(np.asarray(x)).astype(np.uint64)
-            out = np.vectorize(lambda v: fn(int(v), bits), otypes=[np.uint64])(u)
+            out = fn(unsigned(np.asarray(x)).astype(np.uint64), bits)
             return signed(out.astype(np.dtype(f"u{max(dtype.itemsize, 1)}")), dtype)
         return run
     return rule
 
 
-def _ctlz(v: int, bits: int) -> int:
-    return bits - v.bit_length()
+def _bit_length(u: Any) -> Any:
+    n = np.zeros(u.shape, np.uint64)
+    for s in (32, 16, 8, 4, 2, 1):
+        big = u >= np.uint64(1 << s)
+        n += np.where(big, np.uint64(s), np.uint64(0))
+        u = np.where(big, u >> np.uint64(s), u)
+    return n + (u > 0).astype(np.uint64)
 
 
-def _cttz(v: int, bits: int) -> int:
-    return bits if v == 0 else (v & -v).bit_length() - 1
+def _ctlz(u: Any, bits: int) -> Any:
+    return np.uint64(bits) - _bit_length(u)
+
+
+def _cttz(u: Any, bits: int) -> Any:
+    lowest = u & (~u + np.uint64(1))
+    return np.where(u == 0, np.uint64(bits), _bit_length(lowest) - np.uint64(1))
+
+
+def _ctpop(u: Any, bits: int) -> Any:
+    per_byte = np.unpackbits(u[..., None].view(np.uint8), axis=-1).sum(axis=-1)
+    return per_byte.astype(np.uint64)
 
 
 def _per_element(fn: Callable[[float], float]) -> Callable[[Any], Any]:
@@ -353,6 +370,118 @@ def _ipowi(a: Any, b: Any) -> Any:
     # a ** negative: 1 for a == 1, +-1 for a == -1, 0 otherwise (division by zero for a == 0).
     neg = np.where(a == 1, 1, np.where(a == -1, np.where(b & 1, -1, 1), 0)).astype(a.dtype)
     return np.where(zero_neg, neg, out)
+
+
+def _carry(subtract: bool) -> Rule:
+    """``addui_extended`` / ``subui_extended``: the wrapped result and the unsigned carry out
+    (borrow)."""
+    def rule(c: Compiler, op: ir.Operation) -> _Fn:
+        wrapped = _ints(np.subtract if subtract else np.add)(c, op)
+
+        def run(a: Any, b: Any) -> Any:
+            out = wrapped(a, b)
+            ua, ub = unsigned(a), unsigned(b)
+            flag = ua < ub if subtract else unsigned(out) < ua
+            return out, np.asarray(flag, np.bool_)
+        return run
+    return rule
+
+
+def _mul_extended(is_signed: bool) -> Rule:
+    """``mulsi_extended`` / ``mului_extended``: the low and high halves of the double-width
+    product."""
+    def rule(c: Compiler, op: ir.Operation) -> _Fn:
+        dtype = _result_dtype(op)
+        bits = bit_width(op.results[0].type)
+        mask = np.uint64((1 << bits) - 1) if bits < 64 else np.uint64(2 ** 64 - 1)
+
+        def wide(x: Any) -> Any:
+            x = np.asarray(x)
+            if x.dtype == np.bool_:
+                x = -x.astype(np.int64) if is_signed else x.astype(np.int64)
+            return x.astype(np.int64) if is_signed else unsigned(x).astype(np.uint64)
+
+        def halves(a: Any, b: Any) -> tuple[Any, Any]:
+            if bits <= 32:
+                p = (wide(a) * wide(b)).astype(np.int64).view(np.uint64)
+                return p & mask, (p >> np.uint64(bits)) & mask
+            ua, ub = unsigned(a).astype(np.uint64), unsigned(b).astype(np.uint64)
+            m32 = np.uint64(0xFFFFFFFF)
+            s32 = np.uint64(32)
+            a0, a1, b0, b1 = ua & m32, ua >> s32, ub & m32, ub >> s32
+            low = a0 * b0
+            mid1 = a1 * b0 + (low >> s32)
+            mid2 = a0 * b1 + (mid1 & m32)
+            high = a1 * b1 + (mid1 >> s32) + (mid2 >> s32)
+            if is_signed:  # the unsigned high half less b where a < 0, less a where b < 0
+                high = high - np.where(np.asarray(a) < 0, ub, 0).astype(np.uint64) \
+                    - np.where(np.asarray(b) < 0, ua, 0).astype(np.uint64)
+            return ua * ub, high
+
+        def run(a: Any, b: Any) -> Any:
+            with np.errstate(over="ignore"):
+                low, high = halves(a, b)
+            return signed(low, dtype), signed(high, dtype)
+        return run
+    return rule
+
+
+def _flush_denormals(c: Compiler, op: ir.Operation) -> _Fn:
+    dtype = _result_dtype(op)
+    tiny = float(ml_dtypes.finfo(dtype).smallest_normal)
+    zero = np.zeros((), dtype)
+
+    def run(x: Any) -> Any:
+        x = np.asarray(x)
+        wide = x.astype(np.float64)
+        sub = (np.abs(wide) < tiny) & (wide != 0)
+        return np.where(sub, np.copysign(zero.astype(np.float64), wide).astype(dtype), x)
+    return run
+
+
+def _clampf(c: Compiler, op: ir.Operation) -> _Fn:
+    minimum = _max_min_f(False, True)(c, op)
+    maximum = _max_min_f(True, True)(c, op)
+    return lambda x, lo, hi: maximum(minimum(x, hi), lo)
+
+
+def _isnormal(c: Compiler, op: ir.Operation) -> _Fn:
+    tiny = float(ml_dtypes.finfo(dtype_of(op.operands[0].type)).smallest_normal)
+
+    def run(x: Any) -> Any:
+        wide = np.asarray(x).astype(np.float64)
+        return np.isfinite(wide) & (np.abs(wide) >= tiny)
+    return run
+
+
+def _sincos(c: Compiler, op: ir.Operation) -> _Fn:
+    sin, cos = _floats(np.sin)(c, op), _floats(np.cos)(c, op)
+    return lambda x: (sin(x), cos(x))
+
+
+def _nearest_even_only(rule: Rule) -> Rule:
+    """``rule`` for an operation whose optional ``roundingmode`` must be to nearest even."""
+    def checked(c: Compiler, op: ir.Operation) -> _Fn:
+        if "roundingmode" in op.attributes:
+            mode = str(op.attributes["roundingmode"])
+            if "to_nearest_even" not in mode:
+                raise UnsupportedError(f"the {c.backend} emulator supports only rounding to "
+                                       f"nearest even in {op.name}, not {mode}")
+        return rule(c, op)
+    return checked
+
+
+def _quiet(rule: Rule) -> Rule:
+    """``rule`` computing without numpy's floating-point warnings: overflow, division by zero
+    and invalid operations are values here (inf, NaN, wrapped integers), not events."""
+    def quiet_rule(c: Compiler, op: ir.Operation) -> _Fn:
+        fn = rule(c, op)
+
+        def run(*xs: Any) -> Any:
+            with np.errstate(all="ignore"):
+                return fn(*xs)
+        return run
+    return quiet_rule
 
 
 RULES: dict[str, Rule] = {
@@ -381,7 +510,12 @@ RULES: dict[str, Rule] = {
     "arith.trunci": _cast(_trunci), "arith.sitofp": _cast(_sitofp),
     "arith.uitofp": _cast(_uitofp), "arith.fptosi": _cast(_fptosi),
     "arith.fptoui": _cast(_fptoui), "arith.extf": _cast(_float_cast),
-    "arith.truncf": _cast(_float_cast), "arith.bitcast": _cast(_bitcast),
+    "arith.truncf": _nearest_even_only(_cast(_float_cast)),
+    "arith.convertf": _nearest_even_only(_cast(_float_cast)),
+    "arith.addui_extended": _carry(False), "arith.subui_extended": _carry(True),
+    "arith.mulsi_extended": _mul_extended(True),
+    "arith.mului_extended": _mul_extended(False),
+    "arith.flush_denormals": _flush_denormals, "arith.bitcast": _cast(_bitcast),
     "arith.index_cast": _cast(_index_cast), "arith.index_castui": _cast(_index_castui),
     # math
     "math.absf": _floats(np.abs), "math.absi": _ints(_absi),
@@ -407,8 +541,10 @@ RULES: dict[str, Rule] = {
     "math.copysign": _floats(np.copysign),
     "math.fma": _floats(lambda a, b, c: a * b + c),
     "math.ctlz": _bits(_ctlz), "math.cttz": _bits(_cttz),
-    "math.ctpop": _bits(lambda v, bits: bin(v).count("1")),
+    "math.ctpop": _bits(_ctpop),
     "math.isnan": lambda c, op: np.isnan, "math.isinf": lambda c, op: np.isinf,
     "math.isfinite": lambda c, op: np.isfinite,
+    "math.isnormal": _isnormal, "math.clampf": _clampf, "math.sincos": _sincos,
 }
+RULES = {name: rule if name == "arith.constant" else _quiet(rule) for name, rule in RULES.items()}
 """``arith`` and ``math`` operation name -> rule."""

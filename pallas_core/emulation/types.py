@@ -121,7 +121,7 @@ def attribute_array(attr: ir.Attribute, t: ir.Type) -> np.ndarray:
         if dense.is_splat:
             return np.broadcast_to(attribute_array(dense.get_splat_value(), element_type(t)),
                                    shape).copy()
-        if dtype.kind in "biuf" and dtype.itemsize in (1, 2, 4, 8) and dtype != np.float16 \
+        if (dtype.kind in "biuf" and dtype.itemsize in (1, 2, 4, 8) and dtype != np.float16) \
                 or dtype == np.float16:
             try:
                 return np.array(dense).astype(dtype).reshape(shape)
