@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import itertools
 from collections.abc import Sequence
+from fractions import Fraction
 
 import ml_dtypes
 import numpy as np
@@ -29,8 +30,9 @@ from jaxlib.mlir._mlir_libs import _jax_mlir_ext
 from jaxlib.mlir.dialects import arith as arith_dialect
 from jaxlib.mlir.dialects import math as math_dialect
 
-from pallas_core.emulation import Compiler
+from pallas_core.emulation import Compiler, types
 from pallas_core.emulation.arith import RULES
+from pallas_core.errors import PallasError
 
 INTS = ["i1", "i8", "i16", "i32", "i64", "index"]
 FLOATS = ["f16", "bf16", "f32", "f64"]
@@ -604,3 +606,126 @@ def test_undefined_results_are_the_documented_ones() -> None:
     np.testing.assert_array_equal(sl, [0, 7, 0, 0])  # shifts by >= 8 give 0 (all sign bits)
     np.testing.assert_array_equal(sr, [-1, 7, -1, 0])
     np.testing.assert_array_equal(i, [0, 127, -128, -7])  # saturating; NaN is 0
+
+
+# -- types.py -------------------------------------------------------------------------------
+
+_TYPE_DTYPES = {**DTYPES, "f4E2M1FN": np.dtype(ml_dtypes.float4_e2m1fn),
+                "f8E8M0FNU": np.dtype(ml_dtypes.float8_e8m0fnu), "i4": np.dtype(ml_dtypes.int4),
+                "i2": np.dtype(ml_dtypes.int2), "ui8": np.dtype(np.uint8),
+                "ui16": np.dtype(np.uint16), "ui32": np.dtype(np.uint32),
+                "ui64": np.dtype(np.uint64), "ui4": np.dtype(ml_dtypes.uint4)}
+
+
+def _raw(x: np.ndarray, t: str) -> list[int]:
+    """The bit patterns of ``x``, values of ``t``."""
+    x = np.asarray(x, DTYPES[t])
+    if _is_float(t):
+        x = x.view(f"i{x.dtype.itemsize}")
+    return _bits(x, _width(t)).tolist()
+
+
+@pytest.mark.parametrize("name", sorted(_TYPE_DTYPES))
+def test_dtype_of(name: str) -> None:
+    with _context(), ir.Location.unknown():
+        t = ir.Type.parse(name)
+        assert types.dtype_of(t) == _TYPE_DTYPES[name]
+        assert types.dtype_of(ir.VectorType.get([2, 3], t)) == _TYPE_DTYPES[name]
+        assert types.shape_of(ir.VectorType.get([2, 3], t)) == (2, 3)
+        assert types.shape_of(t) == ()
+
+
+def test_dtype_of_rejects_what_numpy_cannot_hold() -> None:
+    with _context(), ir.Location.unknown():
+        for name in ("i3", "i128", "tf32", "complex<f32>"):
+            with pytest.raises(PallasError, match="no numpy type"):
+                types.dtype_of(ir.Type.parse(name))
+
+
+def _attribute(text: str) -> tuple[ir.Attribute, ir.Type]:
+    attr = ir.Attribute.parse(text)
+    if isinstance(attr, ir.BoolAttr):
+        return attr, ir.IntegerType.get_signless(1)
+    for kind in (ir.DenseElementsAttr, ir.FloatAttr, ir.IntegerAttr):
+        if isinstance(attr, kind):
+            return attr, kind(attr).type
+    raise AssertionError(text)
+
+
+@pytest.mark.parametrize("name", sorted(DTYPES))
+def test_attribute_array_dense_and_splat(name: str) -> None:
+    """Dense constants of every type, written as a list, as a hex blob, and as a splat."""
+    rng = np.random.default_rng([SEED, *name.encode()])
+    (values,) = unary_values(name, rng)
+    values = values[6:18] if _is_float(name) else values[-12:] if name == "i1" else values[:12]
+    d = DTYPES[name]
+    with _context(), ir.Location.unknown():
+        vtype = f"vector<3x4x{name}>"
+        rows = [", ".join(_literal(v, name) for v in row) for row in values.reshape(3, 4)]
+        listed = "[" + ", ".join(f"[{row}]" for row in rows) + "]"
+        forms = [f"dense<{listed}> : {vtype}"]
+        if name != "i1":
+            forms.append(f'dense<"0x{values.astype(d).tobytes().hex().upper()}"> : {vtype}')
+        for text in forms:
+            attr, t = _attribute(text)
+            got = types.attribute_array(attr, t)
+            assert got.dtype == d and got.shape == (3, 4), text
+            assert _raw(got, name) == _raw(values, name), text
+        splat, t = _attribute(f"dense<{_literal(values[5], name)}> : {vtype}")
+        got = types.attribute_array(splat, t)
+        assert got.shape == (3, 4) and got.dtype == d
+        assert _raw(got, name) == _raw(values[5:6], name) * 12
+
+
+@pytest.mark.parametrize("name", sorted(DTYPES))
+def test_attribute_array_scalars(name: str) -> None:
+    rng = np.random.default_rng([SEED, *name.encode(), 1])
+    (values,) = unary_values(name, rng)
+    with _context(), ir.Location.unknown():
+        for v in values:
+            typed = "" if name == "i1" else f" : {name}"
+            attr, t = _attribute(_literal(v, name) + typed)
+            got = types.attribute_array(attr, t)
+            assert got.shape == () and got.dtype == DTYPES[name]
+            assert _raw(got, name) == _raw(np.array([v]), name), (name, v)
+
+
+def _nearest_even(x: float, t: str) -> int:
+    """The bits of ``x`` rounded to nearest, ties to even, into ``t`` (within its range),
+    computed with exact rationals over all of ``t``'s finite values."""
+    d = DTYPES[t]
+    udt = np.dtype(f"u{d.itemsize}")
+    allbits = np.arange(2 ** (8 * d.itemsize), dtype=np.uint64).astype(udt)
+    with np.errstate(invalid="ignore"):
+        finite = allbits.view(d).astype(np.float64)
+    keep = np.isfinite(finite)
+    vals, bits = finite[keep], allbits[keep]
+    order = np.argsort(vals, kind="stable")
+    vals, bits = vals[order], bits[order]
+    hi = int(np.searchsorted(vals, x, side="left"))
+    if vals[hi] == x:
+        return int(bits[hi])
+    lo = hi - 1
+    below, above = Fraction(x) - Fraction(vals[lo]), Fraction(vals[hi]) - Fraction(x)
+    if below != above:
+        return int(bits[lo] if below < above else bits[hi])
+    return int(bits[lo] if int(bits[lo]) % 2 == 0 else bits[hi])
+
+
+@pytest.mark.parametrize("t", ["bf16", "f16", "f8E4M3FN", "f8E5M2"])
+def test_truncf_from_f64_rounds_once(t: str) -> None:
+    """MLIR folds truncf only where it is exact, so this checks the rounding of the rest
+    against exact arithmetic: numpy/ml_dtypes casts from float64 round through float32."""
+    rng = np.random.default_rng([SEED, *t.encode(), 2])
+    p = ml_dtypes.finfo(DTYPES[t]).nmant
+    top = float(ml_dtypes.finfo(DTYPES[t]).max) / 2
+    mids = (1 + 2.0 ** -(p + 1)) * 2.0 ** rng.integers(-3, 4, 8)
+    x = np.concatenate([mids + mids * 2.0 ** -35, mids - mids * 2.0 ** -35, mids,
+                        rng.uniform(-top, top, 40), rng.standard_normal(40)])
+    text = (f"func.func @f(%x: vector<{len(x)}xf64>) -> vector<{len(x)}x{t}> {{\n"
+            f"  %y = arith.truncf %x : vector<{len(x)}xf64> to vector<{len(x)}x{t}>\n"
+            f"  return %y : vector<{len(x)}x{t}>\n}}")
+    with _context(), ir.Location.unknown():
+        module = ir.Module.parse(text)
+        (got,) = Compiler(RULES, backend="test", module=module).function("f")(x)
+    assert _raw(got, t) == [_nearest_even(float(v), t) for v in x]

@@ -1,13 +1,20 @@
 """``arith`` and ``math`` operations as numpy, on whole vectors.
 
 Integers are held signed (see :mod:`pallas_core.emulation.types`); the ``u`` forms view their
-operands as unsigned. ``i1`` arithmetic is arithmetic modulo 2 (``addi`` is exclusive or), and a
-sign extension or signed conversion of ``i1`` reads ``true`` as -1, as MLIR does. Where MLIR
-leaves a result undefined (division by zero, shifts by the bit width or more, float to integer
-conversion out of range) the emulator gives a defined value and does not report it.
+operands as unsigned. ``i1`` arithmetic is arithmetic modulo 2 (``addi`` is exclusive or), and the
+signed operations (``maxsi``, ``cmpi slt``, ``extsi``, ``sitofp``, ...) read ``true`` as -1, as
+MLIR does.
+
+Where MLIR leaves a result undefined the emulator gives a defined value and does not report it:
+``x / 0`` and ``x % 0`` are 0 (all division forms), ``MIN / -1`` wraps to ``MIN``, shifts by the
+bit width or more give 0 (``shrsi``: the sign bits), ``fptosi``/``fptoui`` saturate and give 0
+for NaN, ``ipowi`` of 0 to a negative power is 0, and ``clampf`` with ``min > max`` is what its
+formula gives. ``atan2(+-0, +-0)`` is C's (+-0 or +-pi), where MLIR's constant folder says NaN.
 
 Sub-32-bit floats are computed in float32 and rounded once, which is the correctly rounded result
-for the basic operations.
+for the basic operations; conversions from float64 or from integers to them round once too (a
+cast through float32 would round twice). ``tests/test_emulation_folding.py`` checks every rule
+against MLIR's constant folding.
 """
 
 from __future__ import annotations
