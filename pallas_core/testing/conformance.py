@@ -313,32 +313,33 @@ class ConformanceSuite:
                           + 10 * pl.num_programs(1) + lanes)
 
         out = self.pallas_call(
-            kernel, jax.ShapeDtypeStruct((3 * 8, 2 * 16), jnp.int32), grid=(3, 2),
-            out_specs=pl.BlockSpec((8, 16), lambda i, j: (i, j)),
+            kernel, jax.ShapeDtypeStruct((3 * 8, 2 * 128), jnp.int32), grid=(3, 2),
+            out_specs=pl.BlockSpec((8, 128), lambda i, j: (i, j)),
         )()
-        rows, cols = jnp.arange(24)[:, None], jnp.arange(32)[None, :]
-        self.assert_close(out, 1000 * (rows // 8) + 100 * (cols // 16) + 20 + cols % 16)
+        rows, cols = jnp.arange(24)[:, None], jnp.arange(256)[None, :]
+        self.assert_close(out, 1000 * (rows // 8) + 100 * (cols // 128) + 20 + cols % 128)
 
     @feature(BLOCKED_GRID)
     def test_uneven_edge_blocks(self) -> None:
-        """A (50, 70) array in (16, 32) blocks: the last row and column of blocks are partial."""
+        """A (50, 300) array in (16, 128) blocks: the last row and column of blocks are
+        partial."""
 
         def kernel(x_ref: Any, y_ref: Any, o_ref: Any) -> None:
             o_ref[...] = x_ref[...] * 2.0 + y_ref[...]
 
-        x, y = self.random((50, 70)), self.random((1, 70))
+        x, y = self.random((50, 300)), self.random((1, 300))
         out = self.pallas_call(
-            kernel, _like(x), grid=(pl.cdiv(50, 16), pl.cdiv(70, 32)),
-            in_specs=[pl.BlockSpec((16, 32), lambda i, j: (i, j)),
-                      pl.BlockSpec((1, 32), lambda i, j: (0, j))],
-            out_specs=pl.BlockSpec((16, 32), lambda i, j: (i, j)),
+            kernel, _like(x), grid=(pl.cdiv(50, 16), pl.cdiv(300, 128)),
+            in_specs=[pl.BlockSpec((16, 128), lambda i, j: (i, j)),
+                      pl.BlockSpec((1, 128), lambda i, j: (0, j))],
+            out_specs=pl.BlockSpec((16, 128), lambda i, j: (i, j)),
         )(x, y)
         self.assert_close(out, x * 2.0 + y)
 
     @feature(ACCUMULATION)
     def test_revisited_output_matmul(self) -> None:
         """A matmul on grid (i, j, k): the output block (i, j) accumulates over k."""
-        m, k, n, bm, bk, bn = 32, 48, 24, 16, 16, 8
+        m, k, n, bm, bk, bn = 32, 384, 256, 16, 128, 128
 
         def kernel(a_ref: Any, b_ref: Any, o_ref: Any) -> None:
             acc = jnp.where(pl.program_id(2) == 0, 0.0, o_ref[...])
@@ -365,7 +366,7 @@ class ConformanceSuite:
             def _negate() -> None:
                 o_ref[...] = -x_ref[...]
 
-            @pl.when(x_ref[0, 0] > 0)
+            @pl.when(x_ref[0:1, 0:1].sum() > 0)
             def _shift() -> None:
                 o_ref[...] += 100.0
 
@@ -383,19 +384,22 @@ class ConformanceSuite:
 
         def kernel(x_ref: Any, o_ref: Any) -> None:
             scale = (pl.program_id(0) + 1).astype(jnp.float32)
-            zeros = jnp.zeros((16,), jnp.float32)
-            total = lax.fori_loop(0, 8, lambda r, acc: acc + x_ref[r] * scale, zeros)
-            prefix = lax.fori_loop(0, pl.program_id(0) + 1, lambda r, acc: acc + x_ref[r], zeros)
+            zeros = jnp.zeros((1, 128), jnp.float32)
+
+            def row(r: Any) -> Any:
+                return x_ref[pl.ds(r, 1), :]
+            total = lax.fori_loop(0, 8, lambda r, acc: acc + row(r) * scale, zeros)
+            prefix = lax.fori_loop(0, pl.program_id(0) + 1, lambda r, acc: acc + row(r), zeros)
             o_ref[...] = total + prefix
 
-        x = self.random_ints_as_floats((2, 8, 16))
+        x = self.random_ints_as_floats((2, 8, 128))
         out = self.pallas_call(
-            kernel, jax.ShapeDtypeStruct((2, 16), jnp.float32), grid=(2,),
-            in_specs=[pl.BlockSpec((None, 8, 16), lambda i: (i, 0, 0))],
-            out_specs=pl.BlockSpec((None, 16), lambda i: (i, 0)),
+            kernel, jax.ShapeDtypeStruct((2, 1, 128), jnp.float32), grid=(2,),
+            in_specs=[pl.BlockSpec((None, 8, 128), lambda i: (i, 0, 0))],
+            out_specs=pl.BlockSpec((None, 1, 128), lambda i: (i, 0, 0)),
         )(x)
         prefix = jnp.stack([x[0, :1].sum(0), x[1, :2].sum(0)])
-        self.assert_close(out, x.sum(1) * jnp.array([[1.0], [2.0]]) + prefix)
+        self.assert_close(out[:, 0], x.sum(1) * jnp.array([[1.0], [2.0]]) + prefix)
 
     @feature(SCRATCH)
     def test_scratch_persists_across_steps(self) -> None:
@@ -408,16 +412,17 @@ class ConformanceSuite:
             sum_ref[...] = acc_ref[...]
             count_ref[...] = n_ref[...]
 
-        x = self.random_ints_as_floats((4, 16))
+        x = self.random_ints_as_floats((4, 8, 128))
+        row = pl.BlockSpec((None, 8, 128), lambda i: (i, 0, 0))
         sums, counts = self.pallas_call(
-            kernel, (_like(x), jax.ShapeDtypeStruct((4, 1), jnp.int32)), grid=(4,),
-            in_specs=[pl.BlockSpec((None, 16), lambda i: (i, 0))],
-            out_specs=(pl.BlockSpec((None, 16), lambda i: (i, 0)),
-                       pl.BlockSpec((None, 1), lambda i: (i, 0))),
-            scratch_shapes=[pl.ANY((16,), jnp.float32), jax.ShapeDtypeStruct((1,), jnp.int32)],
+            kernel, (_like(x), jax.ShapeDtypeStruct((4, 8, 128), jnp.int32)), grid=(4,),
+            in_specs=[row], out_specs=(row, row),
+            scratch_shapes=[self.scratch_space((8, 128), jnp.float32),
+                            jax.ShapeDtypeStruct((8, 128), jnp.int32)],
         )(x)
         self.assert_close(sums, jnp.cumsum(x, axis=0), what="running sum")
-        self.assert_close(counts, jnp.arange(1, 5)[:, None], what="step count")
+        self.assert_close(counts, jnp.broadcast_to(jnp.arange(1, 5)[:, None, None], x.shape),
+                          what="step count")
 
     @feature(ALIASING)
     def test_input_output_aliases(self) -> None:
@@ -427,7 +432,7 @@ class ConformanceSuite:
             o_ref[...] = x_ref[...] * 2.0
 
         x = self.random((32, 128))
-        spec = pl.BlockSpec((8, 128), lambda i: (2 * i, 0))
+        spec = pl.BlockSpec((8, 128), lambda i: (2 * i, 0))  # blocks 0 and 2
         out = self.pallas_call(kernel, _like(x), grid=(2,), in_specs=[spec], out_specs=spec,
                                input_output_aliases={0: 0})(x)
         self.assert_close(out, x.at[0:8].multiply(2.0).at[16:24].multiply(2.0))
