@@ -640,8 +640,10 @@ def run_kernel(module: ir.Module, operands: Sequence[np.ndarray],
         hbm = [np.array(x, dtype_of(t)) for x, t in zip(operands, rest, strict=False)]
         outs = [garbage(shape, dtype_of(rest[len(operands) + k]))
                 for k, (shape, _) in enumerate(results)]
-        for r, o in aliases:
-            outs[r][...] = operands[o]
+        for r, o in aliases:  # one buffer: the kernel may write either ref
+            if hbm[o].shape != outs[r].shape or hbm[o].dtype != outs[r].dtype:
+                raise UnsupportedError(f"result {r} aliases operand {o} of another type")
+            outs[r] = hbm[o]
         sc = SCState()
         compiler = SCCompiler({**TPU_RULES, **RULES}, KernelState(bounds), sc, module=module)
         body = compiler.function(fn)
