@@ -325,3 +325,78 @@ def test_module_jax_emits(name: str) -> None:
     a = args()
     got = emulate_jax(D.CASES[name][1], *a)
     assert_matches(got, ref(*a))
+
+
+def _jax_primitives() -> Any:
+    """``jax.experimental.pallas.tpu_sc`` standing in for ``plsc`` in the primitive cases (its
+    contiguous accesses take a Ref view, so the whole Ref is passed as ``ref.at[...]``)."""
+    jplsc = pytest.importorskip("jax.experimental.pallas.tpu_sc")
+
+    def viewed(fn: Any) -> Any:
+        return lambda ref, *a, **k: fn(ref.at[...], *a, **k)
+
+    whole = ("load_expanded", "store_compressed", "addupdate", "addupdate_compressed")
+    return types.SimpleNamespace(**{**vars(jplsc),
+                                    **{n: viewed(getattr(jplsc, n)) for n in whole}})
+
+
+def jax_run(body: Any, ins: list[Any], outs: list[Any]) -> Any:
+    """test_sc_primitives.run written with jax.experimental.pallas (one vector subcore)."""
+    from jax.experimental import pallas as jpl
+    from jax.experimental.pallas import tpu as jpltpu
+
+    jplsc = _jax_primitives()
+    mesh = jplsc.VectorSubcoreMesh(core_axis_name="c", subcore_axis_name="s", num_cores=1,
+                                   num_subcores=1)
+
+    @jpl.kernel(out_type=tuple(jax.ShapeDtypeStruct(o.shape, o.dtype) for o in outs),
+                mesh=mesh, scratch_types=[jpltpu.VMEM(a.shape, a.dtype) for a in [*ins, *outs]])
+    def k(*refs: Any) -> None:
+        n = len(ins)
+        hbm_in, hbm_out, vmem = refs[:n], refs[n:n + len(outs)], refs[n + len(outs):]
+        for h, v in zip(hbm_in, vmem[:n]):
+            jpltpu.sync_copy(h, v)
+        saved, P.plsc = P.plsc, jplsc  # the case bodies call plsc.<primitive>
+        try:
+            body(*vmem)
+        finally:
+            P.plsc = saved
+        for h, v in zip(hbm_out, vmem[n:]):
+            jpltpu.sync_copy(v, h)
+    return k(*ins)
+
+
+@pytest.mark.parametrize("name", sorted(P.CASES))
+def test_primitive_module_jax_emits(name: str) -> None:
+    body, ins, ref, _ = P.CASES[name]
+    outs = P._OUT_SHAPES.get(name, [jnp.zeros((L,), ins[0].dtype)])
+    got = emulate_jax(lambda *a: jax_run(body, list(a), outs), *ins)
+    want = ref(*ins)
+    for g, w in zip(got, want if isinstance(want, tuple) else (want,)):
+        g = np.asarray(g)[:np.shape(w)[0]]  # a masked sort defines its kept lanes only
+        np.testing.assert_allclose(g.astype(np.float64), np.asarray(w, np.float64),
+                                   rtol=1e-6, atol=1e-6)
+
+
+# --- the scalar subcores ---------------------------------------------------------------------
+
+
+def test_scalar_subcore_kernel_with_smem() -> None:
+    mesh = plsc.ScalarSubcoreMesh(axis_name="c", num_cores=2, target="v7x")
+
+    def fn(x):
+        @pl.kernel(out_type=jax.ShapeDtypeStruct(x.shape, x.dtype), mesh=mesh,
+                   scratch_types=[pltpu.SMEM((8,), x.dtype)])
+        def k(x_hbm, o_hbm, s):
+            c = lax.axis_index("c")
+            pltpu.sync_copy(x_hbm.at[c], s)
+
+            @pl.loop(0, 8)
+            def _(i):
+                s[i] = s[i] * 2 + c
+
+            pltpu.sync_copy(s, o_hbm.at[c])
+        return k(x)
+
+    x = jax.random.randint(jax.random.key(0), (2, 8), -100, 100, jnp.int32)
+    np.testing.assert_array_equal(emulate(fn)(x), np.asarray(x) * 2 + np.arange(2)[:, None])
