@@ -442,9 +442,8 @@ def _pack(c: Any, op: ir.Operation) -> _Fn:
         raise _unsupported(op, f"the pack format {fmt}")
 
     def run(*sources: Any) -> Any:
-        parts = [None] * len(sources)
-        for p, s in zip(positions, sources, strict=True):
-            parts[p] = _narrowed(np.asarray(s), dtype)
+        by_position = dict(zip(positions, sources, strict=True))
+        parts = [_narrowed(np.asarray(by_position[p]), dtype) for p in range(len(sources))]
         axis = -1 if fmt == "interleaved" else 0
         return np.stack(parts, axis=axis).reshape(shape)
     return run
@@ -658,8 +657,8 @@ def run_kernel(module: ir.Module, operands: Sequence[np.ndarray],
                         scratch.append(per_core.setdefault((core, k), fresh(t)))
                     else:
                         scratch.append(fresh(t))
-                ids = [np.int32(core), np.int32(sub)][:len(bounds)]
-                ids = [np.asarray(i, dtype_of(t)) for i, t in zip(ids, arg_types, strict=False)]
+                ids = [np.asarray(i, dtype_of(t)) for i, t in zip(
+                    [core, sub][:len(bounds)], arg_types, strict=False)]
                 programs.append(Program(core, sub, [*ids, *hbm, *outs, *scratch]))
         if options.seed is not None:
             order = np.random.default_rng(options.seed).permutation(len(programs))

@@ -23,7 +23,6 @@ import pallas_mosaic_tpu as pltpu  # noqa: E402
 import test_sc_barrier as B  # noqa: E402, N812
 import test_sc_kernels as KT  # noqa: E402, N812
 import test_sc_primitives as P  # noqa: E402, N812
-from pallas_mosaic_tpu.emulator_ops import EmulationError  # noqa: E402
 
 from pallas_core.emulation import api  # noqa: E402
 from pallas_core.emulation.call import EmulateOptions  # noqa: E402
@@ -307,7 +306,7 @@ def emulate_jax(fn: Any, *args: Any) -> tuple[np.ndarray, ...]:
     """``fn`` (a ``jax.experimental.pallas`` SparseCore kernel) lowered by JAX for a v7x and
     its StableHLO run with the custom call emulated (pl.emulate does not run JAX's
     ``pl.kernel``/``core_map``)."""
-    D = pytest.importorskip("test_sc_differential")  # noqa: N806 - skips without tpu_sc
+    D = pytest.importorskip("test_sc_differential")
     with jax.sharding.use_abstract_mesh(D._abstract_mesh()):
         lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("tpu",))
     module = lowered.compiler_ir("stablehlo")
@@ -320,7 +319,7 @@ def emulate_jax(fn: Any, *args: Any) -> tuple[np.ndarray, ...]:
 
 @pytest.mark.parametrize("name", sorted(KT.CASES))
 def test_module_jax_emits(name: str) -> None:
-    D = pytest.importorskip("test_sc_differential")  # noqa: N806
+    D = pytest.importorskip("test_sc_differential")
     _, args, ref, _ = KT.CASES[name]
     a = args()
     got = emulate_jax(D.CASES[name][1], *a)
