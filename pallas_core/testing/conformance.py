@@ -69,7 +69,8 @@ FEATURES: Mapping[str, str] = {
     ACCUMULATION: "an output block revisited along the innermost grid axis (a 3-D matmul)",
     WHEN: "pl.when on the grid position and on data",
     FORI_LOOP: "lax.fori_loop in a kernel, with static and grid-dependent trip counts",
-    SCRATCH: "scratch_shapes (pl.ANY(...) and jax.ShapeDtypeStruct) persist across grid steps",
+    SCRATCH: "scratch_shapes (in scratch_memory and as jax.ShapeDtypeStruct) persist across "
+             "grid steps",
     ALIASING: "input_output_aliases: blocks the grid never writes keep their input values",
     MASKED_ACCESS: "pl.load/pl.store with mask=/other=, reaching past the end of a Ref",
     ATOMICS: "pl.atomic_add (and its result) and pl.atomic_max across grid steps",
@@ -141,6 +142,10 @@ class ConformanceSuite:
     """Absolute tolerance of comparisons with ``jax.numpy``."""
     seed: ClassVar[int] = 0
     """Seed of the random inputs."""
+    scratch_memory: ClassVar[Any] = pl.ANY
+    """The memory space of the scratch buffers and ``run_scoped`` temporaries that kernels read
+    and write directly (a backend whose ANY memory the kernel cannot access directly, such as
+    a TPU's HBM, names its fast memory)."""
     emulate: ClassVar[bool] = False
     """Emulate mode, for hardware backends: every kernel is lowered for the backend's hardware
     and its module executed by the backend's emulator (``pl.emulate``); the result must match
@@ -211,6 +216,10 @@ class ConformanceSuite:
                                       "interpreter)")
             return out
         return run
+
+    def semaphores(self, n: int, *, dma: bool = False) -> Any:
+        """A scratch entry of ``n`` semaphores (for DMA completion when ``dma``), zeroed."""
+        return pl.MemorySpace("semaphore", zeroed=True)((n,), jnp.int32)
 
     def random(self, shape: tuple[int, ...], dtype: Any = jnp.float32) -> jax.Array:
         """Random values: standard normal floats, or integers in [-100, 100)."""
@@ -417,7 +426,7 @@ class ConformanceSuite:
         sums, counts = self.pallas_call(
             kernel, (_like(x), jax.ShapeDtypeStruct((4, 8, 128), jnp.int32)), grid=(4,),
             in_specs=[row], out_specs=(row, row),
-            scratch_shapes=[self.scratch_space((8, 128), jnp.float32),
+            scratch_shapes=[self.scratch_memory((8, 128), jnp.float32),
                             jax.ShapeDtypeStruct((8, 128), jnp.int32)],
         )(x)
         self.assert_close(sums, jnp.cumsum(x, axis=0), what="running sum")
@@ -439,8 +448,9 @@ class ConformanceSuite:
 
     @feature(MASKED_ACCESS)
     def test_masked_load_store(self) -> None:
-        """Blocks of 4 over a whole-array Ref of 10: the last load reaches 2 elements past it."""
-        n, block = 10, 4
+        """Blocks of 128 over a whole-array Ref of 300: the last load reaches 84 elements past
+        it."""
+        n, block = 300, 128
 
         def kernel(x_ref: Any, o_ref: Any, raw_ref: Any) -> None:
             start = pl.program_id(0) * block
@@ -458,7 +468,7 @@ class ConformanceSuite:
             out_specs=(whole, pl.BlockSpec((block,), lambda i: (i,))),
         )(x)
         self.assert_close(out, x * 2.0 + 1.0, what="masked store")
-        self.assert_close(raw, jnp.concatenate([x, jnp.full((2,), -1.0)]),
+        self.assert_close(raw, jnp.concatenate([x, jnp.full((steps * block - n,), -1.0)]),
                           what="masked load (masked-off lanes must be `other`)")
 
     @feature(ATOMICS)
@@ -499,8 +509,8 @@ class ConformanceSuite:
             pl.debug_print("conformance step {}", pl.program_id(0))
             o_ref[...] = x_ref[...]
 
-        x = self.random((3, 8))
-        spec = pl.BlockSpec((None, 8), lambda i: (i, 0))
+        x = self.random((3, 8, 128))
+        spec = pl.BlockSpec((None, 8, 128), lambda i: (i, 0, 0))
         out = self.pallas_call(kernel, _like(x), grid=(3,), in_specs=[spec], out_specs=spec)(x)
         jax.block_until_ready(out)
         jax.effects_barrier()
@@ -520,7 +530,7 @@ class ConformanceSuite:
                 tmp_ref[...] = x_ref[...] * 3.0
                 o_ref[...] = tmp_ref[...] - 1.0
 
-            pl.run_scoped(body, pl.ANY((8, 128), jnp.float32))
+            pl.run_scoped(body, self.scratch_memory((8, 128), jnp.float32))
 
         x = self.random((8, 128))
         self.assert_close(self.pallas_call(kernel, _like(x))(x), x * 3.0 - 1.0)
@@ -586,27 +596,23 @@ class ConformanceSuite:
     @feature(SEMAPHORES)
     def test_semaphores(self) -> None:
         """Signals add, waits subtract, reads see the count; semaphores start at zero."""
-        sem_space = pl.MemorySpace("semaphore", zeroed=True)
-
         def kernel(x_ref: Any, o_ref: Any, sems: Any) -> None:
             i = pl.program_id(0)
             pl.semaphore_signal(sems.at[0], i + 2)
             pl.semaphore_wait(sems.at[0], 1)
             o_ref[...] = x_ref[...] + pl.semaphore_read(sems.at[0]).astype(jnp.float32)
 
-        x = self.random((4, 128))
-        spec = pl.BlockSpec((None, 128), lambda i: (i, 0))
+        x = self.random((4, 8, 128))
+        spec = pl.BlockSpec((None, 8, 128), lambda i: (i, 0, 0))
         out = self.pallas_call(kernel, _like(x), grid=(4,), in_specs=[spec], out_specs=spec,
-                               scratch_shapes=[sem_space((1,), jnp.int32)])(x)
+                               scratch_shapes=[self.semaphores(1)])(x)
         counts = jnp.cumsum(jnp.arange(4) + 1).astype(jnp.float32)  # sum of (i + 2 - 1)
-        self.assert_close(out, x + counts[:, None])
+        self.assert_close(out, x + counts[:, None, None])
 
     @feature(ASYNC_COPY)
     def test_async_copy(self) -> None:
         """A local copy from the input to a scratch buffer, started then waited on."""
         from pallas_core import copies
-
-        sem_space = pl.MemorySpace("semaphore", zeroed=True)
 
         def kernel(x_ref: Any, o_ref: Any, buf: Any, sems: Any) -> None:
             copies.async_copy(x_ref, buf, sems.at[0]).wait()
@@ -614,5 +620,5 @@ class ConformanceSuite:
 
         x = self.random((8, 128))
         out = self.pallas_call(kernel, _like(x), scratch_shapes=[
-            pl.ANY((8, 128), jnp.float32), sem_space((1,), jnp.int32)])(x)
+            self.scratch_memory((8, 128), jnp.float32), self.semaphores(1, dma=True)])(x)
         self.assert_close(out, x * 2.0)

@@ -243,7 +243,7 @@ def test_shared_vmem_from_run_scoped_is_one_buffer_per_core() -> None:
 def test_a_barrier_some_subcores_never_reach_is_reported(kernel: str) -> None:
     fn = B.ring_sum(1, 4, trips=lambda s: s + 1) if kernel == "loop" else \
         B.reverse_in_scope(barrier_when=lambda c, s: s == 0)
-    with pytest.raises(Exception, match=r"EmulationError: the SparseCore kernel would hang: "
+    with pytest.raises(pl.PallasError, match=r"the SparseCore kernel would hang: "
                        r"subcores .* wait at a barrier.*Fix"):
         jax.block_until_ready(emulate(fn)(B.rand(8, (4 if kernel == "loop" else 8, L))))
 
@@ -287,7 +287,7 @@ def test_out_of_bounds_read_is_reported() -> None:
             pltpu.sync_copy(w, o_hbm.at[s])
         return k(x)
 
-    with pytest.raises(Exception, match=r"indices 24\.\.39 of dimension 0 .* out of bounds"):
+    with pytest.raises(pl.PallasError, match=r"indices 24\.\.39 of dimension 0 .* out of bounds"):
         jax.block_until_ready(emulate(fn)(B.rand(14, (2 * L,))))
 
 
