@@ -23,6 +23,16 @@ def test_rule_matrix(case: rule_matrix.Case) -> None:
     rule_matrix.check(case, _lower, "mosaic_tpu")
 
 
+_emulate = rule_matrix.pallas_call_emulation("mosaic_tpu", (8, 128))
+
+
+@pytest.mark.parametrize("case", rule_matrix.CASES, ids=str)
+def test_rule_matrix_emulated(case: rule_matrix.Case) -> None:
+    """Each entry that lowers, run by ``pl.emulate`` (the module executed by the TPU
+    emulator), matches ``jax.numpy``; refusals name the operation as above."""
+    rule_matrix.check(case, _emulate, "mosaic_tpu")
+
+
 def _module(op: Any, x: jax.Array) -> str:
     out = jax.eval_shape(op, x)
 
