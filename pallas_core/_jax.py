@@ -663,9 +663,15 @@ def _inline_consts(closed: core.ClosedJaxpr) -> Jaxpr:
 
 
 def jax_pallas_primitives() -> dict[str, Primitive]:
-    """``jax.experimental.pallas``'s kernel primitives by name (``pallas_call``, ``core_map``)."""
+    """``jax.experimental.pallas``'s kernel primitives by name (``pallas_call``, ``core_map``,
+    and ``mpmd_map`` where JAX has it)."""
     from jax._src.pallas import core as pallas_core_jax
     from jax._src.pallas import pallas_call as pallas_call_jax
 
-    return {"pallas_call": pallas_call_jax.pallas_call_p,
-            "core_map": pallas_core_jax.core_map_p}
+    found = {"pallas_call": pallas_call_jax.pallas_call_p,
+             "core_map": pallas_core_jax.core_map_p}
+    try:  # JAX 0.10's pl.kernel binds mpmd_map
+        from jax._src.pallas import mpmd
+    except ImportError:
+        return found
+    return {**found, "mpmd_map": mpmd.mpmd_map_p}

@@ -297,9 +297,8 @@ def table(d: Dialect) -> Rules:
         tail = horner(_ERF_INV_TAIL, arith.SubFOp(mmath.SqrtOp(w).result, c(3.0)).result)
         near = arith.CmpFOp(arith.CmpFPredicate.OLT, w, c(5.0)).result
         out = arith.MulFOp(select(near, central, tail), xf).result
-        # At |x| = 1 the tail polynomial runs to -inf (its leading coefficient is negative):
-        # erf_inv(+-1) is +-inf.
-        edge = arith.CmpFOp(arith.CmpFPredicate.OEQ, mmath.AbsFOp(xf).result, one).result
+        # At x = +-1 (w = inf) the tail polynomial is -inf: the answer is x * inf.
+        edge = arith.CmpFOp(arith.CmpFPredicate.OEQ, w, c(np.inf)).result
         out = select(edge, arith.MulFOp(xf, c(np.inf)).result, out)
         return convert(d, out, f32, aval.dtype, shape)
 

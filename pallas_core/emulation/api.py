@@ -98,8 +98,11 @@ def _platform(platforms: Sequence[str], target: str | None, backend: str) -> str
 
 def _kernel_primitives() -> dict[Any, str]:
     jax_prims = _jax.jax_pallas_primitives()
-    return {pallas_call_p: "pallas_call", jax_prims["pallas_call"]: "jax_pallas_call",
-            jax_prims["core_map"]: "jax_core_map"}
+    kinds = {pallas_call_p: "pallas_call", jax_prims["pallas_call"]: "jax_pallas_call",
+             jax_prims["core_map"]: "jax_core_map"}
+    if "mpmd_map" in jax_prims:
+        kinds[jax_prims["mpmd_map"]] = "jax_pallas_call"
+    return kinds
 
 
 def _has_kernel(jaxpr: Any) -> bool:

@@ -1,13 +1,20 @@
 """``arith`` and ``math`` operations as numpy, on whole vectors.
 
 Integers are held signed (see :mod:`pallas_core.emulation.types`); the ``u`` forms view their
-operands as unsigned. ``i1`` arithmetic is arithmetic modulo 2 (``addi`` is exclusive or), and a
-sign extension or signed conversion of ``i1`` reads ``true`` as -1, as MLIR does. Where MLIR
-leaves a result undefined (division by zero, shifts by the bit width or more, float to integer
-conversion out of range) the emulator gives a defined value and does not report it.
+operands as unsigned. ``i1`` arithmetic is arithmetic modulo 2 (``addi`` is exclusive or), and the
+signed operations (``maxsi``, ``cmpi slt``, ``extsi``, ``sitofp``, ...) read ``true`` as -1, as
+MLIR does.
+
+Where MLIR leaves a result undefined the emulator gives a defined value and does not report it:
+``x / 0`` and ``x % 0`` are 0 (all division forms), ``MIN / -1`` wraps to ``MIN``, shifts by the
+bit width or more give 0 (``shrsi``: the sign bits), ``fptosi``/``fptoui`` saturate and give 0
+for NaN, ``ipowi`` of 0 to a negative power is 0, and ``clampf`` with ``min > max`` is what its
+formula gives. ``atan2(+-0, +-0)`` is C's (+-0 or +-pi), where MLIR's constant folder says NaN.
 
 Sub-32-bit floats are computed in float32 and rounded once, which is the correctly rounded result
-for the basic operations.
+for the basic operations; conversions from float64 or from integers to them round once too (a
+cast through float32 would round twice). ``tests/test_emulation_folding.py`` checks every rule
+against MLIR's constant folding.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 from jaxlib.mlir import ir
 
@@ -27,6 +35,7 @@ from pallas_core.emulation.types import (
     signed,
     unsigned,
 )
+from pallas_core.errors import UnsupportedError
 
 _Fn = Callable[..., Any]
 
@@ -36,12 +45,15 @@ def _result_dtype(op: ir.Operation) -> np.dtype:
 
 
 def _ints(fn: Callable[..., Any], *, unsigned_operands: bool = False) -> Rule:
-    """An integer operation computed in the operands' width (bool as integers modulo 2)."""
+    """An integer operation computed in the operands' width (``i1`` read as 0 and -1, or as 0
+    and 1 by the unsigned operations, with the result taken modulo 2)."""
     def rule(c: Compiler, op: ir.Operation) -> _Fn:
         dtype = _result_dtype(op)
         if dtype == np.bool_:
-            return lambda *xs: (np.asarray(fn(*[np.asarray(x).astype(np.uint8) for x in xs]))
-                                & 1).astype(np.bool_)
+            def widen(x: Any) -> Any:
+                x = np.asarray(x)
+                return x.astype(np.uint8) if unsigned_operands else -x.astype(np.int8)
+            return lambda *xs: (np.asarray(fn(*[widen(x) for x in xs])) & 1).astype(np.bool_)
         if unsigned_operands:
             return lambda *xs: signed(np.asarray(fn(*[unsigned(x) for x in xs])), dtype)
         return lambda *xs: np.asarray(fn(*xs)).astype(dtype, copy=False)
@@ -196,6 +208,38 @@ def _cast(fn: Callable[[Any, np.dtype, np.dtype], Any]) -> Rule:
     return rule
 
 
+def _narrow(x: Any, dst: np.dtype) -> Any:
+    """float64 values rounded once (to nearest, ties to even) to a float type narrower than
+    float32. numpy's and ml_dtypes' casts from float64 go through float32 for some types and
+    would round twice; float32 rounded to odd keeps enough bits for the second rounding to be
+    exact."""
+    x = np.asarray(x, np.float64)
+    if dst.itemsize >= 4:
+        return x.astype(dst)
+    with np.errstate(over="ignore", invalid="ignore"):
+        f = x.astype(np.float32)
+        back = f.astype(np.float64)
+        f = np.where(np.abs(back) > np.abs(x), np.nextafter(f, np.float32(0)), f)
+        inexact = (f.astype(np.float64) != x) & np.isfinite(x)
+    bits = f.view(np.uint32) | inexact.astype(np.uint32)
+    return bits.view(np.float32).astype(dst)
+
+
+def _int_to_float(magnitude: Any, negative: Any, dst: np.dtype) -> Any:
+    """Integers given as a uint64 magnitude and a sign, rounded once to ``dst``."""
+    u = np.asarray(magnitude, np.uint64)
+    if dst.itemsize < 4:
+        # Keep the top 32 significant bits and a sticky bit: exact in float64.
+        _, exp = np.frexp(u.astype(np.float64))
+        shift = np.maximum(exp - 32, 0).astype(np.uint64)
+        dropped = u & ((np.uint64(1) << shift) - np.uint64(1))
+        kept = (u >> shift) | (dropped != 0).astype(np.uint64)
+        f = np.ldexp(kept.astype(np.float64), shift.astype(np.int64))
+        return _narrow(np.where(negative, -f, f), dst)
+    f = u.astype(dst)
+    return np.where(negative, -f, f).astype(dst)
+
+
 def _extsi(x: Any, src: np.dtype, dst: np.dtype) -> Any:
     if src == np.bool_:
         return -(x.astype(dst))
@@ -216,12 +260,13 @@ def _trunci(x: Any, src: np.dtype, dst: np.dtype) -> Any:
 def _sitofp(x: Any, src: np.dtype, dst: np.dtype) -> Any:
     if src == np.bool_:
         return -(x.astype(np.float32)).astype(dst)
-    return x.astype(np.float64).astype(dst) if dst.itemsize < 4 else x.astype(dst)
+    wide = x.astype(np.int64)
+    magnitude = np.where(wide < 0, ~wide.view(np.uint64) + np.uint64(1), wide.view(np.uint64))
+    return _int_to_float(magnitude, wide < 0, dst)
 
 
 def _uitofp(x: Any, src: np.dtype, dst: np.dtype) -> Any:
-    u = unsigned(x)
-    return u.astype(np.float64).astype(dst) if dst.itemsize < 4 else u.astype(dst)
+    return _int_to_float(unsigned(x).astype(np.uint64), False, dst)
 
 
 def _fptosi(x: Any, src: np.dtype, dst: np.dtype) -> Any:
@@ -244,6 +289,8 @@ def _fptoui(x: Any, src: np.dtype, dst: np.dtype) -> Any:
 
 
 def _float_cast(x: Any, src: np.dtype, dst: np.dtype) -> Any:
+    if dst.itemsize < 4 and src.itemsize > 4:
+        return _narrow(x, dst)
     return x.astype(dst)
 
 
@@ -265,29 +312,46 @@ def _index_castui(x: Any, src: np.dtype, dst: np.dtype) -> Any:
 
 
 def _round_half_away(x: Any) -> Any:
-    return np.copysign(np.floor(np.abs(x) + 0.5), x) * (np.abs(x) < 2.0 ** 52) \
-        + np.where(np.abs(x) < 2.0 ** 52, 0, x)
+    t = np.trunc(x)
+    with np.errstate(invalid="ignore"):
+        up = np.abs(x - t) >= 0.5
+    return np.where(up, t + np.sign(x), t)
 
 
-def _bits(fn: Callable[[int, int], int]) -> Rule:
+def _bits(fn: Callable[[Any, int], Any]) -> Rule:
+    """A bit-counting operation: ``fn(uint64 values, width)`` -> uint64 counts."""
     def rule(c: Compiler, op: ir.Operation) -> _Fn:
         dtype = _result_dtype(op)
         bits = bit_width(op.results[0].type)
 
         def run(x: Any) -> Any:
-            u = unsigned(np.asarray(x)).astype(np.uint64)
-            out = np.vectorize(lambda v: fn(int(v), bits), otypes=[np.uint64])(u)
+            out = fn(unsigned(np.asarray(x)).astype(np.uint64), bits)
             return signed(out.astype(np.dtype(f"u{max(dtype.itemsize, 1)}")), dtype)
         return run
     return rule
 
 
-def _ctlz(v: int, bits: int) -> int:
-    return bits - v.bit_length()
+def _bit_length(u: Any) -> Any:
+    n = np.zeros(u.shape, np.uint64)
+    for s in (32, 16, 8, 4, 2, 1):
+        big = u >= np.uint64(1 << s)
+        n += np.where(big, np.uint64(s), np.uint64(0))
+        u = np.where(big, u >> np.uint64(s), u)
+    return n + (u > 0).astype(np.uint64)
 
 
-def _cttz(v: int, bits: int) -> int:
-    return bits if v == 0 else (v & -v).bit_length() - 1
+def _ctlz(u: Any, bits: int) -> Any:
+    return np.uint64(bits) - _bit_length(u)
+
+
+def _cttz(u: Any, bits: int) -> Any:
+    lowest = u & (~u + np.uint64(1))
+    return np.where(u == 0, np.uint64(bits), _bit_length(lowest) - np.uint64(1))
+
+
+def _ctpop(u: Any, bits: int) -> Any:
+    per_byte = np.unpackbits(u[..., None].view(np.uint8), axis=-1).sum(axis=-1)
+    return per_byte.astype(np.uint64)
 
 
 def _per_element(fn: Callable[[float], float]) -> Callable[[Any], Any]:
@@ -313,6 +377,118 @@ def _ipowi(a: Any, b: Any) -> Any:
     # a ** negative: 1 for a == 1, +-1 for a == -1, 0 otherwise (division by zero for a == 0).
     neg = np.where(a == 1, 1, np.where(a == -1, np.where(b & 1, -1, 1), 0)).astype(a.dtype)
     return np.where(zero_neg, neg, out)
+
+
+def _carry(subtract: bool) -> Rule:
+    """``addui_extended`` / ``subui_extended``: the wrapped result and the unsigned carry out
+    (borrow)."""
+    def rule(c: Compiler, op: ir.Operation) -> _Fn:
+        wrapped = _ints(np.subtract if subtract else np.add)(c, op)
+
+        def run(a: Any, b: Any) -> Any:
+            out = wrapped(a, b)
+            ua, ub = unsigned(a), unsigned(b)
+            flag = ua < ub if subtract else unsigned(out) < ua
+            return out, np.asarray(flag, np.bool_)
+        return run
+    return rule
+
+
+def _mul_extended(is_signed: bool) -> Rule:
+    """``mulsi_extended`` / ``mului_extended``: the low and high halves of the double-width
+    product."""
+    def rule(c: Compiler, op: ir.Operation) -> _Fn:
+        dtype = _result_dtype(op)
+        bits = bit_width(op.results[0].type)
+        mask = np.uint64((1 << bits) - 1) if bits < 64 else np.uint64(2 ** 64 - 1)
+
+        def wide(x: Any) -> Any:
+            x = np.asarray(x)
+            if x.dtype == np.bool_:
+                x = -x.astype(np.int64) if is_signed else x.astype(np.int64)
+            return x.astype(np.int64) if is_signed else unsigned(x).astype(np.uint64)
+
+        def halves(a: Any, b: Any) -> tuple[Any, Any]:
+            if bits <= 32:
+                p = (wide(a) * wide(b)).astype(np.int64).view(np.uint64)
+                return p & mask, (p >> np.uint64(bits)) & mask
+            ua, ub = unsigned(a).astype(np.uint64), unsigned(b).astype(np.uint64)
+            m32 = np.uint64(0xFFFFFFFF)
+            s32 = np.uint64(32)
+            a0, a1, b0, b1 = ua & m32, ua >> s32, ub & m32, ub >> s32
+            low = a0 * b0
+            mid1 = a1 * b0 + (low >> s32)
+            mid2 = a0 * b1 + (mid1 & m32)
+            high = a1 * b1 + (mid1 >> s32) + (mid2 >> s32)
+            if is_signed:  # the unsigned high half less b where a < 0, less a where b < 0
+                high = high - np.where(np.asarray(a) < 0, ub, 0).astype(np.uint64) \
+                    - np.where(np.asarray(b) < 0, ua, 0).astype(np.uint64)
+            return ua * ub, high
+
+        def run(a: Any, b: Any) -> Any:
+            with np.errstate(over="ignore"):
+                low, high = halves(a, b)
+            return signed(low, dtype), signed(high, dtype)
+        return run
+    return rule
+
+
+def _flush_denormals(c: Compiler, op: ir.Operation) -> _Fn:
+    dtype = _result_dtype(op)
+    tiny = float(ml_dtypes.finfo(dtype).smallest_normal)
+    zero = np.zeros((), dtype)
+
+    def run(x: Any) -> Any:
+        x = np.asarray(x)
+        wide = x.astype(np.float64)
+        sub = (np.abs(wide) < tiny) & (wide != 0)
+        return np.where(sub, np.copysign(zero.astype(np.float64), wide).astype(dtype), x)
+    return run
+
+
+def _clampf(c: Compiler, op: ir.Operation) -> _Fn:
+    minimum = _max_min_f(False, True)(c, op)
+    maximum = _max_min_f(True, True)(c, op)
+    return lambda x, lo, hi: maximum(minimum(x, hi), lo)
+
+
+def _isnormal(c: Compiler, op: ir.Operation) -> _Fn:
+    tiny = float(ml_dtypes.finfo(dtype_of(op.operands[0].type)).smallest_normal)
+
+    def run(x: Any) -> Any:
+        wide = np.asarray(x).astype(np.float64)
+        return np.isfinite(wide) & (np.abs(wide) >= tiny)
+    return run
+
+
+def _sincos(c: Compiler, op: ir.Operation) -> _Fn:
+    sin, cos = _floats(np.sin)(c, op), _floats(np.cos)(c, op)
+    return lambda x: (sin(x), cos(x))
+
+
+def _nearest_even_only(rule: Rule) -> Rule:
+    """``rule`` for an operation whose optional ``roundingmode`` must be to nearest even."""
+    def checked(c: Compiler, op: ir.Operation) -> _Fn:
+        if "roundingmode" in op.attributes:
+            mode = str(op.attributes["roundingmode"])
+            if "to_nearest_even" not in mode:
+                raise UnsupportedError(f"the {c.backend} emulator supports only rounding to "
+                                       f"nearest even in {op.name}, not {mode}")
+        return rule(c, op)
+    return checked
+
+
+def _quiet(rule: Rule) -> Rule:
+    """``rule`` computing without numpy's floating-point warnings: overflow, division by zero
+    and invalid operations are values here (inf, NaN, wrapped integers), not events."""
+    def quiet_rule(c: Compiler, op: ir.Operation) -> _Fn:
+        fn = rule(c, op)
+
+        def run(*xs: Any) -> Any:
+            with np.errstate(all="ignore"):
+                return fn(*xs)
+        return run
+    return quiet_rule
 
 
 RULES: dict[str, Rule] = {
@@ -341,7 +517,12 @@ RULES: dict[str, Rule] = {
     "arith.trunci": _cast(_trunci), "arith.sitofp": _cast(_sitofp),
     "arith.uitofp": _cast(_uitofp), "arith.fptosi": _cast(_fptosi),
     "arith.fptoui": _cast(_fptoui), "arith.extf": _cast(_float_cast),
-    "arith.truncf": _cast(_float_cast), "arith.bitcast": _cast(_bitcast),
+    "arith.truncf": _nearest_even_only(_cast(_float_cast)),
+    "arith.convertf": _nearest_even_only(_cast(_float_cast)),
+    "arith.addui_extended": _carry(False), "arith.subui_extended": _carry(True),
+    "arith.mulsi_extended": _mul_extended(True),
+    "arith.mului_extended": _mul_extended(False),
+    "arith.flush_denormals": _flush_denormals, "arith.bitcast": _cast(_bitcast),
     "arith.index_cast": _cast(_index_cast), "arith.index_castui": _cast(_index_castui),
     # math
     "math.absf": _floats(np.abs), "math.absi": _ints(_absi),
@@ -367,8 +548,10 @@ RULES: dict[str, Rule] = {
     "math.copysign": _floats(np.copysign),
     "math.fma": _floats(lambda a, b, c: a * b + c),
     "math.ctlz": _bits(_ctlz), "math.cttz": _bits(_cttz),
-    "math.ctpop": _bits(lambda v, bits: bin(v).count("1")),
+    "math.ctpop": _bits(_ctpop),
     "math.isnan": lambda c, op: np.isnan, "math.isinf": lambda c, op: np.isinf,
     "math.isfinite": lambda c, op: np.isfinite,
+    "math.isnormal": _isnormal, "math.clampf": _clampf, "math.sincos": _sincos,
 }
+RULES = {name: rule if name == "arith.constant" else _quiet(rule) for name, rule in RULES.items()}
 """``arith`` and ``math`` operation name -> rule."""

@@ -69,7 +69,8 @@ FEATURES: Mapping[str, str] = {
     ACCUMULATION: "an output block revisited along the innermost grid axis (a 3-D matmul)",
     WHEN: "pl.when on the grid position and on data",
     FORI_LOOP: "lax.fori_loop in a kernel, with static and grid-dependent trip counts",
-    SCRATCH: "scratch_shapes (pl.ANY(...) and jax.ShapeDtypeStruct) persist across grid steps",
+    SCRATCH: "scratch_shapes (in scratch_memory and as jax.ShapeDtypeStruct) persist across "
+             "grid steps",
     ALIASING: "input_output_aliases: blocks the grid never writes keep their input values",
     MASKED_ACCESS: "pl.load/pl.store with mask=/other=, reaching past the end of a Ref",
     ATOMICS: "pl.atomic_add (and its result) and pl.atomic_max across grid steps",
@@ -141,6 +142,10 @@ class ConformanceSuite:
     """Absolute tolerance of comparisons with ``jax.numpy``."""
     seed: ClassVar[int] = 0
     """Seed of the random inputs."""
+    scratch_memory: ClassVar[Any] = pl.ANY
+    """The memory space of the scratch buffers and ``run_scoped`` temporaries that kernels read
+    and write directly (a backend whose ANY memory the kernel cannot access directly, such as
+    a TPU's HBM, names its fast memory)."""
     emulate: ClassVar[bool] = False
     """Emulate mode, for hardware backends: every kernel is lowered for the backend's hardware
     and its module executed by the backend's emulator (``pl.emulate``); the result must match
@@ -211,6 +216,10 @@ class ConformanceSuite:
                                       "interpreter)")
             return out
         return run
+
+    def semaphores(self, n: int, *, dma: bool = False) -> Any:
+        """A scratch entry of ``n`` semaphores (for DMA completion when ``dma``), zeroed."""
+        return pl.MemorySpace("semaphore", zeroed=True)((n,), jnp.int32)
 
     def random(self, shape: tuple[int, ...], dtype: Any = jnp.float32) -> jax.Array:
         """Random values: standard normal floats, or integers in [-100, 100)."""
@@ -313,32 +322,33 @@ class ConformanceSuite:
                           + 10 * pl.num_programs(1) + lanes)
 
         out = self.pallas_call(
-            kernel, jax.ShapeDtypeStruct((3 * 8, 2 * 16), jnp.int32), grid=(3, 2),
-            out_specs=pl.BlockSpec((8, 16), lambda i, j: (i, j)),
+            kernel, jax.ShapeDtypeStruct((3 * 8, 2 * 128), jnp.int32), grid=(3, 2),
+            out_specs=pl.BlockSpec((8, 128), lambda i, j: (i, j)),
         )()
-        rows, cols = jnp.arange(24)[:, None], jnp.arange(32)[None, :]
-        self.assert_close(out, 1000 * (rows // 8) + 100 * (cols // 16) + 20 + cols % 16)
+        rows, cols = jnp.arange(24)[:, None], jnp.arange(256)[None, :]
+        self.assert_close(out, 1000 * (rows // 8) + 100 * (cols // 128) + 20 + cols % 128)
 
     @feature(BLOCKED_GRID)
     def test_uneven_edge_blocks(self) -> None:
-        """A (50, 70) array in (16, 32) blocks: the last row and column of blocks are partial."""
+        """A (50, 300) array in (16, 128) blocks: the last row and column of blocks are
+        partial."""
 
         def kernel(x_ref: Any, y_ref: Any, o_ref: Any) -> None:
             o_ref[...] = x_ref[...] * 2.0 + y_ref[...]
 
-        x, y = self.random((50, 70)), self.random((1, 70))
+        x, y = self.random((50, 300)), self.random((1, 300))
         out = self.pallas_call(
-            kernel, _like(x), grid=(pl.cdiv(50, 16), pl.cdiv(70, 32)),
-            in_specs=[pl.BlockSpec((16, 32), lambda i, j: (i, j)),
-                      pl.BlockSpec((1, 32), lambda i, j: (0, j))],
-            out_specs=pl.BlockSpec((16, 32), lambda i, j: (i, j)),
+            kernel, _like(x), grid=(pl.cdiv(50, 16), pl.cdiv(300, 128)),
+            in_specs=[pl.BlockSpec((16, 128), lambda i, j: (i, j)),
+                      pl.BlockSpec((1, 128), lambda i, j: (0, j))],
+            out_specs=pl.BlockSpec((16, 128), lambda i, j: (i, j)),
         )(x, y)
         self.assert_close(out, x * 2.0 + y)
 
     @feature(ACCUMULATION)
     def test_revisited_output_matmul(self) -> None:
         """A matmul on grid (i, j, k): the output block (i, j) accumulates over k."""
-        m, k, n, bm, bk, bn = 32, 48, 24, 16, 16, 8
+        m, k, n, bm, bk, bn = 32, 384, 256, 16, 128, 128
 
         def kernel(a_ref: Any, b_ref: Any, o_ref: Any) -> None:
             acc = jnp.where(pl.program_id(2) == 0, 0.0, o_ref[...])
@@ -365,7 +375,7 @@ class ConformanceSuite:
             def _negate() -> None:
                 o_ref[...] = -x_ref[...]
 
-            @pl.when(x_ref[0, 0] > 0)
+            @pl.when(x_ref[0:1, 0:1].sum() > 0)
             def _shift() -> None:
                 o_ref[...] += 100.0
 
@@ -383,19 +393,22 @@ class ConformanceSuite:
 
         def kernel(x_ref: Any, o_ref: Any) -> None:
             scale = (pl.program_id(0) + 1).astype(jnp.float32)
-            zeros = jnp.zeros((16,), jnp.float32)
-            total = lax.fori_loop(0, 8, lambda r, acc: acc + x_ref[r] * scale, zeros)
-            prefix = lax.fori_loop(0, pl.program_id(0) + 1, lambda r, acc: acc + x_ref[r], zeros)
+            zeros = jnp.zeros((1, 128), jnp.float32)
+
+            def row(r: Any) -> Any:
+                return x_ref[pl.ds(r, 1), :]
+            total = lax.fori_loop(0, 8, lambda r, acc: acc + row(r) * scale, zeros)
+            prefix = lax.fori_loop(0, pl.program_id(0) + 1, lambda r, acc: acc + row(r), zeros)
             o_ref[...] = total + prefix
 
-        x = self.random_ints_as_floats((2, 8, 16))
+        x = self.random_ints_as_floats((2, 8, 128))
         out = self.pallas_call(
-            kernel, jax.ShapeDtypeStruct((2, 16), jnp.float32), grid=(2,),
-            in_specs=[pl.BlockSpec((None, 8, 16), lambda i: (i, 0, 0))],
-            out_specs=pl.BlockSpec((None, 16), lambda i: (i, 0)),
+            kernel, jax.ShapeDtypeStruct((2, 1, 128), jnp.float32), grid=(2,),
+            in_specs=[pl.BlockSpec((None, 8, 128), lambda i: (i, 0, 0))],
+            out_specs=pl.BlockSpec((None, 1, 128), lambda i: (i, 0, 0)),
         )(x)
         prefix = jnp.stack([x[0, :1].sum(0), x[1, :2].sum(0)])
-        self.assert_close(out, x.sum(1) * jnp.array([[1.0], [2.0]]) + prefix)
+        self.assert_close(out[:, 0], x.sum(1) * jnp.array([[1.0], [2.0]]) + prefix)
 
     @feature(SCRATCH)
     def test_scratch_persists_across_steps(self) -> None:
@@ -408,16 +421,17 @@ class ConformanceSuite:
             sum_ref[...] = acc_ref[...]
             count_ref[...] = n_ref[...]
 
-        x = self.random_ints_as_floats((4, 16))
+        x = self.random_ints_as_floats((4, 8, 128))
+        row = pl.BlockSpec((None, 8, 128), lambda i: (i, 0, 0))
         sums, counts = self.pallas_call(
-            kernel, (_like(x), jax.ShapeDtypeStruct((4, 1), jnp.int32)), grid=(4,),
-            in_specs=[pl.BlockSpec((None, 16), lambda i: (i, 0))],
-            out_specs=(pl.BlockSpec((None, 16), lambda i: (i, 0)),
-                       pl.BlockSpec((None, 1), lambda i: (i, 0))),
-            scratch_shapes=[pl.ANY((16,), jnp.float32), jax.ShapeDtypeStruct((1,), jnp.int32)],
+            kernel, (_like(x), jax.ShapeDtypeStruct((4, 8, 128), jnp.int32)), grid=(4,),
+            in_specs=[row], out_specs=(row, row),
+            scratch_shapes=[self.scratch_memory((8, 128), jnp.float32),
+                            jax.ShapeDtypeStruct((8, 128), jnp.int32)],
         )(x)
         self.assert_close(sums, jnp.cumsum(x, axis=0), what="running sum")
-        self.assert_close(counts, jnp.arange(1, 5)[:, None], what="step count")
+        self.assert_close(counts, jnp.broadcast_to(jnp.arange(1, 5)[:, None, None], x.shape),
+                          what="step count")
 
     @feature(ALIASING)
     def test_input_output_aliases(self) -> None:
@@ -427,15 +441,16 @@ class ConformanceSuite:
             o_ref[...] = x_ref[...] * 2.0
 
         x = self.random((32, 128))
-        spec = pl.BlockSpec((8, 128), lambda i: (2 * i, 0))
+        spec = pl.BlockSpec((8, 128), lambda i: (2 * i, 0))  # blocks 0 and 2
         out = self.pallas_call(kernel, _like(x), grid=(2,), in_specs=[spec], out_specs=spec,
                                input_output_aliases={0: 0})(x)
         self.assert_close(out, x.at[0:8].multiply(2.0).at[16:24].multiply(2.0))
 
     @feature(MASKED_ACCESS)
     def test_masked_load_store(self) -> None:
-        """Blocks of 4 over a whole-array Ref of 10: the last load reaches 2 elements past it."""
-        n, block = 10, 4
+        """Blocks of 128 over a whole-array Ref of 300: the last load reaches 84 elements past
+        it."""
+        n, block = 300, 128
 
         def kernel(x_ref: Any, o_ref: Any, raw_ref: Any) -> None:
             start = pl.program_id(0) * block
@@ -453,7 +468,7 @@ class ConformanceSuite:
             out_specs=(whole, pl.BlockSpec((block,), lambda i: (i,))),
         )(x)
         self.assert_close(out, x * 2.0 + 1.0, what="masked store")
-        self.assert_close(raw, jnp.concatenate([x, jnp.full((2,), -1.0)]),
+        self.assert_close(raw, jnp.concatenate([x, jnp.full((steps * block - n,), -1.0)]),
                           what="masked load (masked-off lanes must be `other`)")
 
     @feature(ATOMICS)
@@ -494,8 +509,8 @@ class ConformanceSuite:
             pl.debug_print("conformance step {}", pl.program_id(0))
             o_ref[...] = x_ref[...]
 
-        x = self.random((3, 8))
-        spec = pl.BlockSpec((None, 8), lambda i: (i, 0))
+        x = self.random((3, 8, 128))
+        spec = pl.BlockSpec((None, 8, 128), lambda i: (i, 0, 0))
         out = self.pallas_call(kernel, _like(x), grid=(3,), in_specs=[spec], out_specs=spec)(x)
         jax.block_until_ready(out)
         jax.effects_barrier()
@@ -515,7 +530,7 @@ class ConformanceSuite:
                 tmp_ref[...] = x_ref[...] * 3.0
                 o_ref[...] = tmp_ref[...] - 1.0
 
-            pl.run_scoped(body, pl.ANY((8, 128), jnp.float32))
+            pl.run_scoped(body, self.scratch_memory((8, 128), jnp.float32))
 
         x = self.random((8, 128))
         self.assert_close(self.pallas_call(kernel, _like(x))(x), x * 3.0 - 1.0)
@@ -581,27 +596,23 @@ class ConformanceSuite:
     @feature(SEMAPHORES)
     def test_semaphores(self) -> None:
         """Signals add, waits subtract, reads see the count; semaphores start at zero."""
-        sem_space = pl.MemorySpace("semaphore", zeroed=True)
-
         def kernel(x_ref: Any, o_ref: Any, sems: Any) -> None:
             i = pl.program_id(0)
             pl.semaphore_signal(sems.at[0], i + 2)
             pl.semaphore_wait(sems.at[0], 1)
             o_ref[...] = x_ref[...] + pl.semaphore_read(sems.at[0]).astype(jnp.float32)
 
-        x = self.random((4, 128))
-        spec = pl.BlockSpec((None, 128), lambda i: (i, 0))
+        x = self.random((4, 8, 128))
+        spec = pl.BlockSpec((None, 8, 128), lambda i: (i, 0, 0))
         out = self.pallas_call(kernel, _like(x), grid=(4,), in_specs=[spec], out_specs=spec,
-                               scratch_shapes=[sem_space((1,), jnp.int32)])(x)
+                               scratch_shapes=[self.semaphores(1)])(x)
         counts = jnp.cumsum(jnp.arange(4) + 1).astype(jnp.float32)  # sum of (i + 2 - 1)
-        self.assert_close(out, x + counts[:, None])
+        self.assert_close(out, x + counts[:, None, None])
 
     @feature(ASYNC_COPY)
     def test_async_copy(self) -> None:
         """A local copy from the input to a scratch buffer, started then waited on."""
         from pallas_core import copies
-
-        sem_space = pl.MemorySpace("semaphore", zeroed=True)
 
         def kernel(x_ref: Any, o_ref: Any, buf: Any, sems: Any) -> None:
             copies.async_copy(x_ref, buf, sems.at[0]).wait()
@@ -609,5 +620,5 @@ class ConformanceSuite:
 
         x = self.random((8, 128))
         out = self.pallas_call(kernel, _like(x), scratch_shapes=[
-            pl.ANY((8, 128), jnp.float32), sem_space((1,), jnp.int32)])(x)
+            self.scratch_memory((8, 128), jnp.float32), self.semaphores(1, dma=True)])(x)
         self.assert_close(out, x * 2.0)

@@ -210,20 +210,34 @@ def pallas_call_emulation(backend: str, shape: Sequence[int]) -> Callable[[Case]
 
     def run(case: Case) -> None:
         body, out, xs = call_parts(case, shape)
-        if case.name in _DIVIDES and case.arity == 2 and jnp.issubdtype(xs[1].dtype,
-                                                                         jnp.integer):
-            xs[1] = jnp.where(xs[1] == 0, jnp.ones((), xs[1].dtype), xs[1])  # defined
+        xs = defined_operands(case, xs)
         got = emulate(pallas_call(body, out, backend=backend), backend=backend)(*xs)
-        want = case.op(*xs).astype(out.dtype)
-        tol = TOLERANCE.get(np.dtype(out.dtype).name, 0.0)
-        if jnp.issubdtype(out.dtype, jnp.floating) and not jnp.issubdtype(
-                xs[0].dtype, jnp.floating):
-            tol = 0.0  # an integer converted to float: exact
-        np.testing.assert_allclose(
-            np.asarray(got, np.float64) if tol else np.asarray(got),
-            np.asarray(want, np.float64) if tol else np.asarray(want), rtol=tol, atol=tol,
-            err_msg=f"{case} emulated on {backend!r} differs from jax.numpy")
+        assert_matches(case, got, xs, out, backend)
     return run
+
+
+def defined_operands(case: Case, xs: list[jax.Array]) -> list[jax.Array]:
+    """``xs`` with the divisor of an integer division made nonzero (a zero divisor is
+    undefined: hardware and ``jax.numpy`` need not agree)."""
+    if case.name in _DIVIDES and case.arity == 2 and not jnp.issubdtype(xs[1].dtype,
+                                                                          jnp.floating):
+        xs = [xs[0], jnp.where(xs[1] == 0, jnp.ones((), xs[1].dtype), xs[1])]
+    return xs
+
+
+def assert_matches(case: Case, got: Any, xs: Sequence[jax.Array], out: Any,
+                   backend: str = "") -> None:
+    """``got`` (an emulated result) matches ``case.op(*xs)`` by ``jax.numpy``: bit for bit on
+    integers, booleans and integers converted to floats, within :data:`TOLERANCE` on
+    floats."""
+    want = case.op(*xs).astype(out.dtype)
+    tol = TOLERANCE.get(np.dtype(out.dtype).name, 0.0)
+    if not jnp.issubdtype(xs[0].dtype, jnp.floating):
+        tol = 0.0  # integer and boolean operations, and their conversions, are exact
+    np.testing.assert_allclose(
+        np.asarray(got, np.float64) if tol else np.asarray(got),
+        np.asarray(want, np.float64) if tol else np.asarray(want), rtol=tol, atol=tol,
+        err_msg=f"{case} emulated on {backend!r} differs from jax.numpy")
 
 
 def check(case: Case, lower: Callable[[Case], None], backend: str) -> None:

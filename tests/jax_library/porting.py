@@ -40,6 +40,12 @@ REWRITES = [
     (r"^from jax\.experimental\.pallas import triton as (\w+)", r"import pallas_triton as \1"),
     (r"^from jax\.experimental\.pallas import mosaic_gpu as (\w+)",
      r"import pallas_mosaic_gpu as \1"),
+    # The same imports spelled ``import jax.experimental.pallas[.backend] as name``.
+    (r"^import jax\.experimental\.pallas as (\w+)", r"import pallas_core as \1"),
+    (r"^import jax\.experimental\.pallas\.tpu as (\w+)", r"import pallas_mosaic_tpu as \1"),
+    (r"^import jax\.experimental\.pallas\.triton as (\w+)", r"import pallas_triton as \1"),
+    (r"^import jax\.experimental\.pallas\.mosaic_gpu as (\w+)",
+     r"import pallas_mosaic_gpu as \1"),
     (r"jax\.experimental\.pallas\.ops\b", PREFIX),
     # A PRNG name can be registered once per process: the ported one gets its own.
     (r"^prng\.register_prng\((\w+)\)",

@@ -4,6 +4,12 @@ The ``mosaic_gpu_v2`` custom call carries the module as MLIR bytecode in its bac
 (``module``, with ``kernel_hash``, the SHA-256 of those bytes). These helpers lower a kernel
 for ``cuda`` on any machine, pull the module out and parse it back, for ``pl.stages`` and
 tests.
+
+To compare this backend with another producer of the same kernel (``jax.experimental.pallas``):
+``kernels(stablehlo_text)`` decodes every ``mosaic_gpu_v2`` call into its config (the backend
+config's flags and the call's operand and result types, layouts and aliases) and its verified
+module; ``launch(module)`` reads the ``gpu.launch`` of the module (grid, cluster, block, dynamic
+shared memory); ``assert_same_kernel(ours, theirs)`` compares all of it.
 """
 
 from __future__ import annotations
@@ -31,10 +37,28 @@ def _walk(op: Any) -> Iterator[Any]:
                 yield from _walk(child.operation)
 
 
+def _backend_config(config: ir.DictAttr) -> dict[str, Any]:
+    """The backend config's entries as Python values (strings as bytes, flags as bools)."""
+    found: dict[str, Any] = {}
+    for i in range(len(config)):
+        named = config[i]
+        attr = named.attr
+        if isinstance(attr, ir.StringAttr):
+            found[named.name] = ir.StringAttr(attr).value_bytes
+        elif isinstance(attr, ir.BoolAttr):
+            found[named.name] = ir.BoolAttr(attr).value
+        else:
+            found[named.name] = str(attr)
+    return found
+
+
 def custom_calls(stablehlo: Any) -> list[dict[str, Any]]:
     """The ``mosaic_gpu_v2`` custom calls of a lowered program (``jax.jit(f).lower(...)``, its
-    ``compiler_ir("stablehlo")``, or its text): each as ``{"module": bytes, "kernel_hash":
-    bytes}``."""
+    ``compiler_ir("stablehlo")``, or its text): each as its backend config (``module`` and
+    ``kernel_hash`` as bytes, ``use_custom_barrier``, ``uses_xla_collective_metadata``, ...)
+    plus ``"call"``: the custom call's own attributes (``api_version``, ``has_side_effect``,
+    ``operand_layouts``, ``result_layouts``, ``output_operand_aliases``) and its
+    ``operand_types`` and ``result_types``, as text."""
     if hasattr(stablehlo, "compiler_ir"):
         stablehlo = stablehlo.compiler_ir("stablehlo")
     if isinstance(stablehlo, str):
@@ -48,9 +72,14 @@ def custom_calls(stablehlo: Any) -> list[dict[str, Any]]:
         attrs = op.operation.attributes
         if ir.StringAttr(attrs["call_target_name"]).value != CUSTOM_CALL_TARGET:
             continue
-        config = ir.DictAttr(attrs["mhlo.backend_config"])
-        found.append({"module": ir.StringAttr(config["module"]).value_bytes,
-                      "kernel_hash": ir.StringAttr(config["kernel_hash"]).value_bytes})
+        entry = _backend_config(ir.DictAttr(attrs["mhlo.backend_config"]))
+        names = ("api_version", "has_side_effect", "operand_layouts", "result_layouts",
+                 "output_operand_aliases")
+        call: dict[str, Any] = {n: str(attrs[n]) if n in attrs else None for n in names}
+        call["operand_types"] = tuple(str(v.type) for v in op.operation.operands)
+        call["result_types"] = tuple(str(r.type) for r in op.operation.results)
+        entry["call"] = call
+        found.append(entry)
     return found
 
 
@@ -100,3 +129,80 @@ def module_text(call: KernelCall) -> str:
     """The module of ``call`` as text (parsed back from the bytecode and verified)."""
     module = check_call(custom_calls(lower_kernel(call))[0])
     return str(module)
+
+
+def kernels(stablehlo_text: Any) -> list[tuple[dict[str, Any], ir.Module]]:
+    """``(config, module)`` of every ``mosaic_gpu_v2`` call of a lowered program: ``config`` is
+    :func:`custom_calls`'s entry without the module bytes and their hash (both checked here),
+    ``module`` the kernel's module, parsed back and verified as the runtime does."""
+    found = []
+    for entry in custom_calls(stablehlo_text):
+        module = check_call(entry)
+        config = {k: v for k, v in entry.items() if k not in ("module", "kernel_hash")}
+        found.append((config, module))
+    return found
+
+
+def _constant(value: Any, what: str) -> int:
+    owner = value.owner
+    if getattr(owner, "name", None) != "arith.constant":
+        raise PallasError(f"the kernel's {what} is not a constant (it is computed by "
+                          f"{getattr(owner, 'name', owner)}); launch() reads static launches only")
+    return int(ir.IntegerAttr(owner.attributes["value"]).value)
+
+
+def launch(module: ir.Module) -> dict[str, Any]:
+    """What the runtime launches the kernel of ``module`` with, read from its one
+    ``gpu.launch``: ``grid`` (blocks), ``cluster`` (blocks per cluster; ``(1, 1, 1)`` when the
+    launch names none), ``block`` (threads per block), ``smem_bytes`` (dynamic shared memory),
+    and ``arch`` (the ``mosaic_gpu.arch_major/minor`` the module is built for)."""
+    launches = [op for op in _walk(module.operation) if op.operation.name == "gpu.launch"]
+    if len(launches) != 1:
+        raise PallasError(f"expected one gpu.launch in the Mosaic GPU module, found "
+                          f"{len(launches)}")
+    op = launches[0]
+
+    def dims(prefix: str) -> tuple[int, ...]:
+        return tuple(_constant(getattr(op, f"{prefix}{x}"), f"{prefix}{x}") for x in "XYZ")
+
+    cluster = (1, 1, 1) if op.clusterSizeX is None else dims("clusterSize")
+    smem = op.dynamicSharedMemorySize
+    attrs = module.operation.attributes
+    arch = tuple(ir.IntegerAttr(attrs[f"mosaic_gpu.arch_{k}"]).value
+                 for k in ("major", "minor") if f"mosaic_gpu.arch_{k}" in attrs)
+    return {"grid": dims("gridSize"), "cluster": cluster, "block": dims("blockSize"),
+            "smem_bytes": 0 if smem is None else _constant(smem, "dynamic shared memory size"),
+            "arch": arch}
+
+
+def smem_buffers(module: ir.Module) -> list[tuple[int, str]]:
+    """``(byte offset, memref type)`` of every view the kernel of ``module`` takes of its
+    dynamic shared memory at a constant offset (its buffers and barriers), by offset."""
+    found = set()
+    for op in _walk(module.operation):
+        if op.operation.name != "memref.view":
+            continue
+        source, offset = op.operation.operands[0], op.operation.operands[1]
+        if "workgroup" not in str(source.type) or \
+                getattr(offset.owner, "name", None) != "arith.constant":
+            continue
+        found.add((_constant(offset, "view offset"), str(op.operation.results[0].type)))
+    return sorted(found)
+
+
+def assert_same_kernel(ours: tuple[dict[str, Any], ir.Module],
+                       theirs: tuple[dict[str, Any], ir.Module],
+                       differences: dict[str, tuple[Any, Any]] | None = None) -> None:
+    """Raises ``AssertionError`` unless two entries of :func:`kernels` agree on what a GPU
+    runtime acts on: the custom call's config (flags, operand and result types, layouts,
+    aliases) and the :func:`launch` of the module. ``differences`` names the fields known to
+    differ, each as ``(ours, theirs)``: they must differ exactly so."""
+    (config_a, module_a), (config_b, module_b) = ours, theirs
+    a = {**config_a, **launch(module_a)}
+    b = {**config_b, **launch(module_b)}
+    expected = dict(differences or {})
+    diff = {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b))
+            if a.get(k) != b.get(k) or k in expected}
+    if diff != expected:
+        raise AssertionError(f"the kernels differ (ours, theirs): {diff}; expected "
+                             f"differences: {expected}")

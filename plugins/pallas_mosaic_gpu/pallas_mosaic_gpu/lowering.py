@@ -58,6 +58,10 @@ WGMMA = mgpu.WGMMA_LAYOUT
 SWIZZLE = 128
 """Bytes of the swizzle of tiled SMEM buffers (the widest; what wgmma reads best)."""
 WARPGROUP = 128
+SMEM_ALIGNMENT = 1024
+"""Where every shared-memory buffer starts (a multiple of this many bytes): TMA copies need
+128-byte aligned buffers, and a 128-byte swizzle repeats every 1024 bytes, which the swizzled
+TMA copies and the wgmma descriptors (base offset 0) assume of a buffer's start."""
 
 RULES = mlir_lowering.Rules()
 _LAZY_OK: set[Any] = set()
@@ -389,6 +393,44 @@ def scoped_allocations(call: KernelCall
     return found
 
 
+def _nbytes(buf: jax.ShapeDtypeStruct) -> int:
+    dt = np.dtype(buf.dtype)
+    bits = (np.iinfo(dt).bits if np.issubdtype(dt, np.integer) else
+            np.finfo(dt).bits if np.issubdtype(dt, np.floating) else dt.itemsize * 8)
+    return math.prod(buf.shape) * bits // 8
+
+
+def aligned_smem(entries: Sequence[Any]) -> tuple[tuple[Any, ...], list[int]]:
+    """The shared-memory tree ``mgpu.as_gpu_kernel`` lays out (in order, without gaps) for
+    ``entries`` (buffers and barriers): every buffer first, each starting at a multiple of
+    :data:`SMEM_ALIGNMENT` bytes, then the barriers (8 bytes each), with ``uint8`` padding
+    between them. Returns the tree and, for each entry, its index in the tree."""
+    barrier_types = (mgpu.Barrier, mgpu.TMABarrier, mgpu.ClusterBarrier)
+    tree: list[Any] = []
+    positions = [0] * len(entries)
+    offset = 0
+
+    def pad(to: int) -> None:
+        nonlocal offset
+        if offset % to:
+            tree.append(jax.ShapeDtypeStruct((-offset % to,), np.uint8))
+            offset += -offset % to
+
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, barrier_types):
+            pad(SMEM_ALIGNMENT)
+            positions[i] = len(tree)
+            tree.append(entry)
+            offset += _nbytes(entry)
+    for i, entry in enumerate(entries):
+        if isinstance(entry, barrier_types):
+            pad(8)
+            positions[i] = len(tree)
+            tree.append(entry)
+            offset += 8 * entry.num_barriers
+    return tuple(tree), positions
+
+
 def build(call: KernelCall) -> Callable[..., Any]:
     """The Mosaic GPU kernel of ``call`` as a function of its operands (``mgpu.as_gpu_kernel``);
     it must be called inside an MLIR context (see :func:`kernel_fn`)."""
@@ -439,7 +481,7 @@ def build(call: KernelCall) -> Callable[..., Any]:
                 smem.append(mgpu.Barrier(arrivals, num_barriers=shape[0]))
             elif kind == "smem":
                 smem.append(jax.ShapeDtypeStruct(buf_shape(shape, dtype), dtype))
-    smem_tree = tuple(smem)
+    smem_tree, smem_positions = aligned_smem(smem)
 
     # Aliased inputs are the library's in-out operands: passed after the other inputs, their
     # buffers written in place and returned after the other outputs.
@@ -459,7 +501,7 @@ def build(call: KernelCall) -> Callable[..., Any]:
         for i in alias_in:
             gmem_out[aliases[i]] = gmem_in[i]
         gmem = gmem_in + gmem_out
-        smem_refs = list(args[-1])
+        smem_refs = [args[-1][p] for p in smem_positions]
         state = GPULowering(call, "mosaic_gpu", launch=launch, approx=params.approx_math)
         rest = iter(smem_refs[n_main:])
         for key, allocs in scoped:

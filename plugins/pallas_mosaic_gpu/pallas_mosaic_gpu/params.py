@@ -199,17 +199,28 @@ def kernel(body: Callable[..., None] | None = None, out_shape: Any = None, *,
            cluster: Sequence[int] = (), cluster_names: Sequence[str] = (),
            num_threads: int | None = None, thread_name: str | None = None,
            name: str | None = None, backend: str | None = None, interpret: Any = False,
-           **kwargs: Any) -> Any:
+           out_type: Any = None, scratch_types: Any = None, **kwargs: Any) -> Any:
     """Runs ``body(*in_refs, *out_refs, *scratch_refs)`` on every thread block of ``grid``
     (and every warpgroup of a block with ``num_threads``). Inputs and outputs are whole
     arrays in ``GMEM``; ``jax.lax.axis_index(name)`` reads a grid, cluster or thread axis.
-    Usable directly or as a decorator factory."""
+    ``out_type`` and ``scratch_types`` are JAX's newer names of ``out_shape`` and
+    ``scratch_shapes``. Usable directly or as a decorator factory."""
     from pallas_core.kernel import kernel as core_kernel
     from pallas_core.spec import Mesh as CoreMesh
 
     if kwargs:
         raise PallasError(f"plgpu.kernel got unknown arguments {sorted(kwargs)}. Fix: see "
                           "plgpu.kernel's signature (grid, grid_names, cluster, num_threads...).")
+    if out_type is not None:
+        if out_shape is not None:
+            raise PallasError("plgpu.kernel got both out_shape and out_type, two names of the "
+                              "same argument. Fix: pass only out_type.")
+        out_shape = out_type
+    if scratch_types is not None:
+        if scratch_shapes != ():
+            raise PallasError("plgpu.kernel got both scratch_shapes and scratch_types, two names "
+                              "of the same argument. Fix: pass only scratch_types.")
+        scratch_shapes = scratch_types
     mesh = Mesh(tuple(grid), tuple(grid_names), tuple(cluster), tuple(cluster_names),
                 num_threads, thread_name)
     if compiler_params is not None and not isinstance(compiler_params, GPUCompilerParams):

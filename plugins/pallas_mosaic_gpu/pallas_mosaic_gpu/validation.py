@@ -16,6 +16,10 @@ TMA_MAX_BOX = 256
 """The largest extent of one dimension of a TMA copy."""
 
 
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // 1024) * 1024
+
+
 def check(call: KernelCall) -> None:
     gm = call.grid_mapping
     params = call.compiler_params if isinstance(call.compiler_params, GPUCompilerParams) else \
@@ -47,7 +51,8 @@ def check(call: KernelCall) -> None:
                 f"dimension above {TMA_MAX_BOX}, the most one TMA copy moves. Fix: use blocks of "
                 f"at most {TMA_MAX_BOX} per dimension (and more grid steps).")
         buffers = params.max_concurrent_steps if k < len(bms) - n_out else 1
-        used += buffers * math.prod(shape) * dt.itemsize
+        # Each buffer starts at a multiple of 1024 bytes (lowering.SMEM_ALIGNMENT).
+        used += buffers * _aligned(math.prod(shape) * dt.itemsize)
     for a in gm.scratch_avals:
         if a.memory_space is GMEM:
             raise UnsupportedError(
@@ -57,12 +62,13 @@ def check(call: KernelCall) -> None:
         if a.memory_space is ACC_SPACE:
             continue
         size = math.prod(a.inner_aval.shape) * np.dtype(a.inner_aval.dtype).itemsize
-        used += 8 * a.inner_aval.shape[0] if isinstance(a.memory_space, BarrierSpace) else size
+        used += (8 * a.inner_aval.shape[0] if isinstance(a.memory_space, BarrierSpace)
+                 else _aligned(size))
     from pallas_mosaic_gpu.lowering import scoped_allocations
     for _, allocs in scoped_allocations(call):
         for kind, shape, dtype, _arrivals in allocs:
             if kind == "smem":
-                used += math.prod(shape) * np.dtype(dtype).itemsize
+                used += _aligned(math.prod(shape) * np.dtype(dtype).itemsize)
             elif kind == "barrier":
                 used += 8 * shape[0]
     if used > SMEM_BYTES:

@@ -84,6 +84,13 @@ def test_lowers_for_cuda_and_verifies(name: str) -> None:
     assert re.search(r"mosaic_gpu.arch_major = 9", text)
     for op in CASES[name][4]:
         assert op in text, f"{name}: {op} missing from the module"
+    # TMA and wgmma need every buffer at a multiple of 1024 bytes (128-byte swizzle); the
+    # barriers (i64) come after the buffers.
+    views = inspection.smem_buffers(module)
+    buffers = [(off, ty) for off, ty in views if "xi64," not in ty]
+    assert all(off % 1024 == 0 for off, _ in buffers), f"{name}: misaligned SMEM: {views}"
+    assert all(off >= max((o for o, _ in buffers), default=0)
+               for off, ty in views if "xi64," in ty), views
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -198,6 +205,31 @@ def test_kernel_with_warpgroups_and_clusters() -> None:
     text = str(inspection.check_call(inspection.custom_calls(low)[0]))
     assert "clusters(" in text and "gpu.cluster_block_id" in text
     assert _launch_grid_text(text) == (6, 1, 1, 256, 1, 1)
+
+
+def test_kernel_takes_jax_newer_argument_names() -> None:
+    """``out_type=`` and ``scratch_types=`` (JAX 0.10's names, which its attention_mgpu uses)
+    mean ``out_shape=`` and ``scratch_shapes=``; giving both spellings is an error."""
+    x = rand(21, (256,))
+
+    def body(x_ref, o_ref, smem):
+        smem[...] = x_ref[...] * 2.0
+        o_ref[...] = smem[...] + 1.0
+
+    out = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    for backend in ("interpret", "mosaic_gpu"):
+        fn = plgpu.kernel(body, out_type=out, scratch_types=[plgpu.SMEM(x.shape, x.dtype)],
+                          backend=backend)
+        if backend == "interpret":
+            np.testing.assert_allclose(fn(x), x * 2.0 + 1.0, rtol=1e-6)
+        else:
+            assert inspection.custom_calls(
+                jax.jit(fn).trace(x).lower(lowering_platforms=("cuda",)))
+    with pytest.raises(pl.PallasError, match="out_shape and out_type"):
+        plgpu.kernel(body, out, out_type=out)
+    with pytest.raises(pl.PallasError, match="scratch_shapes and scratch_types"):
+        plgpu.kernel(body, out_type=out, scratch_shapes=[plgpu.SMEM(x.shape, x.dtype)],
+                     scratch_types=[plgpu.SMEM(x.shape, x.dtype)])
 
 
 def test_stages() -> None:

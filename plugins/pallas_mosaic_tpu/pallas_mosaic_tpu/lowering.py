@@ -505,6 +505,16 @@ def _is_smem(ref: ir.Value) -> bool:
     return "smem" in str(ir.MemRefType(ref.type).memory_space)
 
 
+def _check_direct(lowering: Lowering, ref: ir.Value, what: str) -> None:
+    """Kernels load and store VMEM and SMEM only; HBM (``pl.ANY``) is reached by DMA."""
+    space = str(ir.MemRefType(ref.type).memory_space)
+    if "any" in space or "hbm" in space:
+        raise lowering.fail(
+            f"{what} a Ref in {'HBM' if 'hbm' in space else 'ANY'} memory directly (a TPU "
+            "kernel reaches HBM only by DMA: copy the data into VMEM with pltpu.sync_copy or "
+            "pltpu.async_copy, or give the operand a BlockSpec with a VMEM block)")
+
+
 def _read(lowering: Lowering, eqn: Any, ref: ir.Value, transforms: Sequence[Any]) -> ir.Value:
     ref, transforms = _accessed(lowering, ref, transforms)
     out = _out(eqn)
@@ -514,6 +524,7 @@ def _read(lowering: Lowering, eqn: Any, ref: ir.Value, transforms: Sequence[Any]
 
 def _read_raw(lowering: Lowering, ref: ir.Value, transforms: Sequence[Any],
               shape: Sequence[int], dtype: Any) -> ir.Value:
+    _check_direct(lowering, ref, "reading")
     strides = _strides(transforms)
     starts, sizes, dropped = _indices(lowering, ref, transforms, strided=strides is not None)
     if _is_smem(ref):
@@ -534,6 +545,7 @@ def _read_raw(lowering: Lowering, ref: ir.Value, transforms: Sequence[Any],
 def _write(lowering: Lowering, eqn: Any, ref: ir.Value, value: ir.Value,
            transforms: Sequence[Any], mask: ir.Value | None = None) -> None:
     ref, transforms = _accessed(lowering, ref, transforms)
+    _check_direct(lowering, ref, "writing")
     starts, sizes, dropped = _indices(lowering, ref, transforms)
     value = mir.to_memory(value, _in(eqn, 1).dtype)
     dtype = mir.memory_dtype(_in(eqn, 1).dtype)

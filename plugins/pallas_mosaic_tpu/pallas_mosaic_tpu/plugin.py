@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pallas_core import _jax
+from pallas_core.emulation.call import EmulatedCall
 from pallas_core.errors import PallasError
 from pallas_core.hookspecs import hookimpl
 from pallas_core.plugins import BackendInfo
@@ -158,3 +159,10 @@ def pallas_stages(call: KernelCall, backend: str, target: str | None) -> Mapping
     # specialises it for the device it runs on, so no TPU is needed here.
     module, _ = lowering.lower_kernel(call)
     return {"mosaic": lowering.module_text(module)}
+
+
+@hookimpl
+def pallas_emulate(call: EmulatedCall) -> Any:
+    from pallas_mosaic_tpu import emulator  # numpy machinery, loaded on first use
+
+    return emulator.emulate(call)

@@ -1,6 +1,6 @@
 """The shared dtype-by-operation matrix (``pallas_core.testing.rule_matrix``) on Mosaic TPU:
-every entry lowers to a module that verifies, or is refused naming the operation, the dtype and
-the backend."""
+every entry lowers to a module that verifies and, emulated, matches ``jax.numpy``, or is
+refused naming the operation, the dtype and the backend."""
 
 from __future__ import annotations
 
@@ -15,12 +15,15 @@ import pallas_core as pl
 from pallas_core.stages import kernel_calls
 from pallas_core.testing import rule_matrix
 
-_lower = rule_matrix.pallas_call_lowering("mosaic_tpu", (8, 128), lowering.lower_kernel)
+_emulate = rule_matrix.pallas_call_emulation("mosaic_tpu", (8, 128))
 
 
 @pytest.mark.parametrize("case", rule_matrix.CASES, ids=str)
-def test_rule_matrix(case: rule_matrix.Case) -> None:
-    rule_matrix.check(case, _lower, "mosaic_tpu")
+def test_rule_matrix_emulated(case: rule_matrix.Case) -> None:
+    """Each entry lowers to a module that verifies and, run by ``pl.emulate`` (the module
+    executed by the TPU emulator), matches ``jax.numpy``; or it is refused naming the
+    operation, the dtype and the backend."""
+    rule_matrix.check(case, _emulate, "mosaic_tpu")
 
 
 def _module(op: Any, x: jax.Array) -> str:

@@ -10,6 +10,7 @@ from pallas_mosaic_tpu import ir as mir
 from pallas_mosaic_tpu import plugin as tpu_plugin
 from pallas_mosaic_tpu.params import DMA_SEMAPHORE, HBM, SEMAPHORE, SMEM, VMEM
 
+from pallas_core.emulation.call import EmulatedCall
 from pallas_core.errors import PallasError
 from pallas_core.hookspecs import hookimpl
 from pallas_core.plugins import BackendInfo
@@ -78,3 +79,10 @@ def pallas_stages(call: KernelCall, backend: str, target: str | None) -> Mapping
             f"of {sorted(CHIPS)}.")
     module, _ = lowering.lower_kernel(call)
     return {"mosaic": lowering.tl.module_text(module)}
+
+
+@hookimpl
+def pallas_emulate(call: EmulatedCall) -> Any:
+    from pallas_sparsecore import emulator  # numpy machinery, loaded on first use
+
+    return emulator.emulate(call)

@@ -325,8 +325,8 @@ scan_count_p = _value_primitive(
 
 
 def scan_count(x: Any, mask: Any = None) -> tuple[jax.Array, jax.Array]:
-    """For each lane, how many kept lanes up to it hold its value (from 1), and whether it is
-    the last kept lane holding that value."""
+    """For each lane, how many kept lanes up to it hold its value (from 1; a lane ``mask``
+    switches off counts 1), and whether it is the last kept lane holding that value."""
     x, m = _scan_args(x, mask, "scan_count")
     counts, last = scan_count_p.bind(x, *m, has_mask=bool(m))
     return counts, last
@@ -337,7 +337,8 @@ def _scan_count_reference(ctx: ReferenceContext, x: Any, *m: Any, has_mask: bool
     keep = m[0] if has_mask else jnp.ones((n,), jnp.bool_)
     same = (x[:, None] == x[None, :]) & keep[None, :] & keep[:, None]
     before = jnp.tril(jnp.ones((n, n), jnp.bool_))
-    counts = jnp.sum(same & before, axis=1).astype(jnp.int32)
+    # A lane the mask switches off counts 1 (tpu.scan_count's definition).
+    counts = jnp.where(keep, jnp.sum(same & before, axis=1), 1).astype(jnp.int32)
     later = jnp.sum(same & ~before, axis=1)
     return [counts, (later == 0) & keep]
 

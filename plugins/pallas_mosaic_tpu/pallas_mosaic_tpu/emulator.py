@@ -1,0 +1,554 @@
+"""The Mosaic TPU emulator: a ``tpu_custom_call`` run on CPU with numpy, as a TensorCore runs it.
+
+:func:`emulate` decodes the call's Mosaic module and :func:`run_kernel` walks its grid the way
+the TPU's pipeline does. At every grid point it evaluates each window's index map (with the grid
+indices and the scalar-prefetch values), copies the input blocks whose block index changed into
+their VMEM buffers (a block that runs past the array's edge is padded with NaN, or zeros for
+integers, where the TPU leaves unspecified data), runs the kernel body, and writes an output
+block back when its index is about to change and at the end, cut at the array's edge. An
+output block stays resident while its index does not change, so accumulating into it over an
+``arbitrary`` axis works as on the TPU; a fresh output block starts as NaN (zeros for integers),
+as the TPU never reads outputs. Windows in ``ANY``/HBM memory and the scalar-prefetch operands
+are the whole arrays; scratch operands persist over the grid. With ``options.seed`` the points
+of the ``parallel`` axes run in a shuffled order.
+
+The operations: ``arith``, ``math``, ``scf`` and ``func`` from :mod:`pallas_core.emulation`,
+``vector``/``memref``/memory ``tpu`` operations from :mod:`pallas_mosaic_tpu.emulator_ops`, and
+the compute, DMA and semaphore ``tpu`` operations here. A backend that reuses the grid walk
+(SparseCore) passes its own rules as ``extra_rules``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from jaxlib.mlir import ir
+
+from pallas_core.emulation.arith import RULES as ARITH_RULES
+from pallas_core.emulation.call import EmulatedCall, EmulateOptions
+from pallas_core.emulation.machine import Compiler, Rule
+from pallas_core.emulation.types import dtype_of, shape_of
+from pallas_core.errors import UnsupportedError
+from pallas_mosaic_tpu import ir as mir
+from pallas_mosaic_tpu.emulator_ops import (
+    RULES as MEMORY_RULES,
+)
+from pallas_mosaic_tpu.emulator_ops import (
+    EmulationError,
+    _enum,
+    _int,
+    _ints,
+    _unsupported,
+    allocate,
+    bitcast_array,
+    segments,
+)
+
+_Fn = Callable[..., Any]
+
+
+class KernelState:
+    """What a running kernel's operations read besides their operands: the grid and the
+    hardware PRNG."""
+
+    def __init__(self, bounds: Sequence[int]) -> None:
+        self.bounds = tuple(bounds)
+        self.rng: np.random.Generator | None = None
+
+
+class TPUCompiler(Compiler):
+    """A :class:`Compiler` carrying the running kernel's :class:`KernelState`."""
+
+    def __init__(self, rules: Mapping[str, Rule], state: KernelState, *, backend: str,
+                 module: ir.Module) -> None:
+        super().__init__(rules, backend=backend, module=module)
+        self.state = state
+
+
+def _state(c: Compiler) -> KernelState:
+    state = getattr(c, "state", None)
+    if not isinstance(state, KernelState):
+        raise UnsupportedError("TPU operations need the TPU emulator's compiler")
+    return state
+
+
+# -- compute ----------------------------------------------------------------------------------
+
+def _dimension_numbers(op: ir.Operation, lhs_rank: int, rhs_rank: int) -> list[list[int]]:
+    """``[lhs contracting, rhs contracting, lhs free, rhs free, output order, lhs batch,
+    rhs batch]`` of a ``tpu.matmul``."""
+    if "dimension_numbers" in op.attributes:
+        text = str(op.attributes["dimension_numbers"])
+        groups = text[text.index("<") + 1:text.rindex(">")].split("]")
+        return [[int(v) for v in g.strip(", [").split(",") if v.strip()] for g in groups[:7]]
+    if lhs_rank != 2 or rhs_rank != 2:
+        raise _unsupported(op, "a matmul of rank other than 2 without dimension numbers")
+    tl = "transpose_lhs" in op.attributes and bool(ir.BoolAttr(op.attributes["transpose_lhs"]))
+    tr = "transpose_rhs" in op.attributes and bool(ir.BoolAttr(op.attributes["transpose_rhs"]))
+    return [[0 if tl else 1], [1 if tr else 0], [1 if tl else 0], [0 if tr else 1],
+            [0, 1 if tl else 0, 1, 0 if tr else 1], [], []]
+
+
+def _matmul(c: Compiler, op: ir.Operation) -> _Fn:
+    """``acc + lhs . rhs``, products summed in float32 (int32 for integers) or wider."""
+    lhs_c, rhs_c, lhs_f, rhs_f, order, lhs_b, rhs_b = _dimension_numbers(
+        op, len(shape_of(op.operands[0].type)), len(shape_of(op.operands[1].type)))
+    dtype = dtype_of(op.results[0].type)
+    # Axes of the natural product: batch, lhs free, rhs free; named as (operand, dim).
+    natural = [(0, d) for d in lhs_b] + [(0, d) for d in lhs_f] + [(1, d) for d in rhs_f]
+    rename = {(1, r): (0, lb) for lb, r in zip(lhs_b, rhs_b, strict=True)}
+    out = [rename.get((order[2 * k], order[2 * k + 1]), (order[2 * k], order[2 * k + 1]))
+           for k in range(len(order) // 2)]
+    perm = [natural.index(a) for a in out]
+
+    def run(lhs: Any, rhs: Any, acc: Any) -> Any:
+        lhs, rhs = np.asarray(lhs), np.asarray(rhs)
+        wide: Any = np.float32 if dtype.kind == "f" else np.int64
+        if dtype.kind == "f" and np.dtype(dtype).itemsize > 4:
+            wide = np.float64
+        a = np.transpose(lhs, lhs_b + lhs_f + lhs_c).astype(wide)
+        b = np.transpose(rhs, rhs_b + rhs_c + rhs_f).astype(wide)
+        nb = len(lhs_b)
+        bshape = a.shape[:nb]
+        fl, fr = a.shape[nb:nb + len(lhs_f)], b.shape[nb + len(rhs_c):]
+        k = int(np.prod(a.shape[nb + len(lhs_f):], dtype=np.int64))
+        prod = np.matmul(a.reshape(*bshape, -1, k), b.reshape(*bshape, k, -1))
+        prod = np.transpose(prod.reshape(*bshape, *fl, *fr), perm)
+        return (np.asarray(acc).astype(wide) + prod).astype(dtype)
+    return run
+
+
+def _iota(c: Compiler, op: ir.Operation) -> _Fn:
+    shape = shape_of(op.results[0].type)
+    dims = _ints(op.attributes["dimensions"]) if "dimensions" in op.attributes else []
+    if not dims:
+        raise _unsupported(op, "an iota without dimensions")
+    value = np.zeros(shape, np.int64)
+    for d in dims:
+        value = value * shape[d] + np.arange(shape[d]).reshape(
+            [-1 if k == d else 1 for k in range(len(shape))])
+    value = value.astype(dtype_of(op.results[0].type))
+    return lambda: value
+
+
+def _rotate(c: Compiler, op: ir.Operation) -> _Fn:
+    """``jnp.roll`` along ``dimension``; with a stride, index ``j`` along ``stride_dimension``
+    rolls by ``amount + stride * j``."""
+    dim = _int(op, "dimension")
+    stride = _int(op, "stride", 0)
+    sdim = _int(op, "stride_dimension", 0)
+    shape = shape_of(op.results[0].type)
+    n = shape[dim]
+    pos = np.arange(n).reshape([-1 if k == dim else 1 for k in range(len(shape))])
+    lane = np.arange(shape[sdim]).reshape([-1 if k == sdim else 1 for k in range(len(shape))])
+
+    def run(x: Any, amount: Any, *_: Any) -> Any:
+        shift = int(amount) + stride * lane if stride else int(amount)
+        source = np.broadcast_to((pos - shift) % n, shape)
+        return np.take_along_axis(np.asarray(x), source, axis=dim)
+    return run
+
+
+def _repeat(c: Compiler, op: ir.Operation) -> _Fn:
+    dim, times = _int(op, "dimension"), _int(op, "times")
+    return lambda x: np.concatenate([np.asarray(x)] * times, axis=dim)
+
+
+def _concatenate(c: Compiler, op: ir.Operation) -> _Fn:
+    dim = _int(op, "dimension")
+    return lambda *xs: np.concatenate([np.asarray(x) for x in xs], axis=dim)
+
+
+def _tpu_bitcast(c: Compiler, op: ir.Operation) -> _Fn:
+    dtype = dtype_of(op.results[0].type)
+    shape = shape_of(op.results[0].type)
+    return lambda x: bitcast_array(np.asarray(x), dtype).reshape(shape)
+
+
+def _reciprocal(c: Compiler, op: ir.Operation) -> _Fn:
+    dtype = dtype_of(op.results[0].type)
+    return lambda x: (1.0 / np.asarray(x).astype(np.float32)).astype(dtype)
+
+
+def _reduce_index(c: Compiler, op: ir.Operation) -> _Fn:
+    axis = _int(op, "axis")
+    kind = _enum(op.attributes["kind"]).lower()
+    fn = {"arg_max": np.argmax, "arg_min": np.argmin}.get(kind)
+    if fn is None:
+        raise _unsupported(op, f"the index reduction {kind}")
+    return lambda x: fn(np.asarray(x), axis=axis).astype(np.int32)
+
+
+def _dynamic_gather(c: Compiler, op: ir.Operation) -> _Fn:
+    dims = _ints(op.attributes["dimensions"])
+    if len(dims) != 1:
+        raise _unsupported(op, "a gather over several dimensions")
+    (d,) = dims
+
+    def run(x: Any, idx: Any) -> Any:
+        x = np.asarray(x)
+        return np.take_along_axis(x, np.asarray(idx).astype(np.int64) % x.shape[d], axis=d)
+    return run
+
+
+def _float_to_int(c: Compiler, op: ir.Operation) -> _Fn:
+    dtype = dtype_of(op.results[0].type)
+    mode = _enum(op.attributes["rounding_mode"]) if "rounding_mode" in op.attributes \
+        else "towards_zero"
+    rnd = np.rint if "nearest" in mode else np.trunc
+    info = np.iinfo(dtype)
+
+    def run(x: Any) -> Any:
+        f = rnd(np.asarray(x).astype(np.float64))
+        return np.where(np.isnan(f), 0, np.clip(f, info.min, info.max)).astype(dtype)
+    return run
+
+
+def _convert(c: Compiler, op: ir.Operation) -> _Fn:
+    dtype = dtype_of(op.results[0].type)
+    if "rounding_mode" in op.attributes and "nearest" not in _enum(
+            op.attributes["rounding_mode"]):
+        raise _unsupported(op, "rounding modes other than to nearest even")
+    return lambda x: np.asarray(x).astype(dtype)
+
+
+# -- the hardware PRNG ------------------------------------------------------------------------
+
+def _prng_seed(c: Compiler, op: ir.Operation) -> _Fn:
+    state = _state(c)
+
+    def run(*seeds: Any) -> None:
+        words = [int(np.asarray(s).astype(np.int64)) & 0xFFFFFFFF for s in seeds]
+        state.rng = np.random.default_rng(words)
+    return run
+
+
+def _prng_bits(c: Compiler, op: ir.Operation) -> _Fn:
+    """Random bits from a generator seeded by ``prng_set_seed_32`` (not the TPU's bits: only
+    the distribution and the determinism for one seed match)."""
+    state = _state(c)
+    shape = shape_of(op.results[0].type)
+    dtype = dtype_of(op.results[0].type)
+
+    def run() -> Any:
+        if state.rng is None:
+            raise EmulationError(f"{op.name} at {op.location} draws random bits before the "
+                                 "PRNG is seeded. Fix: call pltpu.prng_seed first.")
+        bits = state.rng.integers(0, 2 ** 32, size=shape, dtype=np.uint64).astype(np.uint32)
+        return bits.view(np.int32).astype(dtype) if dtype.itemsize == 4 else bits.astype(dtype)
+    return run
+
+
+# -- DMAs and semaphores ----------------------------------------------------------------------
+
+def _semaphore_count(op: ir.Operation, sem: np.ndarray, amount: int) -> None:
+    if int(sem) < amount:
+        raise EmulationError(
+            f"{op.name} at {op.location} waits for {amount} on a semaphore holding {int(sem)}, "
+            "and nothing else runs on this core to signal it: the kernel would hang. Fix: "
+            "signal (or start the DMA on) this semaphore before waiting on it.")
+    sem[...] = int(sem) - amount
+
+
+def _enqueue_dma(c: Compiler, op: ir.Operation) -> _Fn:
+    (s, _), (ss0, ss1), (t, _), (ts0, ts1), (d0, d1), *_ = segments(op)
+    if d1 > d0:
+        raise _unsupported(op, "remote DMAs (to another device)")
+
+    def run(*xs: Any) -> None:
+        src, dst = xs[s], xs[t]
+        if src.shape != dst.shape:
+            raise EmulationError(f"{op.name} at {op.location} copies {src.shape} into "
+                                 f"{dst.shape}. Fix: give both refs the same shape.")
+        np.copyto(dst, src.astype(dst.dtype, copy=False))
+        nbytes = dst.size * dst.dtype.itemsize
+        if ts1 > ts0:
+            xs[ts0][...] += nbytes
+        if ss1 > ss0:
+            xs[ss0][...] += nbytes
+    return run
+
+
+def _wait_dma2(c: Compiler, op: ir.Operation) -> _Fn:
+    (sem, _), _, (dst, _), (d0, d1), *_ = segments(op)
+    if d1 > d0:
+        raise _unsupported(op, "waits on remote DMAs")
+
+    def run(*xs: Any) -> None:
+        target = xs[dst]
+        _semaphore_count(op, xs[sem], target.size * target.dtype.itemsize)
+    return run
+
+
+def _sem_signal(c: Compiler, op: ir.Operation) -> _Fn:
+    (sem, _), (amount, _), (d0, d1), *_ = segments(op)
+    if d1 > d0:
+        raise _unsupported(op, "signals to another device's semaphore")
+
+    def run(*xs: Any) -> None:
+        xs[sem][...] += int(xs[amount])
+    return run
+
+
+def _sem_wait(c: Compiler, op: ir.Operation) -> _Fn:
+    return lambda sem, amount: _semaphore_count(op, sem, int(amount))
+
+
+def _sem_read(c: Compiler, op: ir.Operation) -> _Fn:
+    return lambda sem: np.asarray(int(sem), np.int32)
+
+
+def _sem_alloc(c: Compiler, op: ir.Operation) -> _Fn:
+    t = op.results[0].type
+    return lambda: allocate(t)
+
+
+def _region(c: Compiler, op: ir.Operation) -> _Fn:
+    body = c.region(op.regions[0])
+    n = len(op.results)
+
+    def run() -> Any:
+        out = body()
+        return None if n == 0 else out[0] if n == 1 else tuple(out)
+    return run
+
+
+def _iteration_bound(c: Compiler, op: ir.Operation) -> _Fn:
+    state = _state(c)
+    dim = _int(op, "dim")
+    return lambda: np.asarray(state.bounds[dim], np.int32)
+
+
+def _multi_device(c: Compiler, op: ir.Operation) -> _Fn:
+    raise _unsupported(op, "kernels that talk to other devices (device ids, barriers)")
+
+
+def _core_id(c: Compiler, op: ir.Operation) -> _Fn:
+    return lambda: np.asarray(0, np.int32)
+
+
+RULES: dict[str, Rule] = {
+    **ARITH_RULES, **MEMORY_RULES,
+    "tpu.matmul": _matmul, "tpu.iota": _iota, "tpu.dynamic_rotate": _rotate,
+    "tpu.repeat": _repeat, "tpu.concatenate": _concatenate, "tpu.bitcast": _tpu_bitcast,
+    "tpu.reciprocal": _reciprocal, "tpu.reduce_index": _reduce_index,
+    "tpu.dynamic_gather": _dynamic_gather,
+    "tpu.transpose": MEMORY_RULES["vector.transpose"],
+    "tpu.fptosi": _float_to_int, "tpu.sitofp": _convert, "tpu.extf": _convert,
+    "tpu.truncf": _convert,
+    "tpu.prng_set_seed_32": _prng_seed, "tpu.prng_random_bits": _prng_bits,
+    "tpu.enqueue_dma": _enqueue_dma, "tpu.wait_dma2": _wait_dma2,
+    "tpu.sem_signal": _sem_signal, "tpu.sem_wait": _sem_wait, "tpu.sem_read": _sem_read,
+    "tpu.sem_alloc": _sem_alloc, "tpu.region": _region, "tpu.trace": _region,
+    "tpu.iteration_bound": _iteration_bound,
+    "tpu.device_id": _multi_device, "tpu.sem_barrier": _multi_device,
+    "tpu.barrier": _multi_device, "tpu.core_id": _core_id,
+}
+"""Every operation the TensorCore emulator runs, by name."""
+
+
+# -- the grid walk ----------------------------------------------------------------------------
+
+def kernel_function(module: ir.Module) -> ir.Operation:
+    """The Mosaic kernel's ``func.func`` (the one carrying the grid attributes)."""
+    for op in module.body.operations:
+        if "dimension_semantics" in op.attributes or "window_params" in op.attributes:
+            return op.operation
+    raise UnsupportedError("the Mosaic TPU emulator found no kernel function in the module")
+
+
+class _Window:
+    """One input or output window: its buffer and where its current block sits."""
+
+    def __init__(self, index: int, params: Mapping[str, ir.Attribute], arg_type: ir.Type,
+                 array: np.ndarray, transform: Any) -> None:
+        self.index = index
+        self.array = array
+        self.transform = transform
+        self.whole = "window_bounds" not in params or "any" in str(
+            ir.MemRefType(arg_type).memory_space) or "hbm" in str(
+            ir.MemRefType(arg_type).memory_space)
+        self.block: tuple[int, ...] | None = None
+        self.element = "window_kind" in params
+        if self.element and any(int(v) for v in re.findall(r"-?\d+",
+                                                           str(params["window_kind"]))):
+            raise UnsupportedError(f"window {index}: the Mosaic TPU emulator does not "
+                                   "support padded element windows")
+        if self.whole:
+            self.buffer = array
+            return
+        self.bounds = tuple(_ints(params["window_bounds"]))
+        self.buffer = np.zeros(shape_of(arg_type), dtype_of(arg_type))
+        if int(np.prod(self.bounds)) != self.buffer.size:
+            raise UnsupportedError(f"window {index}: window bounds {self.bounds} do not match "
+                                   f"the kernel's operand type {arg_type}")
+
+    def region(self, block: tuple[int, ...]) -> tuple[tuple[slice, ...], tuple[slice, ...]]:
+        """(array slice, buffer slice) of ``block``, cut at the array's edge."""
+        starts = block if self.element else tuple(b * n for b, n in zip(block, self.bounds,
+                                                                         strict=True))
+        src, dst = [], []
+        for d, (s, n) in enumerate(zip(starts, self.bounds, strict=True)):
+            lo, hi = max(s, 0), min(s + n, self.array.shape[d])
+            if hi <= lo:
+                raise EmulationError(
+                    f"window {self.index}: block {block} lies outside the array of shape "
+                    f"{self.array.shape}. Fix: make the index map return blocks inside it.")
+            src.append(slice(lo, hi))
+            dst.append(slice(lo - s, hi - s))
+        return tuple(src), tuple(dst)
+
+    def fetch(self, block: tuple[int, ...]) -> None:
+        src, dst = self.region(block)
+        view = self.buffer.reshape(self.bounds)
+        view[...] = _poison(view.dtype)
+        view[dst] = self.array[src]
+
+    def fresh(self) -> None:
+        self.buffer.reshape(self.bounds)[...] = _poison(self.buffer.dtype)
+
+    def write_back(self, block: tuple[int, ...]) -> None:
+        src, dst = self.region(block)
+        self.array[src] = self.buffer.reshape(self.bounds)[dst]
+
+
+def _poison(dtype: np.dtype) -> Any:
+    return np.nan if np.dtype(dtype).kind == "f" else 0
+
+
+def _grid_points(bounds: Sequence[int], semantics: Sequence[str],
+                 seed: int | None) -> Iterator[tuple[int, ...]]:
+    points = list(itertools.product(*map(range, bounds)))
+    parallel = [d for d, s in enumerate(semantics) if s == "parallel"]
+    if seed is None or not parallel:
+        return iter(points)
+    groups: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+    for p in points:
+        groups.setdefault(tuple(p[d] for d in parallel), []).append(p)
+    keys = list(groups)
+    order = np.random.default_rng(seed).permutation(len(keys))
+    return iter([p for k in order for p in groups[keys[k]]])
+
+
+def run_kernel(module: ir.Module, operands: Sequence[np.ndarray],
+               results: Sequence[tuple[tuple[int, ...], np.dtype]],
+               aliases: Sequence[tuple[int, int]], options: EmulateOptions, *,
+               extra_rules: Mapping[str, Rule] | None = None,
+               backend: str = "mosaic_tpu") -> list[np.ndarray]:
+    """Runs the Mosaic kernel of ``module`` on ``operands`` (the custom call's: dynamic grid
+    sizes first, then scalar prefetch, then inputs) and returns its results."""
+    with module.context, ir.Location.unknown():
+        return _run(module, operands, results, aliases, options, extra_rules or {}, backend)
+
+
+def _run(module: ir.Module, operands: Sequence[np.ndarray],
+         results: Sequence[tuple[tuple[int, ...], np.dtype]],
+         aliases: Sequence[tuple[int, int]], options: EmulateOptions,
+         extra_rules: Mapping[str, Rule], backend: str) -> list[np.ndarray]:
+    fn = kernel_function(module)
+    attrs = fn.attributes
+    bounds = [int(b) for b in ir.DenseI64ArrayAttr(attrs["iteration_bounds"])] \
+        if "iteration_bounds" in attrs else []
+    dynamic = [d for d, b in enumerate(bounds) if b < 0]
+    for k, d in enumerate(dynamic):
+        bounds[d] = int(np.asarray(operands[k]))
+    operands = list(operands[len(dynamic):])
+    semantics = [_enum(s) for s in ir.ArrayAttr(attrs["dimension_semantics"])] \
+        if "dimension_semantics" in attrs else []
+    n_prefetch = _int(fn, "scalar_prefetch", 0)
+    n_scratch = _int(fn, "scratch_operands", 0)
+    arg_types = list(ir.FunctionType(ir.TypeAttr(attrs["function_type"]).value).inputs)
+    grid_args, rest = arg_types[:len(bounds)], arg_types[len(bounds):]
+    n_windows = len(rest) - n_prefetch - n_scratch
+    n_in = n_windows - len(results)
+    if n_in != len(operands) - n_prefetch or n_in < 0:
+        raise UnsupportedError(f"the kernel takes {n_windows} windows; the call has "
+                               f"{len(operands) - n_prefetch} inputs and {len(results)} "
+                               "outputs")
+    state = KernelState(bounds)
+    compiler = TPUCompiler({**RULES, **extra_rules}, state, backend=backend, module=module)
+    body = compiler.function(fn)
+    prefetch = [np.array(x, dtype_of(t)) for x, t in zip(operands[:n_prefetch], rest,
+                                                          strict=False)]
+    outs = [np.zeros(shape, dtype) for shape, dtype in results]
+    for r, o in aliases:
+        outs[r][...] = operands[o - len(dynamic)]
+    params = [ir.DictAttr(p) for p in ir.ArrayAttr(attrs["window_params"])] \
+        if "window_params" in attrs else [ir.DictAttr.get({})] * n_windows
+    windows = []
+    for k, arrays in enumerate([*operands[n_prefetch:], *outs]):
+        t = rest[n_prefetch + k]
+        p = {name: params[k][name] for name in ("window_bounds", "transform_indices",
+                                                "window_kind") if name in params[k]}
+        array = np.array(arrays, copy=True) if k < n_in else arrays
+        if array.dtype != dtype_of(t):
+            array = array.astype(dtype_of(t))
+            if k >= n_in:
+                outs[k - n_in] = array
+        transform = compiler.function(ir.FlatSymbolRefAttr(p["transform_indices"]).value) \
+            if "transform_indices" in p else None
+        windows.append(_Window(k, p, t, array, transform))
+    scratch = [allocate(t) for t in rest[n_prefetch + n_windows:]]
+    _walk(body, windows, n_in, prefetch, scratch, bounds, semantics, grid_args, options)
+    return [np.asarray(o).astype(dtype) for o, (_, dtype) in zip(outs, results, strict=True)]
+
+
+def _walk(body: Any, windows: list[_Window], n_in: int, prefetch: list[np.ndarray],
+          scratch: list[np.ndarray], bounds: Sequence[int], semantics: Sequence[str],
+          grid_args: Sequence[ir.Type], options: EmulateOptions) -> None:
+    points = list(_grid_points(bounds, semantics, options.seed))
+    grid_dtypes = [dtype_of(t) for t in grid_args]
+    blocked = [w for w in windows if not w.whole]
+
+    def blocks_at(point: tuple[int, ...]) -> list[tuple[int, ...]]:
+        ids = [np.asarray(i, dt) for i, dt in zip(point, grid_dtypes, strict=True)]
+        return [tuple(int(v) for v in w.transform(*ids, *prefetch)) for w in blocked]
+
+    upcoming = blocks_at(points[0]) if points else []
+    for step, point in enumerate(points):
+        current = upcoming
+        for w, block in zip(blocked, current, strict=True):
+            if w.block != block:
+                if w.index < n_in:
+                    w.fetch(block)
+                else:
+                    w.fresh()
+                w.block = block
+        ids = [np.asarray(i, dt) for i, dt in zip(point, grid_dtypes, strict=True)]
+        body(*ids, *prefetch, *[w.buffer for w in windows], *scratch)
+        upcoming = blocks_at(points[step + 1]) if step + 1 < len(points) else []
+        for k, w in enumerate(blocked):
+            if w.index >= n_in and (not upcoming or upcoming[k] != w.block):
+                w.write_back(w.block)  # type: ignore[arg-type]
+                w.block = None
+
+
+# -- the hook ---------------------------------------------------------------------------------
+
+def is_sparsecore(config: Mapping[str, Any]) -> bool:
+    """Whether a ``tpu_custom_call``'s configuration targets a SparseCore."""
+    return "SPARSECORE" in str(config.get("device_type", "")).upper()
+
+
+def decode(backend_config: str | bytes) -> tuple[dict[str, Any], ir.Module]:
+    """The configuration (without the body) and the Mosaic module of a ``tpu_custom_call``."""
+    config = json.loads(backend_config)
+    body = config["custom_call_config"].pop("body")
+    return config, mir.deserialize(body.encode("ascii"))
+
+
+def emulate(call: EmulatedCall) -> list[np.ndarray] | None:
+    """Runs a TensorCore ``tpu_custom_call``; ``None`` for other calls."""
+    if call.target != "tpu_custom_call":
+        return None
+    config = json.loads(call.backend_config)
+    if is_sparsecore(config):
+        return None
+    _, module = decode(call.backend_config)
+    return run_kernel(module, [np.asarray(x) for x in call.operands], call.results,
+                      call.aliases, call.options)

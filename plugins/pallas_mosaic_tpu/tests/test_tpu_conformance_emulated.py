@@ -1,0 +1,27 @@
+"""The conformance suite in emulate mode on Mosaic TPU: every feature is lowered for TPU, its
+``tpu_custom_call`` executed by the emulator and compared with ``jax.numpy`` and with the
+interpreter; features the backend does not support must raise a ``PallasError``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pallas_mosaic_tpu as pltpu
+
+from pallas_core.testing import ATOMICS, DEBUG_PRINT, MASKED_ACCESS, MESH, ConformanceSuite
+
+
+class TestMosaicTPUEmulated(ConformanceSuite):
+    backend = "mosaic_tpu"
+    emulate = True
+    unsupported = frozenset({
+        ATOMICS,  # a TensorCore has no atomic memory operations
+        MASKED_ACCESS,  # masked loads: load the whole view and select with jnp.where
+        DEBUG_PRINT,  # not lowered yet (docs/backends/mosaic_tpu_api.md)
+        MESH,  # pl.kernel's operands stay in HBM: the suite's kernel reads them directly
+    })
+    scratch_memory = pltpu.VMEM
+
+    def semaphores(self, n: int, *, dma: bool = False) -> Any:
+        kind = pltpu.SemaphoreType.DMA if dma else pltpu.SemaphoreType.REGULAR
+        return kind((n,))

@@ -1,0 +1,389 @@
+"""The Mosaic TPU emulator: kernels lowered for TPU (by this backend and by
+jax.experimental.pallas), their ``tpu_custom_call`` executed with numpy by ``pl.emulate``, and
+compared with jax.numpy on random inputs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import pallas as jax_pl
+from jax.experimental.pallas import tpu as jax_pltpu
+
+import pallas_core as pl
+from pallas_core import _jax
+from pallas_core.emulation.call import EmulateOptions
+from pallas_core.errors import PallasError, UnsupportedError
+
+pltpu = pytest.importorskip("pallas_mosaic_tpu")
+import test_tpu_lowering as seeds  # noqa: E402
+from pallas_mosaic_tpu import emulator, inspection  # noqa: E402
+
+BF16, F32, I32 = jnp.bfloat16, jnp.float32, jnp.int32
+MODULES = [pytest.param(pl, id="ours"), pytest.param(jax_pl, id="jax")]
+
+
+def _tpu(m: Any) -> Any:
+    return pltpu if m is pl else jax_pltpu
+
+
+def _x(shape: tuple[int, ...], seed: int = 0, dtype: Any = F32) -> jax.Array:
+    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), dtype)
+
+
+def _emulate(f: Callable[..., Any], *args: Any, seed: int | None = None) -> Any:
+    # JAX's lowering asks which chip it lowers for; name one (no TPU is attached here).
+    with _jax.assume_device("TPU v5 lite", "tpu"):
+        return pl.emulate(f, backend="mosaic_tpu", seed=seed)(*args)
+
+
+def _params(m: Any, *semantics: str) -> dict[str, Any]:
+    return {"compiler_params": _tpu(m).CompilerParams(dimension_semantics=semantics)}
+
+
+# --- the seed kernels of test_tpu_lowering ---------------------------------------------------
+
+def _seed_cases() -> dict[str, tuple[Callable[[Any], Any], list[Any], Callable[..., Any]]]:
+    q, k, v = (_x((256, 128), s) for s in range(3))
+    a, b = _x((256, 256), 3, BF16), _x((256, 256), 4, BF16)
+    xs = _x((48, 128), 5)
+    r = _x((16, 128), 6)
+    rows = r.reshape(2, 8, 128)
+    return {
+        "blocked_add": (seeds.blocked_add, [_x((16, 256), 7), _x((16, 256), 8)],
+                        lambda x, y: x + y),
+        "matmul_3d_bf16": (seeds.matmul_3d, [a, b],
+                           lambda x, y: jnp.dot(x, y, preferred_element_type=F32)),
+        "softmax": (seeds.softmax, [_x((32, 256), 9)], lambda x: jax.nn.softmax(x, axis=1)),
+        "flash_attention": (seeds.flash_attention, [q, k, v],
+                            lambda q, k, v: jax.nn.softmax(q @ k.T, axis=1) @ v),
+        "prefetch_gather": (seeds.prefetch_gather, [jnp.asarray(seeds.IDX), xs],
+                            lambda i, x: jnp.concatenate([x[8 * j:8 * j + 8] for j in i]) * 2),
+        "dma_copy": (seeds.dma_copy, [r[:8]], lambda x: x + 1.0),
+        "dma_copy_hbm": (seeds.dma_copy_hbm, [r[:8]], lambda x: x + 1.0),
+        "row_writes": (seeds.row_writes, [r], lambda x: jnp.concatenate(
+            [rows[:, :1] * 2.0, rows[:, 1:2] + 1.0, rows[:, 2:] - 1.0], axis=1).reshape(16, 128)),
+    }
+
+
+SEEDS = _seed_cases()
+
+
+@pytest.mark.parametrize("m", MODULES)
+@pytest.mark.parametrize("name", sorted(SEEDS))
+def test_seed_kernels(name: str, m: Any) -> None:
+    build, args, want = SEEDS[name]
+    tol = 2e-2 if "bf16" in name else 1e-5
+    np.testing.assert_allclose(_emulate(build(m), *args), want(*args), rtol=tol, atol=tol)
+
+
+def test_core_kernel_of_ours() -> None:
+    c = _x((8, 128), 1)
+    np.testing.assert_array_equal(_emulate(seeds.core_kernel(pl), c), c)
+
+
+# --- grid, windows and memory ----------------------------------------------------------------
+
+def edge_blocks(m: Any) -> Callable[..., Any]:
+    """A (20, 300) array in (8, 128) blocks: the last row and column of blocks run past the
+    edge (padded when read, cut when written)."""
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = jnp.sin(x_ref[...]) * 2.0
+
+    spec = m.BlockSpec((8, 128), lambda i, j: (i, j))
+    return lambda x: m.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                   grid=(3, 3), in_specs=[spec], out_specs=spec,
+                                   **_params(m, "parallel", "parallel"))(x)
+
+
+def row_sums_with_scratch(m: Any) -> Callable[..., Any]:
+    """Sums each row of a (16, 512) array over 4 column blocks in a VMEM scratch accumulator,
+    writing the total at the last step: scratch persists over the grid."""
+    def kernel(x_ref: Any, o_ref: Any, acc_ref: Any) -> None:
+        @m.when(m.program_id(1) == 0)
+        def _() -> None:
+            acc_ref[...] = jnp.zeros_like(acc_ref)
+
+        acc_ref[...] += jnp.sum(x_ref[...], axis=1, keepdims=True)
+
+        @m.when(m.program_id(1) == m.num_programs(1) - 1)
+        def _() -> None:
+            o_ref[...] = jnp.broadcast_to(acc_ref[...], o_ref.shape)
+
+    return lambda x: m.pallas_call(
+        kernel, jax.ShapeDtypeStruct((16, 128), F32), grid=(2, 4),
+        in_specs=[m.BlockSpec((8, 128), lambda i, j: (i, j))],
+        out_specs=m.BlockSpec((8, 128), lambda i, j: (i, 0)),
+        scratch_shapes=[_tpu(m).VMEM((8, 1), F32)],
+        **_params(m, "parallel", "arbitrary"))(x)
+
+
+def aliased_update(m: Any) -> Callable[..., Any]:
+    """Output 0 aliases input 1 and only its first row of blocks is written: the rest keeps
+    the input's values."""
+    def kernel(x_ref: Any, y_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = x_ref[...] + y_ref[...]
+
+    spec = m.BlockSpec((8, 128), lambda j: (0, j))
+    return lambda x, y: m.pallas_call(
+        kernel, jax.ShapeDtypeStruct(y.shape, y.dtype), grid=(2,), in_specs=[spec, spec],
+        out_specs=spec, input_output_aliases={1: 0})(x, y)
+
+
+def loop_and_reductions(m: Any) -> Callable[..., Any]:
+    """fori_loop over row slices with max/min/sum reductions, bf16 input, f32 output."""
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        def body(i: Any, acc: Any) -> Any:
+            rows = x_ref[m.ds(i * 8, 8), :].astype(F32)
+            return acc + jnp.max(rows, axis=0, keepdims=True) - jnp.min(rows, axis=0,
+                                                                        keepdims=True)
+
+        acc = jax.lax.fori_loop(0, 4, body, jnp.zeros((1, 128), F32))
+        o_ref[...] = jnp.broadcast_to(acc + jnp.sum(x_ref[...].astype(F32)), o_ref.shape)
+
+    return lambda x: m.pallas_call(
+        kernel, jax.ShapeDtypeStruct((8, 128), F32),
+        in_specs=[m.BlockSpec((32, 128), lambda: (0, 0))],
+        out_specs=m.BlockSpec((8, 128), lambda: (0, 0)))(x)
+
+
+def _loop_and_reductions_ref(x: Any) -> Any:
+    r = x.astype(F32).reshape(4, 8, 128)
+    acc = jnp.sum(r.max(axis=1) - r.min(axis=1), axis=0, keepdims=True)
+    return jnp.broadcast_to(acc + jnp.sum(x.astype(F32)), (8, 128))
+
+
+def double_buffered_dma(m: Any) -> Callable[..., Any]:
+    """Manual double buffering: four (8, 128) slabs of an ANY array copied into two VMEM
+    slots with two DMA semaphores, each slab scaled and copied back out."""
+    tpu = _tpu(m)
+
+    def kernel(x_hbm: Any, o_hbm: Any, buf: Any, sems: Any, out_sem: Any) -> None:
+        def fetch(i: Any, slot: Any) -> Any:
+            return tpu.make_async_copy(x_hbm.at[m.ds(i * 8, 8)], buf.at[slot], sems.at[slot])
+
+        fetch(0, 0).start()
+
+        def body(i: Any, carry: Any) -> Any:
+            slot = i % 2
+
+            @m.when(i + 1 < 4)
+            def _() -> None:
+                fetch(i + 1, 1 - slot).start()
+
+            fetch(i, slot).wait()
+            buf[slot] = buf[slot] * 3.0
+            out = tpu.make_async_copy(buf.at[slot], o_hbm.at[m.ds(i * 8, 8)], out_sem)
+            out.start()
+            out.wait()
+            return carry
+
+        jax.lax.fori_loop(0, 4, body, 0)
+
+    whole = m.BlockSpec(memory_space=m.ANY)
+    return lambda x: m.pallas_call(
+        kernel, jax.ShapeDtypeStruct(x.shape, x.dtype), in_specs=[whole], out_specs=whole,
+        scratch_shapes=[tpu.VMEM((2, 8, 128), F32), tpu.SemaphoreType.DMA((2,)),
+                        tpu.SemaphoreType.DMA])(x)
+
+
+def dynamic_grid(m: Any) -> Callable[..., Any]:
+    """A grid whose size is a traced value: only the first ``n`` row blocks are written."""
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = x_ref[...] * 2.0 + m.program_id(0).astype(F32)
+
+    spec = m.BlockSpec((8, 128), lambda i: (i, 0))
+
+    def f(n: Any, x: Any) -> Any:
+        return m.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(n,),
+                             in_specs=[spec], out_specs=spec)(x)
+    return jax.jit(f)
+
+
+GRID: dict[str, tuple[Callable[[Any], Any], list[Any], Callable[..., Any]]] = {
+    "edge_blocks": (edge_blocks, [_x((20, 300), 10)], lambda x: jnp.sin(x) * 2.0),
+    "row_sums_with_scratch": (row_sums_with_scratch, [_x((16, 512), 11)],
+                              lambda x: jnp.broadcast_to(x.sum(1, keepdims=True), (16, 128))),
+    "aliased_update": (aliased_update, [_x((8, 256), 12), _x((16, 256), 13)],
+                       lambda x, y: y.at[:8].add(x)),
+    "loop_and_reductions_bf16": (loop_and_reductions, [_x((32, 128), 14, BF16)],
+                                 _loop_and_reductions_ref),
+    "double_buffered_dma": (double_buffered_dma, [_x((32, 128), 15)], lambda x: x * 3.0),
+}
+
+
+@pytest.mark.parametrize("m", MODULES)
+@pytest.mark.parametrize("name", sorted(GRID))
+def test_grid_and_memory(name: str, m: Any) -> None:
+    build, args, want = GRID[name]
+    tol = 2e-2 if "bf16" in name else 1e-5
+    np.testing.assert_allclose(_emulate(build(m), *args), want(*args), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("m", MODULES)
+def test_dynamic_grid(m: Any) -> None:
+    x = _x((32, 128), 16)
+    got = _emulate(dynamic_grid(m), jnp.int32(3), x)
+    want = np.array(x)
+    want[:24] = (x[:24].reshape(3, 8, 128) * 2.0 + jnp.arange(3.0)[:, None, None]).reshape(
+        24, 128)
+    np.testing.assert_allclose(got[:24], want[:24], rtol=1e-6)
+
+
+@pytest.mark.parametrize("m", MODULES)
+def test_parallel_axes_shuffled_give_the_same_result(m: Any) -> None:
+    a, b = _x((256, 256), 17, BF16), _x((256, 256), 18, BF16)
+    first = _emulate(seeds.matmul_3d(m), a, b)
+    for seed in (1, 2):
+        np.testing.assert_array_equal(_emulate(seeds.matmul_3d(m), a, b, seed=seed), first)
+
+
+def test_shuffle_exposes_a_kernel_that_is_not_parallel() -> None:
+    """A kernel that carries state from one grid step to the next over an axis it calls
+    parallel gives a different result when the points run in another order."""
+    def kernel(x_ref: Any, o_ref: Any, carry: Any) -> None:
+        @pl.when(pl.program_id(0) == 0)
+        def _() -> None:
+            carry[...] = jnp.zeros_like(carry)
+
+        carry[...] += x_ref[...]
+        o_ref[...] = carry[...]
+
+    spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+    f = pl.pallas_call(kernel, jax.ShapeDtypeStruct((64, 128), F32), grid=(8,),
+                       in_specs=[spec], out_specs=spec,
+                       scratch_shapes=[pltpu.VMEM((8, 128), F32)],
+                       compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)))
+    x = _x((64, 128), 19)
+    want = np.cumsum(np.asarray(x).reshape(8, 8, 128), axis=0).reshape(64, 128)
+    np.testing.assert_allclose(_emulate(f, x), want, rtol=1e-5)
+    assert not np.allclose(_emulate(f, x, seed=3), want)
+
+
+# --- what the emulator reports ---------------------------------------------------------------
+
+# pl.emulate raises the emulator's own error, also when the kernel ran inside a callback.
+_RAISED = PallasError
+
+
+def test_a_wait_nothing_signals_is_reported() -> None:
+    def kernel(x_hbm: Any, o_hbm: Any, sem: Any) -> None:
+        pltpu.make_async_copy(x_hbm, o_hbm, sem).wait()
+
+    whole = pl.BlockSpec(memory_space=pl.ANY)
+    f = pl.pallas_call(kernel, jax.ShapeDtypeStruct((8, 128), F32), in_specs=[whole],
+                       out_specs=whole, scratch_shapes=[pltpu.SemaphoreType.DMA])
+    with pytest.raises(_RAISED, match="would hang"):
+        _emulate(f, _x((8, 128)))
+
+
+def test_kernels_that_talk_to_other_devices_are_unsupported() -> None:
+    if jax.device_count() < 8:
+        pytest.skip("needs 8 devices: XLA_FLAGS=--xla_force_host_platform_device_count=8")
+    x = _x((64, 128))
+    text = seeds.ring_permute(pl, ("x",), (8,)).trace(x).lower(
+        lowering_platforms=("tpu",)).as_text()
+    ((_, module),) = inspection.kernels(text)
+    with pytest.raises(UnsupportedError, match=r"other devices|another device"):
+        emulator.run_kernel(module, [np.asarray(x[:8])], [((8, 128), np.dtype(np.float32))],
+                            [], EmulateOptions(backend="mosaic_tpu"))
+
+
+# --- miscompiles the emulator exposed --------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_erf_inv_of_plus_and_minus_one_is_infinite(dtype: Any) -> None:
+    """The shared erf_inv rule gave -inf at 1 and +inf at -1 (its tail polynomial at w = inf),
+    found by the rule matrix emulated on bfloat16."""
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = jax.lax.erf_inv(x_ref[...])
+
+    x = jnp.concatenate([jnp.asarray([1.0, -1.0, 0.0, 0.5, -0.999]), _x((123,), 20) * 0.3]
+                        ).astype(dtype).reshape(1, 128)
+    x = jnp.broadcast_to(x, (8, 128))
+    f = pl.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, dtype))
+    tol = 2e-2 if dtype == BF16 else 2e-5
+    np.testing.assert_allclose(np.asarray(_emulate(f, x), np.float32),
+                               np.asarray(jax.lax.erf_inv(x), np.float32), rtol=tol, atol=tol)
+
+
+# --- the kernels of test_tpu_shape_and_mask_rules, test_tpu_primitives, test_tpu_pipeline ----
+
+def _shape_cases() -> dict[str, tuple[Callable[[Any], Any], list[Any], Callable[..., Any]]]:
+    import test_tpu_shape_and_mask_rules as shapes
+
+    def chained(x: Any) -> Any:
+        want = np.array(x).reshape(2, 8, 128)
+        want[:, 3] = want[:, 7] * 2.0
+        return want.reshape(16, 128)
+
+    def tiled(x: Any) -> Any:
+        b = x.reshape(2, 8, 256)
+        return (b + jnp.tile(b[:, :, :128], (1, 1, 2))).reshape(16, 256)
+
+    def corner(x: Any) -> Any:
+        b = x.reshape(2, 8, 128)
+        return (b * b[:, :1, :1]).reshape(16, 128)
+
+    def packed_rows(x: Any) -> Any:
+        words = jax.lax.bitcast_convert_type(x.reshape(16, 2, 128).transpose(0, 2, 1),
+                                             jnp.uint32)
+        return words[::2]
+
+    return {
+        "tiled": (shapes.tiled, [_x((16, 256), 21)], tiled),
+        "scalar_reshapes": (shapes.scalar_reshapes, [_x((16, 128), 22)], corner),
+        "masked_store": (shapes.masked_store, [_x((16, 128), 23)],
+                         lambda x: jnp.where(jnp.arange(128) < 37, x, 0.0)),
+        "chained_views": (shapes.chained_views, [_x((16, 128), 24)], chained),
+        "squeezed_block": (shapes.squeezed_block, [_x((3, 16, 128), 25)], lambda x: x + 1.0),
+        "reshaped_view": (shapes.reshaped_view, [_x((4, 8, 128), 26)],
+                          lambda x: x.reshape(32, 128) * 2.0),
+        "bitcast_strided": (shapes.bitcast_strided, [_x((32, 128), 27, BF16)], packed_rows),
+        "shape_pieces": (shapes.shape_pieces, [_x((16, 256), 28)], shapes._pieces),
+        "one_d_bf16": (lambda m: shapes.one_d_blocks(m, 512, BF16), [_x((2048,), 29, BF16)],
+                       lambda x: x * 2),
+    }
+
+
+SHAPES = _shape_cases()
+
+
+@pytest.mark.parametrize("m", MODULES)
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_shape_and_mask_kernels(name: str, m: Any) -> None:
+    build, args, want = SHAPES[name]
+    np.testing.assert_allclose(np.asarray(_emulate(build(m), *args), np.float64),
+                               np.asarray(want(*args), np.float64), rtol=1e-6)
+
+
+@pytest.mark.parametrize("ours", [True, False], ids=["ours", "jax"])
+def test_roll_and_bitcast_primitives(ours: bool) -> None:
+    import test_tpu_primitives as prims
+
+    mods, backend = (prims.OURS, "mosaic_tpu") if ours else (prims.JAX, None)
+    x = _x((16, 256), 30)
+    for shift, axis in ((3, 1), (1, 0), (250, 1)):
+        want = np.concatenate([np.roll(b, shift, axis) for b in np.split(np.asarray(x), 2)])
+        np.testing.assert_array_equal(
+            _emulate(prims.roll_static(mods, shift, axis, backend), x), want)
+    np.testing.assert_array_equal(
+        _emulate(prims.roll_strided(mods, 2, 1, 3, 0, backend), x[:8]),
+        prims._np_roll_strided(np.asarray(x[:8]), 2, 1, 3, 0))
+    for shape, src, dst in prims.BITCASTS.values():
+        v = prims._random(shape, src, seed=5)
+        got = _emulate(prims.bitcast_kernel(mods, shape, src, dst, backend), v)
+        np.testing.assert_array_equal(np.asarray(got).view(np.uint8),
+                                      prims._np_bitcast(np.asarray(v), dst).view(np.uint8))
+
+
+def test_emit_pipeline_matmul_of_ours() -> None:
+    import test_tpu_pipeline as pipeline
+
+    a, b = pipeline._operands()
+    np.testing.assert_allclose(_emulate(pipeline.blog_matmul(pl, pltpu), a, b),
+                               jnp.dot(a, b, preferred_element_type=F32), rtol=2e-2, atol=2e-2)

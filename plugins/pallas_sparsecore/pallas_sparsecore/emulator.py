@@ -1,0 +1,684 @@
+"""The SparseCore emulator: a SparseCore ``tpu_custom_call`` run on CPU with numpy.
+
+It reuses the Mosaic TPU emulator's operations (:mod:`pallas_mosaic_tpu.emulator`) and adds
+what a SparseCore does differently:
+
+* **The mesh.** The kernel function's grid is ``(cores, subcores)`` (``(cores,)`` on the scalar
+  subcores); every point is one subcore's program, called with its core and subcore indices.
+  HBM operands are shared by all programs, ``vmem_shared`` buffers (scratch operands or
+  ``memref.alloca``) by the subcores of one core, and ``vmem``/``smem`` buffers and semaphores
+  belong to one subcore. Fresh memory holds garbage (NaN, or the byte ``0x5A`` for integers), as
+  on the chip, so a kernel that reads memory it never wrote shows it.
+* **Scheduling.** Programs run one at a time. Without ``tpu.barrier`` they run one after
+  another; with barriers each runs in its own thread and hands over at every barrier, round
+  robin, so that a barrier releases a core's subcores only when all of them reached it. A
+  program that finishes while others wait at a barrier (the chip would hang) is an
+  :class:`~pallas_mosaic_tpu.emulator_ops.EmulationError`. With ``options.seed`` the programs
+  start in a shuffled order (a race between subcores of one phase then shows).
+* **SparseCore operations.** Masked ``tpu.vector_load``/``tpu.vector_store`` are the expanding
+  load and the compressing store; ``tpu.vector_load_idx``/``vector_store_idx`` gather and
+  scatter lanes (an adding scatter accumulates repeated indices, from the lowest lane);
+  ``tpu.enqueue_indirect_dma`` gathers rows from HBM/shared VMEM into VMEM or scatters (adds)
+  rows the other way; ``tpu.sort`` (stable; masked-off lanes last), ``tpu.scan`` (sum, max,
+  min; integers compare unsigned, as on the chip), ``tpu.scan_count``, ``tpu.all_reduce`` of a
+  mask (population count, first set lane), ``tpu.pack_subelements``/``unpack_subelements``.
+
+Lanes the hardware leaves undefined (masked-off lanes of a gather or an expanding load) are NaN
+(zero for integers); a ``tpu.scan`` sum is zero before the first kept lane and a max/min passes
+the input through there. Semantics come from the Mosaic TPU dialect's documentation of each
+operation and from ``jax.experimental.pallas.tpu_sc``'s docstrings.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from jaxlib.mlir import ir
+from pallas_mosaic_tpu.emulator import (
+    RULES as TPU_RULES,
+)
+from pallas_mosaic_tpu.emulator import (
+    KernelState,
+    TPUCompiler,
+    decode,
+    is_sparsecore,
+    kernel_function,
+)
+from pallas_mosaic_tpu.emulator_ops import (
+    EmulationError,
+    _bool,
+    _enum,
+    _int,
+    _ints,
+    _key,
+    allocate,
+    is_semaphore,
+    segments,
+)
+
+from pallas_core.emulation.call import EmulatedCall, EmulateOptions
+from pallas_core.emulation.machine import Function, Rule
+from pallas_core.emulation.types import dtype_of, shape_of, unsigned
+from pallas_core.errors import UnsupportedError
+
+_Fn = Callable[..., Any]
+
+
+def _unsupported(op: ir.Operation, what: str) -> UnsupportedError:
+    return UnsupportedError(
+        f"the SparseCore emulator does not support {what} (`{op.name}` at {op.location}). "
+        "Fix: run the kernel with backend='interpret', or emulate a kernel without it.")
+
+
+# -- memory -----------------------------------------------------------------------------------
+
+def space_of(t: ir.Type) -> str:
+    """The memory space of a memref type: ``hbm``, ``vmem``, ``vmem_shared``, ``smem`` or
+    ``semaphore_mem``."""
+    text = str(ir.MemRefType(t).memory_space) if isinstance(t, ir.MemRefType) else ""
+    for s in ("vmem_shared", "semaphore_mem", "vmem", "smem", "hbm", "any"):
+        if f"<{s}>" in text:
+            return "hbm" if s == "any" else s
+    return "semaphore_mem" if is_semaphore(t) else "vmem"
+
+
+def garbage(shape: Sequence[int], dtype: Any) -> np.ndarray:
+    """Memory nobody wrote: NaN for floats, the byte ``0x5A`` repeated for integers."""
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f" or dtype.name == "bfloat16":
+        return np.full(shape, np.nan, dtype)
+    out = np.zeros(shape, dtype)
+    if dtype.kind in "iu":
+        out.view(np.uint8)[...] = 0x5A
+    return out
+
+
+def fresh(t: ir.Type) -> np.ndarray:
+    """A new buffer of the memref type ``t`` (semaphores at zero, data garbage)."""
+    if is_semaphore(t):
+        return allocate(t)
+    return garbage(shape_of(t), dtype_of(t))
+
+
+class Program:
+    """One subcore's run of the kernel function: its indices and its arguments."""
+
+    def __init__(self, core: int, subcore: int, args: Sequence[Any]) -> None:
+        self.core, self.subcore = core, subcore
+        self.args = list(args)
+        self.allocas: dict[int, int] = {}  # op id -> how many times this program ran it
+
+    def __repr__(self) -> str:
+        return f"(core {self.core}, subcore {self.subcore})"
+
+
+class SCState:
+    """What the SparseCore rules read while a kernel runs: the running program and the
+    buffers the subcores of a core share."""
+
+    def __init__(self) -> None:
+        self.current: Program | None = None
+        self.shared: dict[tuple[int, int, int], np.ndarray] = {}
+        self.scheduler: Scheduler | None = None
+
+    def program(self) -> Program:
+        if self.current is None:
+            raise UnsupportedError("a SparseCore operation ran outside a subcore's program")
+        return self.current
+
+
+class SCCompiler(TPUCompiler):
+    """The TPU emulator's compiler with the SparseCore state, recording every function it
+    compiles (their value frames are swapped when the scheduler switches programs)."""
+
+    def __init__(self, rules: Mapping[str, Rule], state: KernelState, sc: SCState, *,
+                 module: ir.Module) -> None:
+        super().__init__(rules, state, backend="sparsecore", module=module)
+        self.sc = sc
+        self.compiled: list[Function] = []
+
+    def function(self, op_or_name: ir.Operation | str) -> Function:
+        fn = super().function(op_or_name)
+        if fn not in self.compiled:
+            self.compiled.append(fn)
+        return fn
+
+
+def _sc(c: Any) -> SCState:
+    sc = getattr(c, "sc", None)
+    if not isinstance(sc, SCState):
+        raise UnsupportedError("SparseCore operations need the SparseCore emulator's compiler")
+    return sc
+
+
+def _alloca(c: Any, op: ir.Operation) -> _Fn:
+    """``memref.alloca``: a fresh buffer per execution, except in ``vmem_shared``, where the
+    ``k``-th execution by each subcore of a core gives that core's ``k``-th buffer."""
+    t = op.results[0].type
+    if space_of(t) != "vmem_shared":
+        return lambda *_: fresh(t)
+    sc, key = _sc(c), id(op)
+
+    def run(*_: Any) -> Any:
+        program = sc.program()
+        count = program.allocas.get(key, 0)
+        program.allocas[key] = count + 1
+        slot = (key, program.core, count)
+        if slot not in sc.shared:
+            sc.shared[slot] = fresh(t)
+        return sc.shared[slot]
+    return run
+
+
+# -- masked, expanding and compressing accesses -----------------------------------------------
+
+def _vector_load(c: Any, op: ir.Operation) -> _Fn:
+    """Unmasked: the TensorCore's load. Masked: the expanding load (the ``k``-th kept lane
+    gets element ``k`` of the window; the other lanes are undefined)."""
+    (_, _), (i0, i1), (m0, m1) = segments(op)
+    if m1 == m0:
+        return TPU_RULES["tpu.vector_load"](c, op)
+    if _ints(op.attributes["strides"]) if "strides" in op.attributes else []:
+        raise _unsupported(op, "strided masked loads")
+    shape = shape_of(op.results[0].type)
+
+    def run(ref: np.ndarray, *rest: Any) -> Any:
+        mask = np.broadcast_to(np.asarray(rest[m0 - 1], bool), shape).reshape(-1)
+        count = int(mask.sum())
+        window = ref[_key(op, ref, rest[i0 - 1:i1 - 1], shape)].reshape(-1)
+        out = garbage((mask.size,), ref.dtype)
+        out[mask] = window[:count]
+        return out.reshape(shape)
+    return run
+
+
+def _vector_store(c: Any, op: ir.Operation) -> _Fn:
+    """Unmasked: the TensorCore's store. Masked: the compressing store (kept lanes go to the
+    window's elements ``0, 1, ...`` in order), adding with ``add``."""
+    (_, _), (_, _), (i0, i1), (m0, m1) = segments(op)
+    if m1 == m0:
+        return TPU_RULES["tpu.vector_store"](c, op)
+    if _ints(op.attributes["strides"]) if "strides" in op.attributes else []:
+        raise _unsupported(op, "strided masked stores")
+    shape = shape_of(op.operands[0].type)
+    add = _bool(op, "add")
+
+    def run(value: Any, ref: np.ndarray, *rest: Any) -> None:
+        mask = np.broadcast_to(np.asarray(rest[m0 - 2], bool), shape).reshape(-1)
+        kept = np.asarray(value).reshape(-1)[mask].astype(ref.dtype)
+        window = ref[_key(op, ref, rest[i0 - 2:i1 - 2], shape)]
+        flat = window.reshape(-1)  # a copy when the window is not contiguous
+        flat[:kept.size] = flat[:kept.size] + kept if add else kept
+        window[...] = flat.reshape(window.shape)
+    return run
+
+
+def _lane_indices(op: ir.Operation, ref: np.ndarray, idx: Sequence[Any], mask: np.ndarray
+                  ) -> tuple[np.ndarray, ...]:
+    """The kept lanes' indices into ``ref``, checked against its bounds."""
+    out = []
+    for d, i in enumerate(idx):
+        i = np.asarray(i).astype(np.int64).reshape(-1)[mask]
+        bad = (i < 0) | (i >= ref.shape[d])
+        if bad.any():
+            raise EmulationError(
+                f"{op.name} at {op.location} indexes dimension {d} of a ref of shape "
+                f"{ref.shape} with {int(i[bad][0])}: out of bounds. Fix: keep the indices "
+                "inside the ref or mask those lanes off (the chip does not check them).")
+        out.append(i)
+    return tuple(out)
+
+
+def _load_idx(c: Any, op: ir.Operation) -> _Fn:
+    """``tpu.vector_load_idx``: lane ``i`` reads ``ref[idx0[i], idx1[i], ...]``."""
+    (_, _), (i0, i1), (m0, m1) = segments(op)
+    shape = shape_of(op.results[0].type)
+
+    def run(ref: np.ndarray, *rest: Any) -> Any:
+        mask = np.ones(int(np.prod(shape)), bool) if m1 == m0 else \
+            np.asarray(rest[m0 - 1], bool).reshape(-1)
+        out = garbage(mask.shape, ref.dtype)
+        out[mask] = ref[_lane_indices(op, ref, rest[i0 - 1:i1 - 1], mask)]
+        return out.reshape(shape)
+    return run
+
+
+def _store_idx(c: Any, op: ir.Operation) -> _Fn:
+    """``tpu.vector_store_idx``: lane ``i`` writes ``ref[idx0[i], ...]`` (the highest lane wins
+    among repeats), or adds into it (repeats accumulate)."""
+    (_, _), (_, _), (i0, i1), (m0, m1) = segments(op)
+    add = _bool(op, "add")
+
+    def run(value: Any, ref: np.ndarray, *rest: Any) -> None:
+        value = np.asarray(value).reshape(-1)
+        mask = np.ones(value.shape, bool) if m1 == m0 else \
+            np.asarray(rest[m0 - 2], bool).reshape(-1)
+        where = _lane_indices(op, ref, rest[i0 - 2:i1 - 2], mask)
+        kept = value[mask].astype(ref.dtype)
+        if add:
+            np.add.at(ref, where, kept)
+        else:
+            ref[where] = kept  # numpy assigns repeated indices in order: the last lane wins
+    return run
+
+
+# -- DMAs -------------------------------------------------------------------------------------
+
+def _gathers(op: ir.Operation, source: ir.Value, target: ir.Value) -> bool:
+    """Whether an indirect DMA gathers (HBM/shared VMEM -> VMEM) rather than scatters."""
+    src, dst = space_of(source.type), space_of(target.type)
+    if src in ("hbm", "vmem_shared") and dst == "vmem":
+        return True
+    if src == "vmem" and dst in ("hbm", "vmem_shared"):
+        return False
+    raise _unsupported(op, f"an indirect DMA from {src} to {dst}")
+
+
+def _indexed(ref: np.ndarray, offsets: int) -> np.ndarray:
+    """The indexed ref ``[z, ...]`` (or ``[1, z, ...]``) as ``[z, ...]``."""
+    return ref[0] if ref.ndim >= 2 and ref.shape[0] == 1 and offsets != 1 else ref
+
+
+def _enqueue_indirect_dma(c: Any, op: ir.Operation) -> _Fn:
+    gather = _gathers(op, op.operands[0], op.operands[1])
+    add = _bool(op, "add")
+    has_filter = len(op.operands) > 4
+
+    def run(src: np.ndarray, dst: np.ndarray, offsets: Any, sem: np.ndarray,
+            *flt: Any) -> None:
+        offs = np.asarray(offsets).astype(np.int64).reshape(-1)
+        table = _indexed(src if gather else dst, offs.size)
+        rows = dst if gather else src
+        rows = rows.reshape(offs.size, *table.shape[1:])
+        keep = np.ones(offs.shape, bool)
+        if has_filter:
+            keep = offs != int(flt[0])
+        bad = keep & ((offs < 0) | (offs >= table.shape[0]))
+        if bad.any():
+            raise EmulationError(
+                f"{op.name} at {op.location}: offset {int(offs[bad][0])} outside the "
+                f"{table.shape[0]} rows of the indexed ref. Fix: keep the indices in range "
+                "(the DMA engine does not check them).")
+        if gather:
+            got = table[offs[keep]].astype(rows.dtype)
+            rows[keep] = rows[keep] + got if add else got
+        elif add:
+            np.add.at(table, offs[keep], rows[keep].astype(table.dtype))
+        else:
+            table[offs[keep]] = rows[keep].astype(table.dtype)
+        moved = (dst if gather else src)
+        sem[...] += moved.size * moved.dtype.itemsize
+    return run
+
+
+def _wait_indirect_dma(c: Any, op: ir.Operation) -> _Fn:
+    gather = _gathers(op, op.operands[1], op.operands[2])
+
+    def run(sem: np.ndarray, src: np.ndarray, dst: np.ndarray) -> None:
+        moved = dst if gather else src
+        amount = moved.size * moved.dtype.itemsize
+        if int(sem) < amount:
+            raise EmulationError(
+                f"{op.name} at {op.location} waits for {amount} bytes on a semaphore holding "
+                f"{int(sem)}: nothing started this DMA, so the kernel would hang. Fix: start "
+                "the copy (with this semaphore) before waiting for it.")
+        sem[...] = int(sem) - amount
+    return run
+
+
+def _local_only(name: str, first_remote: int) -> Rule:
+    """The TensorCore's rule for ``name``, refusing the device/core/subcore id operands."""
+    def rule(c: Any, op: ir.Operation) -> _Fn:
+        if any(b > a for a, b in segments(op)[first_remote:]):
+            raise _unsupported(op, "DMAs and signals to another core, subcore or device")
+        return TPU_RULES[name](c, op)
+    return rule
+
+
+# -- register operations ----------------------------------------------------------------------
+
+def _order_key(x: np.ndarray) -> np.ndarray:
+    """Values whose numpy order is the chip's: integers compare unsigned."""
+    return unsigned(x) if x.dtype.kind in "iu" else x
+
+
+def _sort(c: Any, op: ir.Operation) -> _Fn:
+    """``tpu.sort``: a stable sort of the lanes by key, values along; masked-off lanes go last
+    and the output mask marks the kept ones."""
+    descending = _bool(op, "descending")
+
+    def run(keys: Any, values: Any, *mask: Any) -> Any:
+        keys, values = np.asarray(keys), np.asarray(values)
+        keep = np.asarray(mask[0], bool) if mask else np.ones(keys.shape, bool)
+        key = _order_key(keys)
+        if descending:
+            key = ~key if key.dtype.kind == "u" else -key
+        order = np.argsort(key, kind="stable")
+        order = order[np.argsort(~keep[order], kind="stable")]
+        return keep[order], keys[order], values[order]
+    return run
+
+
+def _scan(c: Any, op: ir.Operation) -> _Fn:
+    """``tpu.scan``: the inclusive running sum/max/min over the kept lanes; a masked-off lane
+    holds the result of the last kept lane before it."""
+    kind = _enum(op.attributes["kind"])
+    dtype = dtype_of(op.results[0].type)
+    if kind not in ("sum", "max", "min"):
+        raise _unsupported(op, f"scans of kind {kind}")
+
+    def run(x: Any, *mask: Any) -> Any:
+        x = np.asarray(x)
+        keep = np.asarray(mask[0], bool) if mask else np.ones(x.shape, bool)
+        if x.ndim != 1:
+            raise _unsupported(op, "scans of vectors of rank other than 1")
+        if kind == "sum":
+            return np.cumsum(np.where(keep, x, 0), dtype=dtype).astype(dtype)
+        key = _order_key(x)
+        fill = np.iinfo(key.dtype).min if key.dtype.kind in "iu" else -np.inf
+        if kind == "min":
+            fill = np.iinfo(key.dtype).max if key.dtype.kind in "iu" else np.inf
+        acc = (np.maximum if kind == "max" else np.minimum).accumulate(
+            np.where(keep, key, fill).astype(key.dtype))
+        if key.dtype != x.dtype:
+            acc = acc.view(x.dtype)
+        return np.where(np.cumsum(keep) > 0, acc, x).astype(dtype)
+    return run
+
+
+def _scan_count(c: Any, op: ir.Operation) -> _Fn:
+    """``tpu.scan_count(in_mask, values)`` -> ``(out_mask, counts)``: how many kept lanes up to
+    this one hold its value (a masked-off lane counts 1), and whether this is the last kept
+    lane holding it."""
+    def run(mask: Any, values: Any) -> Any:
+        keep = np.asarray(mask, bool)
+        x = np.asarray(values)
+        same = (x[:, None] == x[None, :]) & keep[:, None] & keep[None, :]
+        upto = np.tril(np.ones(same.shape, bool))
+        counts = np.where(keep, (same & upto).sum(axis=1), 1).astype(np.int32)
+        last = keep & ~(same & ~upto).any(axis=1)
+        return last, counts
+    return run
+
+
+def _all_reduce(c: Any, op: ir.Operation) -> _Fn:
+    """``tpu.all_reduce`` of a mask: the number of set lanes (``sum``) or the first set lane
+    (``find_first_set``; the length when none is), in every lane of the result."""
+    kind = _enum(op.attributes["kind"])
+    shape = shape_of(op.results[0].type)
+    dtype = dtype_of(op.results[0].type)
+    if dtype_of(op.operands[0].type) != np.bool_ or len(shape_of(op.operands[0].type)) != 1:
+        raise _unsupported(op, "all-reductions of anything but a 1-D mask")
+    if kind not in ("sum", "find_first_set"):
+        raise _unsupported(op, f"all-reductions of kind {kind}")
+
+    def run(x: Any) -> Any:
+        x = np.asarray(x, bool)
+        value = int(x.sum()) if kind == "sum" else (int(np.argmax(x)) if x.any() else x.size)
+        return np.full(shape, value, dtype)
+    return run
+
+
+def _narrowed(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``x`` converted to the packed element type: floats round to nearest even, integers
+    keep their low bits."""
+    return x.astype(dtype)
+
+
+def _pack(c: Any, op: ir.Operation) -> _Fn:
+    """``tpu.pack_subelements`` of 1-D vectors: interleaved (``a0 b0 a1 b1 ...``) or
+    compressed (``a`` then ``b``), each source narrowed to the result's element type."""
+    fmt = _enum(op.attributes["pack_format"])
+    positions = _ints(op.attributes["positions"])
+    shape, dtype = shape_of(op.results[0].type), dtype_of(op.results[0].type)
+    if len(shape_of(op.operands[0].type)) != 1 or sorted(positions) != list(
+            range(len(positions))):
+        raise _unsupported(op, "packing other than of 1-D vectors into every position")
+    if fmt not in ("interleaved", "compressed"):
+        raise _unsupported(op, f"the pack format {fmt}")
+
+    def run(*sources: Any) -> Any:
+        by_position = dict(zip(positions, sources, strict=True))
+        parts = [_narrowed(np.asarray(by_position[p]), dtype) for p in range(len(sources))]
+        axis = -1 if fmt == "interleaved" else 0
+        return np.stack(parts, axis=axis).reshape(shape)
+    return run
+
+
+def _unpack(c: Any, op: ir.Operation) -> _Fn:
+    """``tpu.unpack_subelements``: part ``index`` of a packed 1-D vector, widened (integers
+    sign-extended, or zero-extended with ``unsigned_integers``)."""
+    fmt = _enum(op.attributes["pack_format"])
+    index = _int(op, "index")
+    shape, dtype = shape_of(op.results[0].type), dtype_of(op.results[0].type)
+    src_shape = shape_of(op.operands[0].type)
+    parts = int(np.prod(src_shape)) // int(np.prod(shape))
+    zero_extend = _bool(op, "unsigned_integers")
+    if len(shape) != 1 or fmt not in ("interleaved", "compressed"):
+        raise _unsupported(op, f"unpacking {fmt} data into vectors of rank {len(shape)}")
+
+    def run(x: Any) -> Any:
+        flat = np.asarray(x).reshape(-1)
+        part = flat.reshape(-1, parts)[:, index] if fmt == "interleaved" else \
+            flat.reshape(parts, -1)[index]
+        if zero_extend and part.dtype.kind == "i":
+            part = unsigned(part)
+        return part.astype(dtype).reshape(shape)
+    return run
+
+
+# -- barriers and the scheduler ---------------------------------------------------------------
+
+class _Abort(BaseException):
+    """Unwinds a program when another one failed."""
+
+
+class Scheduler:
+    """Runs the programs one at a time, each in its own thread, switching at barriers: a
+    program reaching ``tpu.barrier`` waits there until every subcore of its core has reached
+    it, and hands over to the next program (round robin) that can run."""
+
+    def __init__(self, programs: Sequence[Program], body: Function, sc: SCState,
+                 compiler: SCCompiler, subcores: int) -> None:
+        self.programs, self.body, self.sc = list(programs), body, sc
+        self.compiler, self.subcores = compiler, subcores
+        self.cv = threading.Condition()
+        self.turn = -1
+        self.done = [False] * len(programs)
+        self.waiting: dict[int, tuple[tuple[int, int], int]] = {}  # program -> (barrier, gen)
+        self.arrived: dict[tuple[int, int], int] = {}
+        self.generation: dict[tuple[int, int], int] = {}
+        self.frames: dict[int, list[Any]] = {}
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        threads = [threading.Thread(target=self._main, args=(k,), daemon=True,
+                                    name=f"sparsecore {p}")
+                   for k, p in enumerate(self.programs)]
+        for t in threads:
+            t.start()
+        with self.cv:
+            self.turn = 0
+            self.cv.notify_all()
+        for t in threads:
+            t.join()
+        if self.error is not None:
+            raise self.error
+
+    def _main(self, k: int) -> None:
+        with self.cv:
+            while self.turn != k and self.error is None:
+                self.cv.wait()
+        try:
+            if self.error is None:
+                self.sc.current = self.programs[k]
+                with np.errstate(all="ignore"):
+                    self.body(*self.programs[k].args)
+        except _Abort:
+            pass
+        except BaseException as e:  # reported by run(), in the caller's thread
+            with self.cv:
+                if self.error is None:
+                    self.error = e
+        finally:
+            with self.cv:
+                self.done[k] = True
+                self._hand_over(k)
+
+    def barrier(self, barrier_id: int) -> None:
+        """Called by the running program at a ``tpu.barrier``."""
+        program = self.sc.program()
+        k = self.programs.index(program)
+        key = (program.core, barrier_id)
+        with self.cv:
+            gen = self.generation.get(key, 0)
+            self.arrived[key] = self.arrived.get(key, 0) + 1
+            if self.arrived[key] == self.subcores:
+                self.arrived[key] = 0
+                self.generation[key] = gen + 1
+            self.waiting[k] = (key, gen)
+            self.frames[k] = [fn.frame.env for fn in self.compiler.compiled]
+            self._hand_over(k)
+            while self.turn != k and self.error is None:
+                self.cv.wait()
+            if self.error is not None:
+                raise _Abort
+            del self.waiting[k]
+            for fn, env in zip(self.compiler.compiled, self.frames.pop(k), strict=False):
+                fn.frame.env = env
+            self.sc.current = program
+
+    def _runnable(self, j: int) -> bool:
+        if self.done[j]:
+            return False
+        if j not in self.waiting:
+            return True
+        key, gen = self.waiting[j]
+        return self.generation.get(key, 0) > gen
+
+    def _hand_over(self, k: int) -> None:
+        """Gives the turn to the next program after ``k`` that can run (under the lock)."""
+        n = len(self.programs)
+        nxt = next((j % n for j in range(k + 1, k + 1 + n) if self._runnable(j % n)), None)
+        if nxt is not None:
+            self.turn = nxt
+        elif not all(self.done) and self.error is None:
+            stuck = [self.programs[j] for j in self.waiting if not self.done[j]]
+            finished = [p for j, p in enumerate(self.programs) if self.done[j]]
+            self.error = EmulationError(
+                f"the SparseCore kernel would hang: subcores {stuck} wait at a barrier that "
+                f"the other subcores of their core never reach (finished: {finished}). Fix: "
+                "make every subcore of a core reach each plsc.subcore_barrier the same number "
+                "of times.")
+        self.cv.notify_all()
+
+
+def _barrier(c: Any, op: ir.Operation) -> _Fn:
+    sc = _sc(c)
+
+    def run(barrier_id: Any) -> None:
+        if sc.scheduler is None:
+            raise UnsupportedError("tpu.barrier outside the SparseCore scheduler")
+        sc.scheduler.barrier(int(barrier_id))
+    return run
+
+
+RULES: dict[str, Rule] = {
+    "memref.alloca": _alloca, "memref.alloc": _alloca,
+    "tpu.vector_load": _vector_load, "tpu.vector_store": _vector_store,
+    "tpu.vector_load_idx": _load_idx, "tpu.vector_store_idx": _store_idx,
+    "tpu.enqueue_indirect_dma": _enqueue_indirect_dma,
+    "tpu.wait_indirect_dma": _wait_indirect_dma,
+    "tpu.enqueue_dma": _local_only("tpu.enqueue_dma", 4),
+    "tpu.wait_dma2": _local_only("tpu.wait_dma2", 3),
+    "tpu.sem_signal": _local_only("tpu.sem_signal", 2),
+    "tpu.sort": _sort, "tpu.scan": _scan, "tpu.scan_count": _scan_count,
+    "tpu.all_reduce": _all_reduce, "tpu.pack_subelements": _pack,
+    "tpu.unpack_subelements": _unpack, "tpu.barrier": _barrier,
+}
+"""The SparseCore operations, on top of the TensorCore emulator's rules."""
+
+
+# -- running a kernel -------------------------------------------------------------------------
+
+def _has_barrier(op: ir.Operation) -> bool:
+    for region in op.regions:
+        for block in region.blocks:
+            for inner in block.operations:
+                if inner.operation.name == "tpu.barrier" or _has_barrier(inner.operation):
+                    return True
+    return False
+
+
+def run_kernel(module: ir.Module, operands: Sequence[np.ndarray],
+               results: Sequence[tuple[tuple[int, ...], np.dtype]],
+               aliases: Sequence[tuple[int, int]], options: EmulateOptions) -> list[np.ndarray]:
+    """Runs the SparseCore kernel of ``module`` on every subcore of its mesh and returns its
+    results (``aliases``: ``(result, operand)`` pairs whose result starts as the operand)."""
+    with module.context, ir.Location.unknown():
+        fn = kernel_function(module)
+        attrs = fn.attributes
+        bounds = [int(b) for b in ir.DenseI64ArrayAttr(attrs["iteration_bounds"])]
+        if not 1 <= len(bounds) <= 2 or any(b < 1 for b in bounds):
+            raise UnsupportedError(f"the SparseCore emulator runs meshes of cores (and "
+                                   f"subcores); the kernel's grid is {bounds}")
+        if _int(fn, "scalar_prefetch", 0):
+            raise UnsupportedError("the SparseCore emulator found scalar prefetch operands")
+        arg_types = list(ir.FunctionType(ir.TypeAttr(attrs["function_type"]).value).inputs)
+        rest = arg_types[len(bounds):]
+        n_scratch = _int(fn, "scratch_operands", 0)
+        n_hbm = len(rest) - n_scratch
+        if n_hbm != len(operands) + len(results):
+            raise UnsupportedError(
+                f"the SparseCore kernel takes {n_hbm} HBM operands; the call has "
+                f"{len(operands)} inputs and {len(results)} outputs")
+        hbm = [np.array(x, dtype_of(t)) for x, t in zip(operands, rest, strict=False)]
+        outs = [garbage(shape, dtype_of(rest[len(operands) + k]))
+                for k, (shape, _) in enumerate(results)]
+        for r, o in aliases:  # one buffer: the kernel may write either ref
+            if hbm[o].shape != outs[r].shape or hbm[o].dtype != outs[r].dtype:
+                raise UnsupportedError(f"result {r} aliases operand {o} of another type")
+            outs[r] = hbm[o]
+        sc = SCState()
+        compiler = SCCompiler({**TPU_RULES, **RULES}, KernelState(bounds), sc, module=module)
+        body = compiler.function(fn)
+        cores, subcores = bounds[0], (bounds[1] if len(bounds) > 1 else 1)
+        per_core: dict[tuple[int, int], np.ndarray] = {}
+        programs = []
+        for core in range(cores):
+            for sub in range(subcores):
+                scratch = []
+                for k, t in enumerate(rest[n_hbm:]):
+                    if space_of(t) == "vmem_shared":
+                        scratch.append(per_core.setdefault((core, k), fresh(t)))
+                    else:
+                        scratch.append(fresh(t))
+                ids = [np.asarray(i, dtype_of(t)) for i, t in zip(
+                    [core, sub][:len(bounds)], arg_types, strict=False)]
+                programs.append(Program(core, sub, [*ids, *hbm, *outs, *scratch]))
+        if options.seed is not None:
+            order = np.random.default_rng(options.seed).permutation(len(programs))
+            programs = [programs[i] for i in order]
+        if _has_barrier(fn):
+            sc.scheduler = Scheduler(programs, body, sc, compiler, subcores)
+            sc.scheduler.run()
+        else:
+            for program in programs:
+                sc.current = program
+                body(*program.args)
+        return [np.asarray(o).astype(dtype) for o, (_, dtype) in zip(outs, results, strict=True)]
+
+
+def emulate(call: EmulatedCall) -> list[np.ndarray] | None:
+    """Runs a SparseCore ``tpu_custom_call``; ``None`` for every other call."""
+    if call.target != "tpu_custom_call":
+        return None
+    if not is_sparsecore(json.loads(call.backend_config)):
+        return None
+    _, module = decode(call.backend_config)
+    return run_kernel(module, [np.asarray(x) for x in call.operands], call.results,
+                      call.aliases, call.options)
