@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -32,6 +33,10 @@ import pallas_core as pl
 from tests.jax_library import porting
 
 interpreted = pltpu.force_tpu_interpret_mode
+
+Library = Callable[[str], Any]
+"""``"tpu.matmul"`` -> that library module: ``porting.ported`` (the default of the helpers
+below, which ``test_tpu_library_emulated.py`` also runs on JAX's own modules)."""
 
 
 def _keys(seed: int, n: int) -> list[jax.Array]:
@@ -69,13 +74,13 @@ def test_matmul(dtype: Any, tol: float) -> None:
 # --- flash_attention --------------------------------------------------------------------------
 
 
-def _flash_inputs(with_extras: bool) -> tuple[Any, ...]:
+def _flash_inputs(with_extras: bool, lib: Library = porting.ported) -> tuple[Any, ...]:
     b, h, s, d = 2, 2, 256, 128
     kq, kk, kv, kab, kseg = _keys(2, 5)
     q, k, v = (jax.random.normal(key, (b, h, s, d)) for key in (kq, kk, kv))
     if not with_extras:
         return q, k, v, None, None
-    flash = porting.ported("tpu.flash_attention")
+    flash = lib("tpu.flash_attention")
     ab = jax.random.normal(kab, (b, h, s, s))
     # Three segments per row, boundaries not on block edges; row 0 of each is kept unmasked.
     bounds = jnp.sort(jax.random.randint(kseg, (b, 2), 1, s), axis=1)
@@ -84,8 +89,8 @@ def _flash_inputs(with_extras: bool) -> tuple[Any, ...]:
     return q, k, v, ab, flash.SegmentIds(q=ids, kv=ids)
 
 
-def _flash_blocks() -> Any:
-    flash = porting.ported("tpu.flash_attention")
+def _flash_blocks(lib: Library = porting.ported) -> Any:
+    flash = lib("tpu.flash_attention")
     return flash.BlockSizes(
         block_q=128, block_k_major=256, block_k=128, block_b=1,
         block_q_major_dkv=128, block_k_major_dkv=128, block_k_dkv=128, block_q_dkv=128,
@@ -258,9 +263,10 @@ def test_philox_prng_impl_through_jax_random() -> None:
 _SEQ_LENS = np.asarray([0, 3, 64, 100, 128, 17], np.int32)
 
 
-def _paged_inputs(num_kv: int, num_q: int, dtype: Any, quantized: bool) -> tuple[Any, ...]:
+def _paged_inputs(num_kv: int, num_q: int, dtype: Any, quantized: bool,
+                  lib: Library = porting.ported) -> tuple[Any, ...]:
     """Pages of 16 tokens, 8 per sequence, shuffled over the cache."""
-    qu = porting.ported("tpu.paged_attention.quantization_utils")
+    qu = lib("tpu.paged_attention.quantization_utils")
     page, per_seq, d = 16, 8, 128
     total = len(_SEQ_LENS) * per_seq
     kk, kv, kperm, kq = _keys(5, 4)
@@ -273,10 +279,10 @@ def _paged_inputs(num_kv: int, num_q: int, dtype: Any, quantized: bool) -> tuple
     return q, k_pages, v_pages, indices
 
 
-def _gather_pages(pages: Any, indices: Any) -> jax.Array:
+def _gather_pages(pages: Any, indices: Any, lib: Library = porting.ported) -> jax.Array:
     """Each sequence's pages in order, as the reference takes them. The kernel computes with
     pages rounded to bfloat16 (int8 pages: dequantized in float32), so the reference does."""
-    qu = porting.ported("tpu.paged_attention.quantization_utils")
+    qu = lib("tpu.paged_attention.quantization_utils")
     if isinstance(pages, qu.QuantizedTensor):
         pages = qu.unquantize_from_int8(pages, dtype=jnp.float32)
     else:
@@ -438,24 +444,25 @@ _SPLASH_SEQ, _SPLASH_DIM = 256, 128
 _SPLASH_HEADS = {"mha": (2, 2), "gqa": (4, 2), "mqa": (2, None)}
 
 
-def _splash_mask(kind: str, heads: int) -> Any:
-    masks = porting.ported("tpu.splash_attention.splash_attention_mask")
+def _splash_mask(kind: str, heads: int, lib: Library = porting.ported) -> Any:
+    masks = lib("tpu.splash_attention.splash_attention_mask")
     shape = (_SPLASH_SEQ, _SPLASH_SEQ)
     one = {"causal": masks.CausalMask(shape), "full": masks.FullMask(shape),
            "local": masks.LocalMask(shape, (64, 16), offset=0)}[kind]
     return masks.MultiHeadMask([one] * heads)
 
 
-def _splash_call(kind: str, form: str, **kw: Any) -> tuple[Any, Any, tuple[jax.Array, ...]]:
+def _splash_call(kind: str, form: str, lib: Library = porting.ported,
+                 **kw: Any) -> tuple[Any, Any, tuple[jax.Array, ...]]:
     """The kernel, the library's masked reference and inputs (q, k, v)."""
-    splash = porting.ported("tpu.splash_attention.splash_attention_kernel")
+    splash = lib("tpu.splash_attention.splash_attention_kernel")
     num_q, num_kv = _SPLASH_HEADS[form]
     kq, kk, kv = _keys(8, 3)
     kv_shape = (_SPLASH_SEQ, _SPLASH_DIM) if num_kv is None else (num_kv, _SPLASH_SEQ,
                                                                   _SPLASH_DIM)
     q = jax.random.uniform(kq, (num_q, _SPLASH_SEQ, _SPLASH_DIM))
     k, v = jax.random.uniform(kk, kv_shape), jax.random.uniform(kv, kv_shape)
-    mask = _splash_mask(kind, num_q)
+    mask = _splash_mask(kind, num_q, lib)
     blocks = splash.BlockSizes(block_q=128, block_kv=128, block_kv_compute=128,
                                block_q_dkv=128, block_kv_dkv=128, block_kv_dkv_compute=128,
                                block_q_dq=128, block_kv_dq=128)

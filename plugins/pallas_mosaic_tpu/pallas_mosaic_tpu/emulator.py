@@ -10,7 +10,9 @@ output block stays resident while its index does not change, so accumulating int
 ``arbitrary`` axis works as on the TPU; a fresh output block starts as NaN (zeros for integers),
 as the TPU never reads outputs. Windows in ``ANY``/HBM memory and the scalar-prefetch operands
 are the whole arrays; scratch operands persist over the grid. With ``options.seed`` the points
-of the ``parallel`` axes run in a shuffled order.
+of the ``parallel`` axes run in a shuffled order. On a megacore chip (``target="v4"``,
+``"v5p"``) the leading ``parallel`` axes are shared by two TensorCores, each running its
+contiguous part of them with its own VMEM, SMEM and semaphores (``tpu.core_id`` says which).
 
 The operations: ``arith``, ``math``, ``scf`` and ``func`` from :mod:`pallas_core.emulation`,
 ``vector``/``memref``/memory ``tpu`` operations from :mod:`pallas_mosaic_tpu.emulator_ops`, and
@@ -33,7 +35,7 @@ from pallas_core.emulation.arith import RULES as ARITH_RULES
 from pallas_core.emulation.call import EmulatedCall, EmulateOptions
 from pallas_core.emulation.machine import Compiler, Rule
 from pallas_core.emulation.types import dtype_of, shape_of
-from pallas_core.errors import UnsupportedError
+from pallas_core.errors import PallasError, UnsupportedError
 from pallas_mosaic_tpu import ir as mir
 from pallas_mosaic_tpu.emulator_ops import (
     RULES as MEMORY_RULES,
@@ -53,11 +55,12 @@ _Fn = Callable[..., Any]
 
 
 class KernelState:
-    """What a running kernel's operations read besides their operands: the grid and the
-    hardware PRNG."""
+    """What a running kernel's operations read besides their operands: the grid, the
+    TensorCore running it and the hardware PRNG."""
 
     def __init__(self, bounds: Sequence[int]) -> None:
         self.bounds = tuple(bounds)
+        self.core = 0
         self.rng: np.random.Generator | None = None
 
 
@@ -329,7 +332,8 @@ def _multi_device(c: Compiler, op: ir.Operation) -> _Fn:
 
 
 def _core_id(c: Compiler, op: ir.Operation) -> _Fn:
-    return lambda: np.asarray(0, np.int32)
+    state = _state(c)
+    return lambda: np.asarray(state.core, np.int32)
 
 
 RULES: dict[str, Rule] = {
@@ -435,6 +439,36 @@ def _grid_points(bounds: Sequence[int], semantics: Sequence[str],
     return iter([p for k in order for p in groups[keys[k]]])
 
 
+def tensor_cores(target: str | None) -> int:
+    """The TensorCores a kernel's grid is spread over on ``target``: 2 on the megacore chips
+    (v4, v5p), else 1 (also with no target: the default chip, v5e)."""
+    if target is None:
+        return 1
+    from pallas_mosaic_tpu.plugin import CHIPS
+    from pallas_mosaic_tpu.tpu_info import chip_version_from_device_kind
+
+    chip = chip_version_from_device_kind(CHIPS.get(target, target))
+    if chip is None:
+        raise PallasError(
+            f"pl.emulate(backend='mosaic_tpu', target={target!r}): unknown TPU generation. "
+            f"Fix: use one of {sorted(CHIPS)} (or a device kind such as 'TPU v5 lite').")
+    return chip.num_physical_tensor_cores_per_chip if chip.supports_megacore else 1
+
+
+def _core_shares(points: list[tuple[int, ...]], bounds: Sequence[int],
+                 semantics: Sequence[str], cores: int) -> list[list[tuple[int, ...]]]:
+    """The grid points each TensorCore runs, in order: the grid's leading ``parallel`` axes
+    are cut into ``cores`` contiguous runs, as a megacore chip shares a grid."""
+    lead = next((d for d, s in enumerate(semantics) if s != "parallel"), len(semantics))
+    if cores == 1 or lead == 0:
+        return [points]
+    per_core = -(-int(np.prod(bounds[:lead])) // cores)
+    shares: list[list[tuple[int, ...]]] = [[] for _ in range(cores)]
+    for p in points:
+        shares[int(np.ravel_multi_index(p[:lead], bounds[:lead])) // per_core].append(p)
+    return shares
+
+
 def run_kernel(module: ir.Module, operands: Sequence[np.ndarray],
                results: Sequence[tuple[tuple[int, ...], np.dtype]],
                aliases: Sequence[tuple[int, int]], options: EmulateOptions, *,
@@ -493,15 +527,23 @@ def _run(module: ir.Module, operands: Sequence[np.ndarray],
         transform = compiler.function(ir.FlatSymbolRefAttr(p["transform_indices"]).value) \
             if "transform_indices" in p else None
         windows.append(_Window(k, p, t, array, transform))
-    scratch = [allocate(t) for t in rest[n_prefetch + n_windows:]]
-    _walk(body, windows, n_in, prefetch, scratch, bounds, semantics, grid_args, options)
+    points = list(_grid_points(bounds, semantics, options.seed))
+    cores = tensor_cores(options.target) if backend == "mosaic_tpu" else 1
+    for core, share in enumerate(_core_shares(points, bounds, semantics, cores)):
+        # Each TensorCore has its own VMEM, SMEM and semaphores: its own copy of the scalar
+        # prefetch operands (a kernel may write them), fresh scratch and windows.
+        state.core = core
+        scratch = [allocate(t) for t in rest[n_prefetch + n_windows:]]
+        for w in windows:
+            w.block = None
+        _walk(body, windows, n_in, [np.array(x, copy=True) for x in prefetch], scratch, share,
+              grid_args)
     return [np.asarray(o).astype(dtype) for o, (_, dtype) in zip(outs, results, strict=True)]
 
 
 def _walk(body: Any, windows: list[_Window], n_in: int, prefetch: list[np.ndarray],
-          scratch: list[np.ndarray], bounds: Sequence[int], semantics: Sequence[str],
-          grid_args: Sequence[ir.Type], options: EmulateOptions) -> None:
-    points = list(_grid_points(bounds, semantics, options.seed))
+          scratch: list[np.ndarray], points: Sequence[tuple[int, ...]],
+          grid_args: Sequence[ir.Type]) -> None:
     grid_dtypes = [dtype_of(t) for t in grid_args]
     blocked = [w for w in windows if not w.whole]
 

@@ -264,6 +264,50 @@ def test_shuffle_exposes_a_kernel_that_is_not_parallel() -> None:
     assert not np.allclose(_emulate(f, x, seed=3), want)
 
 
+
+def _per_core_running_sum(m: Any) -> Any:
+    """Grid (2, 4), leading axis parallel: a running sum over the steps, restarted at 100
+    where a flag in scalar prefetch (cleared by the kernel) is still set."""
+    tpu = _tpu(m)
+
+    def kernel(flag_ref: Any, x_ref: Any, o_ref: Any, acc: Any) -> None:
+        @pl.when(flag_ref[0] == 1)
+        def _() -> None:
+            acc[...] = jnp.full_like(acc, 100.0)
+            flag_ref[0] = 0
+
+        acc[...] += x_ref[...]
+        o_ref[...] = acc[...]
+
+    spec = m.BlockSpec((8, 128), lambda i, j, flag: (i * 4 + j, 0))
+    grid_spec = tpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, grid=(2, 4),
+                                           in_specs=[spec], out_specs=spec,
+                                           scratch_shapes=[tpu.VMEM((8, 128), F32)])
+    return m.pallas_call(kernel, jax.ShapeDtypeStruct((64, 128), F32), grid_spec=grid_spec,
+                         **_params(m, "parallel", "arbitrary"))
+
+
+@pytest.mark.parametrize("m", MODULES)
+def test_megacore_chip_shares_the_parallel_axis_between_two_cores(m: Any) -> None:
+    """On v5p each TensorCore runs half of the leading parallel axis with its own copy of the
+    scalar prefetch and its own scratch (found emulating paged_attention's megacore modes);
+    on v5e one core runs it all, so the flag it cleared stays cleared."""
+    x, flag = _x((64, 128), 20), jnp.ones((1,), I32)
+    steps = np.asarray(x).reshape(2, 4, 8, 128)
+    with _jax.assume_device("TPU v5 lite", "tpu"):
+        two = pl.emulate(_per_core_running_sum(m), backend="mosaic_tpu", target="v5p")(flag, x)
+        one = pl.emulate(_per_core_running_sum(m), backend="mosaic_tpu", target="v5e")(flag, x)
+    np.testing.assert_allclose(two, 100 + np.cumsum(steps, axis=1).reshape(64, 128),
+                               rtol=1e-5)
+    np.testing.assert_allclose(one, 100 + np.cumsum(steps.reshape(8, 8, 128), axis=0).reshape(
+        64, 128), rtol=1e-5)
+
+
+def test_an_unknown_target_is_refused() -> None:
+    with pytest.raises(PallasError, match=r"target='v9'.*unknown TPU generation"):
+        pl.emulate(_per_core_running_sum(pl), backend="mosaic_tpu", target="v9")(
+            jnp.ones((1,), I32), _x((64, 128)))
+
 # --- what the emulator reports ---------------------------------------------------------------
 
 # pl.emulate raises the emulator's own error, also when the kernel ran inside a callback.
