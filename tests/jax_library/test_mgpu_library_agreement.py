@@ -25,12 +25,12 @@ import jax.numpy as jnp
 import pytest
 from jax import lax
 from jax.experimental import pallas as jpl
-from jax.experimental.pallas import mosaic_gpu as jgpu
 
 import pallas_core as pl
 from tests.jax_library import porting
 
-plgpu = pytest.importorskip("pallas_mosaic_gpu")
+plgpu = pytest.importorskip("pallas_mosaic_gpu")  # the mosaic_gpu environment runs this file
+from jax.experimental.pallas import mosaic_gpu as jgpu  # noqa: E402 - needs absl, as plgpu does
 from pallas_mosaic_gpu import inspection  # noqa: E402
 from pallas_mosaic_gpu import kernels as K  # noqa: E402, N812
 
