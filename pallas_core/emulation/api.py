@@ -11,6 +11,7 @@ derivative (``pl.emulate(jax.grad(f), ...)``).
 
 from __future__ import annotations
 
+import collections
 import functools
 import re
 import threading
@@ -134,12 +135,37 @@ def _replace(eqn: Any, invals: list[Any], *, platform: str,
             params["compiler_params"] = jax_triton.CompilerParams()
     in_avals = [v.aval for v in eqn.invars]
     out_avals = [v.aval for v in eqn.outvars]
-    kernel = _Kernel(eqn.primitive, params, in_avals, out_avals, platform, options)
+    kernel = _kernel(eqn.primitive, params, in_avals, out_avals, platform, options)
     if not any(isinstance(x, _jax.Tracer) for x in invals):
         return [jax.numpy.asarray(o) for o in kernel(*invals)]
     shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals]
     outs = jax.pure_callback(kernel, shapes, *invals, vmap_method="sequential")
     return list(outs)
+
+
+_KERNELS: collections.OrderedDict[Any, _Kernel] = collections.OrderedDict()
+_CACHE_SIZE = 64
+
+
+def _kernel(primitive: Any, params: dict[str, Any], in_avals: Sequence[Any],
+            out_avals: Sequence[Any], platform: str, options: EmulateOptions) -> _Kernel:
+    """The kernel lowered and compiled once per primitive, parameters, avals and options (a
+    function emulated again traces to the same kernel: JAX caches the traced kernel)."""
+    try:
+        key = (primitive, tuple(sorted(params.items())), tuple(in_avals), tuple(out_avals),
+               platform, options)
+        hash(key)
+    except TypeError:
+        return _Kernel(primitive, params, in_avals, out_avals, platform, options)
+    found = _KERNELS.get(key)
+    if found is None:
+        found = _KERNELS[key] = _Kernel(primitive, params, in_avals, out_avals, platform,
+                                        options)
+        if len(_KERNELS) > _CACHE_SIZE:
+            _KERNELS.popitem(last=False)
+    else:
+        _KERNELS.move_to_end(key)
+    return found
 
 
 class _Kernel:
