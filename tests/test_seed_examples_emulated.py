@@ -26,6 +26,7 @@ from examples import (
     matmul_3d_grid,
     matmul_activation,
     row_reduction,
+    shard_map_add,
     softmax,
     vector_add,
     vmap_attention,
@@ -79,11 +80,23 @@ CASES: dict[str, Case] = {
     "multi_head_attention": (vmap_attention.multi_head_attention,
                              jax.vmap(flash_attention.attention_reference),
                              lambda: _attention_inputs(0, 2, 128, 128), 1e-4),
+    "batched_multi_head_attention": (
+        vmap_attention.batched_multi_head_attention,
+        jax.vmap(jax.vmap(flash_attention.attention_reference)),
+        lambda: _attention_inputs(0, 2, 2, 128, 128), 1e-4),
+    "multi_query_attention": (
+        vmap_attention.multi_query_attention,
+        jax.vmap(flash_attention.attention_reference, in_axes=(0, None, None)),
+        lambda: [rand(0, (2, 128, 128)), rand(1, (256, 128)), rand(2, (256, 128))], 1e-4),
+    "shard_map_add": (  # the kernel inside shard_map, on rows sharded over eight CPU devices
+        lambda x, y: shard_map_add.sharded_add(x, y, shard_map_add.make_mesh()), jnp.add,
+        lambda: [shard_map_add.shard_rows(rand(i, (1024, 256)), shard_map_add.make_mesh())
+                 for i in range(2)], 0.0),
 }
 
 
 TF32_DOTS = {"flash_attention", "matmul_2x2", "matmul_3d_grid", "matmul_activation",
-             "multi_head_attention"}
+             "multi_head_attention", "batched_multi_head_attention", "multi_query_attention"}
 """Examples with float32 dots: Triton runs them in TensorFloat-32 (inputs rounded to 10 mantissa
 bits) by default, as a GPU does: they differ from jax.numpy's float32 dot by ~1e-3 of the
 inputs' scale times sqrt(K)."""
