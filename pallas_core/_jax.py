@@ -26,7 +26,7 @@ from jax._src.lax import lax as _lax_internal
 from jax._src.lax.control_flow.conditionals import cond_p
 from jax._src.lax.control_flow.loops import scan_p, while_p
 from jax._src.lax.parallel import axis_index_p
-from jax._src.pjit import jit_p
+from jax._src.pjit import jit_p, reshard_p
 from jax._src.state import discharge as state_discharge
 from jax._src.state import indexing as state_indexing
 from jax._src.state import primitives as state_primitives
@@ -115,7 +115,7 @@ def register_discharge_rule(prim: Primitive) -> Callable[[Callable[..., Any]], A
 # --- structured primitives the reference evaluator walks into (imported above) -----------
 closed_call_p = core.closed_call_p
 __all__ += ["axis_index_p", "closed_call_p", "cond_p", "custom_jvp_call_p", "custom_vjp_call_p",
-            "jit_p", "scan_p", "while_p"]
+            "jit_p", "reshard_p", "scan_p", "while_p"]
 
 # --- transformations and lowering -------------------------------------------------------
 

@@ -130,6 +130,9 @@ def table(d: Dialect) -> Rules:
 
     if hasattr(lax, "stop_gradient_p"):
         rules[lax.stop_gradient_p] = _identity
+    # A kernel runs on one device: resharding (which JAX's tracing adds under a mesh with
+    # explicit axes, or an assumed device) changes nothing there, as in JAX's lowerings.
+    rules[_jax.reshard_p] = _identity
 
     @rule(lax.bitcast_convert_type_p)
     def _bitcast(state: LoweringState, eqn: Any, x: ir.Value) -> ir.Value:

@@ -60,6 +60,10 @@ class BackendInfo:
     ``bounded_slice_blocks``."""
     package: str = ""
     """The pip distribution that provides it."""
+    device_kinds: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """Hardware targets (as ``target=`` names them) -> JAX device kinds (``"v5e"`` ->
+    ``"TPU v5 lite"``), the first being the default: the device ``pl.emulate`` tells JAX it
+    compiles for, since lowerings may ask and no such device is attached."""
 
 
 @dataclasses.dataclass(frozen=True)

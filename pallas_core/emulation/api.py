@@ -12,6 +12,7 @@ derivative (``pl.emulate(jax.grad(f), ...)``).
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import re
 import threading
@@ -54,10 +55,28 @@ def emulate(fn: Callable[..., Any], *, backend: str, target: str | None = None,
                else ". Fix: emulate with a backend that has one (mosaic_tpu, sparsecore, "
                "triton)."))
     platform = _platform(found.info.platforms, target, backend)
+    kinds = dict(found.info.device_kinds)
+    device_kind = kinds.get(target or "", next(iter(kinds.values()), None))
     options = EmulateOptions(backend=backend, target=target, checked=checked, seed=seed)
 
     @functools.wraps(fn)
     def emulated(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return run(args, kwargs)
+        except PallasError:
+            raise
+        except Exception:
+            # JAX's own code may ask which chip it compiles for (its ragged paged attention
+            # does): then the function is traced and run again, told the target's chip. Not
+            # at first: the assumed device is a mesh of its own, which shard_map's would
+            # contradict.
+            assumed = _assumed(device_kind, platform)
+            if isinstance(assumed, contextlib.nullcontext):
+                raise
+            with assumed:
+                return run(args, kwargs)
+
+    def run(args: Any, kwargs: Any) -> Any:
         closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args, **kwargs)
         flat = jax.tree_util.tree_leaves((args, kwargs))
         replace = functools.partial(_replace, platform=platform, options=options)
@@ -75,6 +94,18 @@ def emulate(fn: Callable[..., Any], *, backend: str, target: str | None = None,
         return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), outs)
 
     return emulated
+
+
+def _assumed(device_kind: str | None, platform: str) -> Any:
+    """JAX told it compiles for ``device_kind`` when no ``platform`` device is attached."""
+    if device_kind is None:
+        return contextlib.nullcontext()
+    try:
+        if jax.devices(platform):
+            return contextlib.nullcontext()
+    except RuntimeError:
+        pass
+    return _jax.assume_device(device_kind, platform)
 
 
 class _Failures(threading.local):

@@ -16,7 +16,6 @@ inside its ``random_bits`` primitive.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib
 import itertools
@@ -32,7 +31,6 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import pallas_core as pl
-from pallas_core import _jax
 from tests.jax_library import porting
 from tests.jax_library import test_tpu_library as cases
 
@@ -46,17 +44,10 @@ def _theirs(name: str) -> Any:
     return importlib.import_module(f"jax.experimental.pallas.ops.{name}")
 
 
-@contextlib.contextmanager
-def _jax_forced() -> Iterator[None]:
-    # JAX's TPU lowering asks which chip it targets (some rules differ by generation): with
-    # none attached it is told a v5e, as in test_tpu_library_lowering.py.
-    with jax_pltpu.force_tpu_interpret_mode(), _jax.assume_device("TPU v5 lite", "tpu"):
-        yield
-
-
 _LIBRARIES: dict[str, tuple[Library, Callable[[], Any]]] = {
     "ours": (porting.ported, pltpu.force_tpu_interpret_mode),
-    "jax": (_theirs, _jax_forced),
+    # JAX's TPU lowering asks which chip it targets: pl.emulate tells it (a v5e by default).
+    "jax": (_theirs, jax_pltpu.force_tpu_interpret_mode),
 }
 
 

@@ -118,7 +118,8 @@ def pallas_describe() -> BackendInfo:
                        compiler_params_type=TPUCompilerParams, default_for=("tpu",),
                        package="pallas-mosaic-tpu", capabilities=frozenset({"scalar_prefetch",
                                                                 "pipeline_mode",
-                                                                "dynamic_grid"}))
+                                                                "dynamic_grid"}),
+                       device_kinds={"v5e": CHIPS["v5e"], **CHIPS})
 
 
 @hookimpl

@@ -44,7 +44,7 @@ KNOWN_GAPS = {
     # Debugging and tracing.
     "debug_print", "debug_callback", "check", "trace_value",
     # Dynamic shapes, sharding and scheduling.
-    "dim_as_value", "platform_index", "reshard", "stage", "add_dependency",
+    "dim_as_value", "platform_index", "stage", "add_dependency",
     # New in JAX 0.11.
     "approx_top_k", "top_k", "conv", "conv_general_dilated", "matmul_lhs_fifo",
     "matmul_pop_fifo", "one_minus_square", "reduce_precision",
