@@ -668,9 +668,10 @@ def jax_pallas_primitives() -> dict[str, Primitive]:
     from jax._src.pallas import core as pallas_core_jax
     from jax._src.pallas import pallas_call as pallas_call_jax
 
-    found = {"pallas_call": pallas_call_jax.pallas_call_p,
-             "core_map": pallas_core_jax.core_map_p}
-    try:  # JAX 0.10's pl.kernel binds mpmd_map
+    found: dict[str, Primitive] = {"pallas_call": pallas_call_jax.pallas_call_p}
+    if hasattr(pallas_core_jax, "core_map_p"):  # JAX 0.10 (0.11 binds mpmd_map instead)
+        found["core_map"] = pallas_core_jax.core_map_p
+    try:  # pl.kernel binds mpmd_map
         from jax._src.pallas import mpmd
     except ImportError:
         return found

@@ -52,6 +52,9 @@ _TRANSCENDENTAL = ["sqrt", "rsqrt", "cbrt", "exp", "exp2", "expm1", "log", "log2
 ULPS: dict[str, int] = {
     **{f"math.{n}": 1 for n in [*_TRANSCENDENTAL, "atan2", "powf", "fpowi", "sincos"]},
     "math.cbrt": 2, "math.sinh": 2, "math.tanh": 2, "math.sqrt": 0,
+    # jaxlib 0.11's MLIR folds x ** n by repeated squaring in the float type, rounding at each
+    # product (up to 3 ulps apart on the exponents here; 0.10's agreed within 1).
+    "math.fpowi": 4,
 }
 """Allowed distance from MLIR's folded value in units in the last place (0 where absent): the
 largest seen between numpy and glibc on the cases here, at least 1 for a function that IEEE 754

@@ -62,24 +62,25 @@ def emulate(fn: Callable[..., Any], *, backend: str, target: str | None = None,
     @functools.wraps(fn)
     def emulated(*args: Any, **kwargs: Any) -> Any:
         try:
-            return run(args, kwargs)
+            return run(args, kwargs, None)
         except PallasError:
             raise
         except Exception:
             # JAX's own code may ask which chip it compiles for (its ragged paged attention
-            # does): then the function is traced and run again, told the target's chip. Not
-            # at first: the assumed device is a mesh of its own, which shard_map's would
-            # contradict.
-            assumed = _assumed(device_kind, platform)
-            if isinstance(assumed, contextlib.nullcontext):
+            # does, and JAX 0.11's Triton lowering): then the function is traced, and its
+            # kernels lowered, again with JAX told the target's chip. Not at first, and not
+            # while the rest runs: the assumed device is a mesh of its own, which a
+            # shard_map's (or a jitted computation's) would contradict.
+            if isinstance(_assumed(device_kind, platform), contextlib.nullcontext):
                 raise
-            with assumed:
-                return run(args, kwargs)
+            return run(args, kwargs, device_kind)
 
-    def run(args: Any, kwargs: Any) -> Any:
-        closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args, **kwargs)
+    def run(args: Any, kwargs: Any, assumed: str | None) -> Any:
+        with _assumed(assumed, platform):
+            closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args, **kwargs)
         flat = jax.tree_util.tree_leaves((args, kwargs))
-        replace = functools.partial(_replace, platform=platform, options=options)
+        replace = functools.partial(_replace, platform=platform, options=options,
+                                    device_kind=assumed)
         _failures.error = None
         try:
             outs = _jax.evaluate_replacing(closed.jaxpr, closed.consts, flat, replace,
@@ -130,8 +131,9 @@ def _platform(platforms: Sequence[str], target: str | None, backend: str) -> str
 
 def _kernel_primitives() -> dict[Any, str]:
     jax_prims = _jax.jax_pallas_primitives()
-    kinds = {pallas_call_p: "pallas_call", jax_prims["pallas_call"]: "jax_pallas_call",
-             jax_prims["core_map"]: "jax_core_map"}
+    kinds = {pallas_call_p: "pallas_call", jax_prims["pallas_call"]: "jax_pallas_call"}
+    if "core_map" in jax_prims:
+        kinds[jax_prims["core_map"]] = "jax_core_map"
     if "mpmd_map" in jax_prims:
         kinds[jax_prims["mpmd_map"]] = "jax_pallas_call"
     return kinds
@@ -144,8 +146,8 @@ def _has_kernel(jaxpr: Any) -> bool:
     return any(eqn.primitive in kinds for eqn in all_eqns(jaxpr))
 
 
-def _replace(eqn: Any, invals: list[Any], *, platform: str,
-             options: EmulateOptions) -> list[Any] | None:
+def _replace(eqn: Any, invals: list[Any], *, platform: str, options: EmulateOptions,
+             device_kind: str | None = None) -> list[Any] | None:
     kind = _kernel_primitives().get(eqn.primitive)
     if kind is None:
         return None
@@ -166,7 +168,8 @@ def _replace(eqn: Any, invals: list[Any], *, platform: str,
             params["compiler_params"] = jax_triton.CompilerParams()
     in_avals = [v.aval for v in eqn.invars]
     out_avals = [v.aval for v in eqn.outvars]
-    kernel = _kernel(eqn.primitive, params, in_avals, out_avals, platform, options)
+    kernel = _kernel(eqn.primitive, params, in_avals, out_avals, platform, options,
+                     device_kind)
     if not any(isinstance(x, _jax.Tracer) for x in invals):
         return [jax.numpy.asarray(o) for o in kernel(*invals)]
     shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals]
@@ -179,19 +182,20 @@ _CACHE_SIZE = 64
 
 
 def _kernel(primitive: Any, params: dict[str, Any], in_avals: Sequence[Any],
-            out_avals: Sequence[Any], platform: str, options: EmulateOptions) -> _Kernel:
+            out_avals: Sequence[Any], platform: str, options: EmulateOptions,
+            device_kind: str | None) -> _Kernel:
     """The kernel lowered and compiled once per primitive, parameters, avals and options (a
     function emulated again traces to the same kernel: JAX caches the traced kernel)."""
     try:
         key = (primitive, tuple(sorted(params.items())), tuple(in_avals), tuple(out_avals),
-               platform, options)
+               platform, options, device_kind)
         hash(key)
     except TypeError:
-        return _Kernel(primitive, params, in_avals, out_avals, platform, options)
+        return _Kernel(primitive, params, in_avals, out_avals, platform, options, device_kind)
     found = _KERNELS.get(key)
     if found is None:
         found = _KERNELS[key] = _Kernel(primitive, params, in_avals, out_avals, platform,
-                                        options)
+                                        options, device_kind)
         if len(_KERNELS) > _CACHE_SIZE:
             _KERNELS.popitem(last=False)
     else:
@@ -203,7 +207,8 @@ class _Kernel:
     """One kernel lowered for the hardware: called with numpy operands, it emulates."""
 
     def __init__(self, primitive: Any, params: dict[str, Any], in_avals: Sequence[Any],
-                 out_avals: Sequence[Any], platform: str, options: EmulateOptions) -> None:
+                 out_avals: Sequence[Any], platform: str, options: EmulateOptions,
+                 device_kind: str | None = None) -> None:
         self.options = options
         self.out_avals = out_avals
         call = params.get("call")
@@ -213,7 +218,8 @@ class _Kernel:
             return primitive.bind(*args, **params)
 
         avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in in_avals]
-        lowered = jax.jit(bind).trace(*avals).lower(lowering_platforms=(platform,))
+        with _assumed(device_kind, platform):
+            lowered = jax.jit(bind).trace(*avals).lower(lowering_platforms=(platform,))
         self.module = lowered.compiler_ir("stablehlo")
         with self.module.context:
             compiler = Compiler(_glue_rules(self), backend=f"{options.backend} program",

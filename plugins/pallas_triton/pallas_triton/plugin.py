@@ -32,6 +32,8 @@ def pallas_describe() -> BackendInfo:
         name=NAME, version=__version__, platforms=("cuda",), compiler_params_type=TritonParams,
         default_for=("cuda",), package="pallas-triton",
         capabilities=frozenset({"masked_access", "atomics", "aliasing", "vmap", "debug_print"}),
+        # What pl.emulate tells JAX it compiles for (JAX 0.11's Triton lowering asks).
+        device_kinds={"sm_90": "NVIDIA H100", "sm_80": "NVIDIA A100", "sm_100": "NVIDIA B200"},
     )
 
 
