@@ -608,8 +608,7 @@ def evaluate_replacing(jaxpr: Jaxpr, consts: Sequence[Any], args: Sequence[Any],
         outs = replace(eqn, invals)
         if outs is None:
             params = eqn.params
-            if any(touches(s.jaxpr if isinstance(s, core.ClosedJaxpr) else s)
-                   for s in _param_jaxprs(params)):
+            if any(touches(sub) for sub in sub_jaxprs(params)):
                 params = {k: _rewrite_param(v, replace, touches) for k, v in params.items()}
             bind_params = eqn.primitive.get_bind_params(params)
             with source_info_util.user_context(eqn.source_info.traceback), eqn.ctx.manager:
@@ -621,11 +620,14 @@ def evaluate_replacing(jaxpr: Jaxpr, consts: Sequence[Any], args: Sequence[Any],
     return [read(a) for a in jaxpr.outvars]
 
 
-def _param_jaxprs(params: Any) -> list[Any]:
+def sub_jaxprs(params: Any) -> list[Jaxpr]:
+    """The jaxprs among an equation's parameters (e.g. the branches of a ``cond``), open."""
     found = []
     for value in params.values():
         for v in value if isinstance(value, (tuple, list)) else (value,):
-            if isinstance(v, (core.ClosedJaxpr, core.Jaxpr)):
+            if isinstance(v, core.ClosedJaxpr):
+                found.append(v.jaxpr)
+            elif isinstance(v, core.Jaxpr):
                 found.append(v)
     return found
 
@@ -642,8 +644,10 @@ def _rewrite_param(value: Any, replace: Callable[[Any, list[Any]], list[Any] | N
         if not touches(value):
             return value
         closed = _retrace(value, (), [v.aval for v in value.invars], replace, touches)
-        if closed.consts:
-            _inline_consts(closed)
+        if closed.consts:  # an open jaxpr parameter has no place for them
+            raise NotImplementedError(
+                "rewriting a jaxpr parameter without constants produced constants "
+                f"({[getattr(c, 'shape', c) for c in closed.consts]})")
         return closed.jaxpr
     return value
 
@@ -655,11 +659,6 @@ def _retrace(jaxpr: Jaxpr, consts: Sequence[Any], in_avals: Sequence[Any],
         return evaluate_replacing(jaxpr, consts, args, replace, touches)
     return jax.make_jaxpr(fn)(*in_avals)
 
-
-def _inline_consts(closed: core.ClosedJaxpr) -> Jaxpr:
-    raise NotImplementedError(
-        "rewriting a jaxpr parameter without constants produced constants "
-        f"({[getattr(c, 'shape', c) for c in closed.consts]})")
 
 
 def jax_pallas_primitives() -> dict[str, Primitive]:

@@ -73,16 +73,8 @@ def barrier_rules() -> Mapping[Any, Callable[..., Any]]:
 manager.add_listener(barrier_rules.cache_clear)
 
 
-def sub_jaxprs(params: Mapping[str, Any]) -> list[Any]:
-    """The jaxprs among an equation's parameters (e.g. the branches of a ``cond``)."""
-    found = []
-    for value in params.values():
-        for v in value if isinstance(value, (tuple, list)) else (value,):
-            if isinstance(v, _jax.ClosedJaxpr):
-                found.append(v.jaxpr)
-            elif isinstance(v, _jax.Jaxpr):
-                found.append(v)
-    return found
+sub_jaxprs = _jax.sub_jaxprs
+"""The jaxprs among an equation's parameters (e.g. the branches of a ``cond``)."""
 
 
 def all_eqns(jaxpr: Any) -> Iterator[Any]:

@@ -129,7 +129,9 @@ def _platform(platforms: Sequence[str], target: str | None, backend: str) -> str
     return hardware[0]
 
 
+@functools.cache
 def _kernel_primitives() -> dict[Any, str]:
+    """The kernel primitives pl.emulate replaces, with their kind (looked up once)."""
     jax_prims = _jax.jax_pallas_primitives()
     kinds = {pallas_call_p: "pallas_call", jax_prims["pallas_call"]: "jax_pallas_call"}
     if "core_map" in jax_prims:

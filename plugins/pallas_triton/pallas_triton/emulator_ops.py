@@ -53,18 +53,14 @@ def _i32_array(op: ir.Operation, name: str) -> list[int]:
 
 # -- shapes -----------------------------------------------------------------------------------
 
-def _splat(c: Compiler, op: ir.Operation) -> _Fn:
+def _broadcast(c: Compiler, op: ir.Operation) -> _Fn:
+    """``tt.splat`` (a scalar) and ``tt.broadcast`` (size-1 dimensions) to the result shape."""
     shape = shape_of(op.results[0].type)
     return lambda x: np.broadcast_to(np.asarray(x), shape)
 
 
 def _unsplat(c: Compiler, op: ir.Operation) -> _Fn:
     return lambda x: np.asarray(x).reshape(())
-
-
-def _broadcast(c: Compiler, op: ir.Operation) -> _Fn:
-    shape = shape_of(op.results[0].type)
-    return lambda x: np.broadcast_to(np.asarray(x), shape)
 
 
 def _expand_dims(c: Compiler, op: ir.Operation) -> _Fn:
@@ -414,7 +410,7 @@ def _inline_asm(c: Compiler, op: ir.Operation) -> _Fn:
 
 
 RULES: dict[str, Rule] = {
-    "tt.splat": _splat, "tt.unsplat": _unsplat, "tt.broadcast": _broadcast,
+    "tt.splat": _broadcast, "tt.unsplat": _unsplat, "tt.broadcast": _broadcast,
     "tt.expand_dims": _expand_dims, "tt.reshape": _reshape, "tt.trans": _trans,
     "tt.join": _join, "tt.split": _split, "tt.cat": _cat, "tt.gather": _gather,
     "tt.make_range": _make_range,
