@@ -309,6 +309,19 @@ def no_mesh() -> Iterator[None]:
         devices.set_local(prev_devices)
 
 
+@contextlib.contextmanager
+def top_level() -> Iterator[None]:
+    """Within the block JAX is at its top level: no trace, no named axes, no mesh (to trace
+    and lower a function of its own while a ``shard_map`` body is being traced)."""
+    prev = core.trace_ctx.axis_env
+    core.trace_ctx.set_axis_env(core.top_axis_env)
+    try:
+        with core.eval_context(), no_mesh():
+            yield
+    finally:
+        core.trace_ctx.set_axis_env(prev)
+
+
 def scan_parts(
     params: Any, operands: Sequence[Any]
 ) -> tuple[list[Any], list[Any], list[Any], Callable[[Sequence[Any]], tuple[list[Any], list[Any]]]]:
@@ -607,17 +620,54 @@ def evaluate_replacing(jaxpr: Jaxpr, consts: Sequence[Any], args: Sequence[Any],
         invals = [read(a) for a in eqn.invars]
         outs = replace(eqn, invals)
         if outs is None:
-            params = eqn.params
-            if any(touches(sub) for sub in sub_jaxprs(params)):
-                params = {k: _rewrite_param(v, replace, touches) for k, v in params.items()}
-            bind_params = eqn.primitive.get_bind_params(params)
-            with source_info_util.user_context(eqn.source_info.traceback), eqn.ctx.manager:
-                ans = eqn.primitive.bind(*invals, **bind_params)
-            outs = ans if eqn.primitive.multiple_results else [ans]
+            outs = bind_rewriting(eqn, invals, replace, touches)
         for v, out in zip(eqn.outvars, outs, strict=True):
             if not isinstance(v, core.DropVar):
                 env[v] = out
     return [read(a) for a in jaxpr.outvars]
+
+
+def bind_rewriting(eqn: Any, invals: Sequence[Any],
+                   replace: Callable[[Any, list[Any]], list[Any] | None],
+                   touches: Callable[[Jaxpr], bool]) -> list[Any]:
+    """Binds ``eqn``'s primitive on ``invals``, with the jaxprs among its parameters rewritten
+    as :func:`evaluate_replacing` rewrites (what it does with an equation ``replace`` leaves)."""
+    params = eqn.params
+    if any(touches(sub) for sub in sub_jaxprs(params)):
+        with _body_context(eqn):
+            params = {k: _rewrite_param(v, replace, touches) for k, v in params.items()}
+    bind_params = eqn.primitive.get_bind_params(params)
+    with source_info_util.user_context(eqn.source_info.traceback), eqn.ctx.manager:
+        ans = eqn.primitive.bind(*invals, **bind_params)
+    return list(ans) if eqn.primitive.multiple_results else [ans]
+
+
+def _body_context(eqn: Any) -> Any:
+    """The context a body of ``eqn`` is traced in: a ``shard_map``'s manual mesh axes (so
+    that ``lax.axis_index`` and collectives of the body trace again), else none."""
+    if eqn.primitive.name != "shard_map":
+        return contextlib.nullcontext()
+    from jax._src import shard_map as shard_map_lib
+    from jax._src.mesh import use_abstract_mesh
+
+    mesh, manual = eqn.params["mesh"], frozenset(eqn.params["newly_manual_axes"])
+    stack = contextlib.ExitStack()
+    stack.enter_context(shard_map_lib._extend_axis_env(mesh, manual))
+    stack.enter_context(use_abstract_mesh(shard_map_lib._as_manual_mesh(mesh, manual)))
+    stack.enter_context(_config._check_vma(eqn.params.get("check_vma", True)))
+    return stack
+
+
+def shard_map_mesh(eqn: Any) -> Any | None:
+    """The mesh of a ``shard_map`` equation that makes every axis of its mesh manual (each
+    device runs the body on its own shard), else ``None`` (also for other equations)."""
+    if eqn.primitive.name != "shard_map":
+        return None
+    mesh = eqn.params.get("mesh")
+    manual = eqn.params.get("newly_manual_axes", eqn.params.get("manual_axes"))
+    if mesh is None or manual is None or set(manual) != set(mesh.axis_names):
+        return None
+    return mesh
 
 
 def sub_jaxprs(params: Any) -> list[Jaxpr]:

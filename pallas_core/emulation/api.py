@@ -25,7 +25,7 @@ from jaxlib.mlir import ir
 
 from pallas_core import _jax
 from pallas_core.call import pallas_call_p
-from pallas_core.emulation.call import EmulatedCall, EmulateOptions
+from pallas_core.emulation.call import EmulatedCall, EmulateOptions, Joint
 from pallas_core.emulation.machine import Compiler, Rule
 from pallas_core.emulation.types import attribute_array, dtype_of, shape_of
 from pallas_core.errors import ArgumentError, PallasError, UnsupportedError
@@ -61,6 +61,7 @@ def emulate(fn: Callable[..., Any], *, backend: str, target: str | None = None,
 
     @functools.wraps(fn)
     def emulated(*args: Any, **kwargs: Any) -> Any:
+        _meshes.entered = False
         try:
             return run(args, kwargs, None)
         except PallasError:
@@ -70,8 +71,10 @@ def emulate(fn: Callable[..., Any], *, backend: str, target: str | None = None,
             # does, and JAX 0.11's Triton lowering): then the function is traced, and its
             # kernels lowered, again with JAX told the target's chip. Not at first, and not
             # while the rest runs: the assumed device is a mesh of its own, which a
-            # shard_map's (or a jitted computation's) would contradict.
-            if isinstance(_assumed(device_kind, platform), contextlib.nullcontext):
+            # shard_map's (or a jitted computation's) would contradict; so not at all for a
+            # function whose kernels run under shard_map.
+            if _meshes.entered or isinstance(_assumed(device_kind, platform),
+                                             contextlib.nullcontext):
                 raise
             return run(args, kwargs, device_kind)
 
@@ -109,12 +112,13 @@ def _assumed(device_kind: str | None, platform: str) -> Any:
     return _jax.assume_device(device_kind, platform)
 
 
-class _Failures(threading.local):
+class _Failures:
     error: Exception | None = None
 
 
 _failures = _Failures()
-"""The last emulator error of this thread, re-raised where a callback's runtime wraps it."""
+"""The last emulator error, re-raised where a callback's runtime wraps it (kept for the
+process, not the thread: under shard_map the devices' callbacks run in the runtime's threads)."""
 
 
 def _platform(platforms: Sequence[str], target: str | None, backend: str) -> str:
@@ -148,11 +152,33 @@ def _has_kernel(jaxpr: Any) -> bool:
     return any(eqn.primitive in kinds for eqn in all_eqns(jaxpr))
 
 
+class _Meshes(threading.local):
+    def __init__(self) -> None:
+        self.stack: list[Any] = []
+        self.entered = False
+        """Whether the function being emulated held kernels under shard_map."""
+
+
+_meshes = _Meshes()
+"""The meshes of the ``shard_map`` bodies being rewritten (innermost last), per thread."""
+
+
 def _replace(eqn: Any, invals: list[Any], *, platform: str, options: EmulateOptions,
              device_kind: str | None = None) -> list[Any] | None:
     kind = _kernel_primitives().get(eqn.primitive)
     if kind is None:
-        return None
+        mesh = _jax.shard_map_mesh(eqn)
+        if mesh is None or not any(_has_kernel(j) for j in _jax.sub_jaxprs(eqn.params)):
+            return None
+        # The kernels of this body are lowered as the devices of ``mesh`` run them.
+        replace = functools.partial(_replace, platform=platform, options=options,
+                                    device_kind=device_kind)
+        _meshes.stack.append(mesh)
+        _meshes.entered = True
+        try:
+            return _jax.bind_rewriting(eqn, invals, replace, _has_kernel)
+        finally:
+            _meshes.stack.pop()
     if kind == "jax_core_map":
         raise UnsupportedError(
             "pl.emulate does not run jax.experimental.pallas's core_map/pl.kernel (a stateful "
@@ -170,12 +196,15 @@ def _replace(eqn: Any, invals: list[Any], *, platform: str, options: EmulateOpti
             params["compiler_params"] = jax_triton.CompilerParams()
     in_avals = [v.aval for v in eqn.invars]
     out_avals = [v.aval for v in eqn.outvars]
+    mesh = _meshes.stack[-1] if _meshes.stack else None
     kernel = _kernel(eqn.primitive, params, in_avals, out_avals, platform, options,
-                     device_kind)
+                     None if mesh is not None else device_kind, mesh)
     if not any(isinstance(x, _jax.Tracer) for x in invals):
         return [jax.numpy.asarray(o) for o in kernel(*invals)]
     shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals]
-    outs = jax.pure_callback(kernel, shapes, *invals, vmap_method="sequential")
+    # Under shard_map each device's call says where in the mesh it runs.
+    coords = [jax.lax.axis_index(a) for a in mesh.axis_names] if mesh is not None else []
+    outs = jax.pure_callback(kernel, shapes, *invals, *coords, vmap_method="sequential")
     return list(outs)
 
 
@@ -185,19 +214,21 @@ _CACHE_SIZE = 64
 
 def _kernel(primitive: Any, params: dict[str, Any], in_avals: Sequence[Any],
             out_avals: Sequence[Any], platform: str, options: EmulateOptions,
-            device_kind: str | None) -> _Kernel:
-    """The kernel lowered and compiled once per primitive, parameters, avals and options (a
-    function emulated again traces to the same kernel: JAX caches the traced kernel)."""
+            device_kind: str | None, mesh: Any = None) -> _Kernel:
+    """The kernel lowered and compiled once per primitive, parameters, avals, options and
+    mesh (a function emulated again traces to the same kernel: JAX caches the traced kernel)."""
+    args = (primitive, params, in_avals, out_avals, platform, options, device_kind, mesh)
     try:
         key = (primitive, tuple(sorted(params.items())), tuple(in_avals), tuple(out_avals),
-               platform, options, device_kind)
+               platform, options, device_kind, mesh)
         hash(key)
     except TypeError:
-        return _Kernel(primitive, params, in_avals, out_avals, platform, options, device_kind)
+        with _jax.top_level():
+            return _Kernel(*args)
     found = _KERNELS.get(key)
     if found is None:
-        found = _KERNELS[key] = _Kernel(primitive, params, in_avals, out_avals, platform,
-                                        options, device_kind)
+        with _jax.top_level():  # lowered on its own, whatever is being traced around it
+            found = _KERNELS[key] = _Kernel(*args)
         if len(_KERNELS) > _CACHE_SIZE:
             _KERNELS.popitem(last=False)
     else:
@@ -210,16 +241,27 @@ class _Kernel:
 
     def __init__(self, primitive: Any, params: dict[str, Any], in_avals: Sequence[Any],
                  out_avals: Sequence[Any], platform: str, options: EmulateOptions,
-                 device_kind: str | None = None) -> None:
+                 device_kind: str | None = None, mesh: Any = None) -> None:
         self.options = options
         self.out_avals = out_avals
         call = params.get("call")
-        self.name = call.name if call is not None else str(params.get("name_and_src_info", ""))
+        self.name = call.name if call is not None else _jax_kernel_name(params)
+        self.mesh_shape = tuple(int(n) for n in mesh.axis_sizes) if mesh is not None else ()
+        self.devices = int(np.prod(self.mesh_shape, dtype=np.int64))
+        self.here = threading.local()
+        """The device (logical id) this thread emulates."""
 
         def bind(*args: Any) -> Any:
             return primitive.bind(*args, **params)
 
         avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in in_avals]
+        if mesh is not None:
+            # Lowered in a shard_map over the mesh, as each device runs it (device ids and
+            # the kernel's axis_index resolve against the mesh); each device's operands are
+            # the kernel's own, so the shard_map splits nothing.
+            every = jax.sharding.PartitionSpec()
+            bind = jax.shard_map(bind, mesh=mesh, in_specs=every, out_specs=every,
+                                 check_vma=False)
         with _assumed(device_kind, platform):
             lowered = jax.jit(bind).trace(*avals).lower(lowering_platforms=(platform,))
         self.module = lowered.compiler_ir("stablehlo")
@@ -229,6 +271,10 @@ class _Kernel:
             self.main = compiler.function("main")
 
     def __call__(self, *operands: Any) -> tuple[np.ndarray, ...]:
+        if self.mesh_shape:  # under shard_map: the device's coordinates in the mesh follow
+            coords = [int(np.asarray(c)) for c in operands[-len(self.mesh_shape):]]
+            operands = operands[:-len(self.mesh_shape)]
+            self.here.device = int(np.ravel_multi_index(coords, self.mesh_shape))
         try:
             with np.errstate(all="ignore"):
                 outs = self.main(*[np.asarray(x) for x in operands])
@@ -237,6 +283,12 @@ class _Kernel:
             raise
         return tuple(_check_result(o, a, self.name) for o, a in zip(outs, self.out_avals,
                                                                     strict=True))
+
+
+def _jax_kernel_name(params: dict[str, Any]) -> str:
+    """The name of a ``jax.experimental.pallas`` kernel: ``name=``, else its function's."""
+    debug = getattr(params.get("jaxpr"), "debug_info", None)
+    return str(params.get("name") or getattr(debug, "func_name", None) or "kernel")
 
 
 def _check_result(value: Any, aval: Any, name: str) -> np.ndarray:
@@ -284,7 +336,16 @@ def _glue_rules(kernel: _Kernel) -> dict[str, Rule]:
         index = ir.IntegerAttr(op.attributes["index"]).value
         return lambda t: t[index]
 
+    def manual_computation(c: Compiler, op: ir.Operation) -> Callable[..., Any]:
+        body = c.region(op.regions[0])  # one device's part of a shard_map
+        n = len(op.results)
+        return lambda *xs: (lambda out: out[0] if n == 1 else tuple(out))(body(*xs))
+
     return {"stablehlo.custom_call": custom_call, "stablehlo.constant": constant,
+            "sdy.manual_computation": manual_computation,
+            # Where a value is laid out over the mesh, not what it is.
+            "sdy.sharding_constraint": lambda c, op: lambda x: x,
+            "sdy.reshard": lambda c, op: lambda x: x,
             "stablehlo.reshape": reshape, "stablehlo.convert": convert,
             "stablehlo.broadcast_in_dim": broadcast_in_dim, "stablehlo.tuple": tuple_,
             "stablehlo.get_tuple_element": get_tuple_element,
@@ -314,12 +375,17 @@ def _custom_call(op: ir.Operation, kernel: _Kernel) -> Callable[..., Any]:
             aliases.append((indices[0] if indices else 0, int(m.group(2))))
     results = [(shape_of(r.type), dtype_of(r.type)) for r in op.results]
     options = kernel.options
+    if target in _SHARDING_MARKS:  # GSPMD's marks around a shard_map body: no data change
+        return lambda *xs: xs[0] if len(xs) == 1 else tuple(xs)
+    meeting = _Meeting(kernel.devices, kernel.name) if kernel.mesh_shape else None
 
     def run(*operands: Any) -> Any:
         call = EmulatedCall(target=target, backend_config=config, attributes=extra,
                             operands=tuple(np.asarray(x) for x in operands),
                             results=tuple(results), aliases=tuple(aliases), options=options,
-                            name=kernel.name)
+                            name=kernel.name, device=getattr(kernel.here, "device", 0),
+                            devices=max(kernel.devices, 1),
+                            meeting=meeting.join if meeting is not None else None)
         outs = manager.hook.pallas_emulate(call=call)
         if outs is None:
             raise UnsupportedError(
@@ -334,6 +400,63 @@ def _custom_call(op: ir.Operation, kernel: _Kernel) -> Callable[..., Any]:
                  for o, (sh, dt) in zip(outs, results, strict=True)]
         return fixed[0] if len(fixed) == 1 else tuple(fixed)
     return run
+
+
+_SHARDING_MARKS = frozenset({"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape"})
+
+_MEETING_TIMEOUT_S = 600.0
+"""How long the devices that reached a joint kernel wait for the others."""
+
+
+class _Meeting:
+    """Where the devices of a ``shard_map`` meet to run one custom call together: each
+    device's thread brings its call; the last to arrive runs them all and every device
+    leaves with its own results (round after round, as the kernel is called again)."""
+
+    def __init__(self, devices: int, name: str) -> None:
+        self.devices, self.name = devices, name
+        self.cv = threading.Condition()
+        self.round = 0
+        self.calls: dict[int, EmulatedCall] = {}
+        self.ended: dict[int, tuple[Sequence[Sequence[np.ndarray]] | None,
+                                    BaseException | None, int]] = {}
+
+    def join(self, call: EmulatedCall, joint: Joint) -> Sequence[np.ndarray]:
+        with self.cv:
+            turn = self.round
+            self.calls[call.device] = call
+            if len(self.calls) == self.devices:
+                calls = [self.calls[d] for d in range(self.devices)]
+                self.calls = {}
+                outs: Sequence[Sequence[np.ndarray]] | None = None
+                error: BaseException | None = None
+                try:
+                    outs = joint(calls)
+                    if len(outs) != self.devices:
+                        raise PallasError(f"the joint emulation of kernel {self.name!r} "
+                                          f"returned {len(outs)} devices' results, expected "
+                                          f"{self.devices}")
+                except BaseException as e:  # every device raises it
+                    error = e
+                self.ended[turn] = (outs, error, self.devices)
+                self.round += 1
+                self.cv.notify_all()
+            elif not self.cv.wait_for(lambda: self.round > turn, _MEETING_TIMEOUT_S):
+                missing = sorted(set(range(self.devices)) - set(self.calls))
+                raise PallasError(
+                    f"emulating kernel {self.name!r}: devices {sorted(self.calls)} reached it, "
+                    f"devices {missing} did not within {_MEETING_TIMEOUT_S:.0f} s; a kernel "
+                    "whose devices talk to each other must be called by every device of the "
+                    "shard_map's mesh (as on the hardware, where the others would hang).")
+            outs, error, left = self.ended[turn]
+            if left == 1:
+                del self.ended[turn]
+            else:
+                self.ended[turn] = (outs, error, left - 1)
+        if error is not None:
+            raise error
+        assert outs is not None
+        return outs[call.device]
 
 
 def _python_value(attr: ir.Attribute) -> Any:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+
+from pallas_core.errors import UnsupportedError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,3 +45,32 @@ class EmulatedCall:
     options: EmulateOptions
     name: str = ""
     """The kernel's name, for messages."""
+    device: int = 0
+    """Under ``shard_map``: the logical id of the device making the call (its row-major index
+    in the mesh, what ``tpu.device_id`` reads there); 0 elsewhere."""
+    devices: int = 1
+    """Under ``shard_map``: how many devices make this call together (the mesh's size)."""
+    meeting: Callable[[EmulatedCall, Joint], Sequence[np.ndarray]] | None = dataclasses.field(
+        default=None, compare=False, repr=False)
+    """Under ``shard_map``: where the devices' calls meet (:meth:`run_jointly`); else None."""
+
+    @property
+    def under_shard_map(self) -> bool:
+        """Whether the call is made by every device of a ``shard_map``'s mesh."""
+        return self.meeting is not None
+
+    def run_jointly(self, joint: Joint) -> Sequence[np.ndarray]:
+        """For a kernel whose devices talk to each other: waits until every device of the
+        ``shard_map`` has made this call, runs ``joint(calls)`` once (``calls[d]`` is device
+        ``d``'s, with its operands), and returns this device's results (``joint`` returns every
+        device's, in the same order). Outside ``shard_map`` it raises ``UnsupportedError``."""
+        if self.meeting is None:
+            raise UnsupportedError(
+                f"kernel {self.name!r} talks to other devices (remote DMAs or signals, the "
+                "barrier semaphore), but pl.emulate runs it outside shard_map, where there are "
+                "none. Fix: call it inside jax.shard_map, as on the hardware.")
+        return self.meeting(self, joint)
+
+
+Joint = Callable[[Sequence[EmulatedCall]], Sequence[Sequence[np.ndarray]]]
+"""``joint(calls)`` -> each device's results: runs one call made by every device together."""

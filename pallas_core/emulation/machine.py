@@ -21,6 +21,7 @@ with an ``UnsupportedError`` naming it, before anything runs.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -35,10 +36,10 @@ Rule = Callable[["Compiler", ir.Operation], Callable[..., Any]]
 Step = Callable[[list[Any]], None]
 
 
-class _Frame:
-    """The value slots of one running function (replaced on every call, restored on return)."""
-
-    __slots__ = ("env",)
+class _Frame(threading.local):
+    """The value slots of one running function (replaced on every call, restored on return),
+    one set per thread: threads may run one compiled function at once (the devices of a
+    ``shard_map`` call a kernel's glue together; emulated programs run in threads)."""
 
     def __init__(self) -> None:
         self.env: list[Any] = []

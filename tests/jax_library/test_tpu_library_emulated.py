@@ -144,21 +144,26 @@ def test_flash_attention_backward(run: Emulated, causal: bool, with_extras: bool
 # --- all_gather -------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "pl.emulate lowers each kernel on its own, outside the shard_map that holds it, so the "
-    "kernel's lax.axis_index of the mesh axis has no manual axis to refer to (ours: "
-    "UnsupportedError naming axis_index; JAX's: 'context mesh should match the mesh passed "
-    "to shard_map'); emulating remote DMAs between devices would also need one emulated "
-    "kernel per device run together"))
-def test_all_gather(run: Emulated) -> None:
+_GATHER_MESHES = {"x2": ((2,), ("x",)), "x8": ((8,), ("x",)), "y2x4": ((2, 4), ("y", "x"))}
+
+
+@pytest.mark.parametrize("memory", ["vmem", "any"])
+@pytest.mark.parametrize("mesh_name", sorted(_GATHER_MESHES))
+def test_all_gather(run: Emulated, mesh_name: str, memory: str) -> None:
+    """The ring all-gather: every device of the shard_map runs the kernel, which sends its
+    shard round the ring with remote DMAs after a barrier handshake with its neighbours."""
     all_gather = run.lib("tpu.all_gather")
-    if jax.device_count() < 2:
-        pytest.skip("needs 2 devices: XLA_FLAGS=--xla_force_host_platform_device_count=8")
-    mesh = jax.make_mesh((2,), ("x",), axis_types=(jax.sharding.AxisType.Auto,),
-                         devices=jax.devices()[:2])
-    x = jax.device_put(jax.random.normal(jax.random.key(4), (32, 128)),
+    shape, axes = _GATHER_MESHES[mesh_name]
+    n = int(np.prod(shape))
+    if jax.device_count() < n:
+        pytest.skip(f"needs {n} devices: XLA_FLAGS=--xla_force_host_platform_device_count=8")
+    mesh = jax.make_mesh(shape, axes, axis_types=(jax.sharding.AxisType.Auto,) * len(axes),
+                         devices=jax.devices()[:n])
+    x = jax.device_put(jax.random.normal(jax.random.key(4), (16 * shape[-1], 128)),
                        NamedSharding(mesh, P("x")))
-    out = run(functools.partial(all_gather.all_gather, mesh=mesh, axis_name="x"), x)
+    space = {"vmem": all_gather.pltpu.VMEM, "any": all_gather.pl.ANY}[memory]
+    out = run(functools.partial(all_gather.all_gather, mesh=mesh, axis_name="x",
+                                memory_space=space), x)
     np.testing.assert_array_equal(out, x)
 
 

@@ -14,6 +14,15 @@ of the ``parallel`` axes run in a shuffled order. On a megacore chip (``target="
 ``"v5p"``) the leading ``parallel`` axes are shared by two TensorCores, each running its
 contiguous part of them with its own VMEM, SMEM and semaphores (``tpu.core_id`` says which).
 
+Under ``shard_map`` every device makes the call; a kernel that talks to other devices
+(``has_communication``) runs on all of them together (:func:`run_devices`): each device in its
+own thread, one at a time, switching where a device waits on a semaphore. ``tpu.device_id`` is
+the device's row-major index in the mesh. A DMA (remote or not) completes when it starts: a
+remote one writes the target device's buffer (the same operand, scratch buffer or scoped
+allocation there, at the same offset) and signals the target semaphore there; a remote signal
+adds to the other device's semaphore; waits take from this device's semaphores. A wait nothing
+will satisfy, and a device id outside the mesh, are errors.
+
 The operations: ``arith``, ``math``, ``scf`` and ``func`` from :mod:`pallas_core.emulation`,
 ``vector``/``memref``/memory ``tpu`` operations from :mod:`pallas_mosaic_tpu.emulator_ops`, and
 the compute, DMA and semaphore ``tpu`` operations here. A backend that reuses the grid walk
@@ -22,6 +31,7 @@ the compute, DMA and semaphore ``tpu`` operations here. A backend that reuses th
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import re
@@ -34,6 +44,7 @@ from jaxlib.mlir import ir
 from pallas_core.emulation.arith import RULES as ARITH_RULES
 from pallas_core.emulation.call import EmulatedCall, EmulateOptions
 from pallas_core.emulation.machine import Compiler, Rule
+from pallas_core.emulation.turns import Turns
 from pallas_core.emulation.types import dtype_of, shape_of
 from pallas_core.errors import PallasError, UnsupportedError
 from pallas_mosaic_tpu import ir as mir
@@ -56,12 +67,95 @@ _Fn = Callable[..., Any]
 
 class KernelState:
     """What a running kernel's operations read besides their operands: the grid, the
-    TensorCore running it and the hardware PRNG."""
+    TensorCore running it, the hardware PRNG, and under ``shard_map`` the device running it
+    and the other devices' kernels (:class:`Network`)."""
 
-    def __init__(self, bounds: Sequence[int]) -> None:
+    def __init__(self, bounds: Sequence[int], device: int | None = None,
+                 network: Network | None = None) -> None:
         self.bounds = tuple(bounds)
         self.core = 0
         self.rng: np.random.Generator | None = None
+        self.device = device
+        """The logical device id under ``shard_map`` (``None`` elsewhere)."""
+        self.network = network
+        self.barrier = np.zeros((), np.int64)
+        """The device's barrier semaphore (``tpu.sem_barrier``)."""
+        self.buffers: dict[Any, np.ndarray] = {}
+        """The device's buffers another device may reach, by a key the same on every device:
+        ``("arg", k)`` for the kernel's operands, ``("op", n)`` for the n-th allocating
+        operation, ``"barrier"``."""
+        self.keys: dict[int, Any] = {}
+        """``id(buffer)`` -> its key in :attr:`buffers`."""
+        self.allocations = 0
+        """Allocating operations compiled so far (their keys' numbers)."""
+
+    def register(self, key: Any, buffer: np.ndarray) -> None:
+        old = self.buffers.get(key)
+        if old is not None:
+            self.keys.pop(id(old), None)
+        self.buffers[key] = buffer
+        self.keys[id(buffer)] = key
+
+
+def _root(view: np.ndarray) -> np.ndarray:
+    while isinstance(view.base, np.ndarray):
+        view = view.base
+    return view
+
+
+class Network:
+    """The devices of a ``shard_map`` running one kernel together: each in its own thread,
+    one at a time (:class:`~pallas_core.emulation.turns.Turns`), switching where a device
+    waits on a semaphore. A remote DMA or signal reaches the other device's buffer or
+    semaphore: the same operand, scratch buffer or allocation there, at the same offset."""
+
+    def __init__(self, devices: int, name: str = "") -> None:
+        self.name = name
+        self.states: list[KernelState] = []
+        self.turns = Turns([f"device {d}" for d in range(devices)], self._deadlock)
+
+    def _deadlock(self, waiting: list[tuple[str, str]], finished: list[str]) -> BaseException:
+        places: dict[str, list[str]] = {}
+        for name, what in waiting:
+            places.setdefault(what, []).append(name.removeprefix("device "))
+        stuck = "; ".join(
+            f"device{'s' if len(ds) > 1 else ''} {', '.join(ds)} wait{'' if len(ds) > 1 else 's'}"
+            f" at {what}" for what, ds in places.items())
+        return EmulationError(
+            f"kernel {self.name!r} would hang: {stuck} (finished: "
+            f"{', '.join(finished) or 'none'}), and no device left running signals them. "
+            "Fix: make every wait match a signal or DMA that another device (or this one) "
+            "sends.")
+
+    def remote(self, state: KernelState, op: ir.Operation, local: np.ndarray,
+               device: Any) -> np.ndarray:
+        """The view of device ``device`` that ``local`` (a view on ``state``'s device) is."""
+        d = int(device)
+        if not 0 <= d < len(self.states):
+            raise EmulationError(
+                f"{op.name} at {op.location} names device {d}; the shard_map's mesh has "
+                f"{len(self.states)} devices (logical ids 0..{len(self.states) - 1}). Fix: "
+                "compute the device id from lax.axis_index of the mesh axes.")
+        root = _root(local)
+        key = state.keys.get(id(root))
+        peer = self.states[d].buffers.get(key) if key is not None else None
+        if key is None:
+            raise _unsupported(op, "a remote access to a buffer other than the kernel's "
+                               "operands, scratch buffers and scoped allocations")
+        if peer is None:
+            raise EmulationError(
+                f"{op.name} at {op.location} reaches a scoped buffer of device {d}, which has "
+                "not allocated it (it is not inside that scope). Fix: synchronise with the "
+                "device (a barrier) before reaching into its scoped buffers.")
+        offset = local.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+        return np.ndarray(local.shape, local.dtype, buffer=peer, offset=offset,
+                          strides=local.strides)
+
+    def take(self, op: ir.Operation, sem: np.ndarray, amount: int) -> None:
+        """Waits (letting the other devices run) until ``sem`` holds ``amount``; takes it."""
+        self.turns.wait_until(lambda: int(sem) >= amount,
+                              f"{op.name} ({op.location}) for {amount}")
+        sem[...] = int(sem) - amount
 
 
 class TPUCompiler(Compiler):
@@ -249,6 +343,24 @@ def _prng_bits(c: Compiler, op: ir.Operation) -> _Fn:
 
 # -- DMAs and semaphores ----------------------------------------------------------------------
 
+def _take(state: KernelState, op: ir.Operation, sem: np.ndarray, amount: int) -> None:
+    """A wait on ``sem`` for ``amount``: among devices, until another one signals."""
+    if state.network is not None:
+        state.network.take(op, sem, amount)
+    else:
+        _semaphore_count(op, sem, amount)
+
+
+def _remote(c: Compiler, op: ir.Operation, what: str) -> KernelState:
+    """The state of a kernel whose ``op`` reaches another device (refused outside a joint
+    run of the devices of a ``shard_map``)."""
+    state = _state(c)
+    if state.network is None:
+        raise _unsupported(op, f"{what} outside a shard_map that runs the kernel on every "
+                           "device (pl.emulate runs such kernels jointly inside shard_map)")
+    return state
+
+
 def _semaphore_count(op: ir.Operation, sem: np.ndarray, amount: int) -> None:
     if int(sem) < amount:
         raise EmulationError(
@@ -259,51 +371,83 @@ def _semaphore_count(op: ir.Operation, sem: np.ndarray, amount: int) -> None:
 
 
 def _enqueue_dma(c: Compiler, op: ir.Operation) -> _Fn:
+    """A DMA (to device ``device_id`` when given): it copies when it starts, then signals the
+    source semaphore here and the target semaphore where the target is."""
     (s, _), (ss0, ss1), (t, _), (ts0, ts1), (d0, d1), *_ = segments(op)
-    if d1 > d0:
-        raise _unsupported(op, "remote DMAs (to another device)")
+    state = _remote(c, op, "remote DMAs (to another device)") if d1 > d0 else _state(c)
 
     def run(*xs: Any) -> None:
         src, dst = xs[s], xs[t]
+        target_sem = xs[ts0] if ts1 > ts0 else None
+        if d1 > d0:
+            assert state.network is not None
+            dst = state.network.remote(state, op, dst, xs[d0])
+            if target_sem is not None:
+                target_sem = state.network.remote(state, op, target_sem, xs[d0])
         if src.shape != dst.shape:
             raise EmulationError(f"{op.name} at {op.location} copies {src.shape} into "
                                  f"{dst.shape}. Fix: give both refs the same shape.")
         np.copyto(dst, src.astype(dst.dtype, copy=False))
         nbytes = dst.size * dst.dtype.itemsize
-        if ts1 > ts0:
-            xs[ts0][...] += nbytes
+        if target_sem is not None:
+            target_sem[...] += nbytes
         if ss1 > ss0:
             xs[ss0][...] += nbytes
     return run
 
 
 def _wait_dma2(c: Compiler, op: ir.Operation) -> _Fn:
+    """A wait for a DMA's bytes on a semaphore of this device (the ``device_id`` of a remote
+    DMA's wait only describes the copy)."""
     (sem, _), _, (dst, _), (d0, d1), *_ = segments(op)
-    if d1 > d0:
-        raise _unsupported(op, "waits on remote DMAs")
+    state = _remote(c, op, "waits on remote DMAs") if d1 > d0 else _state(c)
 
     def run(*xs: Any) -> None:
         target = xs[dst]
-        _semaphore_count(op, xs[sem], target.size * target.dtype.itemsize)
+        _take(state, op, xs[sem], target.size * target.dtype.itemsize)
     return run
 
 
 def _sem_signal(c: Compiler, op: ir.Operation) -> _Fn:
     (sem, _), (amount, _), (d0, d1), *_ = segments(op)
-    if d1 > d0:
-        raise _unsupported(op, "signals to another device's semaphore")
+    state = _remote(c, op, "signals to another device's semaphore") if d1 > d0 \
+        else _state(c)
 
     def run(*xs: Any) -> None:
-        xs[sem][...] += int(xs[amount])
+        target = xs[sem]
+        if d1 > d0:
+            assert state.network is not None
+            target = state.network.remote(state, op, target, xs[d0])
+        target[...] += int(xs[amount])
     return run
 
 
 def _sem_wait(c: Compiler, op: ir.Operation) -> _Fn:
-    return lambda sem, amount: _semaphore_count(op, sem, int(amount))
+    state = _state(c)
+    return lambda sem, amount: _take(state, op, sem, int(amount))
 
 
 def _sem_read(c: Compiler, op: ir.Operation) -> _Fn:
     return lambda sem: np.asarray(int(sem), np.int32)
+
+
+def _registered(rule: Rule) -> Rule:
+    """An allocating operation's rule whose buffers other devices can reach (keyed by the
+    operation's place in the compile order, the same on every device)."""
+    def wrapped(c: Compiler, op: ir.Operation) -> _Fn:
+        state = _state(c)
+        fn = rule(c, op)
+        if state.network is None:
+            return fn
+        key = ("op", state.allocations)
+        state.allocations += 1
+
+        def run(*xs: Any) -> Any:
+            buffer = fn(*xs)
+            state.register(key, buffer)
+            return buffer
+        return run
+    return wrapped
 
 
 def _sem_alloc(c: Compiler, op: ir.Operation) -> _Fn:
@@ -327,8 +471,21 @@ def _iteration_bound(c: Compiler, op: ir.Operation) -> _Fn:
     return lambda: np.asarray(state.bounds[dim], np.int32)
 
 
+def _device_id(c: Compiler, op: ir.Operation) -> _Fn:
+    state = _state(c)
+    if state.device is None:
+        raise _unsupported(op, "device ids outside shard_map")
+    device = np.asarray(state.device, np.int32)
+    return lambda: device
+
+
+def _sem_barrier(c: Compiler, op: ir.Operation) -> _Fn:
+    state = _remote(c, op, "the barrier semaphore")
+    return lambda: state.barrier
+
+
 def _multi_device(c: Compiler, op: ir.Operation) -> _Fn:
-    raise _unsupported(op, "kernels that talk to other devices (device ids, barriers)")
+    raise _unsupported(op, "barriers of the TensorCore")
 
 
 def _core_id(c: Compiler, op: ir.Operation) -> _Fn:
@@ -348,9 +505,11 @@ RULES: dict[str, Rule] = {
     "tpu.prng_set_seed_32": _prng_seed, "tpu.prng_random_bits": _prng_bits,
     "tpu.enqueue_dma": _enqueue_dma, "tpu.wait_dma2": _wait_dma2,
     "tpu.sem_signal": _sem_signal, "tpu.sem_wait": _sem_wait, "tpu.sem_read": _sem_read,
-    "tpu.sem_alloc": _sem_alloc, "tpu.region": _region, "tpu.trace": _region,
+    "tpu.sem_alloc": _registered(_sem_alloc), "tpu.region": _region, "tpu.trace": _region,
+    "memref.alloca": _registered(MEMORY_RULES["memref.alloca"]),
+    "memref.alloc": _registered(MEMORY_RULES["memref.alloc"]),
     "tpu.iteration_bound": _iteration_bound,
-    "tpu.device_id": _multi_device, "tpu.sem_barrier": _multi_device,
+    "tpu.device_id": _device_id, "tpu.sem_barrier": _sem_barrier,
     "tpu.barrier": _multi_device, "tpu.core_id": _core_id,
 }
 """Every operation the TensorCore emulator runs, by name."""
@@ -473,17 +632,44 @@ def run_kernel(module: ir.Module, operands: Sequence[np.ndarray],
                results: Sequence[tuple[tuple[int, ...], np.dtype]],
                aliases: Sequence[tuple[int, int]], options: EmulateOptions, *,
                extra_rules: Mapping[str, Rule] | None = None,
-               backend: str = "mosaic_tpu") -> list[np.ndarray]:
+               backend: str = "mosaic_tpu", device: int | None = None) -> list[np.ndarray]:
     """Runs the Mosaic kernel of ``module`` on ``operands`` (the custom call's: dynamic grid
-    sizes first, then scalar prefetch, then inputs) and returns its results."""
+    sizes first, then scalar prefetch, then inputs) and returns its results. ``device``: the
+    logical id ``tpu.device_id`` reads (under ``shard_map``)."""
     with module.context, ir.Location.unknown():
-        return _run(module, operands, results, aliases, options, extra_rules or {}, backend)
+        return _prepare(module, operands, results, aliases, options, extra_rules or {},
+                        backend, KernelState((), device))()
 
 
-def _run(module: ir.Module, operands: Sequence[np.ndarray],
-         results: Sequence[tuple[tuple[int, ...], np.dtype]],
-         aliases: Sequence[tuple[int, int]], options: EmulateOptions,
-         extra_rules: Mapping[str, Rule], backend: str) -> list[np.ndarray]:
+def run_devices(module: ir.Module, calls: Sequence[EmulatedCall]) -> list[list[np.ndarray]]:
+    """Runs the kernel of ``module`` on every device of a ``shard_map`` together (``calls[d]``
+    is device ``d``'s call): each device in turn until it waits on a semaphore that another
+    device has yet to signal. Returns each device's results."""
+    network = Network(len(calls), calls[0].name if calls else "")
+    with module.context, ir.Location.unknown():
+        network.states = [KernelState((), d, network) for d in range(len(calls))]
+        runs = [_prepare(module, [np.asarray(x) for x in call.operands], call.results,
+                         call.aliases, call.options, {}, "mosaic_tpu", state)
+                for call, state in zip(calls, network.states, strict=True)]
+    outs: list[list[np.ndarray]] = [[] for _ in calls]
+
+    def program(d: int) -> Callable[[], None]:
+        def go() -> None:
+            with module.context, ir.Location.unknown(), np.errstate(all="ignore"):
+                outs[d] = runs[d]()
+        return go
+    network.turns.run([program(d) for d in range(len(calls))])
+    return outs
+
+
+def _prepare(module: ir.Module, operands: Sequence[np.ndarray],
+             results: Sequence[tuple[tuple[int, ...], np.dtype]],
+             aliases: Sequence[tuple[int, int]], options: EmulateOptions,
+             extra_rules: Mapping[str, Rule], backend: str,
+             state: KernelState) -> Callable[[], list[np.ndarray]]:
+    """Compiles the kernel and lays out its buffers (those another device can reach are
+    registered in ``state``); returns the function that walks the grid and gives the
+    results."""
     fn = kernel_function(module)
     attrs = fn.attributes
     bounds = [int(b) for b in ir.DenseI64ArrayAttr(attrs["iteration_bounds"])] \
@@ -504,7 +690,7 @@ def _run(module: ir.Module, operands: Sequence[np.ndarray],
         raise UnsupportedError(f"the kernel takes {n_windows} windows; the call has "
                                f"{len(operands) - n_prefetch} inputs and {len(results)} "
                                "outputs")
-    state = KernelState(bounds)
+    state.bounds = tuple(bounds)
     compiler = TPUCompiler({**RULES, **extra_rules}, state, backend=backend, module=module)
     body = compiler.function(fn)
     prefetch = [np.array(x, dtype_of(t)) for x, t in zip(operands[:n_prefetch], rest,
@@ -529,16 +715,30 @@ def _run(module: ir.Module, operands: Sequence[np.ndarray],
         windows.append(_Window(k, p, t, array, transform))
     points = list(_grid_points(bounds, semantics, options.seed))
     cores = tensor_cores(options.target) if backend == "mosaic_tpu" else 1
-    for core, share in enumerate(_core_shares(points, bounds, semantics, cores)):
-        # Each TensorCore has its own VMEM, SMEM and semaphores: its own copy of the scalar
-        # prefetch operands (a kernel may write them), fresh scratch and windows.
-        state.core = core
+    shares = _core_shares(points, bounds, semantics, cores)
+
+    def memories() -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """A TensorCore's own VMEM, SMEM and semaphores: its copy of the scalar prefetch
+        operands (a kernel may write them) and fresh scratch; windows start empty."""
+        mine = [np.array(x, copy=True) for x in prefetch]
         scratch = [allocate(t) for t in rest[n_prefetch + n_windows:]]
         for w in windows:
             w.block = None
-        _walk(body, windows, n_in, [np.array(x, copy=True) for x in prefetch], scratch, share,
-              grid_args)
-    return [np.asarray(o).astype(dtype) for o, (_, dtype) in zip(outs, results, strict=True)]
+        for k, buffer in enumerate([*mine, *[w.buffer for w in windows], *scratch]):
+            state.register(("arg", k), buffer)
+        state.register("barrier", state.barrier)
+        return mine, scratch
+
+    first = memories()  # laid out before any device runs: others may write to them at once
+
+    def run() -> list[np.ndarray]:
+        for core, share in enumerate(shares):
+            state.core = core
+            mine, scratch = first if core == 0 else memories()
+            _walk(body, windows, n_in, mine, scratch, share, grid_args)
+        return [np.asarray(o).astype(dtype) for o, (_, dtype) in zip(outs, results,
+                                                                     strict=True)]
+    return run
 
 
 def _walk(body: Any, windows: list[_Window], n_in: int, prefetch: list[np.ndarray],
@@ -592,5 +792,8 @@ def emulate(call: EmulatedCall) -> list[np.ndarray] | None:
     if is_sparsecore(config):
         return None
     _, module = decode(call.backend_config)
+    if config.get("custom_call_config", {}).get("has_communication"):
+        return list(call.run_jointly(functools.partial(run_devices, module)))
     return run_kernel(module, [np.asarray(x) for x in call.operands], call.results,
-                      call.aliases, call.options)
+                      call.aliases, call.options,
+                      device=call.device if call.under_shard_map else None)

@@ -6,8 +6,9 @@ counts. Values are numpy arrays that no rule changes in place.
 
 A DMA on one device completes when it starts: it copies, then signals its semaphore by the
 number of bytes moved; a wait takes the bytes of its own descriptor from the semaphore (and
-reports a deadlock if they are not there). Remote DMAs, remote signals and device ids need the
-other devices of a ``shard_map`` and raise ``UnsupportedError``.
+reports a deadlock if they are not there). Remote DMAs and signals, device ids and the barrier
+semaphore are in :mod:`pallas_mosaic_tpu.emulator`, where the devices of a ``shard_map`` run
+together.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ compared with jax.numpy on random inputs."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +17,7 @@ from jax.experimental.pallas import tpu as jax_pltpu
 
 import pallas_core as pl
 from pallas_core import _jax
-from pallas_core.emulation.call import EmulateOptions
+from pallas_core.emulation.call import EmulatedCall, EmulateOptions
 from pallas_core.errors import PallasError, UnsupportedError
 
 pltpu = pytest.importorskip("pallas_mosaic_tpu")
@@ -325,16 +326,165 @@ def test_a_wait_nothing_signals_is_reported() -> None:
         _emulate(f, _x((8, 128)))
 
 
-def test_kernels_that_talk_to_other_devices_are_unsupported() -> None:
+def test_kernels_that_talk_to_other_devices_are_refused_outside_shard_map() -> None:
     if jax.device_count() < 8:
         pytest.skip("needs 8 devices: XLA_FLAGS=--xla_force_host_platform_device_count=8")
     x = _x((64, 128))
     text = seeds.ring_permute(pl, ("x",), (8,)).trace(x).lower(
         lowering_platforms=("tpu",)).as_text()
-    ((_, module),) = inspection.kernels(text)
-    with pytest.raises(UnsupportedError, match=r"other devices|another device"):
+    ((config, module),) = inspection.kernels(text)
+    with pytest.raises(UnsupportedError, match=r"outside a shard_map"):
         emulator.run_kernel(module, [np.asarray(x[:8])], [((8, 128), np.dtype(np.float32))],
                             [], EmulateOptions(backend="mosaic_tpu"))
+    call = EmulatedCall(target="tpu_custom_call", backend_config=json.dumps(
+        {"custom_call_config": {**config["custom_call_config"], "body": "?"}}),
+        attributes={}, operands=[np.asarray(x[:8])], results=[((8, 128), np.dtype("f4"))],
+        aliases=[], options=EmulateOptions(backend="mosaic_tpu"), name="ring")
+    with pytest.raises(UnsupportedError, match=r"talks to other devices.*shard_map"):
+        call.run_jointly(lambda calls: [[]])
+
+
+# --- kernels of a shard_map: every device runs its kernel, together ------------------------
+
+
+def _emulate_mesh(f: Callable[..., Any], *args: Any) -> Any:
+    # No chip assumed: the shard_map's mesh is the device mesh (pl.emulate tells JAX the chip
+    # only where its lowering asks).
+    return pl.emulate(f, backend="mosaic_tpu")(*args)
+
+
+def _need_devices(n: int) -> None:
+    if jax.device_count() < n:
+        pytest.skip(f"needs {n} devices: XLA_FLAGS=--xla_force_host_platform_device_count=8")
+
+
+def _mesh(shape: tuple[int, ...], axes: tuple[str, ...]) -> Any:
+    _need_devices(int(np.prod(shape)))
+    return jax.make_mesh(shape, axes, axis_types=(jax.sharding.AxisType.Auto,) * len(axes),
+                         devices=jax.devices()[:int(np.prod(shape))])
+
+
+def _per_device(mesh: Any, f: Callable[..., Any], spec: Any = None) -> Callable[..., Any]:
+    spec = spec if spec is not None else jax.P(mesh.axis_names)
+    return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=spec, out_specs=spec,
+                                 check_vma=False))
+
+
+@pytest.mark.parametrize("mesh_name", sorted(seeds.MESHES))
+@pytest.mark.parametrize("m", MODULES)
+def test_ring_permute_runs_on_every_device_together(m: Any, mesh_name: str) -> None:
+    """Remote DMAs and barrier signals between the devices of a shard_map: the emulated
+    devices' kernels run together and each shard lands on the next device of the ring."""
+    axes, shape = seeds.MESHES[mesh_name]
+    _need_devices(int(np.prod(shape)))
+    n = int(np.prod(shape))
+    x = _x((n * 8, 128), seed=5)
+    out = _emulate_mesh(seeds.ring_permute(m, axes, shape), x)
+    blocks = np.asarray(x).reshape(*shape, 8, 128)
+    want = np.roll(blocks, 1, axis=len(shape) - 1).reshape(n * 8, 128)
+    np.testing.assert_array_equal(out, want)
+
+
+def _gather_to_first(m: Any, n: int) -> Callable[..., Any]:
+    """Every device copies its shard into row ``d`` of device 0's output (remote DMAs into
+    views at offsets), then signals device 0, which waits for all of them."""
+    tpu = _tpu(m)
+
+    def kernel(x_ref: Any, o_ref: Any, send_sem: Any, recv_sem: Any) -> None:
+        me = jax.lax.axis_index("x")
+        copy = tpu.make_async_remote_copy(x_ref, o_ref.at[me], send_sem, recv_sem,
+                                          device_id=(0,),
+                                          device_id_type=m.DeviceIdType.MESH)
+        copy.start()
+        copy.wait_send()
+
+        @m.when(me == 0)
+        def _() -> None:
+            for _ in range(n):
+                tpu.make_async_remote_copy(x_ref, o_ref.at[0], send_sem, recv_sem,
+                                           device_id=(0,),
+                                           device_id_type=m.DeviceIdType.MESH).wait_recv()
+
+    def per_device(x: Any) -> Any:
+        whole = m.BlockSpec(memory_space=m.ANY)
+        out = m.pallas_call(
+            kernel, jax.ShapeDtypeStruct((n, *x.shape), x.dtype), in_specs=[whole],
+            out_specs=whole, scratch_shapes=[tpu.SemaphoreType.DMA, tpu.SemaphoreType.DMA],
+            compiler_params=tpu.CompilerParams(has_side_effects=True))(x)
+        return out.reshape(n * x.shape[0], *x.shape[1:])
+    return per_device
+
+
+@pytest.mark.parametrize("m", MODULES)
+def test_remote_dmas_land_at_their_offsets_on_the_target_device(m: Any) -> None:
+    n = 4
+    mesh = _mesh((n,), ("x",))
+    x = _x((n * 8, 128), seed=6)
+    out = np.asarray(_emulate_mesh(_per_device(mesh, _gather_to_first(m, n)), x))
+    # Device 0 holds every shard in order; the other devices' outputs were never written.
+    np.testing.assert_array_equal(out[:n * 8 * n].reshape(n, n * 8, 128)[0], np.asarray(x))
+
+
+@pytest.mark.parametrize("m", MODULES)
+def test_device_ids_without_communication_run_per_device(m: Any) -> None:
+    """A kernel reading lax.axis_index (the device id) but sending nothing: each device's
+    kernel runs on its own, with its own id."""
+    mesh = _mesh((2, 4), ("y", "x"))
+
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        where = jax.lax.axis_index("y") * 10 + jax.lax.axis_index("x")
+        o_ref[...] = x_ref[...] + where.astype(jnp.float32)
+
+    def per_device(x: Any) -> Any:
+        return m.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+    x = _x((64, 128), seed=7)
+    out = _emulate_mesh(_per_device(mesh, per_device), x)
+    offsets = (np.arange(2)[:, None] * 10 + np.arange(4)[None, :]).reshape(8, 1, 1)
+    want = np.asarray(x).reshape(8, 8, 128) + offsets
+    np.testing.assert_allclose(np.asarray(out).reshape(8, 8, 128), want, rtol=1e-6)
+
+
+def _barrier_then(m: Any, n: int, waits: int, peer: Callable[[Any], Any]) -> Callable[..., Any]:
+    tpu = _tpu(m)
+
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        me = jax.lax.axis_index("x")
+        barrier = tpu.get_barrier_semaphore()
+        m.semaphore_signal(barrier, 1, device_id=(peer(me),),
+                           device_id_type=m.DeviceIdType.MESH)
+        m.semaphore_wait(barrier, waits)
+        o_ref[...] = x_ref[...] * 2
+
+    def per_device(x: Any) -> Any:
+        return m.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype),
+                             compiler_params=tpu.CompilerParams(collective_id=0))(x)
+    return per_device
+
+
+@pytest.mark.parametrize("m", MODULES)
+def test_a_barrier_handshake_completes(m: Any) -> None:
+    mesh = _mesh((4,), ("x",))
+    x = _x((32, 128), seed=8)
+    out = _emulate_mesh(_per_device(mesh, _barrier_then(m, 4, 1, lambda me: (me + 1) % 4)), x)
+    np.testing.assert_allclose(out, 2 * np.asarray(x), rtol=1e-6)
+
+
+@pytest.mark.parametrize("m", MODULES)
+def test_a_device_waiting_for_a_signal_nobody_sends_is_reported(m: Any) -> None:
+    mesh = _mesh((4,), ("x",))
+    f = _per_device(mesh, _barrier_then(m, 4, 2, lambda me: (me + 1) % 4))
+    with pytest.raises(_RAISED, match=r"kernel 'kernel' would hang: devices 0, 1, 2, 3 "
+                       r"wait at tpu.sem_wait .* for 2 \(finished: none\)"):
+        _emulate_mesh(f, _x((32, 128)))
+
+
+@pytest.mark.parametrize("m", MODULES)
+def test_a_signal_to_a_device_outside_the_mesh_is_reported(m: Any) -> None:
+    mesh = _mesh((4,), ("x",))
+    f = _per_device(mesh, _barrier_then(m, 4, 1, lambda me: me + 1))
+    with pytest.raises(_RAISED, match=r"names device 4; the shard_map's mesh has 4 devices"):
+        _emulate_mesh(f, _x((32, 128)))
 
 
 # --- miscompiles the emulator exposed --------------------------------------------------------
@@ -351,7 +501,7 @@ def test_erf_inv_of_plus_and_minus_one_is_infinite(dtype: Any) -> None:
     x = jnp.broadcast_to(x, (8, 128))
     f = pl.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, dtype))
     tol = 2e-2 if dtype == BF16 else 2e-5
-    np.testing.assert_allclose(np.asarray(_emulate(f, x), np.float32),
+    np.testing.assert_allclose(np.asarray(_emulate_mesh(f, x), np.float32),
                                np.asarray(jax.lax.erf_inv(x), np.float32), rtol=tol, atol=tol)
 
 
@@ -401,7 +551,7 @@ SHAPES = _shape_cases()
 @pytest.mark.parametrize("name", sorted(SHAPES))
 def test_shape_and_mask_kernels(name: str, m: Any) -> None:
     build, args, want = SHAPES[name]
-    np.testing.assert_allclose(np.asarray(_emulate(build(m), *args), np.float64),
+    np.testing.assert_allclose(np.asarray(_emulate_mesh(build(m), *args), np.float64),
                                np.asarray(want(*args), np.float64), rtol=1e-6)
 
 
@@ -414,13 +564,13 @@ def test_roll_and_bitcast_primitives(ours: bool) -> None:
     for shift, axis in ((3, 1), (1, 0), (250, 1)):
         want = np.concatenate([np.roll(b, shift, axis) for b in np.split(np.asarray(x), 2)])
         np.testing.assert_array_equal(
-            _emulate(prims.roll_static(mods, shift, axis, backend), x), want)
+            _emulate_mesh(prims.roll_static(mods, shift, axis, backend), x), want)
     np.testing.assert_array_equal(
-        _emulate(prims.roll_strided(mods, 2, 1, 3, 0, backend), x[:8]),
+        _emulate_mesh(prims.roll_strided(mods, 2, 1, 3, 0, backend), x[:8]),
         prims._np_roll_strided(np.asarray(x[:8]), 2, 1, 3, 0))
     for shape, src, dst in prims.BITCASTS.values():
         v = prims._random(shape, src, seed=5)
-        got = _emulate(prims.bitcast_kernel(mods, shape, src, dst, backend), v)
+        got = _emulate_mesh(prims.bitcast_kernel(mods, shape, src, dst, backend), v)
         np.testing.assert_array_equal(np.asarray(got).view(np.uint8),
                                       prims._np_bitcast(np.asarray(v), dst).view(np.uint8))
 
@@ -429,5 +579,24 @@ def test_emit_pipeline_matmul_of_ours() -> None:
     import test_tpu_pipeline as pipeline
 
     a, b = pipeline._operands()
-    np.testing.assert_allclose(_emulate(pipeline.blog_matmul(pl, pltpu), a, b),
+    np.testing.assert_allclose(_emulate_mesh(pipeline.blog_matmul(pl, pltpu), a, b),
                                jnp.dot(a, b, preferred_element_type=F32), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("m", MODULES)
+def test_a_talking_kernel_only_some_devices_call_is_reported(
+        m: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Devices 1..3 skip the kernel (a cond on the device index): device 0 waits for them at
+    the meeting, and reports who did not come instead of hanging."""
+    from pallas_core.emulation import api
+
+    monkeypatch.setattr(api, "_MEETING_TIMEOUT_S", 2.0)
+    mesh = _mesh((4,), ("x",))
+    kernel = _barrier_then(m, 4, 1, lambda me: (me + 1) % 4)
+
+    def per_device(x: Any) -> Any:
+        return jax.lax.cond(jax.lax.axis_index("x") == 0, kernel, lambda v: v, x)
+
+    with pytest.raises(_RAISED, match=r"devices \[0\] reached it, devices \[1, 2, 3\] did "
+                       r"not within 2 s"):
+        _emulate_mesh(_per_device(mesh, per_device), _x((32, 128)))

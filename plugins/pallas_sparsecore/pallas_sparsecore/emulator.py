@@ -10,8 +10,9 @@ what a SparseCore does differently:
   belong to one subcore. Fresh memory holds garbage (NaN, or the byte ``0x5A`` for integers), as
   on the chip, so a kernel that reads memory it never wrote shows it.
 * **Scheduling.** Programs run one at a time. Without ``tpu.barrier`` they run one after
-  another; with barriers each runs in its own thread and hands over at every barrier, round
-  robin, so that a barrier releases a core's subcores only when all of them reached it. A
+  another; with barriers each runs in its own thread and the turn passes at a barrier, round
+  robin (:class:`~pallas_core.emulation.turns.Turns`), so that a barrier releases a core's
+  subcores only when all of them reached it. A
   program that finishes while others wait at a barrier (the chip would hang) is an
   :class:`~pallas_mosaic_tpu.emulator_ops.EmulationError`. With ``options.seed`` the programs
   start in a shuffled order (a race between subcores of one phase then shows).
@@ -32,7 +33,6 @@ operation and from ``jax.experimental.pallas.tpu_sc``'s docstrings.
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -62,6 +62,7 @@ from pallas_mosaic_tpu.emulator_ops import (
 
 from pallas_core.emulation.call import EmulatedCall, EmulateOptions
 from pallas_core.emulation.machine import Function, Rule
+from pallas_core.emulation.turns import Turns
 from pallas_core.emulation.types import dtype_of, shape_of, unsigned
 from pallas_core.errors import UnsupportedError
 
@@ -132,20 +133,13 @@ class SCState:
 
 
 class SCCompiler(TPUCompiler):
-    """The TPU emulator's compiler with the SparseCore state, recording every function it
-    compiles (their value frames are swapped when the scheduler switches programs)."""
+    """The TPU emulator's compiler with the SparseCore state (each program's values live in
+    its own thread's frames, so programs switching at barriers keep theirs)."""
 
     def __init__(self, rules: Mapping[str, Rule], state: KernelState, sc: SCState, *,
                  module: ir.Module) -> None:
         super().__init__(rules, state, backend="sparsecore", module=module)
         self.sc = sc
-        self.compiled: list[Function] = []
-
-    def function(self, op_or_name: ir.Operation | str) -> Function:
-        fn = super().function(op_or_name)
-        if fn not in self.compiled:
-            self.compiled.append(fn)
-        return fn
 
 
 def _sc(c: Any) -> SCState:
@@ -473,108 +467,48 @@ def _unpack(c: Any, op: ir.Operation) -> _Fn:
 
 # -- barriers and the scheduler ---------------------------------------------------------------
 
-class _Abort(BaseException):
-    """Unwinds a program when another one failed."""
-
-
 class Scheduler:
-    """Runs the programs one at a time, each in its own thread, switching at barriers: a
-    program reaching ``tpu.barrier`` waits there until every subcore of its core has reached
-    it, and hands over to the next program (round robin) that can run."""
+    """Runs the programs in :class:`~pallas_core.emulation.turns.Turns` (one at a time, each
+    in its own thread): a program reaching ``tpu.barrier`` waits there until every subcore of
+    its core has reached it, and the turn passes to the next program that can run."""
 
     def __init__(self, programs: Sequence[Program], body: Function, sc: SCState,
-                 compiler: SCCompiler, subcores: int) -> None:
-        self.programs, self.body, self.sc = list(programs), body, sc
-        self.compiler, self.subcores = compiler, subcores
-        self.cv = threading.Condition()
-        self.turn = -1
-        self.done = [False] * len(programs)
-        self.waiting: dict[int, tuple[tuple[int, int], int]] = {}  # program -> (barrier, gen)
+                 subcores: int) -> None:
+        self.programs, self.body, self.sc, self.subcores = list(programs), body, sc, subcores
+        self.turns = Turns([str(p) for p in self.programs], self._deadlock)
         self.arrived: dict[tuple[int, int], int] = {}
         self.generation: dict[tuple[int, int], int] = {}
-        self.frames: dict[int, list[Any]] = {}
-        self.error: BaseException | None = None
+
+    @staticmethod
+    def _deadlock(waiting: list[tuple[str, str]], finished: list[str]) -> BaseException:
+        stuck = ", ".join(name for name, _ in waiting)
+        return EmulationError(
+            f"the SparseCore kernel would hang: subcores {stuck} wait at a barrier that "
+            f"the other subcores of their core never reach (finished: {', '.join(finished)}). "
+            "Fix: make every subcore of a core reach each plsc.subcore_barrier the same "
+            "number of times.")
 
     def run(self) -> None:
-        threads = [threading.Thread(target=self._main, args=(k,), daemon=True,
-                                    name=f"sparsecore {p}")
-                   for k, p in enumerate(self.programs)]
-        for t in threads:
-            t.start()
-        with self.cv:
-            self.turn = 0
-            self.cv.notify_all()
-        for t in threads:
-            t.join()
-        if self.error is not None:
-            raise self.error
-
-    def _main(self, k: int) -> None:
-        with self.cv:
-            while self.turn != k and self.error is None:
-                self.cv.wait()
-        try:
-            if self.error is None:
-                self.sc.current = self.programs[k]
+        def program(p: Program) -> Callable[[], None]:
+            def go() -> None:
+                self.sc.current = p
                 with np.errstate(all="ignore"):
-                    self.body(*self.programs[k].args)
-        except _Abort:
-            pass
-        except BaseException as e:  # reported by run(), in the caller's thread
-            with self.cv:
-                if self.error is None:
-                    self.error = e
-        finally:
-            with self.cv:
-                self.done[k] = True
-                self._hand_over(k)
+                    self.body(*p.args)
+            return go
+        self.turns.run([program(p) for p in self.programs])
 
     def barrier(self, barrier_id: int) -> None:
         """Called by the running program at a ``tpu.barrier``."""
         program = self.sc.program()
-        k = self.programs.index(program)
         key = (program.core, barrier_id)
-        with self.cv:
-            gen = self.generation.get(key, 0)
-            self.arrived[key] = self.arrived.get(key, 0) + 1
-            if self.arrived[key] == self.subcores:
-                self.arrived[key] = 0
-                self.generation[key] = gen + 1
-            self.waiting[k] = (key, gen)
-            self.frames[k] = [fn.frame.env for fn in self.compiler.compiled]
-            self._hand_over(k)
-            while self.turn != k and self.error is None:
-                self.cv.wait()
-            if self.error is not None:
-                raise _Abort
-            del self.waiting[k]
-            for fn, env in zip(self.compiler.compiled, self.frames.pop(k), strict=False):
-                fn.frame.env = env
-            self.sc.current = program
-
-    def _runnable(self, j: int) -> bool:
-        if self.done[j]:
-            return False
-        if j not in self.waiting:
-            return True
-        key, gen = self.waiting[j]
-        return self.generation.get(key, 0) > gen
-
-    def _hand_over(self, k: int) -> None:
-        """Gives the turn to the next program after ``k`` that can run (under the lock)."""
-        n = len(self.programs)
-        nxt = next((j % n for j in range(k + 1, k + 1 + n) if self._runnable(j % n)), None)
-        if nxt is not None:
-            self.turn = nxt
-        elif not all(self.done) and self.error is None:
-            stuck = [self.programs[j] for j in self.waiting if not self.done[j]]
-            finished = [p for j, p in enumerate(self.programs) if self.done[j]]
-            self.error = EmulationError(
-                f"the SparseCore kernel would hang: subcores {stuck} wait at a barrier that "
-                f"the other subcores of their core never reach (finished: {finished}). Fix: "
-                "make every subcore of a core reach each plsc.subcore_barrier the same number "
-                "of times.")
-        self.cv.notify_all()
+        gen = self.generation.get(key, 0)
+        self.arrived[key] = self.arrived.get(key, 0) + 1
+        if self.arrived[key] == self.subcores:
+            self.arrived[key] = 0
+            self.generation[key] = gen + 1
+        self.turns.wait_until(lambda: self.generation.get(key, 0) > gen,
+                              f"barrier {barrier_id}")
+        self.sc.current = program
 
 
 def _barrier(c: Any, op: ir.Operation) -> _Fn:
@@ -664,7 +598,7 @@ def run_kernel(module: ir.Module, operands: Sequence[np.ndarray],
             order = np.random.default_rng(options.seed).permutation(len(programs))
             programs = [programs[i] for i in order]
         if _has_barrier(fn):
-            sc.scheduler = Scheduler(programs, body, sc, compiler, subcores)
+            sc.scheduler = Scheduler(programs, body, sc, subcores)
             sc.scheduler.run()
         else:
             for program in programs:

@@ -310,7 +310,8 @@ def emulate_jax(fn: Any, *args: Any) -> tuple[np.ndarray, ...]:
     with jax.sharding.use_abstract_mesh(D._abstract_mesh()):
         lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("tpu",))
     module = lowered.compiler_ir("stablehlo")
-    kernel = types.SimpleNamespace(options=EmulateOptions(backend="sparsecore"), name="jax")
+    kernel = types.SimpleNamespace(options=EmulateOptions(backend="sparsecore"), name="jax",
+                                   mesh_shape=(), devices=1, here=types.SimpleNamespace())
     with module.context:
         rules = {**api._glue_rules(kernel), "stablehlo.iota": _iota}  # type: ignore[arg-type]
         main = Compiler(rules, backend="sparsecore program", module=module).function("main")
