@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import inspect
 import os
 import threading
@@ -565,13 +566,48 @@ def lowering_platforms(ctx: Any) -> tuple[str, ...]:
 @contextlib.contextmanager
 def assume_device(device_kind: str, platform: str, num_cores: int = 1) -> Iterator[None]:
     """Inside, JAX believes it compiles for ``device_kind`` (e.g. ``"TPU v5 lite"``) on
-    ``platform``, for lowerings that ask which chip they target when none is attached."""
+    ``platform``, for lowerings that ask which chip they target when none is attached: the
+    context mesh is one such device (and :func:`chip_answers` holds)."""
     from jax._src.mesh import AbstractDevice, AbstractMesh
 
     device = AbstractDevice(device_kind, num_cores, platform)
-    with jax.sharding.use_abstract_mesh(AbstractMesh((1,), ("_device",),
-                                                     abstract_device=device)):
+    with chip_answers(device_kind, platform, num_cores), jax.sharding.use_abstract_mesh(
+            AbstractMesh((1,), ("_device",), abstract_device=device)):
         yield
+
+
+@contextlib.contextmanager
+def chip_answers(device_kind: str, platform: str, num_cores: int = 1) -> Iterator[None]:
+    """Inside, JAX's TPU code asking which chip it targets (``tpu_info.get_device_kind``,
+    ``get_num_device_cores``) is told ``device_kind`` wherever the context mesh names no
+    device of its own: also where no mesh is current (tracing on CPU) and where a jitted
+    function inside a kernel is lowered under its own mesh. Meshes stay as they are, so
+    ``shard_map`` and jitted code on CPU run unchanged (JAX 0.10 and 0.11 keep these
+    functions in different modules)."""
+    from jax._src.mesh import get_abstract_mesh
+
+    patched = []
+    for module_name in (("jax._src.tpu_info", "jax._src.pallas.mosaic.tpu_info")
+                        if platform == "tpu" else ()):
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        for attr, value in (("get_device_kind", device_kind),
+                            ("get_num_device_cores", num_cores)):
+            asked = getattr(module, attr, None)
+            if asked is None:
+                continue
+
+            def answer(asked: Any = asked, value: Any = value) -> Any:
+                return asked() if get_abstract_mesh().abstract_device is not None else value
+            patched.append((module, attr, asked))
+            setattr(module, attr, answer)
+    try:
+        yield
+    finally:
+        for module, attr, asked in reversed(patched):
+            setattr(module, attr, asked)
 
 
 def jax_lowering_rule_names(backend: str) -> dict[str, frozenset[str]]:

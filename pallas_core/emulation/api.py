@@ -61,29 +61,16 @@ def emulate(fn: Callable[..., Any], *, backend: str, target: str | None = None,
 
     @functools.wraps(fn)
     def emulated(*args: Any, **kwargs: Any) -> Any:
-        _meshes.entered = False
-        try:
-            return run(args, kwargs, None)
-        except PallasError:
-            raise
-        except Exception:
-            # JAX's own code may ask which chip it compiles for (its ragged paged attention
-            # does, and JAX 0.11's Triton lowering): then the function is traced, and its
-            # kernels lowered, again with JAX told the target's chip. Not at first, and not
-            # while the rest runs: the assumed device is a mesh of its own, which a
-            # shard_map's (or a jitted computation's) would contradict; so not at all for a
-            # function whose kernels run under shard_map.
-            if _meshes.entered or isinstance(_assumed(device_kind, platform),
-                                             contextlib.nullcontext):
-                raise
-            return run(args, kwargs, device_kind)
+        # JAX's own code may ask which chip it compiles for, while the function is traced
+        # or its kernels lowered: it is told the target's (BackendInfo.device_kinds).
+        with _told(device_kind, platform):
+            return run(args, kwargs)
 
-    def run(args: Any, kwargs: Any, assumed: str | None) -> Any:
-        with _assumed(assumed, platform):
-            closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args, **kwargs)
+    def run(args: Any, kwargs: Any) -> Any:
+        closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args, **kwargs)
         flat = jax.tree_util.tree_leaves((args, kwargs))
         replace = functools.partial(_replace, platform=platform, options=options,
-                                    device_kind=assumed)
+                                    device_kind=device_kind)
         _failures.error = None
         try:
             outs = _jax.evaluate_replacing(closed.jaxpr, closed.consts, flat, replace,
@@ -100,16 +87,27 @@ def emulate(fn: Callable[..., Any], *, backend: str, target: str | None = None,
     return emulated
 
 
-def _assumed(device_kind: str | None, platform: str) -> Any:
-    """JAX told it compiles for ``device_kind`` when no ``platform`` device is attached."""
-    if device_kind is None:
-        return contextlib.nullcontext()
+def _attached(platform: str) -> bool:
     try:
-        if jax.devices(platform):
-            return contextlib.nullcontext()
+        return bool(jax.devices(platform))
     except RuntimeError:
-        pass
+        return False
+
+
+def _assumed(device_kind: str | None, platform: str) -> Any:
+    """JAX told it compiles for ``device_kind`` when no ``platform`` device is attached (a
+    mesh of that one device: for lowering a kernel on its own)."""
+    if device_kind is None or _attached(platform):
+        return contextlib.nullcontext()
     return _jax.assume_device(device_kind, platform)
+
+
+def _told(device_kind: str | None, platform: str) -> Any:
+    """JAX's questions about the chip answered with ``device_kind`` when no ``platform``
+    device is attached (no mesh: the function's own meshes stay as they are)."""
+    if device_kind is None or _attached(platform):
+        return contextlib.nullcontext()
+    return _jax.chip_answers(device_kind, platform)
 
 
 class _Failures:
@@ -155,8 +153,6 @@ def _has_kernel(jaxpr: Any) -> bool:
 class _Meshes(threading.local):
     def __init__(self) -> None:
         self.stack: list[Any] = []
-        self.entered = False
-        """Whether the function being emulated held kernels under shard_map."""
 
 
 _meshes = _Meshes()
@@ -174,7 +170,6 @@ def _replace(eqn: Any, invals: list[Any], *, platform: str, options: EmulateOpti
         replace = functools.partial(_replace, platform=platform, options=options,
                                     device_kind=device_kind)
         _meshes.stack.append(mesh)
-        _meshes.entered = True
         try:
             return _jax.bind_rewriting(eqn, invals, replace, _has_kernel)
         finally:
@@ -197,8 +192,12 @@ def _replace(eqn: Any, invals: list[Any], *, platform: str, options: EmulateOpti
     in_avals = [v.aval for v in eqn.invars]
     out_avals = [v.aval for v in eqn.outvars]
     mesh = _meshes.stack[-1] if _meshes.stack else None
-    kernel = _kernel(eqn.primitive, params, in_avals, out_avals, platform, options,
-                     None if mesh is not None else device_kind, mesh)
+    # JAX's lowering may ask which chip it targets: it lowers under a mesh of that chip,
+    # except under a shard_map, whose mesh is the device mesh. Ours takes the target from
+    # the options.
+    told = device_kind if mesh is None and kind != "pallas_call" else None
+    kernel = _kernel(eqn.primitive, params, in_avals, out_avals, platform, options, told,
+                     mesh)
     if not any(isinstance(x, _jax.Tracer) for x in invals):
         return [jax.numpy.asarray(o) for o in kernel(*invals)]
     shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals]

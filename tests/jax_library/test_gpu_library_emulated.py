@@ -95,11 +95,6 @@ CASES: dict[str, tuple[Callable[[dict[str, Any]], tuple[Any, Any, tuple[Any, ...
 @pytest.mark.parametrize("lowered_by", ["jax", "ours"])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_gpu_library_kernel_emulated(name: str, lowered_by: str) -> None:
-    if lowered_by == "jax" and tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 11):
-        pytest.xfail("JAX 0.11's Triton lowering asks which GPU it compiles for; a function "
-                     "traced under the assumed device holds jitted calls that CPU cannot run, "
-                     "so pl.emulate cannot tell JAX the GPU (a known limitation, "
-                     "docs/emulation.md)")
     make, tol = CASES[name]
     fn, ref, args = make(MODULES[lowered_by])
     if lowered_by == "ours" and name == "layer_norm_backward":

@@ -51,13 +51,6 @@ _LIBRARIES: dict[str, tuple[Library, Callable[[], Any]]] = {
 }
 
 
-JAX_011 = tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 11)
-ASSUMED_DEVICE_ON_011 = (
-    "JAX's code asks which chip it compiles for; on JAX 0.11 a function traced under the "
-    "assumed device holds jitted calls that CPU cannot run (they need lowering_platforms), so "
-    "pl.emulate cannot tell JAX the chip (a known limitation, docs/emulation.md)")
-
-
 class Emulated:
     """Runs functions through ``pl.emulate`` under the library's forced interpret mode and
     counts the kernels the Mosaic TPU emulator executes."""
@@ -257,8 +250,6 @@ def test_paged_attention_megacore_on_one_core_would_hang(run: Emulated) -> None:
 ], ids=["mixed", "sliding-window", "decode-softcap-kv-scales"])
 def test_ragged_paged_attention(run: Emulated, seq_lens: list[tuple[int, int]],
                                 heads: tuple[int, int], kw: dict[str, Any]) -> None:
-    if run.lib is not porting.ported and JAX_011:
-        pytest.xfail(ASSUMED_DEVICE_ON_011)
     ragged = run.lib("tpu.ragged_paged_attention")
     args = cases._ragged_inputs(seq_lens, heads)
     out = run(lambda *a: ragged.ragged_paged_attention(

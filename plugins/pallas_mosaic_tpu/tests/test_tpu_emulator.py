@@ -16,7 +16,6 @@ from jax.experimental import pallas as jax_pl
 from jax.experimental.pallas import tpu as jax_pltpu
 
 import pallas_core as pl
-from pallas_core import _jax
 from pallas_core.emulation.call import EmulatedCall, EmulateOptions
 from pallas_core.errors import PallasError, UnsupportedError
 
@@ -37,9 +36,8 @@ def _x(shape: tuple[int, ...], seed: int = 0, dtype: Any = F32) -> jax.Array:
 
 
 def _emulate(f: Callable[..., Any], *args: Any, seed: int | None = None) -> Any:
-    # JAX's lowering asks which chip it lowers for; name one (no TPU is attached here).
-    with _jax.assume_device("TPU v5 lite", "tpu"):
-        return pl.emulate(f, backend="mosaic_tpu", seed=seed)(*args)
+    # JAX's lowering asks which chip it lowers for: pl.emulate tells it (a v5e by default).
+    return pl.emulate(f, backend="mosaic_tpu", seed=seed)(*args)
 
 
 def _params(m: Any, *semantics: str) -> dict[str, Any]:
@@ -295,9 +293,8 @@ def test_megacore_chip_shares_the_parallel_axis_between_two_cores(m: Any) -> Non
     on v5e one core runs it all, so the flag it cleared stays cleared."""
     x, flag = _x((64, 128), 20), jnp.ones((1,), I32)
     steps = np.asarray(x).reshape(2, 4, 8, 128)
-    with _jax.assume_device("TPU v5 lite", "tpu"):
-        two = pl.emulate(_per_core_running_sum(m), backend="mosaic_tpu", target="v5p")(flag, x)
-        one = pl.emulate(_per_core_running_sum(m), backend="mosaic_tpu", target="v5e")(flag, x)
+    two = pl.emulate(_per_core_running_sum(m), backend="mosaic_tpu", target="v5p")(flag, x)
+    one = pl.emulate(_per_core_running_sum(m), backend="mosaic_tpu", target="v5e")(flag, x)
     np.testing.assert_allclose(two, 100 + np.cumsum(steps, axis=1).reshape(64, 128),
                                rtol=1e-5)
     np.testing.assert_allclose(one, 100 + np.cumsum(steps.reshape(8, 8, 128), axis=0).reshape(
@@ -347,12 +344,6 @@ def test_kernels_that_talk_to_other_devices_are_refused_outside_shard_map() -> N
 # --- kernels of a shard_map: every device runs its kernel, together ------------------------
 
 
-def _emulate_mesh(f: Callable[..., Any], *args: Any) -> Any:
-    # No chip assumed: the shard_map's mesh is the device mesh (pl.emulate tells JAX the chip
-    # only where its lowering asks).
-    return pl.emulate(f, backend="mosaic_tpu")(*args)
-
-
 def _need_devices(n: int) -> None:
     if jax.device_count() < n:
         pytest.skip(f"needs {n} devices: XLA_FLAGS=--xla_force_host_platform_device_count=8")
@@ -379,7 +370,7 @@ def test_ring_permute_runs_on_every_device_together(m: Any, mesh_name: str) -> N
     _need_devices(int(np.prod(shape)))
     n = int(np.prod(shape))
     x = _x((n * 8, 128), seed=5)
-    out = _emulate_mesh(seeds.ring_permute(m, axes, shape), x)
+    out = _emulate(seeds.ring_permute(m, axes, shape), x)
     blocks = np.asarray(x).reshape(*shape, 8, 128)
     want = np.roll(blocks, 1, axis=len(shape) - 1).reshape(n * 8, 128)
     np.testing.assert_array_equal(out, want)
@@ -420,7 +411,7 @@ def test_remote_dmas_land_at_their_offsets_on_the_target_device(m: Any) -> None:
     n = 4
     mesh = _mesh((n,), ("x",))
     x = _x((n * 8, 128), seed=6)
-    out = np.asarray(_emulate_mesh(_per_device(mesh, _gather_to_first(m, n)), x))
+    out = np.asarray(_emulate(_per_device(mesh, _gather_to_first(m, n)), x))
     # Device 0 holds every shard in order; the other devices' outputs were never written.
     np.testing.assert_array_equal(out[:n * 8 * n].reshape(n, n * 8, 128)[0], np.asarray(x))
 
@@ -439,7 +430,7 @@ def test_device_ids_without_communication_run_per_device(m: Any) -> None:
         return m.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
 
     x = _x((64, 128), seed=7)
-    out = _emulate_mesh(_per_device(mesh, per_device), x)
+    out = _emulate(_per_device(mesh, per_device), x)
     offsets = (np.arange(2)[:, None] * 10 + np.arange(4)[None, :]).reshape(8, 1, 1)
     want = np.asarray(x).reshape(8, 8, 128) + offsets
     np.testing.assert_allclose(np.asarray(out).reshape(8, 8, 128), want, rtol=1e-6)
@@ -466,7 +457,7 @@ def _barrier_then(m: Any, n: int, waits: int, peer: Callable[[Any], Any]) -> Cal
 def test_a_barrier_handshake_completes(m: Any) -> None:
     mesh = _mesh((4,), ("x",))
     x = _x((32, 128), seed=8)
-    out = _emulate_mesh(_per_device(mesh, _barrier_then(m, 4, 1, lambda me: (me + 1) % 4)), x)
+    out = _emulate(_per_device(mesh, _barrier_then(m, 4, 1, lambda me: (me + 1) % 4)), x)
     np.testing.assert_allclose(out, 2 * np.asarray(x), rtol=1e-6)
 
 
@@ -476,7 +467,7 @@ def test_a_device_waiting_for_a_signal_nobody_sends_is_reported(m: Any) -> None:
     f = _per_device(mesh, _barrier_then(m, 4, 2, lambda me: (me + 1) % 4))
     with pytest.raises(_RAISED, match=r"kernel 'kernel' would hang: devices 0, 1, 2, 3 "
                        r"wait at tpu.sem_wait .* for 2 \(finished: none\)"):
-        _emulate_mesh(f, _x((32, 128)))
+        _emulate(f, _x((32, 128)))
 
 
 @pytest.mark.parametrize("m", MODULES)
@@ -484,7 +475,7 @@ def test_a_signal_to_a_device_outside_the_mesh_is_reported(m: Any) -> None:
     mesh = _mesh((4,), ("x",))
     f = _per_device(mesh, _barrier_then(m, 4, 1, lambda me: me + 1))
     with pytest.raises(_RAISED, match=r"names device 4; the shard_map's mesh has 4 devices"):
-        _emulate_mesh(f, _x((32, 128)))
+        _emulate(f, _x((32, 128)))
 
 
 # --- miscompiles the emulator exposed --------------------------------------------------------
@@ -501,7 +492,7 @@ def test_erf_inv_of_plus_and_minus_one_is_infinite(dtype: Any) -> None:
     x = jnp.broadcast_to(x, (8, 128))
     f = pl.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, dtype))
     tol = 2e-2 if dtype == BF16 else 2e-5
-    np.testing.assert_allclose(np.asarray(_emulate_mesh(f, x), np.float32),
+    np.testing.assert_allclose(np.asarray(_emulate(f, x), np.float32),
                                np.asarray(jax.lax.erf_inv(x), np.float32), rtol=tol, atol=tol)
 
 
@@ -551,7 +542,7 @@ SHAPES = _shape_cases()
 @pytest.mark.parametrize("name", sorted(SHAPES))
 def test_shape_and_mask_kernels(name: str, m: Any) -> None:
     build, args, want = SHAPES[name]
-    np.testing.assert_allclose(np.asarray(_emulate_mesh(build(m), *args), np.float64),
+    np.testing.assert_allclose(np.asarray(_emulate(build(m), *args), np.float64),
                                np.asarray(want(*args), np.float64), rtol=1e-6)
 
 
@@ -564,13 +555,13 @@ def test_roll_and_bitcast_primitives(ours: bool) -> None:
     for shift, axis in ((3, 1), (1, 0), (250, 1)):
         want = np.concatenate([np.roll(b, shift, axis) for b in np.split(np.asarray(x), 2)])
         np.testing.assert_array_equal(
-            _emulate_mesh(prims.roll_static(mods, shift, axis, backend), x), want)
+            _emulate(prims.roll_static(mods, shift, axis, backend), x), want)
     np.testing.assert_array_equal(
-        _emulate_mesh(prims.roll_strided(mods, 2, 1, 3, 0, backend), x[:8]),
+        _emulate(prims.roll_strided(mods, 2, 1, 3, 0, backend), x[:8]),
         prims._np_roll_strided(np.asarray(x[:8]), 2, 1, 3, 0))
     for shape, src, dst in prims.BITCASTS.values():
         v = prims._random(shape, src, seed=5)
-        got = _emulate_mesh(prims.bitcast_kernel(mods, shape, src, dst, backend), v)
+        got = _emulate(prims.bitcast_kernel(mods, shape, src, dst, backend), v)
         np.testing.assert_array_equal(np.asarray(got).view(np.uint8),
                                       prims._np_bitcast(np.asarray(v), dst).view(np.uint8))
 
@@ -579,7 +570,7 @@ def test_emit_pipeline_matmul_of_ours() -> None:
     import test_tpu_pipeline as pipeline
 
     a, b = pipeline._operands()
-    np.testing.assert_allclose(_emulate_mesh(pipeline.blog_matmul(pl, pltpu), a, b),
+    np.testing.assert_allclose(_emulate(pipeline.blog_matmul(pl, pltpu), a, b),
                                jnp.dot(a, b, preferred_element_type=F32), rtol=2e-2, atol=2e-2)
 
 
@@ -599,4 +590,4 @@ def test_a_talking_kernel_only_some_devices_call_is_reported(
 
     with pytest.raises(_RAISED, match=r"devices \[0\] reached it, devices \[1, 2, 3\] did "
                        r"not within 2 s"):
-        _emulate_mesh(_per_device(mesh, per_device), _x((32, 128)))
+        _emulate(_per_device(mesh, per_device), _x((32, 128)))

@@ -368,6 +368,9 @@ def jax_run(body: Any, ins: list[Any], outs: list[Any]) -> Any:
 
 @pytest.mark.parametrize("name", sorted(P.CASES))
 def test_primitive_module_jax_emits(name: str) -> None:
+    if name == "pack_unpack" and tuple(map(int, jax.__version__.split(".")[:2])) >= (0, 11):
+        pytest.xfail("JAX 0.11's own lowering refuses plsc.pack with needs_layout_passes=True "
+                     "(it asks for astype instead), so it emits no module to emulate")
     body, ins, ref, _ = P.CASES[name]
     outs = P._OUT_SHAPES.get(name, [jnp.zeros((L,), ins[0].dtype)])
     got = emulate_jax(lambda *a: jax_run(body, list(a), outs), *ins)
