@@ -26,7 +26,9 @@ from pallas_core.errors import (
     LoweringError,
     OutOfBoundsError,
     PallasError,
+    PluginConfigError,
     PluginLoadError,
+    PluginLoadWarning,
     UnsupportedError,
     UnsupportedNameError,
 )
@@ -108,7 +110,7 @@ __all__ = [
     "KernelSignatureError", "KernelStages", "KernelTraceError", "load", "loop", "lower_as_mlir",
     "LoweringError", "LoweringRequest", "MemoryRef", "MemorySpace", "Mesh", "multiple_of",
     "next_power_of_2", "no_block_spec", "num_programs", "OutOfBoundsError", "pallas_call",
-    "pallas_call_p", "PallasError", "PluginLoadError", "PrimitiveSemantics", "program_id",
+    "pallas_call_p", "PallasError", "PluginConfigError", "PluginLoadError", "PluginLoadWarning", "PrimitiveSemantics", "program_id",
     "reciprocal", "ReferenceContext", "register_backend", "RevisitMode", "run_scoped",
     "run_state", "semaphore_read", "semaphore_signal", "semaphore_wait", "Slice", "Squeezed",
     "squeezed", "stages", "store", "strides_from_shape", "swap", "UnsupportedError",

@@ -18,6 +18,14 @@ class PluginLoadError(PallasError):
     """A backend plugin failed to import or implements a hook wrongly."""
 
 
+class PluginConfigError(PallasError, ValueError):
+    """An environment variable that controls plugin loading has a value it cannot take."""
+
+
+class PluginLoadWarning(UserWarning):
+    """Installed backend plugins failed to load (warned once, on first use of the plugins)."""
+
+
 class UnsupportedError(PallasError, NotImplementedError):
     """A feature is not supported by the chosen backend."""
 

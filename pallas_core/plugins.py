@@ -3,12 +3,15 @@
 Plugins are loaded lazily, on the first call that needs a backend, never on import.
 Environment variables:
 
-* ``PALLAS_DISABLE_PLUGIN_AUTOLOAD=1``: load no entry points (register plugins by hand with
-  :func:`register_backend`);
+* ``PALLAS_DISABLE_PLUGIN_AUTOLOAD``: ``1`` (or ``true``, ``yes``, ``on``) loads no entry
+  points (register plugins by hand with :func:`register_backend`); ``0`` (``false``, ``no``,
+  ``off``) or unset loads them. Any other value is a ``PluginConfigError``.
+* ``PALLAS_BACKENDS=a,b``: load only the named entry points (an allow-list);
 * ``PALLAS_DISABLED_BACKENDS=a,b``: skip the named entry points.
 
 A plugin that fails to import, to describe itself or to match the hook specifications is
-recorded with its error and reported by name (``python -m pallas_core``); the others load.
+recorded with its error and reported by name (``python -m pallas_core``), and warned about
+once (a ``PluginLoadWarning``) when the plugins are first used; the others load.
 """
 
 from __future__ import annotations
@@ -19,17 +22,27 @@ import importlib.metadata
 import os
 import threading
 import traceback
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import pluggy
 
 from pallas_core import hookspecs
-from pallas_core.errors import BackendNotFoundError, PluginLoadError
+from pallas_core.errors import (
+    BackendNotFoundError,
+    PluginConfigError,
+    PluginLoadError,
+    PluginLoadWarning,
+)
 
 ENTRY_POINT_GROUP = "pallas.backends"
 DISABLE_AUTOLOAD_ENV = "PALLAS_DISABLE_PLUGIN_AUTOLOAD"
 DISABLED_BACKENDS_ENV = "PALLAS_DISABLED_BACKENDS"
+ALLOWED_BACKENDS_ENV = "PALLAS_BACKENDS"
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"", "0", "false", "no", "off"})
 
 KNOWN_PACKAGES: Mapping[str, str] = {
     "interpret": "pallas-interpret",
@@ -111,18 +124,31 @@ class PluginManager:
         with self._lock:
             if self._loaded:
                 return
-            self._loaded = True
             autoload = os.environ.get(DISABLE_AUTOLOAD_ENV, "").strip()
+            if autoload.lower() not in _TRUE | _FALSE:
+                raise PluginConfigError(
+                    f"{DISABLE_AUTOLOAD_ENV}={autoload!r}: expected 1 (or true, yes, on) to "
+                    "load no backend plugins, or 0 (false, no, off) or unset to load them. "
+                    f"Fix: set {DISABLE_AUTOLOAD_ENV}=1 or unset it; to choose the backends "
+                    f"that load, use {ALLOWED_BACKENDS_ENV}=a,b or {DISABLED_BACKENDS_ENV}=a,b.")
+            self._loaded = True
             disabled_env = os.environ.get(DISABLED_BACKENDS_ENV, "")
-            disabled = {n.strip() for n in disabled_env.split(",")}
+            disabled = _names(disabled_env)
+            allowed_env = os.environ.get(ALLOWED_BACKENDS_ENV)
+            allowed = _names(allowed_env) if allowed_env is not None else None
             for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
                 if ep.name in self._backends:
                     continue
-                if autoload not in ("", "0"):
+                if autoload.lower() in _TRUE:
                     self._skipped[ep.name] = (
                         f"{DISABLE_AUTOLOAD_ENV}={autoload}",
                         f"unset {DISABLE_AUTOLOAD_ENV}, or register the backend by hand with "
                         "pl.register_backend")
+                    continue
+                if allowed is not None and ep.name not in allowed:
+                    self._skipped[ep.name] = (
+                        f"{ALLOWED_BACKENDS_ENV}={allowed_env}",
+                        f"add {ep.name!r} to {ALLOWED_BACKENDS_ENV}, or unset it")
                     continue
                 if ep.name in disabled:
                     self._skipped[ep.name] = (
@@ -144,6 +170,13 @@ class PluginManager:
                     self._add(ep.name, plugin, dist)
                 except PluginLoadError as e:
                     self._errors[ep.name] = str(e)
+            if self._errors:
+                failed = "; ".join(f"{name!r}: {why}" for name, why in sorted(
+                    self._errors.items()))
+                warnings.warn(PluginLoadWarning(
+                    f"{len(self._errors)} installed backend plugin(s) failed to load and are "
+                    f"unavailable ({failed}). `python -m pallas_core` lists every backend."),
+                    stacklevel=3)
 
     def register(self, plugin: Any, name: str | None = None) -> Backend:
         """Registers a backend plugin object (or module) by hand; returns it loaded.
@@ -252,6 +285,12 @@ class PluginManager:
                 f"backend {name!r} is installed but was not loaded because {reason} is set. "
                 f"Fix: {fix}."
             )
+        known = {*backends, *self._errors, *self._skipped, *KNOWN_PACKAGES} - {name}
+        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+        if close and name not in KNOWN_PACKAGES:
+            raise BackendNotFoundError(
+                f"no backend named {name!r}; did you mean {close[0]!r}? Installed backends: "
+                f"{installed}. Fix: backend={close[0]!r}.")
         package = KNOWN_PACKAGES.get(name)
         fix = (f"Fix: `pip install {package}`" if package
                else "Fix: install the package that provides it, or check the spelling")
@@ -292,6 +331,11 @@ class PluginManager:
             "backend=NAME, install a backend for this platform (e.g. `pip install "
             "pallas-interpret`), or unset the environment variable that keeps it from loading."
         )
+
+
+def _names(value: str) -> set[str]:
+    """The backend names of a comma-separated environment variable."""
+    return {n.strip() for n in value.split(",") if n.strip()}
 
 
 def _dist_name(ep: importlib.metadata.EntryPoint) -> str:

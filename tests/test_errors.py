@@ -57,10 +57,14 @@ def test_unknown_first_party_backend_names_the_package_and_installed_backends():
 
 
 def test_unknown_third_party_backend_suggests_spelling_and_lists_installed():
-    with _raises(pl.BackendNotFoundError, "no backend named 'intepret'", "interpret",
-                 "check the spelling"):
+    with _raises(pl.BackendNotFoundError, "no backend named 'intepret'",
+                 "did you mean 'interpret'?", "Installed backends:", "interpret"):
         pl.pallas_call(copy_kernel, jax.ShapeDtypeStruct((8,), jnp.float32),
                        backend="intepret")
+    with _raises(pl.BackendNotFoundError, "no backend named 'quantum'", "Installed backends:",
+                 "check the spelling"):
+        pl.pallas_call(copy_kernel, jax.ShapeDtypeStruct((8,), jnp.float32),
+                       backend="quantum")
 
 
 def test_backend_must_be_a_string():

@@ -27,7 +27,8 @@ from pallas_core.stages import kernel_calls
 def _run_python(code: str, tmp_path=None, **env: str) -> subprocess.CompletedProcess[str]:
     """Runs ``code`` in a fresh interpreter (so nothing is loaded yet), with ``env`` added."""
     full_env = {k: v for k, v in os.environ.items()
-                if k not in (plugins.DISABLE_AUTOLOAD_ENV, plugins.DISABLED_BACKENDS_ENV)}
+                if k not in (plugins.DISABLE_AUTOLOAD_ENV, plugins.DISABLED_BACKENDS_ENV,
+                             plugins.ALLOWED_BACKENDS_ENV)}
     full_env["JAX_PLATFORMS"] = "cpu"
     full_env.update(env)
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
@@ -146,6 +147,52 @@ except pl.BackendNotFoundError as e:
     assert "interpret    not loaded: PALLAS_DISABLED_BACKENDS=triton, interpret is set" in main
 
 
+def test_autoload_switch_takes_its_documented_values_only():
+    for value in ("true", "yes", "ON"):
+        out = _check(_run_python("BACKEND = 'interpret'\n" + _EXPECT_NOT_FOUND,
+                                 PALLAS_DISABLE_PLUGIN_AUTOLOAD=value))
+        assert f"was not loaded because PALLAS_DISABLE_PLUGIN_AUTOLOAD={value} is set" in out
+    for value in ("0", "false", "off"):
+        out = _check(_run_python("BACKEND = 'interpret'\n" + _EXPECT_NOT_FOUND,
+                                 PALLAS_DISABLE_PLUGIN_AUTOLOAD=value))
+        assert "no error" in out
+    out = _check(_run_python(_CALL_COPY + """
+try:
+    pl.pallas_call(copy, jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+except pl.PluginConfigError as e:
+    print("PluginConfigError:", e)
+""", PALLAS_DISABLE_PLUGIN_AUTOLOAD="maybe"))
+    assert ("PluginConfigError: PALLAS_DISABLE_PLUGIN_AUTOLOAD='maybe': expected 1 (or true, "
+            "yes, on)") in out
+    assert "Fix: set PALLAS_DISABLE_PLUGIN_AUTOLOAD=1 or unset it" in out
+
+
+def test_allowed_backends_load_and_the_others_are_skipped_by_name():
+    env = {"PALLAS_BACKENDS": "interpret"}
+    out = _check(_run_python("BACKEND = 'triton'\n" + _EXPECT_NOT_FOUND + """
+from pallas_core.plugins import manager
+print("loaded:", sorted(manager.backends()))
+y = pl.pallas_call(copy, jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+print("interpret works:", bool((y == x).all()))
+""", **env))
+    assert ("BackendNotFoundError: backend 'triton' is installed but was not loaded because "
+            "PALLAS_BACKENDS=interpret is set. Fix: add 'triton' to PALLAS_BACKENDS") in out
+    assert "loaded: ['interpret']" in out
+    assert "interpret works: True" in out
+
+
+def test_a_mistyped_backend_name_gets_did_you_mean(jnp_backend):
+    x = jnp.arange(8.0)
+    with pytest.raises(pl.BackendNotFoundError,
+                       match=r"no backend named 'interpet'; did you mean 'interpret'\?.*"
+                             r"Fix: backend='interpret'"):
+        pl.pallas_call(lambda x_ref, o_ref: None, jax.ShapeDtypeStruct(x.shape, x.dtype),
+                       backend="interpet")(x)
+    with pytest.raises(pl.BackendNotFoundError, match=r"no backend named 'cuda_thing'\. "):
+        pl.pallas_call(lambda x_ref, o_ref: None, jax.ShapeDtypeStruct(x.shape, x.dtype),
+                       backend="cuda_thing")(x)
+
+
 def _write_dist(root, dist: str, entry_points: dict[str, str], modules: dict[str, str]):
     """A minimal installed distribution (dist-info) that importlib.metadata finds on the path."""
     info = root / f"{dist}-0.1.dist-info"
@@ -194,6 +241,22 @@ print("interpret still works:", bool((y == x).all()))
     assert "backend 'broken_import' is installed but failed to load" in out
     assert "no GPU driver here" in out
     assert "interpret still works: True" in out
+
+    # Using the plugins at all warns once about the broken ones (not only python -m pallas_core).
+    proc = _run_python(_CALL_COPY + """
+import warnings
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    for _ in range(3):
+        pl.pallas_call(copy, jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+loads = [w for w in seen if issubclass(w.category, pl.PluginLoadWarning)]
+print("warnings:", len(loads))
+print(loads[0].message)
+""", **env)
+    out = _check(proc)
+    assert "warnings: 1" in out
+    assert "2 installed backend plugin(s) failed to load" in out
+    assert "'broken_import': importing" in out and "'misspelt_hook':" in out
 
 
 # --- plugins that implement hooks wrongly (fresh managers, nothing installed) -----------------
