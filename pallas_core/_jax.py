@@ -90,6 +90,13 @@ Slice = state_indexing.Slice
 ds = state_indexing.ds
 get_p = state_primitives.get_p
 swap_p = state_primitives.swap_p
+addupdate_p = state_primitives.addupdate_p
+
+
+def out_of_bound_slice(error: BaseException) -> bool:
+    """Whether ``error`` is JAX's own refusal of a static slice past a Ref's end (raised while
+    the Ref is indexed)."""
+    return isinstance(error, ValueError) and str(error).startswith("Out of bound slice")
 get_ref_and_transforms = state_primitives.get_ref_and_transforms
 transform_array = state_discharge.transform_array
 transform_swap_array = state_discharge.transform_swap_array

@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import functools
 import inspect
+import traceback
 import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -14,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_core import _jax, autodiff
+from pallas_core import _jax, autodiff, bounds
 from pallas_core import grid_mapping as gmap
 from pallas_core import primitives as prims
 from pallas_core.errors import (
@@ -23,6 +24,7 @@ from pallas_core.errors import (
     KernelSignatureError,
     KernelTraceError,
     LoweringError,
+    OutOfBoundsError,
     PallasError,
     UnsupportedError,
 )
@@ -227,6 +229,14 @@ def _source_of(fn: Any) -> str:
         return "<unknown>"
 
 
+def _raised_at(error: BaseException, kernel: Any) -> str:
+    """``file:line`` of the innermost frame of ``error`` in the kernel's file (else the
+    kernel's definition)."""
+    where = getattr(getattr(kernel, "__code__", None), "co_filename", None)
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == where]
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else _source_of(kernel)
+
+
 def _kernel_name(kernel: Any, name: str | None) -> str:
     if name is not None:
         return name
@@ -261,6 +271,14 @@ def trace_kernel(kernel: Callable[..., Any], gm: gmap.GridMapping, in_tree: Any,
         except PallasError:
             raise
         except (ValueError, TypeError, IndexError) as e:
+            if _jax.out_of_bound_slice(e):
+                raise OutOfBoundsError(
+                    f"kernel {kernel_name!r} ({_raised_at(e, kernel)}) indexes a Ref with a "
+                    f"static slice past its end ({e}): out of bounds (the hardware would touch "
+                    "memory outside the block, the interpreter would clamp it). Fix: keep 0 <= "
+                    "start and start + size <= the Ref's size (pl.ds(start, size); a masked "
+                    "access needs only its start inside); to reach other rows, move the block "
+                    "with its index map.") from e
             raise KernelTraceError(
                 f"kernel {kernel_name!r} ({_source_of(kernel)}) failed while being traced: "
                 f"{type(e).__name__}: {e}"
@@ -298,6 +316,7 @@ def trace_kernel(kernel: Callable[..., Any], gm: gmap.GridMapping, in_tree: Any,
             gm = dataclasses.replace(gm, scratch_avals=(*gm.scratch_avals, *barrier))
             jaxpr, _, consts = _jax.trace_to_jaxpr(with_barrier, [*avals, *barrier],
                                                    name=kernel_name, axis_sizes=gm.axis_env)
+    bounds.check_constant_indices(jaxpr, kernel_name)
     shapes = gmap.captured_arrays(consts)
     if shapes:
         raise KernelSignatureError(

@@ -61,7 +61,9 @@ class KernelTraceError(PallasError, ValueError):
 
 
 class OutOfBoundsError(PallasError, IndexError):
-    """An index map returned a block index outside its array."""
+    """An index map returned a block index outside its array, or a kernel indexes a Ref
+    outside its bounds (a constant index or static slice at trace time; checked mode reports
+    the others when the kernel runs)."""
 
 
 class LoweringError(PallasError):

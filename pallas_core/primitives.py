@@ -201,6 +201,8 @@ def _ref_and_transforms(ref: Any, idx: Any, fn: str) -> tuple[Any, tuple[Any, ..
     try:
         return _jax.get_ref_and_transforms(ref, idx, fn)  # type: ignore[no-any-return]
     except (ValueError, TypeError) as e:
+        if _jax.out_of_bound_slice(e):
+            raise  # reported with the kernel's name and the line by the kernel's trace
         raise PallasError(f"pl.{fn}: {e}") from e
 
 

@@ -113,24 +113,21 @@ def _reciprocal(ctx: ReferenceContext, x: Any, *, approx: bool, full_range: bool
 # --- discharge rules --------------------------------------------------------------------
 
 
-def _pad_for_slices(x: Any, transforms: Sequence[Any]) -> tuple[Any, list[Any]]:
-    """Pads ``x`` so that slices starting inside it never get clamped by ``dynamic_slice``.
+def _pad_for_slices(x: Any, idx: Any) -> tuple[Any, Any]:
+    """Pads ``x`` so that the slices of the indexer ``idx`` starting inside it never get
+    clamped by ``dynamic_slice``.
 
     Masked accesses may run past the end of a Ref (masked-off lanes), which ``dynamic_slice``
     would silently shift back inside; padding keeps every lane where the user put it.
     """
-    if len(transforms) != 1 or not isinstance(transforms[0], _jax.NDIndexer):
-        return x, list(transforms)
-    idx = transforms[0]
     pads = []
     for s in idx.indices:
         size = getattr(s, "size", None)
         pads.append(size * s.stride if isinstance(s, _jax.Slice) and isinstance(size, int) else 0)
     if not any(pads):
-        return x, list(transforms)
+        return x, idx
     xp = lax.pad(x, jnp.zeros((), x.dtype), [(0, p, 0) for p in pads])
-    new_idx = _jax.NDIndexer(idx.indices, tuple(xp.shape), idx.int_indexer_shape)
-    return xp, [new_idx]
+    return xp, _jax.NDIndexer(idx.indices, tuple(xp.shape), idx.int_indexer_shape)
 
 
 def _unpad(xp: Any, shape: tuple[int, ...]) -> Any:
@@ -139,24 +136,43 @@ def _unpad(xp: Any, shape: tuple[int, ...]) -> Any:
     return lax.slice(xp, (0,) * len(shape), shape)
 
 
+def _split_last(transforms: Sequence[Any]) -> tuple[list[Any], Any]:
+    """``(view transforms, last indexer)``: the access reads through the view (``x.at[0]``)
+    and then indexes with the last indexer, the one whose slices may run past the end."""
+    if transforms and isinstance(transforms[-1], _jax.NDIndexer):
+        return list(transforms[:-1]), transforms[-1]
+    return list(transforms), None
+
+
 def read_modify_write(x: Any, flat: Sequence[Any], tree: Any,
                       update: Callable[[Any], Any]) -> tuple[Any, Any]:
     """``(old, new_x)``: the view of ``x`` that the Ref transforms ``flat`` (flattened by
     ``tree``) select, and ``x`` with that view replaced by ``update(old)``."""
-    transforms = jax.tree_util.tree_unflatten(tree, flat)
-    xp, tf = _pad_for_slices(x, transforms)
-    old = _jax.transform_array(xp, tf)
-    _, new_xp = _jax.transform_swap_array(xp, tf, update(old))
-    return old, _unpad(new_xp, x.shape)
+    head, last = _split_last(jax.tree_util.tree_unflatten(tree, flat))
+    view = _jax.transform_array(x, head) if head else x
+    if last is None:
+        old, new_view = view, update(view)
+    else:
+        vp, idx = _pad_for_slices(view, last)
+        old = _jax.transform_array(vp, [idx])
+        _, new_vp = _jax.transform_swap_array(vp, [idx], update(old))
+        new_view = _unpad(new_vp, view.shape)
+    if not head:
+        return old, new_view
+    _, new_x = _jax.transform_swap_array(x, head, new_view)
+    return old, new_x
 
 
 def _masked_load_discharge(in_avals: Any, out_avals: Any, x: Any, *args: Any, tree: Any,
                            has_other: bool) -> Any:
     n = tree.num_leaves
     flat, mask = args[:n], args[n]
-    transforms = jax.tree_util.tree_unflatten(tree, flat)
-    xp, tf = _pad_for_slices(x, transforms)
-    val = _jax.transform_array(xp, tf)
+    head, last = _split_last(jax.tree_util.tree_unflatten(tree, flat))
+    view = _jax.transform_array(x, head) if head else x
+    if last is not None:
+        vp, idx = _pad_for_slices(view, last)
+        view = _jax.transform_array(vp, [idx])
+    val = view
     if has_other:
         val = jnp.where(mask, val, args[n + 1])
     return (None,) * (len(args) + 1), val

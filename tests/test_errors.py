@@ -434,3 +434,105 @@ def test_interpret_params_are_validated():
 
     with _raises(pl.PallasError, "InterpretParams(checked='no')", "True or False"):
         InterpretParams(checked="no")
+
+
+# --- constant indices outside a Ref (issue 18: they were clamped silently) --------------------
+
+
+def _oob_read_int(x_ref, o_ref):
+    o_ref[...] = jnp.broadcast_to(x_ref[10], o_ref.shape)
+
+
+def _oob_write_int(x_ref, o_ref):
+    o_ref[...] = x_ref[...]
+    o_ref[9] = x_ref[0]
+
+
+def _oob_write_row_of_a_view(x_ref, o_ref):
+    o_ref[...] = x_ref[...]
+    o_ref.at[pl.ds(0, 4)][5, :] = x_ref[0, :]
+
+
+def _oob_negative(x_ref, o_ref):
+    o_ref[...] = x_ref[...]
+    o_ref[-9] = x_ref[0]
+
+
+def _oob_slice_negative_start(x_ref, o_ref):
+    o_ref[...] = x_ref[...]
+    o_ref[pl.ds(-1, 2)] = x_ref[pl.ds(0, 2)]
+
+
+def _oob_slice_past_the_end(x_ref, o_ref):
+    o_ref[...] = jnp.broadcast_to(x_ref[pl.ds(6, 4)][0], o_ref.shape)
+
+
+def _oob_masked_load(x_ref, o_ref):
+    o_ref[...] = jnp.broadcast_to(pl.load(x_ref, (8, pl.ds(0, 128))), o_ref.shape)
+
+
+def _oob_masked_slice_start(x_ref, o_ref):
+    o_ref[...] = x_ref[...]
+    row = pl.load(x_ref.at[0], pl.ds(130, 128), mask=jnp.arange(128) < 0, other=0.0)
+    o_ref[0] = row
+
+
+_OOB_CASES = {
+    "read x_ref[10]": (_oob_read_int, ["reads index 10 of dimension 0", "shape (8, 128)",
+                                       "-8..7"]),
+    "write o_ref[9]": (_oob_write_int, ["writes index 9 of dimension 0"]),
+    "write a row of a 4-row view": (_oob_write_row_of_a_view, ["writes index 5 of dimension 0",
+                                                                "shape (4, 128)"]),
+    "write o_ref[-9]": (_oob_negative, ["writes index -9"]),
+    "a negative pl.ds start": (_oob_slice_negative_start, ["writes the slice of 2 from -1",
+                                                           "0 <= start and start + size <= 8"]),
+    "a slice past the end": (_oob_slice_past_the_end, ["static slice past its end",
+                                                       "start=6, size=4"]),
+    "pl.load at row 8": (_oob_masked_load, ["reads index 8 of dimension 0"]),
+    "a masked load starting past the end": (_oob_masked_slice_start, [
+        "static slice past its end", "start=130", "a masked access needs only its start"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_OOB_CASES))
+def test_a_constant_index_outside_its_ref_is_refused_at_trace_time(case):
+    kernel, phrases = _OOB_CASES[case]
+    x = _rand((8, 128))
+    line = kernel.__code__.co_firstlineno
+    with _raises(pl.OutOfBoundsError, f"kernel '{kernel.__name__}'", "test_errors.py:",
+                 *phrases) as raised:
+        pl.pallas_call(kernel, _sds(x))(x)
+    assert "Fix:" in str(raised.value)
+    # The line of the access, not of the kernel's def.
+    assert f"test_errors.py:{line})" not in str(raised.value)
+
+
+def test_a_masked_access_may_run_past_the_end_of_its_ref():
+    """A power-of-two masked load over a shorter row (as JAX's Triton softmax does), from 0
+    or from a start computed when the kernel runs."""
+    def kernel(x_ref, o_ref):
+        lanes = jnp.arange(256)
+        row = pl.load(x_ref.at[0], pl.ds(0, 256), mask=lanes < 128, other=-1.0)
+        o_ref[0] = row[:128]
+        start = pl.program_id(0) + 64
+        tail = pl.load(x_ref.at[1], pl.ds(start, 128), mask=jnp.arange(128) < 64, other=-1.0)
+        o_ref[1] = tail
+
+    x = _rand((8, 128))
+    out = np.asarray(pl.pallas_call(kernel, _sds(x), grid=(1,))(x))
+    np.testing.assert_array_equal(out[0], np.asarray(x)[0])
+    want = np.concatenate([np.asarray(x)[1, 64:], -np.ones(64, np.float32)])
+    np.testing.assert_array_equal(out[1], want)
+
+
+def test_constant_indices_inside_the_ref_still_run():
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...]
+        o_ref[-1] = x_ref[-8] + x_ref[7]
+        o_ref[pl.ds(2, 6)] = x_ref[pl.ds(0, 6)]
+
+    x = _rand((8, 128))
+    want = np.asarray(x).copy()
+    want[-1] = want[0] + want[7]
+    want[2:8] = np.asarray(x)[0:6]
+    np.testing.assert_array_equal(pl.pallas_call(kernel, _sds(x))(x), want)
