@@ -107,14 +107,15 @@ LIBRARY_LAUNCH = {
     "attention_mgpu": dict(grid=(1, 2, 2), cluster=(1, 1, 1), block=(384, 1, 1)),
 }
 
-# Why this project's port of each kernel does not lower (issue 17): the names it lacks.
+# Why this project's port of each kernel does not lower (issue 17): the names it lacks, which
+# plgpu refuses with pl.UnsupportedError naming them (pallas_mosaic_gpu/refused.py).
 PORT_GAPS = {
     "hopper_matmul_mgpu": "plgpu lacks LoweringSemantics (the kernel asks for warpgroup "
                           "semantics), BlockSpec with transforms/delay_release, "
                           "TilingTransform, SwizzleTransform, find_swizzle, nd_loop, "
-                          "NDLoopInfo, planar_snake, emit_pipeline_warp_specialized",
+                          "NDLoopInfo, emit_pipeline_warp_specialized",
     "ragged_dot_mgpu": "plgpu lacks LoweringSemantics (warpgroup semantics), BlockSpec with "
-                       "delay_release, nd_loop, NDLoopInfo, planar_snake, transpose_ref",
+                       "delay_release, nd_loop, NDLoopInfo, transpose_ref",
     "attention_mgpu": "plgpu lacks TilingTransform, SwizzleTransform, BlockSpec, Layout, "
                       "layout_cast, load(layout=), broadcasted_iota, transpose_ref, "
                       "set_max_registers, commit_smem_to_gmem_group, "
@@ -135,7 +136,7 @@ def test_jax_lowers_its_library_kernel(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.xfail(strict=True, raises=AttributeError,
+    pytest.param(n, marks=pytest.mark.xfail(strict=True, raises=pl.UnsupportedError,
                                             reason=PORT_GAPS[n]))
     for n in LIBRARY])
 def test_port_lowers_like_jax(name: str) -> None:
