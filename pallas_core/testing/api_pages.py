@@ -29,7 +29,7 @@ import jax
 
 import pallas_core as pl
 
-STATUSES = ("supported", "core", "not yet", "not applicable")
+STATUSES = ("supported", "core", "not yet", "refused", "not applicable")
 JAX_VERSION = tuple(int(re.match(r"\d+", p).group()) for p in  # type: ignore[union-attr]
                     jax.__version__.split(".")[:2])
 VERSION_MARK = re.compile(r"(New|Removed|Deprecated) in (\d+)\.(\d+)")

@@ -107,14 +107,15 @@ LIBRARY_LAUNCH = {
     "attention_mgpu": dict(grid=(1, 2, 2), cluster=(1, 1, 1), block=(384, 1, 1)),
 }
 
-# Why this project's port of each kernel does not lower (issue 17): the names it lacks.
+# Why this project's port of each kernel does not lower (issue 17): the names it lacks, which
+# plgpu refuses with pl.UnsupportedError naming them (pallas_mosaic_gpu/refused.py).
 PORT_GAPS = {
     "hopper_matmul_mgpu": "plgpu lacks LoweringSemantics (the kernel asks for warpgroup "
                           "semantics), BlockSpec with transforms/delay_release, "
                           "TilingTransform, SwizzleTransform, find_swizzle, nd_loop, "
-                          "NDLoopInfo, planar_snake, emit_pipeline_warp_specialized",
+                          "NDLoopInfo, emit_pipeline_warp_specialized",
     "ragged_dot_mgpu": "plgpu lacks LoweringSemantics (warpgroup semantics), BlockSpec with "
-                       "delay_release, nd_loop, NDLoopInfo, planar_snake, transpose_ref",
+                       "delay_release, nd_loop, NDLoopInfo, transpose_ref",
     "attention_mgpu": "plgpu lacks TilingTransform, SwizzleTransform, BlockSpec, Layout, "
                       "layout_cast, load(layout=), broadcasted_iota, transpose_ref, "
                       "set_max_registers, commit_smem_to_gmem_group, "
@@ -135,7 +136,7 @@ def test_jax_lowers_its_library_kernel(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.xfail(strict=True, raises=AttributeError,
+    pytest.param(n, marks=pytest.mark.xfail(strict=True, raises=pl.UnsupportedError,
                                             reason=PORT_GAPS[n]))
     for n in LIBRARY])
 def test_port_lowers_like_jax(name: str) -> None:
@@ -211,6 +212,24 @@ def _jax_matmul(a: jax.Array, b: jax.Array, tile: int = 128, tile_k: int = 64) -
             max_concurrent_steps=2))(a, b)
 
 
+def _jax_softmax(x: jax.Array, block_rows: int = 64) -> jax.Array:
+    """K.softmax as JAX writes it for a block wider than one TMA box (256 elements): JAX needs
+    the SMEM blocks tiled (8, 32) with a 128-byte swizzle (an untiled (64, 384) float32 box is
+    refused), where this plugin splits the copy; JAX's row layouts take no keepdims."""
+    swizzled = (jgpu.TilingTransform((8, 32)), jgpu.SwizzleTransform(128))
+
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        v = x_ref[...]
+        rows = functools.partial(lax.broadcast_in_dim, shape=v.shape, broadcast_dimensions=(0,))
+        e = jnp.exp(v - rows(jnp.max(v, axis=1)))
+        o_ref[...] = e / rows(jnp.sum(e, axis=1))
+
+    spec = jgpu.BlockSpec((block_rows, x.shape[1]), lambda i: (i, 0), transforms=swizzled)
+    return jpl.pallas_call(  # type: ignore[no-any-return]
+        kernel, S(x.shape, x.dtype), grid=(x.shape[0] // block_rows,), in_specs=[spec],
+        out_specs=spec, compiler_params=jgpu.CompilerParams())(x)
+
+
 def _clusters(kernel: Any, **kw: Any) -> Any:
     """Clusters of 2 blocks, 2 warpgroups per block, each writing its own row."""
     def body(o_ref: Any) -> None:
@@ -238,6 +257,10 @@ PLUGIN_KERNELS: dict[str, tuple[Any, Any, tuple[S, ...], dict[str, tuple[Any, An
     "matmul": (K.matmul, _jax_matmul, (H2D, H2D),
                {"grid": ((4, 1, 1), (2, 2, 1)),
                 "smem_bytes": (3 * 32768 + 2 * 2 * 8, 4 * 32768 + 2 * 8)}),
+    # (64, 384) float32 blocks, above one TMA box: one buffer each way in both; JAX reserves
+    # 2 KiB more (for its reductions).
+    "softmax_wide": (K.softmax, _jax_softmax, (S((256, 384), F32),),
+                     {"smem_bytes": (2 * 98304 + 8, 2 * 98304 + 2048 + 8)}),
     "clusters": (lambda: _clusters(plgpu.kernel, backend="mosaic_gpu"),
                  lambda: _clusters(jgpu.kernel), (), {}),
 }

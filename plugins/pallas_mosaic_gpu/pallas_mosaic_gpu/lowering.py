@@ -43,6 +43,7 @@ from pallas_core.grid_mapping import BlockMapping
 from pallas_core.mlir_lowering import LoweringState, element_type, is_float, is_unsigned
 from pallas_core.request import KernelCall
 from pallas_mosaic_gpu import primitives as gp
+from pallas_mosaic_gpu import tma
 from pallas_mosaic_gpu.params import (
     ACC_SPACE,
     GMEM,
@@ -619,18 +620,18 @@ def _emit(state: GPULowering, pl_: Plan, gmem: list[Any], smem: list[Any],
         buf, bars, tiled = in_bufs[k]
         bm = ins[k]
         dst = mgpu.memref_slice(buf, index(slot))
-        state.launch.async_copy(
-            src_ref=gmem[k], dst_ref=dst, gmem_slice=window(bm, step),
-            gmem_transform=(tile_transform(bm.dtype),) if tiled else (),
-            swizzle=SWIZZLE if tiled else None, barrier=bars[index(slot)])
+        tma.copy(state.launch, gmem=gmem[k], smem=dst, window=window(bm, step), to_smem=True,
+                 barrier=bars[index(slot)], aligned=True, kernel=state.call.name,
+                 tiling=tile_transform(bm.dtype) if tiled else None,
+                 swizzle=SWIZZLE if tiled else None)
 
     def store_out(k: int, step: Any) -> None:
         buf, tiled = out_bufs[k]
         bm = outs[k]
-        state.launch.async_copy(
-            src_ref=buf, dst_ref=gmem[n_in + k], gmem_slice=window(bm, step),
-            gmem_transform=(tile_transform(bm.dtype),) if tiled else (),
-            swizzle=SWIZZLE if tiled else None)
+        tma.copy(state.launch, gmem=gmem[n_in + k], smem=buf, window=window(bm, step),
+                 to_smem=False, aligned=True, kernel=state.call.name,
+                 tiling=tile_transform(bm.dtype) if tiled else None,
+                 swizzle=SWIZZLE if tiled else None)
 
     for j in range(min(slots, steps)):
         for k in in_bufs:
@@ -1373,10 +1374,10 @@ def _gmem_window(state: GPULowering, eqn: Any, args: Sequence[Any], role: int
 def _copy_in(state: GPULowering, eqn: Any, *args: Any, **_: Any) -> Any:
     _src_view, dst, bar = _views(state, eqn, args)
     src, window = _gmem_window(state, eqn, args, 0)
-    state.launch.async_copy(
-        src_ref=src, dst_ref=dst.memref, gmem_slice=window,
-        gmem_transform=(tile_transform(dst.dtype),) if dst.tiled else (),
-        swizzle=SWIZZLE if dst.tiled else None, barrier=bar.barrier)
+    tma.copy(state.launch, gmem=src, smem=dst.memref, window=window, to_smem=True,
+             barrier=bar.barrier, aligned=False, kernel=state.call.name,
+             tiling=tile_transform(dst.dtype) if dst.tiled else None,
+             swizzle=SWIZZLE if dst.tiled else None)
     return []
 
 
@@ -1384,10 +1385,10 @@ def _copy_in(state: GPULowering, eqn: Any, *args: Any, **_: Any) -> Any:
 def _copy_out(state: GPULowering, eqn: Any, *args: Any, **_: Any) -> Any:
     src, _dst_view = _views(state, eqn, args)
     dst, window = _gmem_window(state, eqn, args, 1)
-    state.launch.async_copy(
-        src_ref=src.memref, dst_ref=dst, gmem_slice=window,
-        gmem_transform=(tile_transform(src.dtype),) if src.tiled else (),
-        swizzle=SWIZZLE if src.tiled else None)
+    tma.copy(state.launch, gmem=dst, smem=src.memref, window=window, to_smem=False,
+             aligned=False, kernel=state.call.name,
+             tiling=tile_transform(src.dtype) if src.tiled else None,
+             swizzle=SWIZZLE if src.tiled else None)
     return []
 
 

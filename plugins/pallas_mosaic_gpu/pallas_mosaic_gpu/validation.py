@@ -8,12 +8,12 @@ import numpy as np
 
 from pallas_core.errors import BlockSpecError, UnsupportedError
 from pallas_core.request import KernelCall
+from pallas_mosaic_gpu import tma
+from pallas_mosaic_gpu.lowering import is_tileable
 from pallas_mosaic_gpu.params import ACC_SPACE, GMEM, BarrierSpace, GPUCompilerParams
 
 SMEM_BYTES = 227 * 1024
 """Shared memory one thread block may use on Hopper (sm_90)."""
-TMA_MAX_BOX = 256
-"""The largest extent of one dimension of a TMA copy."""
 
 
 def _aligned(nbytes: int) -> int:
@@ -45,11 +45,11 @@ def check(call: KernelCall) -> None:
                 f"kernel {call.name!r}, {bm.origin}: block shape {bm.block_shape} has a minor "
                 f"dimension of {shape[-1] * dt.itemsize} bytes; TMA copies move multiples of 16 "
                 f"bytes. Fix: make the last block dimension a multiple of {16 // dt.itemsize}.")
-        if any(d > TMA_MAX_BOX for d in bm.full_block_shape):
+        problem = None if is_tileable(shape, dt) else \
+            tma.split_problem(shape, bm.array_shape[-1], dt.itemsize)
+        if problem:
             raise BlockSpecError(
-                f"kernel {call.name!r}, {bm.origin}: block shape {bm.block_shape} has a "
-                f"dimension above {TMA_MAX_BOX}, the most one TMA copy moves. Fix: use blocks of "
-                f"at most {TMA_MAX_BOX} per dimension (and more grid steps).")
+                f"kernel {call.name!r}, {bm.origin}: block shape {bm.block_shape}: {problem}.")
         buffers = params.max_concurrent_steps if k < len(bms) - n_out else 1
         # Each buffer starts at a multiple of 1024 bytes (lowering.SMEM_ALIGNMENT).
         used += buffers * _aligned(math.prod(shape) * dt.itemsize)

@@ -9,6 +9,9 @@ installed JAX, ``plgpu`` and ``pl``.
 * ``supported`` rows exist as ``plgpu.<name>``, and every JAX name ``plgpu`` exports is marked
   ``supported`` (implementing something fails here until the page says so);
 * ``core`` rows name (first ``pl.<attr>`` in their notes) an attribute ``pl`` has;
+* every name not ``supported`` (``refused``, ``core``, ``not applicable``) exists as
+  ``plgpu.<name>`` and raises ``pl.UnsupportedError`` naming it when called or when an
+  attribute of it is read (``pallas_mosaic_gpu.refused``); no row is ``not yet``;
 * the page's section on older spellings stays true: ``Barrier(num_threads=...)`` is
   ``Barrier(num_arrivals=...)``, and ``pl.load`` takes no ``memory_space``.
 
@@ -18,6 +21,7 @@ The table checks are ``pallas_core.testing.api_pages``'s, shared with the other 
 from __future__ import annotations
 
 import inspect
+import re
 from pathlib import Path
 
 import pytest
@@ -47,3 +51,44 @@ def test_older_spellings_section_holds() -> None:
         "TypeError. Fix: rewrite the section on older spellings.")
     with pytest.raises(TypeError, match="memory_space"):
         pl.load(None, ..., memory_space=plgpu.SMEM)
+
+
+NOT_SUPPORTED = sorted(r.name for r in PAGE.rows if r.status != "supported")
+
+
+def test_every_name_is_supported_or_refused() -> None:
+    undecided = [PAGE.where(r) for r in PAGE.rows if r.status == "not yet"]
+    assert not undecided, (
+        f"rows still 'not yet': {undecided}. Fix: implement them (status 'supported') or refuse "
+        "them in pallas_mosaic_gpu/refused.py (status 'refused').")
+
+
+@pytest.mark.parametrize("name", NOT_SUPPORTED)
+def test_unsupported_name_raises_naming_itself(name: str) -> None:
+    obj = getattr(plgpu, name)
+    named = rf"plgpu\.{name}\b.*Fix: "
+    with pytest.raises(pl.UnsupportedError, match=named):
+        obj(1, key=2)
+    with pytest.raises(pl.UnsupportedError, match=named):
+        obj.Member  # noqa: B018 - an enum member or class attribute of JAX's
+    assert name not in plgpu.__all__
+
+
+def test_refusal_table_matches_the_page() -> None:
+    from pallas_mosaic_gpu import refused
+    rows = PAGE.by_name
+    stale = sorted(n for n in refused.REFUSED if n not in rows or rows[n].status == "supported")
+    assert not stale, (
+        f"pallas_mosaic_gpu/refused.py refuses {stale}, which {PAGE.path.name} marks supported "
+        "or does not list. Fix: remove them from refused.REFUSED.")
+    for name in NOT_SUPPORTED:
+        assert not re.search(r"[.:]$", refused.REFUSED[name][1][1]), name  # message adds it
+
+
+def test_supported_names_are_real() -> None:
+    from pallas_mosaic_gpu.refused import Refused
+    fake = [r.name for r in PAGE.rows
+            if r.status == "supported" and isinstance(getattr(plgpu, r.name), Refused)]
+    assert not fake, f"rows marked supported but refused by plgpu: {fake}"
+    with pytest.raises(AttributeError):
+        plgpu.no_such_name  # noqa: B018

@@ -58,9 +58,11 @@ def test_block_minor_dimension_must_be_16_bytes() -> None:
         lower(copy_kernel((8, 2)), jnp.ones((16, 2)))
 
 
-def test_block_dimension_above_tma_box() -> None:
-    with pytest.raises(pl.PallasError, match="at most 256"):
-        lower(copy_kernel((512, 128)), jnp.ones((1024, 128)))
+def test_block_dimensions_above_tma_box() -> None:
+    """A block is split into several TMA copies along one leading dimension only (and its
+    minor dimension cut into rows), so two leading dimensions above 256 are refused."""
+    with pytest.raises(pl.PallasError, match=r"dimensions \[0, 1\] are above 256"):
+        lower(copy_kernel((512, 512, 16), jnp.int8), jnp.ones((512, 512, 16), jnp.int8))
 
 
 def test_shared_memory_budget() -> None:

@@ -1,0 +1,197 @@
+"""The names of ``jax.experimental.pallas.mosaic_gpu`` that this backend refuses, from one table.
+
+``plgpu.<name>`` exists for each of them (the package's module ``__getattr__`` hands out
+:class:`Refused` objects), so that ported code imports and fails where it uses the name:
+calling it (a function), constructing it (a class) or reading one of its attributes (an enum
+member such as ``plgpu.LoweringSemantics.Warpgroup``) raises
+:class:`pallas_core.errors.UnsupportedError` naming ``plgpu.<name>``, why it is refused and the
+fix. docs/backends/mosaic_gpu_api.md lists the same names as ``refused``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NoReturn
+
+from pallas_core.errors import UnsupportedError, UnsupportedNameError
+
+# Why a group of names is refused, and the usual fix: (why, fix).
+_BLACKWELL = ("TMEM and tcgen05 are Blackwell's (sm_100) and this backend targets Hopper "
+              "(sm_90a)", "use plgpu.wgmma into a plgpu.ACC accumulator and plgpu.wgmma_wait")
+_DEVICES = ("this backend has no multi-device support (remote Refs, multicast, multimem, GPU "
+            "semaphores)", "communicate outside the kernel with collectives (jax.lax.psum, "
+                           "jax.lax.ppermute under shard_map)")
+_CLC = ("cluster launch control (dynamic scheduling of blocks) is Blackwell's (sm_100)",
+        "in a plgpu.kernel, loop with lax.fori_loop over a static share of the work")
+_LAYOUTS = ("the backend chooses register layouts itself (2-D arrays whose shape is a multiple "
+            "of (64, 8) use the wgmma layout, other arrays a strided one)", "drop it")
+_TRANSFORMS = ("the backend chooses SMEM tiling and swizzles itself (buffers whose two minor "
+               "dimensions are multiples of 64 in a 16-bit dtype are tiled (8, 64) with a "
+               "128-byte swizzle, others left plain)", "drop the transforms")
+_CLUSTER = ("blocks of a cluster cannot reach each other's shared memory or barriers here",
+            "exchange data through GMEM and synchronise with separate kernels")
+_WARPS = ("this backend runs code per warpgroup (lane semantics), without warp "
+          "specialisation", "use plgpu.emit_pipeline, and lax.axis_index of the thread axis "
+                            "for per-warpgroup work")
+_PERSISTENT = ("this backend has no persistent-kernel loops over collective axes",
+               "write lax.fori_loop over linear indices and unravel them")
+_HINT = ("only timing depends on it, and this backend does not emit it", "drop the call")
+
+_CORE = "this backend takes the core's name (import pallas_core as pl)"
+_INTERPRET = ("the interpreter is a backend of its own here", "pass backend='interpret' (and "
+              "compiler_params=pallas_interpret.InterpretParams(...) for its options)")
+
+# name: (what it is in JAX, (why, fix)): the "refused" rows of docs/backends/mosaic_gpu_api.md,
+# and its "core" and "not applicable" rows, whose fix names the equivalent.
+REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
+    "as_torch_kernel": ("makes a kernel callable on PyTorch tensors",
+                        ("kernels here take and return JAX arrays",
+                         "exchange tensors with PyTorch through jax.dlpack")),
+    "BlockSpec": ("a BlockSpec with GPU fields", (_CORE, "use pl.BlockSpec(block_shape, "
+                                                  "index_map, memory_space=...)")),
+    "force_gpu_interpret_mode": ("runs GPU kernels in JAX's interpreter", _INTERPRET),
+    "InterpretGPUParams": ("options of JAX's GPU interpreter", _INTERPRET),
+    "load": ("a load in a given register layout", (_CORE, "use pl.load(ref, idx) or ref[idx]")),
+    "MemorySpace": ("the GPU memory spaces", (_CORE, "use plgpu.GMEM, plgpu.SMEM or plgpu.TMEM "
+                                              "(instances of pl.MemorySpace)")),
+    "set_gpu_interpret_mode": ("makes JAX interpret GPU kernels from then on", _INTERPRET),
+    "wait_gmem_to_smem": ("waits for pre-Hopper cp.async copies",
+                          ("plgpu.copy_gmem_to_smem is a TMA copy completing a barrier here",
+                           "wait with plgpu.barrier_wait(barrier)")),
+    "async_copy_scales_to_tmem": ("copies block-scaling factors from SMEM to TMEM", _BLACKWELL),
+    "async_copy_smem_to_tmem": ("copies an SMEM buffer into TMEM", _BLACKWELL),
+    "async_copy_sparse_metadata_to_tmem": ("copies sparsity metadata to TMEM", _BLACKWELL),
+    "async_load_tmem": ("starts reading a TMEM buffer into registers", _BLACKWELL),
+    "async_prefetch": ("prefetches a GMEM Ref into the L2 cache", _HINT),
+    "async_store_smem": ("stores into the SMEM of another block of the cluster", _CLUSTER),
+    "async_store_tmem": ("stores registers into TMEM", _BLACKWELL),
+    "barrier_test": ("tests a barrier's phase without blocking",
+                     ("barriers here are only waited for", "use plgpu.barrier_wait")),
+    "broadcasted_iota": ("an iota in a given register layout",
+                         (_LAYOUTS[0], "use jax.lax.broadcasted_iota(dtype, shape, dimension)")),
+    "cluster_ref": ("a view of an SMEM buffer in another block of the cluster", _CLUSTER),
+    "ClusterBarrier": ("an mbarrier shared by the blocks along cluster axes", _CLUSTER),
+    "commit_smem_to_gmem_group": (
+        "closes a group of SMEM-to-GMEM copies",
+        ("every plgpu.copy_smem_to_gmem is a bulk group of its own here",
+         "drop it, and wait with plgpu.wait_smem_to_gmem(n)")),
+    "commit_tmem": ("makes TMEM writes visible to tcgen05_mma", _BLACKWELL),
+    "CopyPartition": ("how a collective copy is split among the blocks of a cluster", _CLUSTER),
+    "dynamic_scheduling_loop": ("a persistent loop claiming grid points at run time", _CLC),
+    "emit_pipeline_warp_specialized": ("a pipeline fed by a memory warpgroup", _WARPS),
+    "find_swizzle": ("the widest swizzle a minor dimension allows", _TRANSFORMS),
+    "format_tcgen05_sparse_metadata": ("orders sparsity metadata for tcgen05_mma", _BLACKWELL),
+    "griddepcontrol_launch_dependents": ("lets the next kernel start early (programmatic "
+                                         "dependent launch)", _HINT),
+    "griddepcontrol_wait": ("waits for the kernel this one depends on (programmatic "
+                            "dependent launch); kernels here run one after another", _HINT),
+    "inline_mgpu": ("inlines code written against the Mosaic GPU library",
+                    ("kernels cannot hold code written for jax.experimental.mosaic.gpu",
+                     "write the operation with plgpu and jax.numpy")),
+    "Layout": ("the register layouts of load, layout_cast and broadcasted_iota", _LAYOUTS),
+    "layout_cast": ("moves an array into a given register layout", _LAYOUTS),
+    "LoweringSemantics": ("the lowering semantics enum (Lane, Warpgroup)",
+                          ("only lane semantics exist here",
+                           "pass CompilerParams(lowering_semantics='lane'), or leave it out")),
+    "mma": ("acc + a @ b with pre-Hopper MMA instructions",
+            ("this backend targets Hopper's wgmma", "write jnp.dot or plgpu.wgmma")),
+    "multicast_ref": ("a Ref whose writes reach every device along mesh axes", _DEVICES),
+    "multimem_load_reduce": ("reads and reduces a buffer over devices", _DEVICES),
+    "multimem_store": ("stores an array to a buffer on every device", _DEVICES),
+    "nd_loop": ("a loop over a grid shared among collective axes", _PERSISTENT),
+    "NDLoopInfo": ("what an nd_loop body receives", _PERSISTENT),
+    "OOBFillMode": ("what out-of-bounds elements of a TMA load become",
+                    ("out-of-bounds elements of a TMA load are zeros here; no mode can be "
+                     "chosen", "drop oob_mode=")),
+    "PeerMemRef": ("the buffer of remote_ref on another device", _DEVICES),
+    "PipelinePipeline": ("the stage of a warp-specialised pipeline", _WARPS),
+    "print_layout": ("prints the layout chosen for an array or Ref",
+                     (_LAYOUTS[0], "drop it; the rules are on docs/backends/mosaic_gpu_api.md")),
+    "query_cluster_cancel": ("decodes the grid point try_cluster_cancel claimed", _CLC),
+    "RefType": ("marks an inline_mgpu argument as a Ref",
+                ("kernels cannot hold code written for jax.experimental.mosaic.gpu",
+                 "write the operation with plgpu and jax.numpy")),
+    "RefUnion": ("scratch buffers sharing one SMEM region",
+                 ("scratch buffers here do not share memory",
+                  "allocate them separately, or reuse one buffer")),
+    "REGS": ("the register memory space",
+             ("arrays are plain values here and accumulators are allocated with plgpu.ACC",
+              "use plgpu.ACC((M, N), dtype) for a wgmma accumulator")),
+    "remote_ref": ("the same symmetric buffer on another device", _DEVICES),
+    "Replicated": ("a replicated dimension of a register layout", _LAYOUTS),
+    "semaphore_signal": ("increments a GPU semaphore", _DEVICES),
+    "semaphore_signal_multicast": ("signals a semaphore on every device along axes", _DEVICES),
+    "semaphore_signal_parallel": ("issues several semaphore signals", _DEVICES),
+    "semaphore_wait": ("waits for a GPU semaphore", _DEVICES),
+    "SemaphoreSignal": ("one signal for semaphore_signal_parallel", _DEVICES),
+    "SemaphoreType": ("the kinds of GPU semaphores", _DEVICES),
+    "set_max_registers": ("changes a warpgroup's register budget (setmaxnreg)",
+                          (_WARPS[0] + "; the compiler assigns registers", "drop the call")),
+    "SwizzleTransform": ("a swizzle of an SMEM buffer", _TRANSFORMS),
+    "tcgen05_commit_arrive": ("completes a barrier after earlier tcgen05 work", _BLACKWELL),
+    "tcgen05_mma": ("Blackwell's asynchronous matmul into TMEM", _BLACKWELL),
+    "Tiling": ("a tiling expression of a register layout", _LAYOUTS),
+    "TilingTransform": ("a tiling of an SMEM buffer", _TRANSFORMS),
+    "TMEMLayout": ("layouts of TMEM buffers", _BLACKWELL),
+    "TraceScope": ("what the in-kernel profiler records",
+                   ("there is no in-kernel profiler here",
+                    "profile the whole kernel with jax.profiler")),
+    "Transform": ("the base class of Ref transforms", _TRANSFORMS),
+    "transform_ref": ("applies a Ref transform", _TRANSFORMS),
+    "transpose_ref": ("a transposed view of an SMEM Ref",
+                      ("Refs are not transformed here",
+                       "write jnp.dot(x, b_ref[...].T), which reads the SMEM block "
+                       "transposed as a wgmma operand")),
+    "try_cluster_cancel": ("claims the work of a block not yet launched", _CLC),
+    "TryClusterCancelResult": ("scratch for the answers of try_cluster_cancel", _CLC),
+    "wait_load_tmem": ("waits for earlier async_load_tmem", _BLACKWELL),
+    "warp_map": ("runs a function once per warp of the warpgroup", _WARPS),
+    "WarpMesh": ("a mesh over the warps of a warpgroup", _WARPS),
+    "wgmma_accumulator_load": (
+        "reads an accumulator once at most n wgmma are pending",
+        ("an accumulator is read after all pending wgmma here",
+         "call plgpu.wgmma_wait(n), then read acc_ref[...]")),
+    "WGMMAAccumulatorRef": ("JAX's accumulator class",
+                            ("plgpu.ACC is a function returning a scratch description here",
+                             "allocate accumulators with plgpu.ACC((M, N), dtype)")),
+}
+
+
+def message(name: str) -> str:
+    """The refusal of ``plgpu.<name>``: what it is, why it is refused and the fix."""
+    what, (why, fix) = REFUSED[name]
+    return (f"plgpu.{name} ({what} in jax.experimental.pallas.mosaic_gpu) is not supported by "
+            f"the mosaic_gpu backend: {why}. Fix: {fix}.")
+
+
+class Refused:
+    """``plgpu.<name>`` for a refused name: using it raises ``UnsupportedError``."""
+
+    __slots__ = ("_name",)
+
+    def __init__(self, name: str) -> None:
+        object.__setattr__(self, "_name", name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise UnsupportedError(message(self._name))
+
+    def __getattr__(self, attr: str) -> NoReturn:
+        if attr.startswith("__"):
+            raise AttributeError(attr)  # protocols (copy, pickle, inspect) see a plain object
+        raise UnsupportedNameError(f"{message(self._name)} (reading .{attr})")
+
+    def __getitem__(self, key: Any) -> NoReturn:
+        raise UnsupportedError(message(self._name))
+
+    def __repr__(self) -> str:
+        return f"<plgpu.{self._name}: refused>"
+
+
+_OBJECTS = {name: Refused(name) for name in REFUSED}
+
+
+def module_getattr(name: str) -> Refused:
+    """The ``__getattr__`` of ``pallas_mosaic_gpu``: a :class:`Refused` for refused names."""
+    try:
+        return _OBJECTS[name]
+    except KeyError:
+        raise AttributeError(f"module 'pallas_mosaic_gpu' has no attribute {name!r}") from None
