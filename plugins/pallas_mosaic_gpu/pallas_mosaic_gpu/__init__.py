@@ -7,6 +7,7 @@ Kernels are built with JAX's Mosaic GPU library for Hopper (sm_90a) and emitted 
 
 from __future__ import annotations
 
+from pallas_mosaic_gpu.loops import NDLoopInfo, nd_loop, planar_snake
 from pallas_mosaic_gpu.params import (
     ACC,
     GMEM,
@@ -20,7 +21,6 @@ from pallas_mosaic_gpu.params import (
     ShapeDtypeStruct,
     kernel,
 )
-from pallas_mosaic_gpu.loops import NDLoopInfo, nd_loop, planar_snake
 from pallas_mosaic_gpu.pipeline import (
     atomic_add,
     atomic_and,

@@ -87,10 +87,8 @@ def _access_slices(eqn: Any, positions: list[int], tree: Any, shape: tuple[int, 
         n_refs = max(roles) + 1 if roles else 0
         leaves = eqn.invars[n_refs:n_refs + tree.num_leaves]
         per_role = jax.tree_util.tree_unflatten(tree, list(leaves))
-        for r, ts in zip(roles, per_role):
-            if r in positions and _slices_minor(ts, shape):
-                return True
-        return False
+        return any(r in positions and _slices_minor(ts, shape)
+                   for r, ts in zip(roles, per_role))
     n_before = len(eqn.invars) - tree.num_leaves  # get: the Ref; swap: the Ref and the value
     if 0 not in positions:
         return False

@@ -184,7 +184,7 @@ def test_lowering_semantics_enum_of_jax_is_accepted() -> None:
     for members in (LoweringSemantics, plgpu.LoweringSemantics):
         for member in (members.Lane, members.Warpgroup):
             assert plgpu.CompilerParams(lowering_semantics=member).lowering_semantics == "lane"
-    with pytest.raises(pl.PallasError, match="Lane or .Warpgroup"):
+    with pytest.raises(pl.PallasError, match=r"Lane or \.Warpgroup"):
         plgpu.CompilerParams(lowering_semantics=LoweringSemantics.Thread)
 
 
