@@ -115,7 +115,11 @@ LIBRARY_LAUNCH = {
 
 # Why this project's port of a kernel does not lower yet (issue 17): the names it lacks.
 PORT_GAPS = {
-    "hopper_matmul_mgpu": "plgpu lacks emit_pipeline_warp_specialized",
+    "hopper_matmul_mgpu": "plgpu lacks emit_pipeline_warp_specialized (its get_allocations, "
+                          "allocations=, compute_context, memory_registers); the kernel also "
+                          "needs pl.run_scoped(collective_axes='wg') (SMEM shared by the "
+                          "warpgroups) and wgmma on tile-aligned slices of tiled SMEM "
+                          "(b_smem.at[:, wg_n_slice])",
     "attention_mgpu": "pl.run_scoped(collective_axes=...) (SMEM shared by the warpgroups) "
                       "is refused; plgpu lacks Layout, layout_cast, load(layout=), "
                       "broadcasted_iota, set_max_registers, commit_smem_to_gmem_group, "
