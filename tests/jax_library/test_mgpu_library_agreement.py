@@ -8,8 +8,11 @@ call's config, operand and result types and layouts, and the module's ``gpu.laun
 cluster, threads per block, dynamic shared memory) and target architecture.
 
 * JAX's kernel library (``hopper_matmul_mgpu``, ``ragged_dot_mgpu``, ``attention_mgpu``):
-  JAX's lowering is checked against the launch its parameters imply; the ported modules
-  (``porting.ported``) do not lower here yet (issue 17), which the strict xfails record.
+  JAX's lowering is checked against the launch its parameters imply. The ported modules
+  (``porting.ported``) are lowered too and compared with it: ragged_dot's port lowers like
+  JAX's (the differences pinned with their reasons) and runs in the interpreter against
+  ``lax.ragged_dot``; the ports that do not lower yet (issue 17) are strict xfails naming
+  what they lack.
 * This plugin's own kernels (``pallas_mosaic_gpu.kernels``), written again with JAX's
   ``plgpu``: the differences that remain are design choices, pinned exactly below.
 """
@@ -22,11 +25,14 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax import lax
 from jax.experimental import pallas as jpl
 
 import pallas_core as pl
+from pallas_core.call import force_interpret_mode
+from pallas_core.stages import kernel_calls
 from tests.jax_library import porting
 
 plgpu = pytest.importorskip("pallas_mosaic_gpu")  # the mosaic_gpu environment runs this file
@@ -107,19 +113,30 @@ LIBRARY_LAUNCH = {
     "attention_mgpu": dict(grid=(1, 2, 2), cluster=(1, 1, 1), block=(384, 1, 1)),
 }
 
-# Why this project's port of each kernel does not lower (issue 17): the names it lacks, which
-# plgpu refuses with pl.UnsupportedError naming them (pallas_mosaic_gpu/refused.py).
+# Why this project's port of a kernel does not lower yet (issue 17): what it lacks (plgpu
+# refuses the names it does not have with pl.UnsupportedError naming them).
 PORT_GAPS = {
-    "hopper_matmul_mgpu": "plgpu lacks LoweringSemantics (the kernel asks for warpgroup "
-                          "semantics), BlockSpec with transforms/delay_release, "
-                          "TilingTransform, SwizzleTransform, find_swizzle, nd_loop, "
-                          "NDLoopInfo, emit_pipeline_warp_specialized",
-    "ragged_dot_mgpu": "plgpu lacks LoweringSemantics (warpgroup semantics), BlockSpec with "
-                       "delay_release, nd_loop, NDLoopInfo, transpose_ref",
-    "attention_mgpu": "plgpu lacks TilingTransform, SwizzleTransform, BlockSpec, Layout, "
-                      "layout_cast, load(layout=), broadcasted_iota, transpose_ref, "
-                      "set_max_registers, commit_smem_to_gmem_group, "
+    "hopper_matmul_mgpu": "plgpu lacks emit_pipeline_warp_specialized (its get_allocations, "
+                          "allocations=, compute_context, memory_registers); the kernel also "
+                          "needs pl.run_scoped(collective_axes='wg') (SMEM shared by the "
+                          "warpgroups) and wgmma on tile-aligned slices of tiled SMEM "
+                          "(b_smem.at[:, wg_n_slice])",
+    "attention_mgpu": "pl.run_scoped(collective_axes=...) (SMEM shared by the warpgroups) "
+                      "is refused; plgpu lacks Layout, layout_cast, load(layout=), "
+                      "broadcasted_iota, set_max_registers, commit_smem_to_gmem_group, "
                       "emit_pipeline_warp_specialized",
+}
+
+# The ports that lower: the fields in which they differ from JAX's lowering, as (ours, JAX's),
+# and why.
+PORT_DIFFERENCES: dict[str, dict[str, tuple[Any, Any]]] = {
+    # Shared memory: the pipeline's two inputs x 2 slots of (64, 64) f16 (32768 bytes), then
+    # the (64, 64) f16 output buffer of the store's pl.run_scoped (8192), then barriers. JAX
+    # reuses the pipeline's region for the output buffer once the pipeline's scope has ended
+    # (32768 + 16); here every pl.run_scoped has a region of its own (32768 + 8192 + 32).
+    # JAX uses one mbarrier per pipeline slot (2 x 8 bytes); this backend one per input and
+    # slot (4 x 8).
+    "ragged_dot_mgpu": {"smem_bytes": (32768 + 8192 + 4 * 8, 32768 + 2 * 8)},
 }
 
 
@@ -136,13 +153,41 @@ def test_jax_lowers_its_library_kernel(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.xfail(strict=True, raises=pl.UnsupportedError,
-                                            reason=PORT_GAPS[n]))
+    pytest.param(n, marks=pytest.mark.xfail(strict=True, raises=pl.PallasError,
+                                            reason=PORT_GAPS[n])) if n in PORT_GAPS else n
     for n in LIBRARY])
 def test_port_lowers_like_jax(name: str) -> None:
     ours = _one_kernel(_lower_library(name, ours=True))
     theirs = _one_kernel(_lower_library(name, ours=False))
-    inspection.assert_same_kernel(ours, theirs)
+    inspection.assert_same_kernel(ours, theirs, PORT_DIFFERENCES[name])
+    # TMA and wgmma need 1024-byte aligned buffers.
+    assert all(off % 1024 == 0 for off, ty in inspection.smem_buffers(ours[1])
+               if "xi64," not in ty)
+
+
+@pytest.mark.parametrize("transpose_rhs", [False, True])
+def test_ragged_dot_port_runs_in_the_interpreter(transpose_rhs: bool) -> None:
+    """The port's meaning: JAX's ragged_dot kernel, unchanged but for its imports, run by
+    this project's interpreter (pl.kernel under force_interpret_mode) on random inputs with
+    uneven groups (one empty, one spanning blocks), against ``lax.ragged_dot``."""
+    lib = _library("ragged_dot_mgpu", ours=True)
+    m, k, n = 256, 128, 128
+    sizes = jnp.array([50, 0, 130, 76], jnp.int32)
+    keys = jax.random.split(jax.random.key(7))
+    lhs = jax.random.normal(keys[0], (m, k), F32).astype(F16)
+    rhs = jax.random.normal(keys[1], (4, k, n), F32).astype(F16)
+    fn = functools.partial(lib.ragged_dot, group_sizes=sizes, block_m=64, block_n=64,
+                           block_k=64, max_concurrent_steps=2, grid_block_n=1,
+                           transpose_rhs=transpose_rhs)
+    operand = jnp.swapaxes(rhs, 1, 2) if transpose_rhs else rhs
+    with force_interpret_mode():
+        calls = list(kernel_calls(jax.make_jaxpr(fn)(lhs, operand).jaxpr))
+        got = fn(lhs, operand)
+    assert [c.backend for c in calls] == ["interpret"]
+    expected = lax.ragged_dot(lhs.astype(F32), rhs.astype(F32), group_sizes=sizes)
+    np.testing.assert_allclose(got.astype(F32), expected, rtol=2e-2, atol=5e-2)
+    # The same port, with B read transposed from SMEM (transpose_ref), lowers for cuda too.
+    _one_kernel(_lower(fn, lhs, operand))
 
 
 # --- this plugin's kernels, written again with JAX's plgpu ------------------------------------

@@ -7,7 +7,7 @@ Kernels are built with JAX's Mosaic GPU library for Hopper (sm_90a) and emitted 
 
 from __future__ import annotations
 
-from pallas_mosaic_gpu.helpers import planar_snake
+from pallas_mosaic_gpu.loops import NDLoopInfo, nd_loop, planar_snake
 from pallas_mosaic_gpu.params import (
     ACC,
     GMEM,
@@ -16,6 +16,7 @@ from pallas_mosaic_gpu.params import (
     Barrier,
     CompilerParams,
     GPUCompilerParams,
+    LoweringSemantics,
     Mesh,
     ShapeDtypeStruct,
     kernel,
@@ -41,9 +42,18 @@ from pallas_mosaic_gpu.primitives import (
     wgmma_wait,
 )
 from pallas_mosaic_gpu.refused import module_getattr as __getattr__  # noqa: F401 - refused names
+from pallas_mosaic_gpu.transforms import (
+    BlockSpec,
+    SwizzleTransform,
+    TilingTransform,
+    find_swizzle,
+    transpose_ref,
+)
 
 __all__ = ["__version__", "ACC", "atomic_add", "atomic_and", "atomic_max", "atomic_min",
            "atomic_or", "atomic_xor", "Barrier", "barrier_arrive", "barrier_wait", "commit_smem",
            "CompilerParams", "copy_gmem_to_smem", "copy_smem_to_gmem", "emit_pipeline", "GMEM",
-           "GPUCompilerParams", "kernel", "Mesh", "planar_snake", "ShapeDtypeStruct", "SMEM",
-           "TMEM", "wait_smem_to_gmem", "wgmma", "wgmma_wait"]
+           "GPUCompilerParams", "kernel", "Mesh", "ShapeDtypeStruct", "SMEM", "TMEM",
+           "wait_smem_to_gmem", "wgmma", "wgmma_wait"]
+__all__ += ["BlockSpec", "find_swizzle", "LoweringSemantics", "nd_loop", "NDLoopInfo",
+            "planar_snake", "SwizzleTransform", "TilingTransform", "transpose_ref"]

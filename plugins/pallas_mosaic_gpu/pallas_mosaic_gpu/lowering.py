@@ -43,7 +43,7 @@ from pallas_core.grid_mapping import BlockMapping
 from pallas_core.mlir_lowering import LoweringState, element_type, is_float, is_unsigned
 from pallas_core.request import KernelCall
 from pallas_mosaic_gpu import primitives as gp
-from pallas_mosaic_gpu import tma
+from pallas_mosaic_gpu import smem_layout, tma
 from pallas_mosaic_gpu.params import (
     ACC_SPACE,
     GMEM,
@@ -99,6 +99,9 @@ class Ref:
     """An SMEM buffer whose two minor dimensions are tiled (8, 128 // itemsize), swizzled."""
     barrier: Any = None
     acc_key: int = -1
+    transposed: bool = False
+    """A tiled SMEM buffer seen with its two minor dimensions swapped (``transpose_ref``):
+    only wgmma reads it (as a transposed operand)."""
 
 
 @dataclasses.dataclass
@@ -365,7 +368,8 @@ def scoped_allocations(call: KernelCall
                        ) -> list[tuple[int, list[tuple[str, tuple[int, ...], Any, int]]]]:
     """The shared memory every ``pl.run_scoped`` of the kernel allocates, one region per
     ``run_scoped`` (keyed by its equation): ``(kind, shape, dtype, num_arrivals)`` with kind
-    ``"smem"``, ``"barrier"`` or ``"acc"`` (registers)."""
+    ``"smem"``, ``"smem_plain"`` (a buffer left untiled because the kernel slices its minor
+    dimensions, see :mod:`smem_layout`), ``"barrier"`` or ``"acc"`` (registers)."""
     found: list[tuple[int, list[tuple[str, tuple[int, ...], Any, int]]]] = []
     seen: set[int] = set()
     for eqn in reference.all_eqns(call.jaxpr.jaxpr):
@@ -389,7 +393,12 @@ def scoped_allocations(call: KernelCall
                     "backend allocates scratch in shared memory only. Fix: allocate "
                     "plgpu.SMEM, or pass the global buffer as an operand.")
             else:
-                allocs.append(("smem", tuple(mref.shape), mref.dtype, 0))
+                shape = tuple(mref.shape)
+                body = eqn.params["jaxpr"].jaxpr
+                var = body.invars[len(body.invars) - len(eqn.params["scoped"]) + len(allocs)]
+                plain = is_tileable(shape, mref.dtype) and \
+                    smem_layout.minor_sliced(body, var, shape)
+                allocs.append(("smem_plain" if plain else "smem", shape, mref.dtype, 0))
         found.append((id(eqn), allocs))
     return found
 
@@ -482,6 +491,8 @@ def build(call: KernelCall) -> Callable[..., Any]:
                 smem.append(mgpu.Barrier(arrivals, num_barriers=shape[0]))
             elif kind == "smem":
                 smem.append(jax.ShapeDtypeStruct(buf_shape(shape, dtype), dtype))
+            elif kind == "smem_plain":
+                smem.append(jax.ShapeDtypeStruct(tuple(shape), dtype))
     smem_tree, smem_positions = aligned_smem(smem)
 
     # Aliased inputs are the library's in-out operands: passed after the other inputs, their
@@ -508,8 +519,9 @@ def build(call: KernelCall) -> Callable[..., Any]:
         for key, allocs in scoped:
             state.scoped[key] = [
                 Ref(kind, tuple(shape), dtype, barrier=next(rest)) if kind == "barrier" else
-                Ref(kind, tuple(shape), dtype, memref=next(rest),
-                    tiled=is_tileable(shape, dtype)) if kind == "smem" else None
+                Ref("smem", tuple(shape), dtype, memref=next(rest),
+                    tiled=kind == "smem" and is_tileable(shape, dtype))
+                if kind in ("smem", "smem_plain") else None
                 for kind, shape, dtype, _ in allocs]
         _emit(state, pl_, gmem, smem_refs[:n_main], buffers, scratch_refs, slots, steps,
               params.delay_release)
@@ -752,8 +764,13 @@ def _view(state: GPULowering, ref: Ref, transforms: Any) -> Ref:
     """``ref`` after the indexers of a Ref access (slices and integer indices)."""
     for t in transforms:
         indices = getattr(t, "indices", None)
+        if type(t).__name__ == "TransposeTransform":
+            ref = _transpose_view(state, ref, tuple(t.permutation))
+            continue
         if indices is None:
             raise state.fail(f"the Ref transform {type(t).__name__}")
+        if ref.transposed:
+            raise state.fail("indexing a transposed SMEM Ref (index it, then transpose it)")
         if ref.kind not in ("smem", "gmem"):
             if ref.kind == "barrier" and len(indices) == 1:
                 i = indices[0]
@@ -798,6 +815,27 @@ def _view(state: GPULowering, ref: Ref, transforms: Any) -> Ref:
     return ref
 
 
+def _transpose_view(state: GPULowering, ref: Ref, perm: tuple[int, ...]) -> Ref:
+    """``ref`` with its two minor dimensions swapped (the only transpose wgmma reads)."""
+    n = len(ref.shape)
+    if perm == tuple(range(n)):
+        return ref
+    if ref.kind != "smem" or not ref.tiled or n < 2 or \
+            perm != (*range(n - 2), n - 1, n - 2):
+        raise state.fail(f"transposing a {ref.kind} Ref by {perm} (only tiled SMEM buffers, "
+                         "their two minor dimensions swapped, as a wgmma operand)")
+    return dataclasses.replace(ref, shape=(*ref.shape[:-2], ref.shape[-1], ref.shape[-2]),
+                               transposed=not ref.transposed)
+
+
+def _untransposed(ref: Ref) -> tuple[Ref, bool]:
+    """The buffer under a transposed view of it (shape as allocated) and whether it was."""
+    if not ref.transposed:
+        return ref, False
+    shape = (*ref.shape[:-2], ref.shape[-1], ref.shape[-2])
+    return dataclasses.replace(ref, shape=shape, transposed=False), True
+
+
 def _full(i: Any, d: int) -> bool:
     return bool(isinstance(i, _jax.Slice) and isinstance(i.start, (int, np.integer))
                 and i.start == 0 and i.size == d)
@@ -815,7 +853,7 @@ def _get(state: GPULowering, eqn: Any, ref: Ref, *flat: Any, **_: Any) -> Any:
         nvvm.wgmma_wait_group_sync_aligned(0)
         return state.accs[view.acc_key].value
     if view.kind == "smem" and len(view.shape) >= 1:
-        return Loaded(view)
+        return Loaded(*_untransposed(view))
     return load(view)
 
 
@@ -829,6 +867,8 @@ def _swap(state: GPULowering, eqn: Any, ref: Ref, value: Any, *flat: Any, **_: A
         old = state.accs[view.acc_key].value
         state.accs[view.acc_key] = mgpu.WGMMAAccumulator.from_registers(relayout(value, WGMMA))
         return old
+    if view.transposed:
+        raise state.fail("storing to a transposed SMEM Ref")
     old = None
     if eqn.outvars and type(eqn.outvars[0]).__name__ != "DropVar":
         old = load(view)
@@ -1338,6 +1378,9 @@ def _views(state: GPULowering, eqn: Any, args: Sequence[Any]) -> list[Ref]:
     tree = eqn.params["tree"]
     transforms = jax.tree_util.tree_unflatten(tree, list(args[n_refs:n_refs + tree.num_leaves]))
     views = [_view(state, args[r], t) for r, t in zip(roles, transforms)]
+    if eqn.primitive is not gp.wgmma_p and any(v.transposed for v in views):
+        raise state.fail(f"a transposed SMEM Ref given to {eqn.primitive.name} (only wgmma "
+                         "reads transposed buffers)")
     # A Barrier of one barrier may be passed without indexing it.
     return [dataclasses.replace(v, barrier=v.barrier[0], shape=())
             if v.kind == "barrier" and v.shape == (1,) else v for v in views]
@@ -1353,21 +1396,36 @@ def _gmem_window(state: GPULowering, eqn: Any, args: Sequence[Any], role: int
     ref = args[roles[role]]
     if ref.kind != "gmem":
         raise state.fail(f"a TMA copy whose GMEM side is a {ref.kind} Ref")
-    window: tuple[Any, ...] = ()
+    # Per dimension of the operand: (start, size), or (index, None) once an int indexes it;
+    # successive indexers (``ref.at[g].at[rows]``) apply to the dimensions still there.
+    dims: list[tuple[Any, int | None]] = [(0, d) for d in ref.shape]
     for t in transforms[role]:
         indices = getattr(t, "indices", None)
-        if indices is None or window:
-            raise state.fail("this view of a GMEM Ref in a copy (one indexer, slices and ints)")
-        parts: list[Any] = []
-        for i in indices:
+        if indices is None:
+            raise state.fail("this view of a GMEM Ref in a copy (slices and ints only)")
+        open_dims = [k for k, (_, size) in enumerate(dims) if size is not None]
+        for k, i in zip(open_dims, indices):
+            base = dims[k][0]
             if isinstance(i, _jax.Slice):
+                if not isinstance(i.stride, int) or i.stride != 1:
+                    raise state.fail("a strided slice of a GMEM Ref in a copy")
                 start = i.start if isinstance(i.start, (int, np.integer)) else \
                     state.value(i.start)
-                parts.append(mgpu.ds(index(start), i.size))
+                dims[k] = (_add_index(base, start), int(i.size))
             else:
-                parts.append(index(state.value(i)))
-        window = tuple(parts)
+                dims[k] = (_add_index(base, state.value(i)), None)
+    window = tuple(mgpu.ds(index(start), size) if size is not None else index(start)
+                   for start, size in dims) if transforms[role] else ()
     return ref.memref, window
+
+
+def _add_index(a: Any, b: Any) -> Any:
+    """``a + b`` of two ints or index-like scalars (an int when both are ints)."""
+    if isinstance(a, (int, np.integer)) and isinstance(b, (int, np.integer)):
+        return int(a) + int(b)
+    if isinstance(a, (int, np.integer)) and a == 0:
+        return b
+    return arith.addi(index(a), index(b))
 
 
 @rule(gp.copy_gmem_to_smem_p, lazy=True)
@@ -1428,16 +1486,17 @@ def _wgmma_wait(state: GPULowering, eqn: Any, *, n: int, **_: Any) -> Any:
 def _wgmma(state: GPULowering, eqn: Any, *args: Any, a_is_ref: bool, **_: Any) -> Any:
     views = _views(state, eqn, args)
     acc = views[0]
+    a_t = False
     if a_is_ref:
-        a, b = views[1], views[2]
+        (a, a_t), (b, b_t) = _untransposed(views[1]), _untransposed(views[2])
         if not a.tiled:
             raise state.fail("plgpu.wgmma with an A operand in untiled SMEM")
     else:
-        a, b = state.value(args[-1]), views[1]
+        a, (b, b_t) = state.value(args[-1]), _untransposed(views[1])
     if not b.tiled:
         raise state.fail("plgpu.wgmma with a B operand that is not a tiled SMEM buffer "
                          "(16-bit dtype, both dimensions multiples of 64)")
-    state.accs[acc.acc_key] = wgmma_into(state, state.accs[acc.acc_key], a, b)
+    state.accs[acc.acc_key] = wgmma_into(state, state.accs[acc.acc_key], a, b, a_t, b_t)
     return []
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -10,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_core.errors import PallasError, UnsupportedError
+from pallas_core.errors import PallasError
 from pallas_core.spec import CompilerParams as _CompilerParams
 from pallas_core.spec import MemoryRef, MemorySpace
 
@@ -18,7 +19,25 @@ NAME = "mosaic_gpu"
 
 GMEM = MemorySpace("GMEM", backend=NAME)
 """Global memory: whole arrays, read and written by TMA copies (or directly)."""
-SMEM = MemorySpace("SMEM", backend=NAME)
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedMemorySpace(MemorySpace):
+    """Shared memory (``plgpu.SMEM``); its scratch buffers take JAX's ``transforms=``."""
+
+    def __call__(self, shape: Sequence[int], dtype: Any, *,
+                 transforms: Sequence[Any] = ()) -> MemoryRef:
+        """A scratch buffer of ``shape`` and ``dtype``; ``transforms`` (``TilingTransform``,
+        ``SwizzleTransform``) are checked against the layout the backend gives it."""
+        from pallas_mosaic_gpu.transforms import check_transforms
+
+        ref = super().__call__(shape, dtype)
+        check_transforms(tuple(transforms), ref.shape, ref.dtype,
+                         f"plgpu.SMEM({ref.shape}, {ref.dtype.name})")
+        return ref
+
+
+SMEM = SharedMemorySpace("SMEM", backend=NAME)
 """Shared memory of one thread block: pipelined blocks and scratch buffers."""
 TMEM = MemorySpace("TMEM", backend=NAME)
 """Tensor memory (Blackwell, sm_100 and newer); refused on Hopper targets."""
@@ -35,6 +54,21 @@ class BarrierSpace(MemorySpace):
 
 
 LANE = "lane"
+
+
+class LoweringSemantics(enum.Enum):
+    """How JAX's Mosaic GPU lowering treats array values: ``Lane`` (each thread holds its part
+    of a warpgroup's array, the layouts chosen by the lowering) or ``Warpgroup`` (arrays are
+    the warpgroup's, their layouts inferred by a pass over Mosaic GPU's dialect).
+
+    Both describe the same kernel: the body says what a warpgroup computes on whole arrays,
+    and the results do not depend on how the arrays are spread over threads. This backend
+    always lowers as ``Lane`` with the layouts it chooses itself, so either member is
+    accepted for ``CompilerParams(lowering_semantics=...)`` and lowers the same way.
+    """
+
+    Lane = "lane"
+    Warpgroup = "warpgroup"
 SEQUENTIAL = "sequential"
 PARALLEL = "parallel"
 _SEMANTICS = {"parallel": PARALLEL, "sequential": SEQUENTIAL, "arbitrary": SEQUENTIAL}
@@ -106,7 +140,8 @@ class GPUCompilerParams(_CompilerParams):
       in flight (buffers per input); 1 means no overlap.
     * ``delay_release``: steps to keep an input buffer after its step (for ``wgmma`` that is
       still reading it); must be below ``max_concurrent_steps``.
-    * ``lowering_semantics``: ``"lane"`` (each warpgroup's arrays are spread over its lanes).
+    * ``lowering_semantics``: a :class:`LoweringSemantics` (or ``"lane"``/``"warpgroup"``);
+      both lower alike here (see :class:`LoweringSemantics`) and are stored as ``"lane"``.
     * ``approx_math``: use the GPU's fast approximate ``exp``/``log``/``tanh``.
     * ``mesh``: set by :func:`kernel` (the launch of a ``plgpu.kernel``).
     """
@@ -141,11 +176,11 @@ class GPUCompilerParams(_CompilerParams):
                               f"in [0, max_concurrent_steps={steps}). Fix: raise "
                               "max_concurrent_steps or lower delay_release.")
         ls = self.lowering_semantics
-        semantics = str(getattr(ls, "name", ls) if not isinstance(ls, str) else ls)
-        if semantics.lower() != LANE:
-            raise UnsupportedError(
-                f"plgpu.CompilerParams(lowering_semantics={self.lowering_semantics!r}): only "
-                "lane semantics are supported. Fix: drop lowering_semantics.")
+        name = ls.name if isinstance(ls, enum.Enum) else ls  # JAX's enum is accepted too
+        if not isinstance(name, str) or name.lower() not in ("lane", "warpgroup"):
+            raise PallasError(
+                f"plgpu.CompilerParams(lowering_semantics={ls!r}): expected "
+                "plgpu.LoweringSemantics.Lane or .Warpgroup (or 'lane'/'warpgroup').")
         object.__setattr__(self, "lowering_semantics", LANE)
 
 

@@ -20,6 +20,18 @@ from pallas_core.errors import PallasError
 from pallas_core.spec import plain_block_dim
 from pallas_mosaic_gpu import primitives as gp
 from pallas_mosaic_gpu.params import SMEM, Barrier
+from pallas_mosaic_gpu.transforms import check_transforms
+
+
+def _delay(spec: Any, slots: int, what: str) -> int:
+    """The ``delay_release`` of a ``plgpu.BlockSpec`` (0 for a ``pl.BlockSpec``), checked."""
+    delay = int(getattr(spec, "delay_release", 0))
+    if delay and delay >= slots:
+        raise PallasError(
+            f"plgpu.emit_pipeline: {what} has delay_release={delay}, which needs more than "
+            f"{delay} buffers, but the pipeline has {slots} (max_concurrent_steps, at most the "
+            "number of steps). Fix: raise max_concurrent_steps above delay_release.")
+    return delay
 
 
 def _block_dims(spec: Any, what: str, ndim: int) -> tuple[tuple[int | None, ...], list[int]]:
@@ -38,6 +50,13 @@ def _block_dims(spec: Any, what: str, ndim: int) -> tuple[tuple[int | None, ...]
             f"plgpu.emit_pipeline: {what} has a {len(dims)}-D block_shape {spec.block_shape} "
             f"for a {ndim}-D Ref. Fix: one entry per dimension (None to squeeze one).")
     return dims, [d for d in dims if d is not None]
+
+
+def _check_layout(spec: Any, shape: list[int], dtype: Any, what: str) -> None:
+    """A ``plgpu.BlockSpec``'s ``transforms`` must describe the layout of its SMEM block."""
+    transforms = getattr(spec, "transforms", ())
+    if transforms:
+        check_transforms(transforms, tuple(shape), dtype, f"plgpu.emit_pipeline: {what}")
 
 
 def _window(spec: Any, dims: tuple[int | None, ...], indices: Sequence[Any],
@@ -67,8 +86,12 @@ def emit_pipeline(body: Callable[..., Any], *, grid: Sequence[int],
     a block revisited by consecutive steps accumulates in SMEM. With ``init_carry`` the body
     takes the carry last and returns the next one; the pipeline returns the final carry.
 
-    The body must finish reading its input blocks before it returns: a ``plgpu.wgmma`` is
-    waited for (``wgmma_wait(0)``) after each step, before the slot is refilled.
+    Specs may be ``plgpu.BlockSpec``s: their ``transforms`` are checked against the layout
+    the backend gives the block, and ``delay_release=d`` keeps an input's buffer for ``d``
+    more steps, so that the ``plgpu.wgmma`` a step issues on it may still run during the
+    next ``d`` steps (at most ``d`` wgmma are left in flight after each step; the buffer is
+    refilled once the step ``d`` later is done). Without it, every wgmma of a step is waited
+    for (``wgmma_wait(0)``) before its buffers are refilled.
     """
     grid = tuple(grid)
     if not all(isinstance(g, (int,)) and g > 0 for g in grid):
@@ -101,6 +124,11 @@ def emit_pipeline(body: Callable[..., Any], *, grid: Sequence[int],
                    for k, (s, r) in enumerate(zip(in_specs, ins))]
         out_dims = [_block_dims(s, f"out_specs[{k}]", len(r.shape))
                     for k, (s, r) in enumerate(zip(out_specs, outs))]
+        for kind, specs, dims, refs_ in (("in", in_specs, in_dims, ins),
+                                         ("out", out_specs, out_dims, outs)):
+            for k, (s, (_, shape), r) in enumerate(zip(specs, dims, refs_)):
+                _check_layout(s, shape, r.dtype, f"{kind}_specs[{k}]")
+        delays = [_delay(s, slots, f"in_specs[{k}]") for k, s in enumerate(in_specs)]
         types = ([SMEM((slots, *shape), r.dtype) for (_, shape), r in zip(in_dims, ins)]
                  + [Barrier(num_arrivals=1, num_barriers=slots) for _ in ins]
                  + [SMEM(tuple(shape), r.dtype) for (_, shape), r in zip(out_dims, outs)])
@@ -109,14 +137,13 @@ def emit_pipeline(body: Callable[..., Any], *, grid: Sequence[int],
             n = len(ins)
             in_bufs, bars, out_bufs = scratch[:n], scratch[n:2 * n], scratch[2 * n:]
 
-            def fetch(step: Any, slot: Any) -> None:
-                idx = unravel(step)
-                for k, (spec, ref) in enumerate(zip(in_specs, ins)):
-                    window = _window(spec, in_dims[k][0], idx, f"in_specs[{k}]")
-                    gp.copy_gmem_to_smem(ref.at[window], in_bufs[k].at[slot], bars[k].at[slot])
+            def fetch(k: int, step: Any, slot: Any) -> None:
+                window = _window(in_specs[k], in_dims[k][0], unravel(step), f"in_specs[{k}]")
+                gp.copy_gmem_to_smem(ins[k].at[window], in_bufs[k].at[slot], bars[k].at[slot])
 
             for s in range(slots):
-                fetch(jnp.int32(s), s)
+                for k in range(len(ins)):
+                    fetch(k, jnp.int32(s), s)
 
             def out_windows(step: Any) -> list[tuple[Any, ...]]:
                 idx = unravel(step)
@@ -145,11 +172,14 @@ def emit_pipeline(body: Callable[..., Any], *, grid: Sequence[int],
                     new_carry = carry
                 else:
                     new_carry = body(idx, *views, carry)
-                gp.wgmma_wait(0)
-                if in_specs:
-                    @pl.when(step + slots < steps)
-                    def _refill() -> None:
-                        fetch(step + slots, slot)
+                # Leave in flight only the wgmma of the steps whose buffers are still kept.
+                gp.wgmma_wait(min(delays, default=0))
+                for k in range(len(ins)):
+                    done = step - delays[k]  # the step whose buffer of input k is released
+
+                    @pl.when((done >= 0) & (done + slots < steps))
+                    def _refill(k: int = k, done: Any = done) -> None:
+                        fetch(k, done + slots, lax.rem(done, slots))
                 if out_specs:
                     here = out_windows(step)
                     nxt = out_windows(jnp.minimum(step + 1, steps - 1))
@@ -164,6 +194,8 @@ def emit_pipeline(body: Callable[..., Any], *, grid: Sequence[int],
                 return new_carry
 
             final = lax.fori_loop(0, steps, step_fn, init_carry)
+            if any(delays):  # no wgmma may read the buffers after their scope ends
+                gp.wgmma_wait(0)
             if out_specs:
                 gp.wait_smem_to_gmem(0)
             return final

@@ -203,12 +203,25 @@ def _no_op(ctx: Any, *args: Any, **params: Any) -> Any:
     return []
 
 
+def _read_operand(state: RefViews, role: int) -> Any:
+    """View ``role`` of a wgmma operand, whose last transforms may transpose it
+    (``plgpu.transpose_ref``), which JAX's state discharge does not apply."""
+    transforms = list(state.transforms[role])
+    perms = []
+    while transforms and type(transforms[-1]).__name__ == "TransposeTransform":
+        perms.append(tuple(transforms.pop().permutation))
+    x = state.read(role, tuple(transforms))
+    for perm in reversed(perms):
+        x = jnp.transpose(x, perm)
+    return x
+
+
 def _wgmma(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any,
            a_is_ref: bool) -> Any:
     state = RefViews(args, tree, roles)
     acc = state.read(0)
-    a = state.read(1) if a_is_ref else state.rest[0]
-    b = state.read(2 if a_is_ref else 1)
+    a = _read_operand(state, 1) if a_is_ref else state.rest[0]
+    b = _read_operand(state, 2 if a_is_ref else 1)
     prod = lax.dot(a, b, preferred_element_type=acc.dtype,
                    precision=lax.Precision.HIGHEST)
     state.write(0, acc + prod)

@@ -32,8 +32,6 @@ _CLUSTER = ("blocks of a cluster cannot reach each other's shared memory or barr
 _WARPS = ("this backend runs code per warpgroup (lane semantics), without warp "
           "specialisation", "use plgpu.emit_pipeline, and lax.axis_index of the thread axis "
                             "for per-warpgroup work")
-_PERSISTENT = ("this backend has no persistent-kernel loops over collective axes",
-               "write lax.fori_loop over linear indices and unravel them")
 _HINT = ("only timing depends on it, and this backend does not emit it", "drop the call")
 
 _CORE = "this backend takes the core's name (import pallas_core as pl)"
@@ -46,8 +44,6 @@ REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
     "as_torch_kernel": ("makes a kernel callable on PyTorch tensors",
                         ("kernels here take and return JAX arrays",
                          "exchange tensors with PyTorch through jax.dlpack")),
-    "BlockSpec": ("a BlockSpec with GPU fields", (_CORE, "use pl.BlockSpec(block_shape, "
-                                                  "index_map, memory_space=...)")),
     "force_gpu_interpret_mode": ("runs GPU kernels in JAX's interpreter", _INTERPRET),
     "InterpretGPUParams": ("options of JAX's GPU interpreter", _INTERPRET),
     "load": ("a load in a given register layout", (_CORE, "use pl.load(ref, idx) or ref[idx]")),
@@ -78,7 +74,6 @@ REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
     "CopyPartition": ("how a collective copy is split among the blocks of a cluster", _CLUSTER),
     "dynamic_scheduling_loop": ("a persistent loop claiming grid points at run time", _CLC),
     "emit_pipeline_warp_specialized": ("a pipeline fed by a memory warpgroup", _WARPS),
-    "find_swizzle": ("the widest swizzle a minor dimension allows", _TRANSFORMS),
     "format_tcgen05_sparse_metadata": ("orders sparsity metadata for tcgen05_mma", _BLACKWELL),
     "griddepcontrol_launch_dependents": ("lets the next kernel start early (programmatic "
                                          "dependent launch)", _HINT),
@@ -89,16 +84,11 @@ REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
                      "write the operation with plgpu and jax.numpy")),
     "Layout": ("the register layouts of load, layout_cast and broadcasted_iota", _LAYOUTS),
     "layout_cast": ("moves an array into a given register layout", _LAYOUTS),
-    "LoweringSemantics": ("the lowering semantics enum (Lane, Warpgroup)",
-                          ("only lane semantics exist here",
-                           "pass CompilerParams(lowering_semantics='lane'), or leave it out")),
     "mma": ("acc + a @ b with pre-Hopper MMA instructions",
             ("this backend targets Hopper's wgmma", "write jnp.dot or plgpu.wgmma")),
     "multicast_ref": ("a Ref whose writes reach every device along mesh axes", _DEVICES),
     "multimem_load_reduce": ("reads and reduces a buffer over devices", _DEVICES),
     "multimem_store": ("stores an array to a buffer on every device", _DEVICES),
-    "nd_loop": ("a loop over a grid shared among collective axes", _PERSISTENT),
-    "NDLoopInfo": ("what an nd_loop body receives", _PERSISTENT),
     "OOBFillMode": ("what out-of-bounds elements of a TMA load become",
                     ("out-of-bounds elements of a TMA load are zeros here; no mode can be "
                      "chosen", "drop oob_mode=")),
@@ -126,21 +116,15 @@ REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
     "SemaphoreType": ("the kinds of GPU semaphores", _DEVICES),
     "set_max_registers": ("changes a warpgroup's register budget (setmaxnreg)",
                           (_WARPS[0] + "; the compiler assigns registers", "drop the call")),
-    "SwizzleTransform": ("a swizzle of an SMEM buffer", _TRANSFORMS),
     "tcgen05_commit_arrive": ("completes a barrier after earlier tcgen05 work", _BLACKWELL),
     "tcgen05_mma": ("Blackwell's asynchronous matmul into TMEM", _BLACKWELL),
     "Tiling": ("a tiling expression of a register layout", _LAYOUTS),
-    "TilingTransform": ("a tiling of an SMEM buffer", _TRANSFORMS),
     "TMEMLayout": ("layouts of TMEM buffers", _BLACKWELL),
     "TraceScope": ("what the in-kernel profiler records",
                    ("there is no in-kernel profiler here",
                     "profile the whole kernel with jax.profiler")),
     "Transform": ("the base class of Ref transforms", _TRANSFORMS),
     "transform_ref": ("applies a Ref transform", _TRANSFORMS),
-    "transpose_ref": ("a transposed view of an SMEM Ref",
-                      ("Refs are not transformed here",
-                       "write jnp.dot(x, b_ref[...].T), which reads the SMEM block "
-                       "transposed as a wgmma operand")),
     "try_cluster_cancel": ("claims the work of a block not yet launched", _CLC),
     "TryClusterCancelResult": ("scratch for the answers of try_cluster_cancel", _CLC),
     "wait_load_tmem": ("waits for earlier async_load_tmem", _BLACKWELL),

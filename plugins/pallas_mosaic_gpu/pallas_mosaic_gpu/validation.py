@@ -67,7 +67,7 @@ def check(call: KernelCall) -> None:
     from pallas_mosaic_gpu.lowering import scoped_allocations
     for _, allocs in scoped_allocations(call):
         for kind, shape, dtype, _arrivals in allocs:
-            if kind == "smem":
+            if kind in ("smem", "smem_plain"):
                 used += _aligned(math.prod(shape) * np.dtype(dtype).itemsize)
             elif kind == "barrier":
                 used += 8 * shape[0]

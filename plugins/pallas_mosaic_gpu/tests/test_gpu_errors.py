@@ -46,7 +46,7 @@ def test_tmem_is_refused_on_hopper() -> None:
     (dict(dimension_semantics=("parallel", "diagonal")), "'parallel', 'sequential'"),
     (dict(max_concurrent_steps=0), "max_concurrent_steps"),
     (dict(max_concurrent_steps=2, delay_release=2), "delay_release"),
-    (dict(lowering_semantics="warpgroup"), "lane"),
+    (dict(lowering_semantics="thread"), "Lane or .Warpgroup"),
 ])
 def test_bad_compiler_params(kwargs, match) -> None:
     with pytest.raises(pl.PallasError, match=match):
@@ -175,15 +175,19 @@ def test_single_barrier_needs_no_index_and_interpret_flag() -> None:
 
 
 def test_lowering_semantics_enum_of_jax_is_accepted() -> None:
+    """JAX's enum (its own class, int values) is read by member name, as plgpu's own is; both
+    semantics lower alike here (plgpu.LoweringSemantics says why)."""
     import enum
 
     class LoweringSemantics(enum.Enum):
         Lane = 1
         Warpgroup = 2
-    assert plgpu.CompilerParams(lowering_semantics=LoweringSemantics.Lane).lowering_semantics \
-        == "lane"
-    with pytest.raises(pl.PallasError, match="lane"):
-        plgpu.CompilerParams(lowering_semantics=LoweringSemantics.Warpgroup)
+        Thread = 3
+    for members in (LoweringSemantics, plgpu.LoweringSemantics):
+        for member in (members.Lane, members.Warpgroup):
+            assert plgpu.CompilerParams(lowering_semantics=member).lowering_semantics == "lane"
+    with pytest.raises(pl.PallasError, match=r"Lane or \.Warpgroup"):
+        plgpu.CompilerParams(lowering_semantics=LoweringSemantics.Thread)
 
 
 def _atomic_kernel(body, dtype=jnp.float32):

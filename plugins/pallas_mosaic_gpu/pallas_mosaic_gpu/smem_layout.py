@@ -1,0 +1,118 @@
+"""Which SMEM buffers of a kernel stay plain (untiled) although their shape could be tiled.
+
+The backend tiles an SMEM buffer (8, 64) with a 128-byte swizzle when its two minor
+dimensions are multiples of 64 in a 16-bit dtype (``lowering.is_tileable``), as wgmma reads
+it. A kernel that views such a buffer through a slice or an index of one of those two
+dimensions (JAX's ragged_dot stores a dynamic number of rows, ``o_smem.at[pl.ds(start, n)]``,
+with TMA) cannot be served by that layout: a window of rows that is not a whole number of
+(8, 64) tiles has no tiled address. Such buffers are left plain, which every TMA copy and
+register load or store accepts (only wgmma needs the tiled layout, and refuses plain buffers
+with an error naming it).
+
+The analysis follows a ``pl.run_scoped`` Ref into the jaxprs it is passed to (``cond``
+branches, loop bodies, nested calls and scopes) and looks at the indexers of every access.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+
+from pallas_core import _jax
+from pallas_core.reference import sub_jaxprs
+
+
+def _static(v: Any) -> Any:
+    """The Python value of a literal or constant leaf, else ``None`` (a traced value)."""
+    if isinstance(v, _jax.Literal):
+        return v.val
+    if isinstance(v, (int, np.integer)):
+        return int(v)
+    return None
+
+
+def _slices_minor(transforms: Any, shape: tuple[int, ...]) -> bool:
+    """Whether the indexers ``transforms`` cut one of the two minor dimensions of a buffer of
+    ``shape``."""
+    dims = list(range(len(shape)))  # which original dimensions are still present
+    for t in transforms:
+        indices = getattr(t, "indices", None)
+        if type(t).__name__ == "TransposeTransform":  # the dimensions stay whole
+            dims = [dims[p] for p in t.permutation]
+            continue
+        if indices is None:
+            return True  # a transform other than indexing: keep the buffer plain
+        left = []
+        for k, i in zip(dims, indices):
+            minor = k >= len(shape) - 2
+            if isinstance(i, _jax.Slice):
+                start, size = _static(i.start), i.size
+                if minor and not (start == 0 and size == shape[k]):
+                    return True
+                left.append(k)
+            elif minor:
+                return True
+        dims = left + dims[len(indices):]
+    return False
+
+
+def minor_sliced(jaxpr: Any, var: Any, shape: tuple[int, ...]) -> bool:
+    """Whether ``jaxpr`` (or a jaxpr it passes ``var`` to) views the Ref ``var`` through a
+    slice or index of one of its two minor dimensions."""
+    for eqn in jaxpr.eqns:
+        positions = [k for k, v in enumerate(eqn.invars) if v is var]
+        if not positions:
+            continue
+        tree = eqn.params.get("tree")
+        if tree is not None and not sub_jaxprs(eqn.params):
+            if _access_slices(eqn, positions, tree, shape):
+                return True
+            continue
+        for sub, offset in _passed_to(eqn):
+            for k in positions:
+                j = k - offset
+                if 0 <= j < len(sub.invars) and minor_sliced(sub, sub.invars[j], shape):
+                    return True
+    return False
+
+
+def _access_slices(eqn: Any, positions: list[int], tree: Any, shape: tuple[int, ...]) -> bool:
+    """An access (``get``/``swap`` or one of this backend's primitives, whose transforms
+    follow their Refs and values in ``eqn.invars``) that cuts a minor dimension of the Ref at
+    ``positions``."""
+    roles = eqn.params.get("roles")
+    if roles is not None:  # this backend's primitives: a flat tree of per-role transforms
+        n_refs = max(roles) + 1 if roles else 0
+        leaves = eqn.invars[n_refs:n_refs + tree.num_leaves]
+        per_role = jax.tree_util.tree_unflatten(tree, list(leaves))
+        return any(r in positions and _slices_minor(ts, shape)
+                   for r, ts in zip(roles, per_role))
+    n_before = len(eqn.invars) - tree.num_leaves  # get: the Ref; swap: the Ref and the value
+    if 0 not in positions:
+        return False
+    transforms = jax.tree_util.tree_unflatten(tree, list(eqn.invars[n_before:]))
+    return _slices_minor(transforms, shape)
+
+
+def _passed_to(eqn: Any) -> list[tuple[Any, int]]:
+    """The jaxprs ``eqn`` runs, each with the offset of its inputs in ``eqn.invars``
+    (``eqn.invars[k]`` is the sub-jaxpr's input ``k - offset``)."""
+    found = []
+    params = eqn.params
+    name = eqn.primitive.name
+    for sub in sub_jaxprs(params):
+        n_sub, n_eqn = len(sub.invars), len(eqn.invars)
+        if name == "cond":
+            offset = 1  # the branch index comes first
+        elif name == "while":
+            offset = params["cond_nconsts"] if sub is _inner(params["body_jaxpr"]) else 0
+        else:  # calls, scans: operand for operand; run_scoped: its consts first
+            offset = 0 if n_sub >= n_eqn else n_eqn - n_sub
+        found.append((sub, offset))
+    return found
+
+
+def _inner(j: Any) -> Any:
+    return getattr(j, "jaxpr", j)
