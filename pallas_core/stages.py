@@ -66,8 +66,8 @@ def stages(fn: Callable[..., Any], *args: Any, backend: str | None = None,
     Each kernel is compiled by ``backend`` (default: the one chosen in the program, else the
     default for this machine's platform). ``target`` is backend-specific (e.g. ``"sm_90"``, or
     a TPU generation such as ``"v5e"``). Every kernel has ``"jaxpr"``, then ``"stablehlo"`` (the
-    whole program lowered for the backend's platform, which carries the kernel's custom call;
-    made when first read), then its backend's stages.
+    whole program lowered for the backend's platform, ``rocm`` for an AMD ``gfx*`` target, which
+    carries the kernel's custom call; made when first read), then its backend's stages.
     """
     closed = jax.make_jaxpr(lambda *a: fn(*a, **kwargs))(*args)
     chosen = resolve_backend(backend, None, False) if backend is not None else None
@@ -90,7 +90,10 @@ def stages(fn: Callable[..., Any], *args: Any, backend: str | None = None,
                 f"backend {name!r} does not report compilation stages (its plugin has no "
                 "`pallas_stages` hook)."
             )
-        platform = manager.get(name).info.platforms[0]
+        platforms = manager.get(name).info.platforms
+        # An AMD target (``gfx942``) is lowered for ROCm where the backend lowers for it.
+        gfx = target is not None and target.startswith("gfx") and "rocm" in platforms
+        platform = "rocm" if gfx else platforms[0]
         result.append(KernelStages(call.name, name, _LazyStages({
             "jaxpr": str(call.jaxpr), "stablehlo": lambda p=platform: stablehlo(p), **found})))
     return result

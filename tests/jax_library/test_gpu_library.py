@@ -9,7 +9,9 @@ project's interpreter on CPU; each is compared with the reference implementation
 same JAX module, on random inputs (backward: ``jax.vjp`` of the kernel against ``jax.vjp`` of the
 reference). The Mosaic GPU kernels (``*_mgpu.py``) are not covered here.
 
-The same kernels are also lowered for ``cuda`` by the Triton backend (no GPU needed).
+The same kernels are also lowered for ``cuda`` and for ``rocm`` by the Triton backend, and
+compiled by the ``triton`` package (where installed) to cubins for ``sm_80`` and ``sm_90`` and to
+an hsaco for ``gfx942``, through ``pl.stages`` (no GPU needed; about 10 s).
 """
 
 from __future__ import annotations
@@ -339,3 +341,41 @@ def test_lowers_for_cuda(name: str) -> None:
         fn, args = LOWERINGS[name]
     text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     assert "__gpu$xla.gpu.triton" in text
+
+
+def _lowering_case(name: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    if name.endswith("_backward") and name[: -len("_backward")] in NORMS:
+        return _grad(NORMS[name[: -len("_backward")]][0]), _NORM
+    return LOWERINGS[name]
+
+
+@pytest.mark.parametrize("name", LOWERING_CASES)
+def test_lowers_for_rocm(name: str) -> None:
+    """The same kernels lowered for AMD GPUs: XLA's Triton call again, with JAX's ROCm
+    default of one pipeline stage where the kernel names none."""
+    fn, args = _lowering_case(name)
+    text = jax.jit(fn).trace(*args).lower(lowering_platforms=("rocm",)).as_text()
+    calls = [line for line in text.splitlines() if "__gpu$xla.gpu.triton" in line]
+    assert calls and all("num_stages" in line for line in calls)
+
+
+_BINARY = {"sm_80": "cubin", "sm_90": "cubin", "gfx942": "hsaco"}
+
+
+@pytest.mark.parametrize("target", list(_BINARY))
+@pytest.mark.parametrize("name", LOWERING_CASES)
+def test_compiles_for_nvidia_and_amd(name: str, target: str) -> None:
+    """Each kernel's TTIR goes through Triton's whole pipeline to a GPU binary (an ELF object
+    for NVIDIA, ``e_machine`` 190, or AMD, 224)."""
+    pytest.importorskip("triton", reason="compiling Triton IR needs the triton package")
+    import pallas_core as pl
+
+    fn, args = _lowering_case(name)
+    found = pl.stages(fn, *args, backend="triton", target=target)
+    assert found
+    for kernel in found:
+        binary = kernel[_BINARY[target]]
+        assert binary[:4] == b"\x7fELF"
+        assert int.from_bytes(binary[18:20], "little") == (224 if target == "gfx942" else 190)
+        symbol = "".join(c if c.isalnum() or c == "_" else "_" for c in kernel.name)
+        assert symbol.encode() in binary  # the kernel's entry point, by its sanitized name

@@ -4,7 +4,9 @@ Each kernel of ``jax.experimental.pallas.ops.gpu`` runs twice through the Triton
 checked mode (no unmasked out-of-bounds access, no two programs storing one address): as
 ``jax.experimental.pallas`` lowers it (JAX's own module, unchanged) and as this project lowers
 the ported module (``porting.ported``: JAX's source with its Pallas imports pointing here). Both
-are compared with the reference shipped in the same JAX module, on random inputs. About 20 s.
+are compared with the reference shipped in the same JAX module, on random inputs; each for an
+NVIDIA target (``sm_90``, lowered for ``cuda``) and an AMD one (``gfx942``, lowered for
+``rocm``). About 30 s.
 """
 
 from __future__ import annotations
@@ -92,16 +94,17 @@ CASES: dict[str, tuple[Callable[[dict[str, Any]], tuple[Any, Any, tuple[Any, ...
 }
 
 
+@pytest.mark.parametrize("target", ["sm_90", "gfx942"])  # gfx942: lowered for rocm
 @pytest.mark.parametrize("lowered_by", ["jax", "ours"])
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_gpu_library_kernel_emulated(name: str, lowered_by: str) -> None:
+def test_gpu_library_kernel_emulated(name: str, lowered_by: str, target: str) -> None:
     make, tol = CASES[name]
     fn, ref, args = make(MODULES[lowered_by])
     if lowered_by == "ours" and name == "layer_norm_backward":
         with pytest.raises(pl.UnsupportedError, match=r"broadcast_to.*triton"):
-            pl.emulate(fn, backend="triton")(*args)
+            pl.emulate(fn, backend="triton", target=target)(*args)
         return
-    got = pl.emulate(fn, backend="triton", checked=True)(*args)
+    got = pl.emulate(fn, backend="triton", target=target, checked=True)(*args)
     want = ref(*args)
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         assert g.shape == w.shape and g.dtype == w.dtype

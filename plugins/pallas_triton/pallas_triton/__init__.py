@@ -1,9 +1,10 @@
-"""The Triton backend of pallas: kernels compiled by Triton, run by JAX on NVIDIA GPUs.
+"""The Triton backend of pallas: kernels compiled by Triton, run by JAX on NVIDIA and AMD GPUs.
 
 Kernels are lowered to Triton IR (the ``tt`` dialect, built with jaxlib's MLIR bindings) and
-emitted as XLA's Triton custom call, which compiles them for the GPU they run on.
-``pl.stages(fn, *args, backend="triton", target="sm_90")`` compiles the same IR through the
-``triton`` package to ``ttgir``, ``llir``, ``ptx`` and ``cubin`` on any machine.
+emitted as XLA's Triton custom call (on ``cuda`` and ``rocm``), which compiles them for the GPU
+they run on. ``pl.stages(fn, *args, backend="triton", target="sm_90")`` compiles the same IR
+through the ``triton`` package to ``ttgir``, ``llir``, ``ptx`` and ``cubin`` on any machine
+(``target="gfx942"``: ``amdgcn`` and ``hsaco``).
 """
 
 from __future__ import annotations

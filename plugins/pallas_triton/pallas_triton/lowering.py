@@ -47,7 +47,13 @@ class BlockRef:
     """Element offset (i32 scalar) of the block's first element, per array dimension."""
 
 
-Lowering = LoweringState
+@dataclasses.dataclass
+class Lowering(LoweringState):
+    """The lowering state, and the platform the module is for (the few rules that differ)."""
+
+    platform: str = "cuda"
+
+
 Rule = mlir_lowering.Rule
 
 
@@ -63,8 +69,9 @@ rule = RULES.rule
 # --- the kernel function ---------------------------------------------------------------------
 
 
-def lower_kernel(call: KernelCall) -> tuple[ir.Module, str]:
-    """The Triton module of ``call`` (in a fresh MLIR context) and its function's name."""
+def lower_kernel(call: KernelCall, platform: str = "cuda") -> tuple[ir.Module, str]:
+    """The Triton module of ``call`` for ``platform`` (``"cuda"`` or ``"rocm"``), in a fresh
+    MLIR context, and its function's name."""
     gm = call.grid_mapping
     name = "".join(c if c.isalnum() or c == "_" else "_" for c in call.name) or "kernel"
     ctx = tir.new_context()
@@ -84,7 +91,7 @@ def lower_kernel(call: KernelCall) -> tuple[ir.Module, str]:
             pid = tt.GetProgramIdOp(tt.ProgramIDDim.X).result
             par_ids = _unravel(pid, [gm.grid[a] for a in parallel])
             if not sequential:
-                _lower_step(call, entry.arguments, dict(zip(parallel, par_ids)))
+                _lower_step(call, platform, entry.arguments, dict(zip(parallel, par_ids)))
             else:
                 # Steps along these axes share output blocks: one program runs them in order.
                 n = math.prod(gm.grid[a] for a in sequential)
@@ -93,7 +100,7 @@ def lower_kernel(call: KernelCall) -> tuple[ir.Module, str]:
                     seq_ids = _unravel(loop.induction_variable,
                                        [gm.grid[a] for a in sequential])
                     ids = {**dict(zip(parallel, par_ids)), **dict(zip(sequential, seq_ids))}
-                    _lower_step(call, entry.arguments, ids)
+                    _lower_step(call, platform, entry.arguments, ids)
                     gpu.BarrierOp()  # this step's stores are visible to the next step's loads
                     scf.YieldOp([])
             tt.ReturnOp([])
@@ -121,10 +128,11 @@ def grid_axes(call: KernelCall) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return tuple(parallel), tuple(a for a in range(len(gm.grid)) if a not in parallel)
 
 
-def _lower_step(call: KernelCall, pointers: Sequence[ir.Value], ids: dict[int, ir.Value]) -> None:
+def _lower_step(call: KernelCall, platform: str, pointers: Sequence[ir.Value],
+                ids: dict[int, ir.Value]) -> None:
     gm = call.grid_mapping
     ordered = [ids[a] for a in range(len(gm.grid))]
-    lowering = Lowering(call, "triton", ordered)
+    lowering = Lowering(call, "triton", ordered, platform=platform)
     refs = []
     for ptr, bm in zip(pointers, gm.block_mappings):
         block_idx = _eval_index_map(lowering, bm, ordered)
@@ -585,6 +593,8 @@ def _debug_print(lowering: Lowering, eqn: Any, *args: ir.Value) -> list[Any]:
 @rule(tprims.approx_tanh_p)
 def _approx_tanh(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
     aval = _aval_in(eqn, 0)
+    if lowering.platform == "rocm":
+        return _tanh(lowering, eqn, x)  # AMD GPUs have no tanh.approx: the exact one
     if np.dtype(aval.dtype) != np.float32:
         x32 = convert(x, aval.dtype, np.float32, aval.shape)
         return convert(_tanh_asm(x32, aval.shape), np.float32, aval.dtype, aval.shape)

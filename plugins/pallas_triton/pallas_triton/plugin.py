@@ -17,7 +17,8 @@ from pallas_triton.params import NAME, TritonParams
 
 __version__ = "0.1.0"
 
-# XLA's own Triton call: it compiles the kernel's Triton IR for the GPU it runs on.
+# XLA's own Triton call, on CUDA and ROCm alike: it compiles the kernel's Triton IR for the GPU
+# it runs on.
 CUSTOM_CALL_TARGET = "__gpu$xla.gpu.triton"
 
 
@@ -29,11 +30,13 @@ def params_of(call: KernelCall) -> TritonParams:
 @hookimpl
 def pallas_describe() -> BackendInfo:
     return BackendInfo(
-        name=NAME, version=__version__, platforms=("cuda",), compiler_params_type=TritonParams,
-        default_for=("cuda",), package="pallas-triton",
+        name=NAME, version=__version__, platforms=("cuda", "rocm"),
+        compiler_params_type=TritonParams, default_for=("cuda", "rocm"), package="pallas-triton",
         capabilities=frozenset({"masked_access", "atomics", "aliasing", "vmap", "debug_print"}),
         # What pl.emulate tells JAX it compiles for (JAX 0.11's Triton lowering asks).
-        device_kinds={"sm_90": "NVIDIA H100", "sm_80": "NVIDIA A100", "sm_100": "NVIDIA B200"},
+        device_kinds={"sm_90": "NVIDIA H100", "sm_80": "NVIDIA A100", "sm_100": "NVIDIA B200",
+                      "gfx942": "AMD Instinct MI300X", "gfx90a": "AMD Instinct MI250X",
+                      "gfx950": "AMD Instinct MI355X"},
     )
 
 
@@ -53,13 +56,14 @@ def pallas_lower(request: LoweringRequest) -> Any:
     if request.backend != NAME:
         return None
     call = request.call
-    module, name = lowering.lower_kernel(call)
+    module, name = lowering.lower_kernel(call, request.platform)
     params = params_of(call)
     parallel, _ = lowering.grid_axes(call)
     programs = math.prod(call.grid_mapping.grid[a] for a in parallel)
+    num_stages = params.num_stages or triton_compile.default_num_stages(request.platform)
     config = {
         "name": name, "ir": lowering.module_bytecode(module),
-        "num_stages": params.num_stages, "num_warps": params.num_warps,
+        "num_stages": num_stages, "num_warps": params.num_warps,
         "grid_x": programs, "grid_y": 1, "grid_z": 1,
         "debug": params.debug,
     }
@@ -73,7 +77,8 @@ def pallas_lower(request: LoweringRequest) -> Any:
 def pallas_stages(call: KernelCall, backend: str, target: str | None) -> Mapping[str, Any] | None:
     if backend != NAME:
         return None
-    module, _ = lowering.lower_kernel(call)
+    gpu = triton_compile.parse_target(target)  # an unknown target fails before lowering
+    module, _ = lowering.lower_kernel(call, gpu.platform)
     ttir = lowering.module_text(module)
     params = params_of(call)
     compiled = triton_compile.compile_stages(ttir, target, params.num_warps, params.num_stages)
