@@ -195,10 +195,8 @@ _CUMULATIVE = {lax.cumsum_p: "add", lax.cumprod_p: "mul", lax.cummax_p: "max",
 def _cumulative(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
     """A ``tt.scan`` along the axis (from its end when ``reverse``)."""
     kind, dtype = _CUMULATIVE[eqn.primitive], eqn.invars[0].aval.dtype
-    if np.dtype(dtype) == np.bool_:
-        if kind in ("add", "mul"):
-            raise lowering.fail(f"{eqn.primitive.name} on bool", eqn)
-        kind = "or" if kind == "max" else "and"
+    if np.dtype(dtype) == np.bool_:  # JAX itself refuses these
+        raise lowering.fail(f"{eqn.primitive.name} on bool", eqn)
     if kind == "mul":
         combine = arith.MulFOp if tir.is_float(dtype) else arith.MulIOp
     else:
