@@ -622,7 +622,7 @@ def jax_lowering_rule_names(backend: str) -> dict[str, frozenset[str]]:
     them by kernel type (``"tc"``, ``"sc_vector_subcore"``, ...); ``"triton"`` has one registry,
     under ``"triton"``."""
     if backend == "mosaic_tpu":
-        import jax.experimental.pallas.tpu  # noqa: F401 - its modules register rules too
+        import jax.experimental.pallas.tpu
         from jax._src.pallas.mosaic import lowering as mosaic_lowering
 
         return {str(getattr(kind, "value", kind)): frozenset(p.name for p in rules)

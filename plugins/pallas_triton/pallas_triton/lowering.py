@@ -417,9 +417,10 @@ def _pointers(lowering: Lowering, eqn: Any, ref: BlockRef, transforms: Sequence[
     return tt.AddPtrOp(ptr_type, base, offset).result, mask, shape
 
 
-def _slice_size(lowering: Lowering, eqn: Any, idx: Any, block: int) -> int:
+def _slice_size(lowering: Lowering, eqn: Any, idx: Any, block: int | None) -> int:
     """The number of elements a slice (or a whole block dimension, for ``None``) takes."""
     if idx is None:
+        assert block is not None  # only kept dimensions are sliced
         return block
     if not isinstance(idx.size, int):
         raise lowering.fail("a pl.ds slice of dynamic size", eqn)

@@ -69,7 +69,7 @@ def _join(a: ir.Value, b: ir.Value, axis: int, dtype: Any) -> ir.Value:
     rank = len(shape)
     order = [*range(axis), rank, *range(axis, rank)]  # the new axis just before `axis`
     moved = tt.TransOp(joined, order).result if axis != rank else joined
-    out = shape[:axis] + [2 * shape[axis] if axis < rank else 2] + shape[axis + 1:]
+    out = [*shape[:axis], 2 * shape[axis] if axis < rank else 2, *shape[axis + 1:]]
     return _reshape(moved, out, dtype)
 
 
@@ -80,7 +80,7 @@ def _halve(x: ir.Value, axis: int, dtype: Any) -> tuple[ir.Value, ir.Value]:
     pairs = _reshape(x, [*shape[:axis], 2, shape[axis] // 2, *shape[axis + 1:]], dtype)
     order = [*range(axis), *range(axis + 1, rank + 1), axis]  # the pair axis last
     last = tt.TransOp(pairs, order).result
-    half = shape[:axis] + [shape[axis] // 2] + shape[axis + 1:]
+    half = [*shape[:axis], shape[axis] // 2, *shape[axis + 1:]]
     split = tt.SplitOp(last, results=[tir.value_type(half, dtype)] * 2)
     return split.results[0], split.results[1]
 
