@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
+from jax._src import ad_checkpoint as _ad_checkpoint
 from jax._src import ad_util, api_util, core, dispatch, effects, source_info_util
 from jax._src import config as _config
 from jax._src import linear_util as lu
@@ -91,17 +92,20 @@ ds = state_indexing.ds
 get_p = state_primitives.get_p
 swap_p = state_primitives.swap_p
 addupdate_p = state_primitives.addupdate_p
+"""``ref[idx] += value`` (what a Ref's ``+=`` becomes)."""
+broadcast_to_p = state_primitives.broadcast_to_p
+"""JAX's equal-rank broadcast, which indexing a Ref with several index arrays binds."""
+get_ref_and_transforms = state_primitives.get_ref_and_transforms
+transform_array = state_discharge.transform_array
+transform_swap_array = state_discharge.transform_swap_array
+run_state = state_discharge.run_state
+run_state_p = state_discharge.run_state_p
 
 
 def out_of_bound_slice(error: BaseException) -> bool:
     """Whether ``error`` is JAX's own refusal of a static slice past a Ref's end (raised while
     the Ref is indexed)."""
     return isinstance(error, ValueError) and str(error).startswith("Out of bound slice")
-get_ref_and_transforms = state_primitives.get_ref_and_transforms
-transform_array = state_discharge.transform_array
-transform_swap_array = state_discharge.transform_swap_array
-run_state = state_discharge.run_state
-run_state_p = state_discharge.run_state_p
 
 
 def register_discharge_rule(prim: Primitive) -> Callable[[Callable[..., Any]], Any]:
@@ -122,8 +126,9 @@ def register_discharge_rule(prim: Primitive) -> Callable[[Callable[..., Any]], A
 
 # --- structured primitives the reference evaluator walks into (imported above) -----------
 closed_call_p = core.closed_call_p
+remat_p = _ad_checkpoint.remat_p
 __all__ += ["axis_index_p", "closed_call_p", "cond_p", "custom_jvp_call_p", "custom_vjp_call_p",
-            "jit_p", "reshard_p", "scan_p", "while_p"]
+            "jit_p", "remat_p", "reshard_p", "scan_p", "while_p"]
 
 # --- transformations and lowering -------------------------------------------------------
 
@@ -618,16 +623,22 @@ def chip_answers(device_kind: str, platform: str, num_cores: int = 1) -> Iterato
 
 
 def jax_lowering_rule_names(backend: str) -> dict[str, frozenset[str]]:
-    """The names of the primitives JAX's own Pallas lowering for ``backend`` (``"mosaic_tpu"``)
-    has a rule for, per kernel type (``"tc"``, ``"sc_vector_subcore"``, ...): what this
-    project's backends are compared against."""
-    if backend != "mosaic_tpu":
-        raise ValueError(f"no JAX rule registry known for {backend!r}")
-    import jax.experimental.pallas.tpu  # noqa: F401 - its modules register rules too
-    from jax._src.pallas.mosaic import lowering as mosaic_lowering
+    """The names of the primitives JAX's own Pallas lowering for ``backend`` has a rule for,
+    per kernel type: what this project's backends are compared against. ``"mosaic_tpu"`` keys
+    them by kernel type (``"tc"``, ``"sc_vector_subcore"``, ...); ``"triton"`` has one registry,
+    under ``"triton"``."""
+    if backend == "mosaic_tpu":
+        import jax.experimental.pallas.tpu
+        from jax._src.pallas.mosaic import lowering as mosaic_lowering
 
-    return {str(getattr(kind, "value", kind)): frozenset(p.name for p in rules)
-            for kind, rules in mosaic_lowering.lowering_rules.items()}
+        return {str(getattr(kind, "value", kind)): frozenset(p.name for p in rules)
+                for kind, rules in mosaic_lowering.lowering_rules.items()}
+    if backend == "triton":
+        import jax.experimental.pallas.triton  # noqa: F401 - registers its primitives' rules
+        from jax._src.pallas.triton import lowering as triton_lowering
+
+        return {"triton": frozenset(p.name for p in triton_lowering.triton_lowering_rules)}
+    raise ValueError(f"no JAX rule registry known for {backend!r}")
 
 
 def threefry2x32_expansion(avals: Sequence[Any]) -> ClosedJaxpr:

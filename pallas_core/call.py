@@ -240,6 +240,8 @@ def _raised_at(error: BaseException, kernel: Any) -> str:
 def _kernel_name(kernel: Any, name: str | None) -> str:
     if name is not None:
         return name
+    while isinstance(kernel, functools.partial):  # JAX names a partial after its function
+        kernel = kernel.func
     return getattr(kernel, "__name__", None) or type(kernel).__name__
 
 

@@ -129,7 +129,8 @@ def is_unsigned(dtype: Any) -> bool:
 
 
 def called_jaxpr(eqn: Any) -> tuple[Any, Sequence[Any]]:
-    """``(jaxpr, consts)`` of a call-like equation (``jit``, ``closed_call``, custom JVP/VJP)."""
+    """``(jaxpr, consts)`` of a call-like equation (``jit``, ``closed_call``, custom JVP/VJP,
+    ``remat``)."""
     sub = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
     if isinstance(sub, _jax.ClosedJaxpr):
         return sub.jaxpr, sub.consts
@@ -137,8 +138,9 @@ def called_jaxpr(eqn: Any) -> tuple[Any, Sequence[Any]]:
 
 
 CALL_PRIMITIVES = (_jax.jit_p, _jax.closed_call_p, _jax.custom_jvp_call_p,
-                   _jax.custom_vjp_call_p)
-"""Primitives that call a jaxpr, which backends inline."""
+                   _jax.custom_vjp_call_p, _jax.remat_p)
+"""Primitives that call a jaxpr, which backends inline (``jax.checkpoint``'s only matters to
+differentiation, which is done by the time a kernel lowers)."""
 
 
 def verify(module: Any, backend: str, kernel: str) -> None:

@@ -170,6 +170,35 @@ def table(d: Dialect) -> Rules:
                   else (arith.MaxSIOp, arith.MinSIOp))
         return mn(mx(x, lo).result, hi).result
 
+    @rule(lax.nextafter_p)
+    def _nextafter(state: LoweringState, eqn: Any, x: ir.Value, y: ir.Value) -> ir.Value:
+        """The float after ``x`` towards ``y``: one step of the bit pattern (away from zero
+        or towards it), the smallest subnormal of ``y``'s sign from zero, ``y`` where they
+        are equal, NaN where either is."""
+        aval = _out(eqn)
+        if not is_float(aval.dtype):
+            raise _refuse(state, eqn, aval.dtype)
+        x, y = bcast(eqn, x, y)
+        bits = _bits(aval.dtype)
+        ints = aval.update(dtype=np.dtype(f"int{bits}"))
+        int_type = d.value_type(aval.shape, ints.dtype)
+        float_type = d.value_type(aval.shape, aval.dtype)
+        ix = arith.BitcastOp(int_type, x).result
+        iy = arith.BitcastOp(int_type, y).result
+        zero = const(0.0, aval)
+        # Towards zero when y is below a positive x or above a negative one.
+        inwards = arith.XOrIOp(cmp("lt", aval.dtype, x, y),
+                               cmp("gt", aval.dtype, x, zero)).result
+        stepped = select(inwards, arith.SubIOp(ix, const(1, ints)).result,
+                         arith.AddIOp(ix, const(1, ints)).result)
+        sign = arith.AndIOp(iy, const(-(1 << (bits - 1)), ints)).result
+        tiny = arith.OrIOp(sign, const(1, ints)).result
+        out = select(cmp("eq", aval.dtype, x, zero), tiny, stepped)
+        out = select(cmp("eq", aval.dtype, x, y), iy, out)
+        out = arith.BitcastOp(float_type, out).result
+        unordered = arith.CmpFOp(arith.CmpFPredicate.UNO, x, y).result
+        return select(unordered, arith.AddFOp(x, y).result, out)
+
     # --- unary
 
     def float_unary(op: Any) -> Any:
@@ -186,7 +215,11 @@ def table(d: Dialect) -> Rules:
                      (lax.sin_p, mmath.SinOp), (lax.cos_p, mmath.CosOp),
                      (lax.tan_p, mmath.TanOp), (lax.tanh_p, mmath.TanhOp),
                      (lax.atan_p, mmath.AtanOp), (lax.floor_p, mmath.FloorOp),
-                     (lax.ceil_p, mmath.CeilOp), (lax.erf_p, mmath.ErfOp)):
+                     (lax.ceil_p, mmath.CeilOp), (lax.erf_p, mmath.ErfOp),
+                     (lax.asin_p, mmath.AsinOp), (lax.acos_p, mmath.AcosOp),
+                     (lax.sinh_p, mmath.SinhOp), (lax.cosh_p, mmath.CoshOp),
+                     (lax.asinh_p, mmath.AsinhOp), (lax.acosh_p, mmath.AcoshOp),
+                     (lax.atanh_p, mmath.AtanhOp)):
         rules[prim] = float_unary(op)
     if hasattr(lax, "log2_p"):  # JAX 0.11
         rules[lax.log2_p] = float_unary(mmath.Log2Op)

@@ -305,9 +305,6 @@ def _grad(fn: Callable[..., jax.Array]) -> Callable[..., Any]:
     return jax.grad(lambda *a: jnp.sum(fn(*a).astype(F32)), argnums=(0, 1, 2))
 
 
-_MULTI_INDEX = pytest.mark.xfail(
-    strict=True, reason="the dW/dB kernel gathers with two index arrays "
-    "(x_ref.at[rows[:, None], cols[None]]), which the Triton lowering does not support yet")
 LOWERINGS = {
     "mha": (lambda q, k, v: attention.mha(q, k, v, None, causal=True, block_sizes=BLOCKS), _MHA),
     "mha_backward": (_grad(lambda q, k, v: attention.mha(q, k, v, None, block_sizes=BLOCKS)),
@@ -327,8 +324,9 @@ LOWERINGS = {
     "rms_norm": (rms_norm.rms_norm, _NORM),
     "softmax": (lambda x: softmax.softmax(x, axis=-1), (_S((8, 100), F32),)),
 }
-LOWERING_CASES = [*LOWERINGS, pytest.param("layer_norm_backward", marks=_MULTI_INDEX),
-                  pytest.param("rms_norm_backward", marks=_MULTI_INDEX)]
+# The norm backward passes: their dW/dB kernel gathers with two index arrays
+# (x_ref.at[rows[:, None], cols[None]]).
+LOWERING_CASES = [*LOWERINGS, "layer_norm_backward", "rms_norm_backward"]
 
 
 @pytest.mark.parametrize("name", LOWERING_CASES)

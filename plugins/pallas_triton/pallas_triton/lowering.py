@@ -338,6 +338,18 @@ def _program_id(lowering: Lowering, eqn: Any) -> ir.Value:
     return lowering.program_ids[lowering.call.grid_mapping.num_batch_axes + axis]
 
 
+@rule(_jax.axis_index_p)
+def _axis_index(lowering: Lowering, eqn: Any) -> ir.Value:
+    """The program's index along a named grid axis (``grid_names``)."""
+    gm = lowering.call.grid_mapping
+    name = eqn.params["axis_name"]
+    name = name[0] if isinstance(name, tuple) and len(name) == 1 else name
+    if not gm.grid_names or name not in gm.grid_names:
+        raise lowering.fail(f"lax.axis_index({name!r}) of an axis that is not one of the "
+                            f"kernel's grid axes {tuple(gm.grid_names or ())}", eqn)
+    return lowering.program_ids[gm.num_batch_axes + gm.grid_names.index(name)]
+
+
 @rule(prims.multiple_of_p)
 def _multiple_of(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
     return x
@@ -348,7 +360,11 @@ def _multiple_of(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
 
 def _pointers(lowering: Lowering, eqn: Any, ref: BlockRef, transforms: Sequence[Any]
               ) -> tuple[ir.Value, ir.Value | None, tuple[int, ...]]:
-    """Pointers to the elements ``ref[transforms]`` names, the in-bounds mask, the shape."""
+    """Pointers to the elements ``ref[transforms]`` names, the in-bounds mask, the shape.
+
+    The shape is NumPy's: index arrays (broadcast together) give their shape once, where the
+    first of them stands if they are neighbours, else in front; slices give theirs in order.
+    """
     bm = ref.bm
     if len(transforms) > 1 or (transforms and not isinstance(transforms[0], _jax.NDIndexer)):
         raise lowering.fail("Ref transforms other than indexing", eqn)
@@ -357,47 +373,47 @@ def _pointers(lowering: Lowering, eqn: Any, ref: BlockRef, transforms: Sequence[
     if transforms:
         for d, idx in zip(kept_dims, transforms[0].indices):
             indices[d] = idx
-    # Per array dimension: (offset scalar or 1-D tensor, is_range).
-    parts: list[tuple[ir.Value, bool]] = []
-    for d, b in enumerate(bm.block_shape):
-        idx = indices[d]
-        if b is None:
-            parts.append((ref.starts[d], False))
-        elif idx is None:
-            parts.append((_range_from(ref.starts[d], b, 1), True))
-        elif isinstance(idx, _jax.Slice):
-            if not isinstance(idx.size, int):
-                raise lowering.fail("a pl.ds slice of dynamic size", eqn)
-            start = _as_i32(lowering, eqn, idx.start)
-            begin = arith.AddIOp(ref.starts[d], start).result
-            parts.append((_range_from(begin, idx.size, idx.stride), True))
-        else:
-            index = _as_i32(lowering, eqn, idx)
-            index_shape = tir.shape_of(index)
-            if len(index_shape) > 1:
-                raise lowering.fail("indexing a Ref with a multi-dimensional index array", eqn)
-            if index_shape:  # a gather along this dimension
-                parts.append((arith.AddIOp(tir.splat(ref.starts[d], index_shape),
-                                           index).result, True))
-            else:
-                parts.append((arith.AddIOp(ref.starts[d], index).result, False))
-    if sum(1 for i in (indices or []) if i is not None and not isinstance(i, _jax.Slice)
-           and tir.shape_of(_as_i32(lowering, eqn, i))) > 1:
-        raise lowering.fail("indexing a Ref with more than one index array", eqn)
-    ranges = [i for i, (_, r) in enumerate(parts) if r]
-    shape = tuple(tir.shape_of(parts[i][0])[0] for i in ranges)
+    arrays = {d: _as_i32(lowering, eqn, indices[d]) for d in kept_dims
+              if indices[d] is not None and not isinstance(indices[d], _jax.Slice)}
+    int_shape = tuple(np.broadcast_shapes(*(tir.shape_of(v) for v in arrays.values())))
+    is_int = [d in arrays for d in kept_dims]
+    where = [i for i, t in enumerate(is_int) if t]
+    pos = where[0] if where and where == list(range(where[0], where[-1] + 1)) else 0
+    sizes = [_slice_size(lowering, eqn, indices[d], bm.block_shape[d])
+             for d in kept_dims if d not in arrays]
+    shape = (*sizes[:pos], *int_shape, *sizes[pos:])
     validation.check_access_shape(f"kernel {lowering.call.name!r} ({lowering.location})",
                                   bm.origin, bm.ref_shape, shape)
     rank = len(shape)
-    strides = [math.prod(bm.array_shape[d + 1:]) for d in range(len(bm.array_shape))]
-    offset: ir.Value = tir.i32(0)
-    offset = tir.broadcast_to(offset, shape)
-    mask: ir.Value | None = None
-    for d, (part, is_range) in enumerate(parts):
-        if is_range:
-            part = tir.broadcast_to(tir.expand_to_rank(part, ranges.index(d), rank), shape)
+    parts: list[ir.Value] = []  # per array dimension: the element index, scalar or tensor
+    n_slices = 0
+    for d, b in enumerate(bm.block_shape):
+        idx = indices[d]
+        if b is None:
+            parts.append(ref.starts[d])
+        elif d in arrays:
+            index = arrays[d]
+            if tir.shape_of(index):
+                first = pos + len(int_shape) - len(tir.shape_of(index))
+                index = arith.AddIOp(tir.splat(ref.starts[d], tir.shape_of(index)),
+                                     index).result
+                parts.append(tir.expand_to_rank(index, first, rank))
+            else:
+                parts.append(arith.AddIOp(ref.starts[d], index).result)
         else:
-            part = tir.broadcast_to(part, shape)
+            axis = n_slices if n_slices < pos else n_slices + len(int_shape)
+            begin, stride = ref.starts[d], 1
+            if isinstance(idx, _jax.Slice):
+                begin = arith.AddIOp(begin, _as_i32(lowering, eqn, idx.start)).result
+                stride = idx.stride
+            parts.append(tir.expand_to_rank(_range_from(begin, sizes[n_slices], stride),
+                                            axis, rank))
+            n_slices += 1
+    strides = [math.prod(bm.array_shape[d + 1:]) for d in range(len(bm.array_shape))]
+    offset = tir.broadcast_to(tir.i32(0), shape)
+    mask: ir.Value | None = None
+    for d, part in enumerate(parts):
+        part = tir.broadcast_to(part, shape)
         scaled = arith.MulIOp(part, tir.broadcast_to(tir.i32(strides[d]), shape)).result
         offset = arith.AddIOp(offset, scaled).result
         # Unsigned: a negative index is out of bounds too.
@@ -407,6 +423,16 @@ def _pointers(lowering: Lowering, eqn: Any, ref: BlockRef, transforms: Sequence[
     ptr_type = ir.RankedTensorType.get(list(shape), ref.ptr.type) if shape else ref.ptr.type
     base = tir.splat(ref.ptr, shape) if shape else ref.ptr
     return tt.AddPtrOp(ptr_type, base, offset).result, mask, shape
+
+
+def _slice_size(lowering: Lowering, eqn: Any, idx: Any, block: int | None) -> int:
+    """The number of elements a slice (or a whole block dimension, for ``None``) takes."""
+    if idx is None:
+        assert block is not None  # only kept dimensions are sliced
+        return block
+    if not isinstance(idx.size, int):
+        raise lowering.fail("a pl.ds slice of dynamic size", eqn)
+    return idx.size
 
 
 def _range_from(start: ir.Value, size: int, stride: int) -> ir.Value:
@@ -559,6 +585,20 @@ def _float_atomic_max_min(ptrs: ir.Value, value: ir.Value, mask: ir.Value | None
     return tt.BitcastOp(tir.value_type(shape, np.float32), old).result
 
 
+@rule(_jax.addupdate_p)
+def _addupdate(lowering: Lowering, eqn: Any, ref: BlockRef, value: ir.Value,
+               *args: Any) -> list[Any]:
+    """``ref[idx] += value`` as an atomic add, as JAX's Triton lowering has it: programs that
+    add to one element do not lose each other's sums."""
+    ptrs, mask, shape = _pointers(lowering, eqn, ref, _transforms(eqn, args))
+    dtype = eqn.invars[1].aval.dtype
+    if np.dtype(dtype) == np.bool_:
+        raise lowering.fail("adding to a Ref of bool", eqn)
+    kind = tt.RMWOp.FADD if tir.is_float(dtype) else tt.RMWOp.ADD
+    _rmw(kind, ptrs, tir.broadcast_to(value, shape), mask, tir.value_type(shape, dtype))
+    return []
+
+
 @rule(prims.atomic_cas_p)
 def _atomic_cas(lowering: Lowering, eqn: Any, ref: BlockRef, cmp: ir.Value, value: ir.Value,
                 *args: Any) -> ir.Value:
@@ -625,3 +665,7 @@ def _max_contiguous(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
 def _debug_barrier(lowering: Lowering, eqn: Any) -> list[Any]:
     gpu.BarrierOp()
     return []
+
+
+# Whole-array rules (broadcast_to, concatenate and split, argmax, cumulative sums) join RULES.
+from pallas_triton import lowering_arrays  # noqa: E402, F401
