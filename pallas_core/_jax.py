@@ -102,6 +102,10 @@ run_state = state_discharge.run_state
 run_state_p = state_discharge.run_state_p
 
 
+ConcretizationTypeError = jax.errors.ConcretizationTypeError
+"""A traced value used where Python needs a concrete one (``if``, ``bool``, ``int``)."""
+
+
 def out_of_bound_slice(error: BaseException) -> bool:
     """Whether ``error`` is JAX's own refusal of a static slice past a Ref's end (raised while
     the Ref is indexed)."""

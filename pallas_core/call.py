@@ -157,8 +157,46 @@ def _out_shape_leaves(out_shape: Any, kernel_name: str) -> tuple[list[Any], Any]
                 f"{what}; expected a jax.ShapeDtypeStruct (or an array) with shape and dtype. "
                 "Fix: out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype)."
             )
+        dynamic = [d for d, n in enumerate(shape) if isinstance(n, _jax.Tracer)]
+        if dynamic:
+            raise KernelSignatureError(
+                f"pallas_call of kernel {kernel_name!r}: out_shape leaf {i} has dimension "
+                f"{dynamic[0]} known only when the program runs (a traced value, e.g. an "
+                "argument of jax.jit); output shapes must be static. Fix: pass the size as a "
+                "static argument (jax.jit(..., static_argnums=...)) or take it from an "
+                "operand's .shape.")
+        wide = _numpy_dtype(dtype)
+        if (wide is not None and wide.itemsize == 8 and wide.kind in "fiu"
+                and not jax.config.read("jax_enable_x64")):
+            raise KernelSignatureError(
+                f"pallas_call of kernel {kernel_name!r}: out_shape leaf {i} has dtype {wide}, "
+                "but 64-bit types are off (jax_enable_x64 is False), so the kernel's values "
+                f"would be 32-bit. Fix: jax.config.update('jax_enable_x64', True), or use a "
+                "32-bit dtype.")
         out.append(jax.ShapeDtypeStruct(tuple(shape), dtype))
     return out, tree
+
+
+def _check_not_empty(gm: gmap.GridMapping, kernel_name: str) -> None:
+    """An array with a zero-size dimension that a block of nonzero size walks has no block to
+    give the kernel."""
+    for bm in gm.block_mappings:
+        for d, (n, b) in enumerate(zip(bm.array_shape, bm.block_shape, strict=False)):
+            if n == 0 and b not in (None, 0):
+                raise ArgumentError(
+                    f"pallas_call of kernel {kernel_name!r}: {bm.origin} has shape "
+                    f"{bm.array_shape}, empty along dimension {d}, but its blocks have size "
+                    f"{b} there: every block would lie outside the array. Fix: skip the call "
+                    "when the array is empty (if x.size == 0: ...), or give it whole-array "
+                    "blocks (no BlockSpec).")
+
+
+def _numpy_dtype(dtype: Any) -> np.dtype | None:
+    """``dtype`` as a numpy dtype (``None`` for JAX's extended dtypes, such as PRNG keys)."""
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        return None
 
 
 def _is_dtype(x: Any) -> bool:
@@ -272,6 +310,16 @@ def trace_kernel(kernel: Callable[..., Any], gm: gmap.GridMapping, in_tree: Any,
             result = kernel(*ins, *outs, *positional, **keywords)
         except PallasError:
             raise
+        except NameError as e:
+            if "unbound axis name" not in str(e):
+                raise
+            names = [n for n in (gm.grid_names or ()) if n is not None]
+            raise KernelTraceError(
+                f"kernel {kernel_name!r} ({_raised_at(e, kernel)}) asks for an axis no one "
+                f"named ({e}). The kernel's named grid axes: {names or 'none'}; mesh axes "
+                "exist only under jax.shard_map (or pl.kernel's mesh). Fix: name the grid axes "
+                "(grid=(('i', 4), ('j', 2))) and use one of those names, or call the kernel "
+                "under shard_map over that axis.") from e
         except (ValueError, TypeError, IndexError) as e:
             if _jax.out_of_bound_slice(e):
                 raise OutOfBoundsError(
@@ -407,6 +455,7 @@ def pallas_call(
         prefetch_tree = jax.tree_util.tree_structure(tuple(args[:grid_spec.num_scalar_prefetch]))
         gm = _make_grid_mapping(grid_spec, flat_args, spec_tree, out_leaves, out_tree, kernel,
                                 kernel_name, grid_names, _grid_names is not None, prefetch_tree)
+        _check_not_empty(gm, kernel_name)
         scratch_tree = gmap.scratch_leaves(grid_spec.scratch_shapes)[1]
         scratch = jax.tree_util.tree_unflatten(scratch_tree, gm.scratch_avals)
         names, keywords = _top_level_names(args, out_shape, scratch)

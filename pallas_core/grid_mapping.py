@@ -300,6 +300,15 @@ def _trace_index_map(spec: BlockSpec, dims: tuple[BlockDim, ...], grid: tuple[in
                                                                        idx[len(grid):]))
             with prims.kernel_trace_context(prims.KernelTraceContext(grid, grid_names)):
                 out = fn(*args)
+        except _jax.ConcretizationTypeError as e:
+            code = getattr(fn, "__code__", None)
+            where = f" ({code.co_filename}:{code.co_firstlineno})" if code is not None else ""
+            raise BlockSpecError(
+                f"In kernel {kernel_name!r}, the index map of {origin}{where} uses a grid index "
+                "(or a scalar-prefetch value) in Python control flow (if, while, bool(), int()), "
+                "but index maps are traced: the indices are known only when the kernel runs. "
+                "Fix: compute with jnp.where(cond, a, b) or lax.select instead of if/else."
+            ) from e
         except TypeError as e:
             if "positional argument" in str(e):
                 raise IndexMapSignatureError(

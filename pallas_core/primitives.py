@@ -10,6 +10,7 @@ import contextlib
 import contextvars
 import dataclasses
 import enum
+import string
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -179,9 +180,24 @@ debug_print_p.def_effectful_abstract_eval(lambda *args, fmt: ([], {debug_print_e
 
 
 def debug_print(fmt: str, *args: Any) -> None:
-    """Prints ``fmt`` with ``{}`` placeholders replaced by ``args`` (scalars or arrays)."""
+    """Prints ``fmt`` with ``{}`` placeholders replaced by ``args`` (scalars or arrays; a Ref
+    prints its contents)."""
     if not isinstance(fmt, str):
         raise PallasError(f"pl.debug_print expects a format string first, found {fmt!r}.")
+    try:
+        fields = list(string.Formatter().parse(fmt))
+    except ValueError as e:
+        raise PallasError(f"pl.debug_print format {fmt!r} is not a format string: {e}. Fix: "
+                          "write '{{' and '}}' for literal braces.") from e
+    for _, field, spec, conversion in fields:
+        if spec or conversion or field:
+            what = (f"the format spec ':{spec}'" if spec else f"the conversion '!{conversion}'"
+                    if conversion else f"the field name {field!r}")
+            raise PallasError(
+                f"pl.debug_print format {fmt!r} has {what}; kernels print with plain '{{}}' "
+                "placeholders, one per value, in order (as jax.experimental.pallas requires). "
+                "Fix: write '{}' and round or convert the value in the kernel.")
+    args = tuple(a[...] if _is_ref(a) else a for a in args)
     if args and "{}" not in fmt:
         fmt = fmt + " {}" * len(args)  # values appended, as Triton's print does
     if fmt.count("{}") != len(args):
@@ -190,6 +206,13 @@ def debug_print(fmt: str, *args: Any) -> None:
             f"{len(args)} values were given. Fix: use one '{{}}' per value."
         )
     debug_print_p.bind(*(jnp.asarray(a) for a in args), fmt=fmt)
+
+
+def _is_ref(value: Any) -> bool:
+    try:
+        return isinstance(_jax.ref_type_of(value), _jax.AbstractRef)
+    except TypeError:  # not a JAX value at all
+        return False
 
 
 # --- memory access -------------------------------------------------------------------------

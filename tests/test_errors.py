@@ -536,3 +536,88 @@ def test_constant_indices_inside_the_ref_still_run():
     want[-1] = want[0] + want[7]
     want[2:8] = np.asarray(x)[0:6]
     np.testing.assert_array_equal(pl.pallas_call(kernel, _sds(x))(x), want)
+
+
+# --- user mistakes that raised raw exceptions (issue 18) --------------------------------------
+
+
+def _printing(fmt):
+    def kernel(x_ref, o_ref):
+        pl.debug_print(fmt, x_ref[0, 0])
+        o_ref[...] = x_ref[...]
+    return kernel
+
+
+@pytest.mark.parametrize(("fmt", "what"), [("v={:.3f}", "the format spec ':.3f'"),
+                                           ("v={!r}", "the conversion '!r'"),
+                                           ("v={v}", "the field name 'v'"),
+                                           ("v={0}", "the field name '0'")])
+def test_debug_print_refuses_format_specs_and_named_fields(fmt, what):
+    x = _rand((8, 128))
+    with _raises(pl.PallasError, f"pl.debug_print format {fmt!r} has {what}",
+                 "Fix: write '{}'"):
+        pl.pallas_call(_printing(fmt), _sds(x))(x)
+
+
+def test_debug_print_of_a_ref_prints_its_contents(capfd):
+    def kernel(x_ref, o_ref):
+        pl.debug_print("row={}", x_ref)
+        o_ref[...] = x_ref[...]
+
+    x = jnp.arange(4, dtype=jnp.float32)
+    jax.block_until_ready(pl.pallas_call(kernel, _sds(x))(x))
+    assert "row=[0. 1. 2. 3.]" in capfd.readouterr().out
+
+
+def test_axis_index_of_an_unknown_axis_names_the_axes_there_are():
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...] + jax.lax.axis_index("rows")
+
+    x = _rand((16, 128))
+    spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+    with _raises(pl.KernelTraceError, "kernel 'kernel'", "test_errors.py:",
+                 "asks for an axis no one named", "named grid axes: ['i']",
+                 "Fix: name the grid axes"):
+        pl.pallas_call(kernel, _sds(x), grid=(("i", 2),), in_specs=[spec], out_specs=spec)(x)
+
+
+def test_python_if_on_a_grid_index_names_the_index_map():
+    def index_map(i):
+        if i > 0:
+            return (i, 0)
+        return (0, 0)
+
+    x = _rand((16, 128))
+    with _raises(pl.BlockSpecError, "the index map of input 0 (x_ref)",
+                 f"test_errors.py:{index_map.__code__.co_firstlineno}",
+                 "Python control flow", "Fix: compute with jnp.where"):
+        pl.pallas_call(copy_kernel, _sds(x), grid=(2,),
+                       in_specs=[pl.BlockSpec((8, 128), index_map)],
+                       out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)))(x)
+
+
+def test_a_traced_out_shape_dimension_is_refused():
+    x = _rand((16, 128))
+    f = jax.jit(lambda x, n: pl.pallas_call(copy_kernel, jax.ShapeDtypeStruct((n, 128),
+                                                                              x.dtype))(x))
+    with _raises(pl.KernelSignatureError, "out_shape leaf 0 has dimension 0 known only when",
+                 "static_argnums"):
+        f(x, 16)
+
+
+def test_a_64_bit_output_without_x64_names_the_flag():
+    if jax.config.read("jax_enable_x64"):
+        pytest.skip("64-bit types are on here")
+    x = _rand((8, 128))
+    with _raises(pl.KernelSignatureError, "has dtype float64", "jax_enable_x64 is False",
+                 "jax.config.update('jax_enable_x64', True)"):
+        pl.pallas_call(copy_kernel, jax.ShapeDtypeStruct(x.shape, np.float64))(x)
+
+
+def test_an_empty_array_walked_by_blocks_is_refused_and_whole_blocks_run():
+    x = jnp.zeros((0, 128), jnp.float32)
+    spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+    with _raises(pl.ArgumentError, "input 0 (x_ref) has shape (0, 128), empty along dimension 0",
+                 "blocks have size 8", "Fix: skip the call when the array is empty"):
+        pl.pallas_call(copy_kernel, _sds(x), grid=(1,), in_specs=[spec], out_specs=spec)(x)
+    assert pl.pallas_call(copy_kernel, _sds(x))(x).shape == (0, 128)
