@@ -22,6 +22,14 @@ _UNKNOWN = object()
 """A leaf of an indexer whose value is computed when the kernel runs."""
 
 
+class _Leaf:
+    """A leaf of an indexer that is a literal: an array constant (an int index, or a slice
+    start passed as an array), as opposed to a Python int held in the indexer itself."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
 def _accesses() -> dict[Any, tuple[int, str, bool]]:
     """Ref-access primitive -> (operands before its indexers, what it does to the Ref, whether
     it is masked: masked lanes are never touched, so only a masked slice's start must lie
@@ -46,7 +54,7 @@ def check_constant_indices(jaxpr: Any, kernel_name: str) -> None:
             continue
         first, verb, masked = found
         leaves = eqn.invars[first:first + tree.num_leaves]
-        values = [a.val if isinstance(a, _jax.Literal) else _UNKNOWN for a in leaves]
+        values = [_Leaf(a.val) if isinstance(a, _jax.Literal) else _UNKNOWN for a in leaves]
         try:
             transforms = jax.tree_util.tree_unflatten(tree, values)
         except Exception:  # an indexer that cannot hold placeholders: nothing static to check
@@ -60,6 +68,8 @@ def _static(value: Any) -> np.ndarray | None:
     """A static index as an array (a Python int, or a literal's value), else ``None``."""
     if value is _UNKNOWN:
         return None
+    if isinstance(value, _Leaf):
+        value = value.value
     try:
         return np.asarray(value)
     except Exception:  # a symbolic size, or anything else not known yet
@@ -72,6 +82,10 @@ def _check(indexer: Any, eqn: Any, verb: str, masked: bool, kernel_name: str) ->
         if not isinstance(dim, (int, np.integer)):
             continue
         if isinstance(index, _jax.Slice):
+            if isinstance(index.start, _Leaf) or index.start is _UNKNOWN:
+                # A start passed as an array is the kernel's to keep inside (JAX checks only
+                # static ones too): it may lie in a TPU buffer's tile padding on purpose.
+                continue
             start, size = _static(index.start), _static(index.size)
             if start is None or start.ndim:
                 continue
