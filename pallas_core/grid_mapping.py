@@ -457,7 +457,7 @@ def _index_values(bm: BlockMapping, cols: Sequence[np.ndarray], n: int) -> np.nd
     that reads scalar-prefetch operands in a way numpy cannot evaluate."""
     try:
         outs = index_eval.evaluate(bm.index_map, cols)
-    except index_eval.NotVectorisable:
+    except index_eval.NotVectorisableError:
         if bm.num_prefetch:
             return None
         outs = _index_values_with_jax(bm, cols, n)

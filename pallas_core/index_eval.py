@@ -7,7 +7,7 @@ is evaluated with numpy instead: every variable holds one value per grid point (
 or a 0-d array where it does not depend on the grid), with the integer semantics of XLA
 (wrapping arithmetic, division rounding towards zero, ``x // 0 == -1`` and ``x % 0 == x``).
 
-:func:`evaluate` raises :class:`NotVectorisable` for an equation it has no rule for (a
+:func:`evaluate` raises :class:`NotVectorisableError` for an equation it has no rule for (a
 ``lax.cond``, a gather from an ``iota``, a read of a scalar-prefetch Ref, ...); callers then
 evaluate with JAX on fixed-size chunks of points. :func:`output_axes` says which grid axes each
 output of an index map depends on, so that an index depending on one axis of a huge grid is
@@ -24,7 +24,7 @@ import numpy as np
 from pallas_core import _jax
 
 
-class NotVectorisable(Exception):
+class NotVectorisableError(Exception):
     """An index map has an equation that :func:`evaluate` cannot run with numpy."""
 
 
@@ -37,7 +37,7 @@ def _call_jaxpr(params: Any) -> Any:
     for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
         if key in params:
             return params[key]
-    raise NotVectorisable("a call without a jaxpr")
+    raise NotVectorisableError("a call without a jaxpr")
 
 
 def _bits(x: np.ndarray) -> int:
@@ -129,7 +129,7 @@ _RULES["integer_pow"] = _integer_pow
 def evaluate(closed: Any, args: Sequence[np.ndarray]) -> list[np.ndarray]:
     """Evaluates the closed jaxpr ``closed`` (scalar inputs and outputs) with numpy, each
     argument holding one value per grid point (or one for all): per output a 0-d or 1-d
-    array. Raises :class:`NotVectorisable` where it cannot."""
+    array. Raises :class:`NotVectorisableError` where it cannot."""
     with np.errstate(all="ignore"):
         return _evaluate(closed.jaxpr, closed.consts, args)
 
@@ -153,7 +153,7 @@ def _evaluate(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[np
         try:
             ins = [read(a) for a in eqn.invars]
         except KeyError:
-            raise NotVectorisable(f"{name} reads a Ref") from None
+            raise NotVectorisableError(f"{name} reads a Ref") from None
         if name in _CALLS:
             sub = _call_jaxpr(eqn.params)
             sub_jaxpr, sub_consts = getattr(sub, "jaxpr", sub), getattr(sub, "consts", ())
@@ -163,7 +163,7 @@ def _evaluate(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[np
             result = _RULES[name](*ins, **params)
             outs = [result]
         else:
-            raise NotVectorisable(name)
+            raise NotVectorisableError(name)
         for var, out in zip(eqn.outvars, outs):
             env[var] = _scalar_per_point(var.aval, np.asarray(out))
     return [read(v) for v in jaxpr.outvars]
@@ -171,7 +171,7 @@ def _evaluate(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[np
 
 def _scalar_per_point(aval: Any, value: np.ndarray) -> np.ndarray:
     if getattr(aval, "shape", None) != () or value.ndim > 1:
-        raise NotVectorisable(f"a value of type {aval}")
+        raise NotVectorisableError(f"a value of type {aval}")
     return value.astype(aval.dtype, copy=False)
 
 
