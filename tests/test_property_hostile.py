@@ -83,7 +83,7 @@ def examples(draw: Any) -> dict[str, Any]:
     dtype = draw(st.sampled_from(DTYPES[:1] * 6 + DTYPES))
     blocks = tuple(draw(dimension_blocks(n)) for n in shape)
     if draw(st.integers(0, 9)) == 0:
-        blocks = blocks + (1,) if draw(st.booleans()) else blocks[:-1]
+        blocks = (*blocks, 1) if draw(st.booleans()) else blocks[:-1]
     # A grid that walks the blocks, or another one.
     if draw(st.booleans()) and all(isinstance(b, int) and b > 0 for b in blocks[:rank]):
         grid = tuple(-(-n // b) for n, b in zip(shape, blocks))
