@@ -139,7 +139,7 @@ def _evaluate(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[np
 
     def read(atom: Any) -> np.ndarray:
         if isinstance(atom, _jax.Literal):
-            return np.asarray(atom.val, atom.aval.dtype)
+            return np.asarray(atom.val, getattr(atom.aval, "dtype", None))
         return env[atom]
 
     for var, val in zip(jaxpr.constvars, consts):

@@ -121,3 +121,12 @@ def test_simple_index_maps_are_not_evaluated_with_jax(monkeypatch: Any) -> None:
     for n in range(300, 340):
         _trace((n, 2), (n, 16), (1, 8), lambda i, j: (i, j),
                lambda i, j, n=n: (jnp.where(i < 0, 0, n - 1 - i), j % 2))
+
+
+def test_a_squeezed_dimension_of_an_empty_array_is_refused() -> None:
+    # It gave the kernel one element of an empty dimension (a raw TypeError in the interpreter).
+    f = pl.pallas_call(_copy, out_shape=jax.ShapeDtypeStruct((0, 4), F32),
+                       in_specs=[pl.BlockSpec((None, 4), lambda: (0, 0))],
+                       out_specs=pl.BlockSpec((None, 4), lambda: (0, 0)))
+    with pytest.raises(pl.ArgumentError, match=r"empty along dimension 0.*size 1"):
+        f(jnp.zeros((0, 4), F32))

@@ -144,7 +144,13 @@ def test_hostile_kernels_match_jax_or_raise_a_pallas_error(ex: dict[str, Any]) -
         ours = np.asarray(jax.block_until_ready(_call(pl, ex, interpret=True)(x)))
     except pl.PallasError:
         return
-    theirs = np.asarray(_call(jpl, ex, interpret=True)(x))
+    try:
+        theirs = np.asarray(_call(jpl, ex, interpret=True)(x))
+    except Exception:
+        # JAX's interpreter fails on some set-ups ours runs (a squeezed block of an empty
+        # array on an empty grid): only an empty result is then expected.
+        assert ours.size == 0 or not _written(ex).any(), ex
+        return
     assert ours.shape == theirs.shape and ours.dtype == theirs.dtype, (ours, theirs)
     mask = _written(ex)
     np.testing.assert_array_equal(ours[mask], theirs[mask])
