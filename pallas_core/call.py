@@ -182,13 +182,13 @@ def _check_not_empty(gm: gmap.GridMapping, kernel_name: str) -> None:
     give the kernel."""
     for bm in gm.block_mappings:
         for d, (n, b) in enumerate(zip(bm.array_shape, bm.block_shape, strict=False)):
-            if n == 0 and b not in (None, 0):
+            if n == 0 and b != 0:  # a squeezed dimension (None) has blocks of size 1
                 raise ArgumentError(
                     f"pallas_call of kernel {kernel_name!r}: {bm.origin} has shape "
                     f"{bm.array_shape}, empty along dimension {d}, but its blocks have size "
-                    f"{b} there: every block would lie outside the array. Fix: skip the call "
-                    "when the array is empty (if x.size == 0: ...), or give it whole-array "
-                    "blocks (no BlockSpec).")
+                    f"{1 if b is None else b} there: every block would lie outside the array. "
+                    "Fix: skip the call when the array is empty (if x.size == 0: ...), or give "
+                    "it whole-array blocks (no BlockSpec).")
 
 
 def _numpy_dtype(dtype: Any) -> np.dtype | None:

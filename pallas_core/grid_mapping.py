@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_core import _jax
+from pallas_core import _jax, index_eval
 from pallas_core.errors import (
     BlockSpecError,
     IndexMapSignatureError,
@@ -37,7 +37,7 @@ from pallas_core.spec import (
     squeezed,
 )
 
-# Index maps are checked on every grid point ahead of time up to this many points.
+# Tables of every operand's index-map values (for backends) are made up to this many points.
 MAX_STATIC_CHECK_POINTS = 1 << 20
 
 
@@ -388,20 +388,98 @@ def make_block_mapping(spec: Any, x: Any, grid: tuple[int, ...], origin: str,
 def check_index_maps_in_bounds(gm: GridMapping, kernel_name: str, inputs: bool = True) -> None:
     """Raises ``OutOfBoundsError`` if any index map leaves its array on any grid point.
 
-    Evaluated ahead of time on every grid point (index maps are pure functions of the grid
-    indices); grids larger than ``MAX_STATIC_CHECK_POINTS``, dynamic grids and index maps that
-    read scalar-prefetch operands are not checked here. With ``inputs=False`` only outputs are
-    checked (for an interpreter that reads input blocks outside their arrays as uninitialized
-    memory).
+    Evaluated ahead of time with numpy (:mod:`pallas_core.index_eval`) on every grid point,
+    whatever the grid's size: each array dimension's index on the grid axes it depends on
+    (``lambda i, j: (i, j)`` on a grid of ``(n, m)`` takes ``n + m`` evaluations), in chunks.
+    Not checked here: dynamic grids, index maps that read scalar-prefetch operands (the
+    interpreter's checked mode checks them when the kernel runs), and an index that depends
+    jointly on grid axes with more than ``MAX_CHECK_POINTS`` points. With ``inputs=False``
+    only outputs are checked (for an interpreter that reads input blocks outside their arrays
+    as uninitialized memory).
     """
-    tables = block_index_tables(gm)
-    if tables is None:
+    if gm.dynamic_axes or gm.num_steps == 0:
         return
-    points, per_operand = tables
-    for k, (bm, block_idx) in enumerate(zip(gm.block_mappings, per_operand)):
+    for k, bm in enumerate(gm.block_mappings):
         if bm.is_whole_array or not bm.array_shape or (not inputs and k < gm.num_inputs):
             continue
-        _raise_if_out_of_bounds(bm, block_idx, points, kernel_name)
+        point = _first_point_out_of_bounds(bm, gm.grid)
+        if point is not None:
+            table = _index_values(bm, [np.full((1,), p, np.int32) for p in point], 1)
+            assert table is not None  # evaluated at this point already
+            _raise_if_out_of_bounds(bm, table, np.asarray([point]), kernel_name)
+
+
+# An index depending jointly on grid axes with more points than this is not checked ahead of
+# time (about a second of numpy at the limit).
+MAX_CHECK_POINTS = 1 << 26
+_CHUNK = 1 << 16  # grid points evaluated at once by the numpy evaluator
+_JAX_CHUNK = 1 << 10  # ... and by JAX, for index maps numpy cannot evaluate
+
+
+def _first_point_out_of_bounds(bm: BlockMapping, grid: tuple[int, ...]
+                               ) -> tuple[int, ...] | None:
+    """The first grid point (in lexicographic order) where ``bm``'s index map leaves the
+    array, or ``None`` (also when it cannot be known ahead of time)."""
+    axes_of = index_eval.output_axes(bm.index_map, len(grid))
+    if axes_of is None:
+        return None  # reads scalar-prefetch operands
+    ndim = len(bm.array_shape)
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for d in range(ndim):
+        outs = [d] + ([ndim + bm.bounded_dims.index(d)] if d in bm.bounded_dims else [])
+        axes = tuple(sorted(frozenset().union(*(axes_of[o] for o in outs))))
+        groups.setdefault(axes, []).append(d)
+    found = []
+    for axes, dims in groups.items():
+        sub = tuple(grid[a] for a in axes)
+        n = int(np.prod(sub, dtype=np.int64))
+        if n > MAX_CHECK_POINTS:
+            continue
+        for start in range(0, n, _CHUNK):
+            flat = np.arange(start, min(n, start + _CHUNK), dtype=np.int64)
+            cols: list[np.ndarray] = [np.zeros((), np.int32)] * len(grid)
+            for a, c in zip(axes, np.unravel_index(flat, sub) if sub else ()):
+                cols[a] = c.astype(np.int32)
+            table = _index_values(bm, cols, len(flat))
+            if table is None:
+                return None
+            bad = _out_of_bounds(bm, table)[:, dims].any(1)
+            if bad.any():
+                step = int(np.argmax(bad))
+                found.append(tuple(int(np.broadcast_to(c, flat.shape)[step]) for c in cols))
+                break
+    return min(found) if found else None
+
+
+def _index_values(bm: BlockMapping, cols: Sequence[np.ndarray], n: int) -> np.ndarray | None:
+    """``bm``'s index map on ``n`` grid points (``cols``: per grid axis the indices, or one
+    index for all), as an ``(n, bm.num_index_outputs)`` int64 array; ``None`` for an index map
+    that reads scalar-prefetch operands in a way numpy cannot evaluate."""
+    try:
+        outs = index_eval.evaluate(bm.index_map, cols)
+    except index_eval.NotVectorisableError:
+        if bm.num_prefetch:
+            return None
+        outs = _index_values_with_jax(bm, cols, n)
+    columns = [np.broadcast_to(np.asarray(o, np.int64), (n,)) for o in outs]
+    return np.stack(columns, 1) if columns else np.zeros((n, 0), np.int64)
+
+
+def _index_values_with_jax(bm: BlockMapping, cols: Sequence[np.ndarray], n: int
+                           ) -> list[np.ndarray]:
+    """As :func:`_index_values`, with JAX, on chunks of a fixed size (so that JAX compiles
+    the same few shapes whatever the grid)."""
+    # Concrete evaluation, even when pallas_call is traced (jit, shard_map, vmap, ...).
+    with _jax.eval_context(), jax.ensure_compile_time_eval():
+        if not cols:
+            return [np.asarray(v) for v in bm.block_indices()]
+        parts = []
+        for start in range(0, n, _JAX_CHUNK):
+            chunk = [np.broadcast_to(c, (n,))[start:start + _JAX_CHUNK] for c in cols]
+            size = len(chunk[0])
+            padded = [jnp.asarray(np.pad(c, (0, _JAX_CHUNK - size))) for c in chunk]
+            parts.append([np.asarray(v)[:size] for v in jax.vmap(bm.block_indices)(*padded)])
+    return [np.concatenate(vals) for vals in zip(*parts)]
 
 
 def grid_points(grid: Sequence[int]) -> np.ndarray:
@@ -424,19 +502,12 @@ def block_index_tables(gm: GridMapping) -> tuple[np.ndarray, list[np.ndarray]] |
     if gm.num_steps == 0 or gm.num_steps > MAX_STATIC_CHECK_POINTS:
         return None
     points = grid_points(gm.grid)
+    cols = [points[:, k] for k in range(len(gm.grid))]
     tables = []
-    # Concrete evaluation, even when pallas_call is traced (jit, shard_map, vmap, ...).
-    with _jax.eval_context(), jax.ensure_compile_time_eval():
-        cols = [jnp.asarray(points[:, k]) for k in range(len(gm.grid))]
-        for bm in gm.block_mappings:
-            if not bm.num_index_outputs:
-                tables.append(np.zeros((gm.num_steps, 0), np.int64))
-                continue
-            if gm.grid:
-                idx = jax.vmap(bm.block_indices)(*cols)
-            else:
-                idx = [jnp.reshape(v, (1,)) for v in bm.block_indices()]
-            tables.append(np.stack([np.asarray(i, np.int64) for i in idx], 1))
+    for bm in gm.block_mappings:
+        table = _index_values(bm, cols, gm.num_steps)
+        assert table is not None  # no scalar prefetch
+        tables.append(table)
     return points, tables
 
 
