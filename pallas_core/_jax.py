@@ -508,6 +508,12 @@ def jaxpr_from_eqns(invars: Sequence[Any], outvars: Sequence[Any],
     return ClosedJaxpr(Jaxpr([], list(invars), list(outvars), list(eqns), effs, dbg), [])
 
 
+def being_staged(values: Any) -> bool:
+    """Whether any leaf of ``values`` is being staged out into a jaxpr (``jit``, ``scan``, ...)
+    rather than computed now (eagerly, also under eager ``vmap`` or ``shard_map``)."""
+    return any(isinstance(x, pe.DynamicJaxprTracer) for x in jax.tree_util.tree_leaves(values))
+
+
 def is_var(atom: Any) -> bool:
     """Whether a jaxpr atom is a variable (neither a literal nor a dropped output)."""
     return isinstance(atom, core.Var) and not isinstance(atom, core.DropVar)

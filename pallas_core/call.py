@@ -27,6 +27,7 @@ from pallas_core.errors import (
     OutOfBoundsError,
     PallasError,
     UnsupportedError,
+    reraising_reports,
 )
 from pallas_core.plugins import manager
 from pallas_core.request import KernelCall, LoweringRequest
@@ -488,14 +489,17 @@ def pallas_call(
     # Compiled once per argument shapes (and forced interpret mode) when called outside jit;
     # inlined inside jit.
     jitted = jax.jit(wrapped, inline=True)
-    if not dynamic:
-        return jitted
 
     @functools.wraps(kernel)
-    def with_grid_sizes(*args: Any) -> Any:
-        return jitted(*args, *(jnp.asarray(g, jnp.int32).reshape(()) for g in dynamic))
+    def run(*args: Any) -> Any:
+        # A report of checked mode (raised in a host callback) arrives as itself.
+        with reraising_reports():
+            outs = jitted(*args, *(jnp.asarray(g, jnp.int32).reshape(()) for g in dynamic))
+            if not _jax.being_staged(outs):  # run now: wait for the host callbacks it made
+                jax.effects_barrier()
+        return outs
 
-    return with_grid_sizes
+    return run
 
 
 def _normalize_aliases(aliases: Mapping[Any, Any] | None,

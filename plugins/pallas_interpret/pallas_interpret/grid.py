@@ -110,6 +110,10 @@ def run_exact(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
         views = inputs.read(ins, outs, in_starts, in_state, first)
         views += [blocks.read_block(o, bm, s, poison)
                   for o, bm, s in zip(outs, gm.outputs, out_starts)]
+        if checked:  # the blocks' indices are checked before the kernel's accesses
+            checked_at = checks.check_block_indices(call, params, ids, in_starts + out_starts)
+            if checked_at is not None:
+                views = lax.optimization_barrier((views, checked_at))[0]
         results = reference.evaluate(kernel, [*views, *scratch], ctx, rules)
         new_outs = [blocks.write_block(o, bm, s, b) for o, bm, s, b in
                     zip(outs, gm.outputs, out_starts, results[n_in:n_in + n_out])]
