@@ -446,6 +446,13 @@ def pallas_call(
     def wrapped(*args: Any) -> Any:
         # The sizes of dynamic grid axes come last, and become the primitive's last operands.
         args, sizes = args[:len(args) - len(dynamic)], args[len(args) - len(dynamic):]
+        if grid_spec.num_scalar_prefetch > len(args):
+            raise ArgumentError(
+                f"pallas_call of kernel {kernel_name!r}: num_scalar_prefetch="
+                f"{grid_spec.num_scalar_prefetch}, but it was called with {len(args)} "
+                "operand(s); the first num_scalar_prefetch operands are the scalar-prefetch "
+                "ones. Fix: pass every scalar-prefetch operand, then the inputs, or lower "
+                "num_scalar_prefetch.")
         mode = interpret_in_force(backend, interpret)
         chosen = resolve_backend(backend, compiler_params, mode)
         flat_args, in_tree = jax.tree_util.tree_flatten(args)
@@ -681,9 +688,9 @@ def _lowering(ctx: Any, *operands: Any, call: KernelCall) -> Sequence[Any]:
     request = LoweringRequest(call, backend, platform, ctx, tuple(operands))
     try:
         result = manager.hook.pallas_lower(request=request)
+    except PallasError:
+        raise
     except NotImplementedError as e:
-        if isinstance(e, PallasError):
-            raise
         # JAX's "MLIR translation rule for primitive 'p' not found": a primitive in the
         # kernel that neither the backend nor any plugin's reference semantics handles.
         raise UnsupportedError(
@@ -691,6 +698,13 @@ def _lowering(ctx: Any, *operands: Any, call: KernelCall) -> Sequence[Any]:
             "Fix: use only primitives this backend supports, or choose another backend; a "
             "plugin that adds a primitive must give it reference semantics through its "
             "`pallas_primitives` hook."
+        ) from e
+    except Exception as e:
+        raise LoweringError(
+            f"backend {backend!r} failed to lower kernel {call.name!r} ({call.source}) with "
+            f"{type(e).__name__}: {e}. A backend should refuse what it cannot lower with a "
+            "PallasError saying what; this is a defect of the backend plugin. Fix: report it; "
+            "meanwhile run the kernel in the interpreter (interpret=True) or another backend."
         ) from e
     if result is None:
         raise LoweringError(

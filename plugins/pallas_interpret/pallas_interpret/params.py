@@ -107,12 +107,26 @@ class InterpretParams(CompilerParams):
                 f"InterpretParams(parallel_axes={axes!r}): expected a tuple of grid axes, "
                 "'all' or None. Fix: e.g. parallel_axes=(0, 1).")
 
-    def resolved_parallel_axes(self, grid: tuple[int, ...], other_params: Any) -> tuple[int, ...]:
-        """The grid axes treated as parallel, with ``None`` and ``"all"`` resolved."""
+    def resolved_parallel_axes(self, grid: tuple[int, ...], other_params: Any,
+                               kernel: str = "") -> tuple[int, ...]:
+        """The grid axes treated as parallel, with ``None`` and ``"all"`` resolved.
+
+        Raises ``PallasError`` if ``parallel_axes`` names an axis the grid does not have.
+        """
         if self.parallel_axes == "all":
             return tuple(range(len(grid)))
         if isinstance(self.parallel_axes, tuple):
-            return tuple(a for a in self.parallel_axes if a < len(grid))
+            for a in self.parallel_axes:
+                if a >= len(grid):
+                    of = f" of kernel {kernel!r}" if kernel else ""
+                    raise PallasError(
+                        f"InterpretParams(parallel_axes={self.parallel_axes!r}): grid axis {a} "
+                        f"does not exist: the grid {tuple(grid)}{of} has {len(grid)} "
+                        f"ax{'i' if len(grid) == 1 else 'e'}s"
+                        + (f" (0..{len(grid) - 1})" if grid else "")
+                        + ", so races along it would never be looked for. Fix: name axes of "
+                        "the grid (counting from 0), or 'all'.")
+            return self.parallel_axes
         semantics = getattr(other_params, "dimension_semantics", None)
         if semantics is None:
             return ()
