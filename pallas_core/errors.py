@@ -152,4 +152,7 @@ def reraising_reports() -> Iterator[None]:
         cause = reported_cause(e)
         if cause is None:
             raise
+        from pallas_core import _jax  # errors.py is imported by everything: no cycle here
+
+        _jax.settle_runtime_tokens()
         raise cause.with_traceback(None) from None
