@@ -514,10 +514,8 @@ def settle_runtime_tokens() -> None:
     every later ``jax.effects_barrier()`` and at exit."""
     tokens = dispatch.runtime_tokens
     for token in [*tokens.current_tokens.values(), *tokens.output_runtime_tokens.values()]:
-        try:
+        with contextlib.suppress(Exception):  # the failure already reached the caller
             token.block_until_ready()
-        except Exception:  # noqa: S110 - the failure already reached the caller
-            pass
     tokens.clear()
 
 

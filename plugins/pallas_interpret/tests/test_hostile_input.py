@@ -14,13 +14,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pallas_mosaic_tpu as pltpu
 import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from pallas_interpret import InterpretParams
 
 import pallas_core as pl
-import pallas_mosaic_tpu as pltpu
 
 CHECKED = InterpretParams(checked=True)
 
@@ -127,7 +127,7 @@ def test_debug_check_failure_is_the_pallas_error_itself() -> None:
         np.testing.assert_array_equal(fn(x), x)
     x[3] = 0.9
     with (pl.enable_debug_checks(True),
-          pytest.raises(pl.PallasError, match="debug_check failed: x must stay below 0.5")):
+          pytest.raises(pl.PallasError, match=r"debug_check failed: x must stay below 0\.5")):
         fn(x)
 
 
@@ -168,7 +168,8 @@ def _copy_rows(params: Any) -> Any:
 def test_parallel_axes_outside_the_grid_are_refused(axes: Any, checked: bool) -> None:
     x = np.random.default_rng(3).standard_normal((4, 8)).astype(np.float32)
     params = InterpretParams(checked=checked, parallel_axes=axes)
-    with pytest.raises(pl.PallasError, match=rf"parallel_axes={re.escape(repr(axes))}.*grid axis {axes[-1]} "
+    shown = re.escape(repr(axes))
+    with pytest.raises(pl.PallasError, match=rf"parallel_axes={shown}.*grid axis {axes[-1]} "
                                               r"does not exist: the grid \(2, 3\) of kernel "
                                               r"'copy_rows' has 2 axes \(0\.\.1\).*Fix"):
         _copy_rows(params)(x)
@@ -178,5 +179,5 @@ def test_parallel_axes_inside_the_grid_still_find_the_race() -> None:
     x = np.random.default_rng(4).standard_normal((4, 8)).astype(np.float32)
     np.testing.assert_allclose(_copy_rows(InterpretParams(checked=True, parallel_axes=(0,)))(x),
                                x + 1)
-    with pytest.raises(pl.PallasError, match="data race.*parallel grid axis 1"):
+    with pytest.raises(pl.PallasError, match=r"data race.*parallel grid axis 1"):
         _copy_rows(InterpretParams(checked=True, parallel_axes=(1,)))(x)
