@@ -506,6 +506,9 @@ def pallas_call(
                 jax.effects_barrier()
         return outs
 
+    if not dynamic:  # what jax.jit's functions offer (lower, trace, ...) stays available
+        for attr in ("lower", "trace", "eval_shape", "clear_cache", "_cache_size"):
+            setattr(run, attr, getattr(jitted, attr))
     return run
 
 

@@ -24,7 +24,9 @@ class InterpretParams(CompilerParams):
     """Compiler parameters of the interpreter; passing them selects it.
 
     ``checked``: run step by step in checked mode: accesses outside a Ref are reported (see
-    ``out_of_bounds_reads``, ``buffer_bounds``), races between ``parallel_axes`` too (with
+    ``out_of_bounds_reads``, ``buffer_bounds``), blocks that index maps reading scalar-prefetch
+    operands place outside their arrays too (unchecked, they are clamped back inside; the
+    other index maps are checked ahead of time in any mode), races between ``parallel_axes`` (with
     ``detect_races``), and memory nobody wrote reads as poison (see ``uninitialized_memory``).
     ``fast``: run the grid axes along which no output block is revisited as one batched
     evaluation when that is proven safe (``False``: always step by step).
