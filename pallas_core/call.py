@@ -506,9 +506,9 @@ def pallas_call(
                 jax.effects_barrier()
         return outs
 
-    if not dynamic:  # what jax.jit's functions offer (lower, trace, ...) stays available
-        for attr in ("lower", "trace", "eval_shape", "clear_cache", "_cache_size"):
-            setattr(run, attr, getattr(jitted, attr))
+    # How many times the kernel was traced, as jax.jit counts (not `lower` or `trace`: wrappers
+    # such as jax.vmap copy attributes, and jax.make_jaxpr would call them on unbatched code).
+    run._cache_size = jitted._cache_size  # type: ignore[attr-defined]
     return run
 
 
