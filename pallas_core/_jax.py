@@ -508,6 +508,23 @@ def jaxpr_from_eqns(invars: Sequence[Any], outvars: Sequence[Any],
     return ClosedJaxpr(Jaxpr([], list(invars), list(outvars), list(eqns), effs, dbg), [])
 
 
+def settle_runtime_tokens() -> None:
+    """Waits for the effectful computations dispatched so far and forgets them, ignoring their
+    failures: after a failed callback has been reported, JAX would otherwise raise it again at
+    every later ``jax.effects_barrier()`` and at exit."""
+    tokens = dispatch.runtime_tokens
+    for token in [*tokens.current_tokens.values(), *tokens.output_runtime_tokens.values()]:
+        with contextlib.suppress(Exception):  # the failure already reached the caller
+            token.block_until_ready()
+    tokens.clear()
+
+
+def being_staged(values: Any) -> bool:
+    """Whether any leaf of ``values`` is being staged out into a jaxpr (``jit``, ``scan``, ...)
+    rather than computed now (eagerly, also under eager ``vmap`` or ``shard_map``)."""
+    return any(isinstance(x, pe.DynamicJaxprTracer) for x in jax.tree_util.tree_leaves(values))
+
+
 def is_var(atom: Any) -> bool:
     """Whether a jaxpr atom is a variable (neither a literal nor a dropped output)."""
     return isinstance(atom, core.Var) and not isinstance(atom, core.DropVar)

@@ -27,6 +27,7 @@ from pallas_core.errors import (
     OutOfBoundsError,
     PallasError,
     UnsupportedError,
+    reraising_reports,
 )
 from pallas_core.plugins import manager
 from pallas_core.request import KernelCall, LoweringRequest
@@ -445,6 +446,13 @@ def pallas_call(
     def wrapped(*args: Any) -> Any:
         # The sizes of dynamic grid axes come last, and become the primitive's last operands.
         args, sizes = args[:len(args) - len(dynamic)], args[len(args) - len(dynamic):]
+        if grid_spec.num_scalar_prefetch > len(args):
+            raise ArgumentError(
+                f"pallas_call of kernel {kernel_name!r}: num_scalar_prefetch="
+                f"{grid_spec.num_scalar_prefetch}, but it was called with {len(args)} "
+                "operand(s); the first num_scalar_prefetch operands are the scalar-prefetch "
+                "ones. Fix: pass every scalar-prefetch operand, then the inputs, or lower "
+                "num_scalar_prefetch.")
         mode = interpret_in_force(backend, interpret)
         chosen = resolve_backend(backend, compiler_params, mode)
         flat_args, in_tree = jax.tree_util.tree_flatten(args)
@@ -488,14 +496,20 @@ def pallas_call(
     # Compiled once per argument shapes (and forced interpret mode) when called outside jit;
     # inlined inside jit.
     jitted = jax.jit(wrapped, inline=True)
-    if not dynamic:
-        return jitted
 
     @functools.wraps(kernel)
-    def with_grid_sizes(*args: Any) -> Any:
-        return jitted(*args, *(jnp.asarray(g, jnp.int32).reshape(()) for g in dynamic))
+    def run(*args: Any) -> Any:
+        # A report of checked mode (raised in a host callback) arrives as itself.
+        with reraising_reports():
+            outs = jitted(*args, *(jnp.asarray(g, jnp.int32).reshape(()) for g in dynamic))
+            if not _jax.being_staged(outs):  # run now: wait for the host callbacks it made
+                jax.effects_barrier()
+        return outs
 
-    return with_grid_sizes
+    # How many times the kernel was traced, as jax.jit counts (not `lower` or `trace`: wrappers
+    # such as jax.vmap copy attributes, and jax.make_jaxpr would call them on unbatched code).
+    run._cache_size = jitted._cache_size  # type: ignore[attr-defined]
+    return run
 
 
 def _normalize_aliases(aliases: Mapping[Any, Any] | None,
@@ -677,9 +691,9 @@ def _lowering(ctx: Any, *operands: Any, call: KernelCall) -> Sequence[Any]:
     request = LoweringRequest(call, backend, platform, ctx, tuple(operands))
     try:
         result = manager.hook.pallas_lower(request=request)
+    except PallasError:
+        raise
     except NotImplementedError as e:
-        if isinstance(e, PallasError):
-            raise
         # JAX's "MLIR translation rule for primitive 'p' not found": a primitive in the
         # kernel that neither the backend nor any plugin's reference semantics handles.
         raise UnsupportedError(
@@ -687,6 +701,13 @@ def _lowering(ctx: Any, *operands: Any, call: KernelCall) -> Sequence[Any]:
             "Fix: use only primitives this backend supports, or choose another backend; a "
             "plugin that adds a primitive must give it reference semantics through its "
             "`pallas_primitives` hook."
+        ) from e
+    except Exception as e:
+        raise LoweringError(
+            f"backend {backend!r} failed to lower kernel {call.name!r} ({call.source}) with "
+            f"{type(e).__name__}: {e}. A backend should refuse what it cannot lower with a "
+            "PallasError saying what; this is a defect of the backend plugin. Fix: report it; "
+            "meanwhile run the kernel in the interpreter (interpret=True) or another backend."
         ) from e
     if result is None:
         raise LoweringError(

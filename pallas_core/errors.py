@@ -5,6 +5,15 @@ Messages follow one pattern: what was expected, what was found, and how to fix i
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import functools
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
 
 class PallasError(Exception):
     """Base class of every error pallas raises for a user's or a plugin's mistake."""
@@ -81,3 +90,69 @@ def unsupported(feature: str, backend: str, fix: str = "") -> UnsupportedError:
     if fix:
         msg += f" {fix}"
     return UnsupportedError(msg)
+
+
+# --- errors raised inside host callbacks ---------------------------------------------------------
+#
+# A PallasError raised in a host callback (checked mode's reports, pl.debug_check, the emulators)
+# reaches the caller wrapped by the runtime, as ``JaxRuntimeError: INTERNAL: CpuCallback error``
+# with the error's text inside. The callback remembers the error here; the entry points of pallas
+# (a ``pallas_call``'d function, ``pl.emulate``) re-raise it in place of the runtime's error.
+# Kept for the process, not the thread: under ``shard_map`` the callbacks of the devices run in
+# the runtime's threads.
+
+_reported: collections.deque[PallasError] = collections.deque(maxlen=32)
+_reported_lock = threading.Lock()
+
+
+def report_from_callback(error: PallasError) -> PallasError:
+    """Remembers ``error``, about to be raised inside a host callback, so that
+    :func:`reraising_reports` can raise it where the runtime's wrapper of it arrives.
+    Returns ``error`` (``raise report_from_callback(SomeError(...))``)."""
+    with _reported_lock:
+        _reported.append(error)
+    return error
+
+
+def reported(callback: _F) -> _F:
+    """``callback`` (a host callback), with each ``PallasError`` it raises remembered as
+    :func:`report_from_callback` does."""
+    @functools.wraps(callback)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return callback(*args, **kwargs)
+        except PallasError as e:
+            report_from_callback(e)
+            raise
+
+    return run  # type: ignore[return-value]
+
+
+def reported_cause(error: BaseException) -> PallasError | None:
+    """The remembered ``PallasError`` whose message the runtime's ``error`` carries (it is
+    forgotten then), else ``None``."""
+    if isinstance(error, PallasError):
+        return None
+    text = str(error)
+    with _reported_lock:
+        found = [e for e in _reported if str(e) and str(e) in text]
+        for e in found:  # each device's callback may have raised the same error
+            _reported.remove(e)
+    return found[-1] if found else None
+
+
+@contextlib.contextmanager
+def reraising_reports() -> Iterator[None]:
+    """Within the block, a runtime error that wraps a ``PallasError`` raised in a host callback
+    is replaced by that ``PallasError`` (the runtime's error, which only repeats it, is left
+    out of the traceback)."""
+    try:
+        yield
+    except Exception as e:
+        cause = reported_cause(e)
+        if cause is None:
+            raise
+        from pallas_core import _jax  # errors.py is imported by everything: no cycle here
+
+        _jax.settle_runtime_tokens()
+        raise cause.with_traceback(None) from None

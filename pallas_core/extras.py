@@ -22,7 +22,13 @@ from jax import lax
 
 from pallas_core import _jax
 from pallas_core import primitives as prims
-from pallas_core.errors import ArgumentError, PallasError, UnsupportedError, UnsupportedNameError
+from pallas_core.errors import (
+    ArgumentError,
+    PallasError,
+    UnsupportedError,
+    UnsupportedNameError,
+    reported,
+)
 
 enable_debug_checks = _jax.pallas_enable_debug_checks
 """JAX's flag (``jax_pallas_enable_debug_checks``): while it is on, ``pl.debug_check`` is
@@ -159,6 +165,7 @@ def debug_check(condition: Any, message: str) -> None:
     debug_check_p.bind(cond.astype(jnp.bool_), message=message)
 
 
+@reported
 def report_failed_check(ok: Any, *, message: str) -> None:
     """Raises the ``PallasError`` of a failed ``pl.debug_check`` (called back from a kernel)."""
     if not bool(ok):

@@ -85,6 +85,11 @@ def all_eqns(jaxpr: Any) -> Iterator[Any]:
             yield from all_eqns(sub)
 
 
+def source_line(eqn: Any) -> str:
+    """``file:line`` of the user code that produced ``eqn`` (``'<unknown>'`` if none)."""
+    return _jax.source_line(eqn)
+
+
 def find_eqn(jaxpr: Any, primitives: Any) -> Any | None:
     """The first equation of ``jaxpr`` (nested jaxprs included) applying one of ``primitives``."""
     return next((eqn for eqn in all_eqns(jaxpr) if eqn.primitive in primitives), None)

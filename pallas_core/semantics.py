@@ -27,7 +27,7 @@ from jax import lax
 
 from pallas_core import _jax, extras
 from pallas_core import primitives as prims
-from pallas_core.errors import PallasError, UnsupportedError
+from pallas_core.errors import PallasError, UnsupportedError, reported
 
 
 @dataclasses.dataclass(frozen=True)
@@ -346,6 +346,7 @@ def check_wait(count: Any, value: Any, what: str) -> None:
         jax.debug.callback(functools.partial(_report_deadlock, what=what), count, value)
 
 
+@reported
 def _report_deadlock(count: Any, value: Any, *, what: str) -> None:
     if int(count) >= int(value):
         return

@@ -621,3 +621,40 @@ def test_an_empty_array_walked_by_blocks_is_refused_and_whole_blocks_run():
                  "blocks have size 8", "Fix: skip the call when the array is empty"):
         pl.pallas_call(copy_kernel, _sds(x), grid=(1,), in_specs=[spec], out_specs=spec)(x)
     assert pl.pallas_call(copy_kernel, _sds(x))(x).shape == (0, 128)
+
+
+# --- issue 18: hostile input --------------------------------------------------------------------
+
+
+def test_more_scalar_prefetch_operands_than_given_is_reported_as_such():
+    import pallas_mosaic_tpu as pltpu
+
+    x = _rand((4, 8), 7)
+    spec = pl.BlockSpec((1, 8), lambda i, *refs: (i, 0))
+    fn = pl.pallas_call(copy_kernel, _sds(x), grid_spec=pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=3, grid=(4,), in_specs=[spec], out_specs=spec))
+    with _raises(pl.ArgumentError, "kernel 'copy_kernel'", "num_scalar_prefetch=3",
+                 "called with 2 operand(s)", "Fix: pass every scalar-prefetch operand"):
+        fn(jnp.arange(4, dtype=jnp.int32), x)
+
+
+def test_a_raw_exception_escaping_a_backend_becomes_a_lowering_error(monkeypatch):
+    from pallas_interpret import plugin
+
+    def broken(*args, **kwargs):
+        raise KeyError("a backend's own bug")
+
+    monkeypatch.setattr(plugin.grid, "run", broken)
+    x = _rand((8, 128), 8)
+    with _raises(pl.LoweringError, "backend 'interpret' failed to lower kernel 'copy_kernel'",
+                 "test_errors.py:", "KeyError", "a backend's own bug", "Fix: report it") as info:
+        pl.pallas_call(copy_kernel, _sds(x))(x)
+    # The original is the LoweringError's cause (JAX slips its record of the user's stack in
+    # between, as it does for every error raised while lowering).
+    causes, e = [], info.value.__cause__
+    while e is not None:
+        causes.append(e)
+        e = e.__cause__
+    assert any(isinstance(c, KeyError) for c in causes), causes
+    monkeypatch.undo()
+    np.testing.assert_array_equal(pl.pallas_call(copy_kernel, _sds(x))(x), x)

@@ -28,7 +28,13 @@ from pallas_core.call import pallas_call_p
 from pallas_core.emulation.call import EmulatedCall, EmulateOptions, Joint
 from pallas_core.emulation.machine import Compiler, Rule
 from pallas_core.emulation.types import attribute_array, dtype_of, shape_of
-from pallas_core.errors import ArgumentError, PallasError, UnsupportedError
+from pallas_core.errors import (
+    ArgumentError,
+    PallasError,
+    UnsupportedError,
+    report_from_callback,
+    reraising_reports,
+)
 from pallas_core.plugins import manager
 
 
@@ -71,17 +77,11 @@ def emulate(fn: Callable[..., Any], *, backend: str, target: str | None = None,
         flat = jax.tree_util.tree_leaves((args, kwargs))
         replace = functools.partial(_replace, platform=platform, options=options,
                                     device_kind=device_kind)
-        _failures.error = None
-        try:
+        # An emulator's error inside a callback reaches here wrapped by the runtime.
+        with reraising_reports():
             outs = _jax.evaluate_replacing(closed.jaxpr, closed.consts, flat, replace,
                                            _has_kernel)
             outs = jax.block_until_ready(outs)
-        except Exception as e:
-            # An emulator's error inside a callback reaches here wrapped by the runtime.
-            error, _failures.error = _failures.error, None
-            if error is not None and error is not e:
-                raise error from None
-            raise
         return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), outs)
 
     return emulated
@@ -108,15 +108,6 @@ def _told(device_kind: str | None, platform: str) -> Any:
     if device_kind is None or _attached(platform):
         return contextlib.nullcontext()
     return _jax.chip_answers(device_kind, platform)
-
-
-class _Failures:
-    error: Exception | None = None
-
-
-_failures = _Failures()
-"""The last emulator error, re-raised where a callback's runtime wraps it (kept for the
-process, not the thread: under shard_map the devices' callbacks run in the runtime's threads)."""
 
 
 def _platform(platforms: Sequence[str], target: str | None, backend: str) -> str:
@@ -278,7 +269,7 @@ class _Kernel:
             with np.errstate(all="ignore"):
                 outs = self.main(*[np.asarray(x) for x in operands])
         except PallasError as e:
-            _failures.error = e
+            report_from_callback(e)
             raise
         return tuple(_check_result(o, a, self.name) for o, a in zip(outs, self.out_avals,
                                                                     strict=True))

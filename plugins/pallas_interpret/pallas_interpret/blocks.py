@@ -86,6 +86,8 @@ class Window:
     valid: tuple[Any | None, ...]
     """Per dimension how many leading elements of the block belong to it (the size of a
     ``pl.BoundedSlice``), or ``None`` where all do."""
+    indices: tuple[Any, ...] = ()
+    """The index map's values (one per dimension, then each bounded slice's size)."""
 
 
 def starts(bm: BlockMapping, ids: Sequence[Any], prefetch: Sequence[Any] = (),
@@ -107,7 +109,7 @@ def starts(bm: BlockMapping, ids: Sequence[Any], prefetch: Sequence[Any] = (),
     for i, dim in zip(values[:ndim], bm.dims):
         begin.append(i * dim.block_size if isinstance(dim, Blocked) else i)
         valid.append(next(sizes) if isinstance(dim, BoundedSlice) else None)
-    return Window(tuple(begin), tuple(valid))
+    return Window(tuple(begin), tuple(valid), tuple(values[:bm.num_index_outputs]))
 
 
 def _valid_mask(bm: BlockMapping, where: Window) -> Any | None:

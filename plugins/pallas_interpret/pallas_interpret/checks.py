@@ -33,8 +33,9 @@ from pallas_core import _jax, semantics
 from pallas_core import copies as _copies
 from pallas_core import grid_mapping as gmap
 from pallas_core import primitives as prims
-from pallas_core.errors import OutOfBoundsError, PallasError
+from pallas_core.errors import OutOfBoundsError, PallasError, reported
 from pallas_core.request import KernelCall
+from pallas_core.spec import BoundedSlice, Element, block_dim_size
 from pallas_interpret import access
 from pallas_interpret.params import InterpretParams
 
@@ -110,6 +111,87 @@ def _race_error(call: KernelCall, bm: Any, points: np.ndarray, block: tuple[int,
         f"{why} and may run at the same time. Fix: give each step along {along} its own output "
         "block (make the index map depend on it), or make the axis sequential (e.g. "
         "'arbitrary' dimension semantics on TPU; on GPUs, loop inside the kernel instead).")
+
+
+def check_block_indices(call: KernelCall, params: InterpretParams, ids: Sequence[Any],
+                        windows: Sequence[Any]) -> Any | None:
+    """A token of a host check that the blocks the index maps chose at grid point ``ids``
+    (``windows``: one ``blocks.Window`` per input, then per output) lie inside their arrays,
+    raising ``OutOfBoundsError`` on the first that does not; ``None`` when there is nothing
+    left to check: the index maps were checked on every grid point ahead of time (when they
+    read no scalar-prefetch operand and the grid is static and not huge). Input blocks are
+    not checked with ``out_of_bounds_reads="uninitialized"``."""
+    gm = call.grid_mapping
+    if gmap.block_index_tables(gm) is not None:
+        return None
+    lenient = params.out_of_bounds_reads == "uninitialized"
+    which, bad, values = [], [], []
+    for k, (bm, w) in enumerate(zip(gm.block_mappings, windows)):
+        if bm.is_whole_array or not bm.array_shape or (lenient and k < gm.num_inputs):
+            continue
+        vals = [jnp.asarray(v, jnp.int32) for v in w.indices]
+        which.append(k)
+        bad.append(_outside_array(bm, vals))
+        values.append(jnp.stack(vals))
+    if not which:
+        return None
+    report = functools.partial(_report_block, call=call, which=tuple(which))
+    point = [jnp.asarray(i, jnp.int32) for i in ids[gm.num_batch_axes:]]
+    return io_callback(report, jax.ShapeDtypeStruct((), jnp.int32), jnp.stack(bad), values,
+                       jnp.stack(point) if point else jnp.zeros(0, jnp.int32))
+
+
+def _outside_array(bm: Any, vals: Sequence[Any]) -> Any:
+    """Whether the index-map values ``vals`` place ``bm``'s block (partly) outside its array
+    (a bounded slice's start and size, an element offset into the padded dimension, a block
+    index times the block size)."""
+    ndim = len(bm.array_shape)
+    sizes = iter(vals[ndim:])
+    out = jnp.bool_(False)
+    for i, dim, n in zip(vals, bm.dims, bm.array_shape):
+        if isinstance(dim, Element):
+            out |= (i < 0) | (i >= max(n + sum(dim.padding), 1))
+        elif isinstance(dim, BoundedSlice):
+            size = next(sizes)
+            out |= (i < 0) | (size < 0) | (size > dim.block_size) | (i + size > n)
+        else:
+            out |= (i < 0) | (i * block_dim_size(dim) >= max(n, 1))
+    return out
+
+
+def _index_map_line(bm: Any) -> str:
+    """``file:line`` of the user's index map (of its first operation there), if known."""
+    for eqn in bm.index_map.jaxpr.eqns:
+        line = _jax.source_line(eqn)
+        if line != "<unknown>" and "pallas_core" not in line:
+            return line
+    return "<unknown>"
+
+
+@reported
+def _report_block(bad: Any, values: Any, point: Any, *, call: KernelCall,
+                  which: tuple[int, ...]) -> Any:
+    bad = np.asarray(bad)
+    if not bad.any():
+        return np.int32(0)
+    j = int(np.argmax(bad))
+    bm = call.grid_mapping.block_mappings[which[j]]
+    found = tuple(int(v) for v in np.asarray(values[j]))
+    ndim = len(bm.array_shape)
+    index = found[:ndim] + ((f"slice sizes {found[ndim:]}",) if found[ndim:] else ())
+    what = "block index" if bm.block_indexed else "index-map value (block index, element offset"
+    what += "" if bm.block_indexed else " or bounded slice)"
+    n_blocks = tuple(-(-n // b) for n, b in zip(bm.array_shape, bm.full_block_shape))
+    raise OutOfBoundsError(
+        f"Out-of-bounds {what} {index} for {bm.origin} in kernel {call.name!r} at grid step "
+        f"{tuple(int(i) for i in np.asarray(point))}: its index map ({_index_map_line(bm)}) "
+        f"places the block of {bm.full_block_shape} outside the array of shape "
+        f"{bm.array_shape}" + (" (valid block indices: " + ", ".join(
+            f"0..{n - 1}" for n in n_blocks) + ")" if bm.block_indexed else "")
+        + ". Without checked mode the interpreter would clamp the block back inside the array "
+        "(and the hardware would read or write memory outside it). Fix: keep the values the "
+        "index map computes (e.g. from scalar-prefetch operands) within the array's blocks, "
+        "or clamp them in the index map if that is what you mean.")
 
 
 def _in_hbm(space: Any) -> bool:
@@ -320,6 +402,7 @@ def check_scoped_allocation(call: KernelCall, params: InterpretParams,
                 "InterpretParams(allow_hbm_allocation_in_run_scoped=True).")
 
 
+@reported
 def _report(outside: Any, starts: Any, step: Any, *, kernel: str, what: str, name: str,
             sizes: tuple[int, ...], shape: tuple[int, ...], padded: bool, masked: bool) -> Any:
     if not bool(outside):

@@ -31,6 +31,8 @@ def run(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
     of dynamic grid axes): batched where that is proven safe and allowed by ``params``, else
     step by step."""
     params = params or InterpretParams()
+    # parallel_axes naming an axis the grid lacks is an error, whichever runner runs.
+    params.resolved_parallel_axes(call.grid_mapping.user_grid, call.compiler_params, call.name)
     if params.skip_floating_point_ops:
         call = call.replace(jaxpr=skip_float.transform(call.jaxpr, call.grid_mapping.axis_env))
     if call.grid_mapping.dynamic_axes:
@@ -73,7 +75,8 @@ def run_exact(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
     checked = params.checked
     gm = call.grid_mapping
     args, grid = _split_grid_sizes(call, args)
-    parallel = params.resolved_parallel_axes(gm.user_grid, call.compiler_params)
+    parallel = params.resolved_parallel_axes(gm.user_grid, call.compiler_params,
+                                               call.name)
     parallel = tuple(a + gm.num_batch_axes for a in parallel) + tuple(range(gm.num_batch_axes))
     sched = schedule.make(grid, parallel, params.shuffle_seed, params.num_cores, call.name)
     if not gm.dynamic_axes:
@@ -110,6 +113,10 @@ def run_exact(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
         views = inputs.read(ins, outs, in_starts, in_state, first)
         views += [blocks.read_block(o, bm, s, poison)
                   for o, bm, s in zip(outs, gm.outputs, out_starts)]
+        if checked:  # the blocks' indices are checked before the kernel's accesses
+            checked_at = checks.check_block_indices(call, params, ids, in_starts + out_starts)
+            if checked_at is not None:
+                views = lax.optimization_barrier((views, checked_at))[0]
         results = reference.evaluate(kernel, [*views, *scratch], ctx, rules)
         new_outs = [blocks.write_block(o, bm, s, b) for o, bm, s, b in
                     zip(outs, gm.outputs, out_starts, results[n_in:n_in + n_out])]

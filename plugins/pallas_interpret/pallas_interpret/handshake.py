@@ -36,7 +36,7 @@ from jax import lax
 from pallas_core import _jax, reference, semantics
 from pallas_core import primitives as prims
 from pallas_core.copies import copy_start_p
-from pallas_core.errors import PallasError, UnsupportedError
+from pallas_core.errors import PallasError, UnsupportedError, reported
 from pallas_interpret import checks, lockstep
 from pallas_interpret.lockstep import _Slot, _Uniform
 
@@ -444,6 +444,7 @@ def _store(state: State, p: Any, keys: Sequence[_Val], values: Sequence[Any]) ->
     return {**state, "vals": vals}
 
 
+@reported
 def _report_stuck(pc: Any, *, kernel: str, end: int) -> None:
     waiting = [int(i) for i in range(len(pc)) if int(pc[i]) < end]
     if waiting:

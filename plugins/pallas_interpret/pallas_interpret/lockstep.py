@@ -35,7 +35,7 @@ from jax import lax
 from pallas_core import _jax, reference
 from pallas_core import grid_mapping as gmap
 from pallas_core import primitives as prims
-from pallas_core.errors import PallasError, UnsupportedError
+from pallas_core.errors import PallasError, UnsupportedError, reported
 from pallas_core.request import KernelCall
 from pallas_core.semantics import ReferenceContext, fresh_buffer
 from pallas_interpret import blocks, checks
@@ -311,6 +311,7 @@ class _Runner:
         return self.run_jaxpr(jaxpr, env, slots)
 
 
+@reported
 def _report_divergence(same: Any, first: Any, *, kernel: str, what: str) -> None:
     if bool(same):
         return

@@ -24,7 +24,9 @@ class InterpretParams(CompilerParams):
     """Compiler parameters of the interpreter; passing them selects it.
 
     ``checked``: run step by step in checked mode: accesses outside a Ref are reported (see
-    ``out_of_bounds_reads``, ``buffer_bounds``), races between ``parallel_axes`` too (with
+    ``out_of_bounds_reads``, ``buffer_bounds``), blocks that index maps reading scalar-prefetch
+    operands place outside their arrays too (unchecked, they are clamped back inside; the
+    other index maps are checked ahead of time in any mode), races between ``parallel_axes`` (with
     ``detect_races``), and memory nobody wrote reads as poison (see ``uninitialized_memory``).
     ``fast``: run the grid axes along which no output block is revisited as one batched
     evaluation when that is proven safe (``False``: always step by step).
@@ -107,12 +109,26 @@ class InterpretParams(CompilerParams):
                 f"InterpretParams(parallel_axes={axes!r}): expected a tuple of grid axes, "
                 "'all' or None. Fix: e.g. parallel_axes=(0, 1).")
 
-    def resolved_parallel_axes(self, grid: tuple[int, ...], other_params: Any) -> tuple[int, ...]:
-        """The grid axes treated as parallel, with ``None`` and ``"all"`` resolved."""
+    def resolved_parallel_axes(self, grid: tuple[int, ...], other_params: Any,
+                               kernel: str = "") -> tuple[int, ...]:
+        """The grid axes treated as parallel, with ``None`` and ``"all"`` resolved.
+
+        Raises ``PallasError`` if ``parallel_axes`` names an axis the grid does not have.
+        """
         if self.parallel_axes == "all":
             return tuple(range(len(grid)))
         if isinstance(self.parallel_axes, tuple):
-            return tuple(a for a in self.parallel_axes if a < len(grid))
+            for a in self.parallel_axes:
+                if a >= len(grid):
+                    of = f" of kernel {kernel!r}" if kernel else ""
+                    raise PallasError(
+                        f"InterpretParams(parallel_axes={self.parallel_axes!r}): grid axis {a} "
+                        f"does not exist: the grid {tuple(grid)}{of} has {len(grid)} "
+                        f"ax{'i' if len(grid) == 1 else 'e'}s"
+                        + (f" (0..{len(grid) - 1})" if grid else "")
+                        + ", so races along it would never be looked for. Fix: name axes of "
+                        "the grid (counting from 0), or 'all'.")
+            return self.parallel_axes
         semantics = getattr(other_params, "dimension_semantics", None)
         if semantics is None:
             return ()

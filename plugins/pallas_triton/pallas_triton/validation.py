@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 import math
 
+import numpy as np
+
 from pallas_core import reference
 from pallas_core.errors import BlockSpecError, UnsupportedError
 from pallas_core.request import KernelCall
@@ -42,12 +44,38 @@ def check(call: KernelCall) -> None:
         tiled = [b for b, a in zip(bm.block_shape, bm.array_shape) if b is not None and b != a]
         if any(size & (size - 1) for size in tiled):
             raise BlockSpecError(_power_of_two_message(where, bm.origin, bm.ref_shape))
+    _check_atomics(call, where)
     unknown = reference.registered_primitives() - _lowered()
     eqn = reference.find_eqn(call.jaxpr.jaxpr, unknown)
     if eqn is not None:
         raise UnsupportedError(
             f"the primitive {eqn.primitive.name!r} ({where}) is not supported by the 'triton' "
             "backend. Fix: rewrite that part of the kernel, or pass backend='interpret'.")
+
+
+_ATOMICS = ("atomic_rmw", "atomic_cas", "addupdate")
+
+
+def _check_atomics(call: KernelCall, where: str) -> None:
+    """Refuses atomics (and ``ref[...] +=``, an atomic add here) on bool and 8- or 16-bit
+    integers: Triton's atomics take 32- and 64-bit values, and narrower ones fail deep in its
+    compiler (MLIR verification, ptxas, an LLVM "UNREACHABLE")."""
+    for eqn in reference.all_eqns(call.jaxpr.jaxpr):
+        name = eqn.primitive.name
+        if name not in _ATOMICS:
+            continue
+        dtype = np.dtype(eqn.invars[1].aval.dtype)  # the value (compared value of a CAS)
+        if dtype.kind not in "biu" or dtype.itemsize >= 4:
+            continue
+        what = {"atomic_rmw": f"atomic_{getattr(eqn.params.get('op'), 'value', 'rmw')}",
+                "atomic_cas": "atomic_cas",
+                "addupdate": "`ref[...] +=` (an atomic add on Triton)"}[name]
+        raise UnsupportedError(
+            f"{what} on {dtype.name} ({where}, at {reference.source_line(eqn)}) is not "
+            "supported by the 'triton' backend: Triton's atomics act on 32- and 64-bit values "
+            f"only, and on {dtype.name} they fail inside the Triton compiler. Fix: widen the "
+            "Ref to int32 (e.g. an int32 out_shape, converted back after the call), or pass "
+            "backend='interpret', which runs them.")
 
 
 def _power_of_two_message(where: str, origin: str, shape: tuple[int, ...]) -> str:

@@ -188,3 +188,63 @@ def test_float16_to_bfloat16_cast_compiles() -> None:
     fn = pl.pallas_call(kernel, jax.ShapeDtypeStruct((128,), jnp.bfloat16), backend="triton")
     (stages,) = pl.stages(fn, jnp.ones(128, jnp.float16), backend="triton", target="sm_90")
     assert stages["cubin"]
+
+
+def _atomic_kernel(atomic: str) -> Any:
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        if atomic == "cas":  # swap in x wherever o holds 1
+            pl.atomic_cas(o_ref.at[pl.ds(0, 128)], jnp.ones(128, x_ref.dtype), x_ref[...])
+        else:
+            getattr(pl, f"atomic_{atomic}")(o_ref, (pl.ds(0, 128),), x_ref[...])
+
+    return kernel
+
+
+_NARROW = [(np.bool_, "max"), (np.bool_, "xchg"), (np.bool_, "cas"), (np.int8, "add"),
+           (np.int8, "max"), (np.int8, "cas"), (np.int16, "add"), (np.int16, "min"),
+           (np.int16, "xchg"), (np.int16, "cas"), (np.uint8, "add"), (np.uint16, "or")]
+
+
+def _numpy_atomic(atomic: str, o: np.ndarray, x: np.ndarray) -> np.ndarray:
+    if atomic == "cas":
+        return np.where(o == 1, x, o)
+    if o.dtype == np.bool_ and atomic != "xchg":
+        return {"max": o | x, "min": o & x, "or": o | x}[atomic]
+    return {"add": o + x, "max": np.maximum(o, x), "min": np.minimum(o, x), "or": o | x,
+            "xchg": x}[atomic].astype(o.dtype)
+
+
+@pytest.mark.parametrize(("dtype", "atomic"), _NARROW)
+def test_narrow_atomics_are_refused_up_front_and_run_in_the_interpreter(dtype: Any,
+                                                                        atomic: str) -> None:
+    rng = np.random.default_rng(hash((np.dtype(dtype).name, atomic)) % 2**32)
+    o = rng.integers(0, 3, 128).astype(dtype)
+    x = rng.integers(0, 3, 128).astype(dtype)
+    whole = pl.BlockSpec(memory_space=pl.ANY)
+    name = "atomic_cas" if atomic == "cas" else f"atomic_{atomic}"
+
+    def call(backend: str) -> Any:
+        return pl.pallas_call(_atomic_kernel(atomic), jax.ShapeDtypeStruct((128,), dtype),
+                              in_specs=[whole], out_specs=whole, backend=backend,
+                              input_output_aliases={0: 0})
+
+    with pytest.raises(pl.UnsupportedError,
+                       match=rf"{name} on {np.dtype(dtype).name} \(kernel 'kernel' "
+                             r"\(.*test_triton_validation\.py:\d+\), at "
+                             r".*test_triton_validation\.py:\d+\).*'triton' backend.*32- and "
+                             r"64-bit.*Fix: widen the Ref to int32"):
+        _lower(lambda a, b: call("triton")(a), o, x)
+    # The interpreter runs them: the output aliases o, and the kernel applies x to it.
+    got = pl.pallas_call(
+        lambda o_in, x_ref, o_ref: _atomic_kernel(atomic)(x_ref, o_ref),
+        jax.ShapeDtypeStruct((128,), dtype), in_specs=[whole, whole], out_specs=whole,
+        backend="interpret", input_output_aliases={0: 0})(o, x)
+    np.testing.assert_array_equal(np.asarray(got), _numpy_atomic(atomic, o, x))
+
+
+@pytest.mark.parametrize("atomic", ["add", "max", "xchg", "cas"])
+def test_int32_atomics_still_lower(atomic: str) -> None:
+    whole = pl.BlockSpec(memory_space=pl.ANY)
+    fn = pl.pallas_call(_atomic_kernel(atomic), jax.ShapeDtypeStruct((128,), jnp.int32),
+                        in_specs=[whole], out_specs=whole, backend="triton")
+    assert "custom_call" in _lower(fn, jnp.ones(128, jnp.int32))
