@@ -9,7 +9,7 @@ insertion point. Errors name the primitive, the kernel and the user's source lin
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -141,6 +141,15 @@ CALL_PRIMITIVES = (_jax.jit_p, _jax.closed_call_p, _jax.custom_jvp_call_p,
                    _jax.custom_vjp_call_p, _jax.remat_p)
 """Primitives that call a jaxpr, which backends inline (``jax.checkpoint``'s only matters to
 differentiation, which is done by the time a kernel lowers)."""
+
+
+def walk(op: Any) -> Iterator[Any]:
+    """Every operation nested in ``op`` (an MLIR operation), depth first, in order."""
+    for region in op.regions:
+        for block in region.blocks:
+            for child in block.operations:
+                yield child
+                yield from walk(child.operation)
 
 
 def verify(module: Any, backend: str, kernel: str) -> None:

@@ -15,7 +15,6 @@ shared memory); ``assert_same_kernel(ours, theirs)`` compares all of it.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -24,17 +23,10 @@ from jaxlib.mlir import ir, passmanager
 
 from pallas_core import _jax
 from pallas_core.errors import PallasError
+from pallas_core.mlir_lowering import walk
 from pallas_core.request import KernelCall
 
 CUSTOM_CALL_TARGET = "mosaic_gpu_v2"
-
-
-def _walk(op: Any) -> Iterator[Any]:
-    for region in op.regions:
-        for block in region.blocks:
-            for child in block.operations:
-                yield child
-                yield from _walk(child.operation)
 
 
 def _backend_config(config: ir.DictAttr) -> dict[str, Any]:
@@ -66,7 +58,7 @@ def custom_calls(stablehlo: Any) -> list[dict[str, Any]]:
         with ctx:
             return custom_calls(ir.Module.parse(stablehlo))
     found = []
-    for op in _walk(stablehlo.operation):
+    for op in walk(stablehlo.operation):
         if op.operation.name != "stablehlo.custom_call":
             continue
         attrs = op.operation.attributes
@@ -156,7 +148,7 @@ def launch(module: ir.Module) -> dict[str, Any]:
     ``gpu.launch``: ``grid`` (blocks), ``cluster`` (blocks per cluster; ``(1, 1, 1)`` when the
     launch names none), ``block`` (threads per block), ``smem_bytes`` (dynamic shared memory),
     and ``arch`` (the ``mosaic_gpu.arch_major/minor`` the module is built for)."""
-    launches = [op for op in _walk(module.operation) if op.operation.name == "gpu.launch"]
+    launches = [op for op in walk(module.operation) if op.operation.name == "gpu.launch"]
     if len(launches) != 1:
         raise PallasError(f"expected one gpu.launch in the Mosaic GPU module, found "
                           f"{len(launches)}")
@@ -179,7 +171,7 @@ def smem_buffers(module: ir.Module) -> list[tuple[int, str]]:
     """``(byte offset, memref type)`` of every view the kernel of ``module`` takes of its
     dynamic shared memory at a constant offset (its buffers and barriers), by offset."""
     found = set()
-    for op in _walk(module.operation):
+    for op in walk(module.operation):
         if op.operation.name != "memref.view":
             continue
         source, offset = op.operation.operands[0], op.operation.operands[1]

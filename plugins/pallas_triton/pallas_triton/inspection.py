@@ -12,12 +12,12 @@ producer of the same kernel (``jax.experimental.pallas``).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from typing import Any
 
 from jaxlib.mlir import ir
 
 from pallas_core.errors import PallasError
+from pallas_core.mlir_lowering import walk
 from pallas_triton import ir as tir
 
 CUSTOM_CALL_TARGET = "__gpu$xla.gpu.triton"
@@ -50,14 +50,6 @@ class TritonCall:
     """The module as text (without locations)."""
 
 
-def _walk(op: Any) -> Iterator[Any]:
-    for region in op.regions:
-        for block in region.blocks:
-            for child in block.operations:
-                yield child
-                yield from _walk(child.operation)
-
-
 def _value(attr: ir.Attribute) -> Any:
     if isinstance(attr, ir.StringAttr):
         return attr.value_bytes
@@ -78,7 +70,7 @@ def triton_calls(lowered: Any) -> list[TritonCall]:
     lowering_platforms=("cuda",))``, or its ``compiler_ir("stablehlo")`` module), in order."""
     module = lowered.compiler_ir("stablehlo") if hasattr(lowered, "compiler_ir") else lowered
     found = []
-    for op in _walk(module.operation):
+    for op in walk(module.operation):
         op = op.operation
         if op.name != "stablehlo.custom_call":
             continue
