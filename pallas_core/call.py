@@ -178,6 +178,14 @@ def _out_shape_leaves(out_shape: Any, kernel_name: str) -> tuple[list[Any], Any]
     return out, tree
 
 
+def _bounds_checked_when_run(*params: Any) -> bool:
+    """Whether the interpreter was asked to check accesses outside a Ref when the kernel runs
+    (checked mode, or JAX's TPU interpret options): then it decides what such an access means
+    (an error, or uninitialized padding as in JAX), not the trace-time check."""
+    return any(getattr(p, "checked", False) is True or hasattr(p, "out_of_bounds_reads")
+               for p in params)
+
+
 def _check_not_empty(gm: gmap.GridMapping, kernel_name: str) -> None:
     """An array with a zero-size dimension that a block of nonzero size walks has no block to
     give the kernel."""
@@ -367,7 +375,6 @@ def trace_kernel(kernel: Callable[..., Any], gm: gmap.GridMapping, in_tree: Any,
             gm = dataclasses.replace(gm, scratch_avals=(*gm.scratch_avals, *barrier))
             jaxpr, _, consts = _jax.trace_to_jaxpr(with_barrier, [*avals, *barrier],
                                                    name=kernel_name, axis_sizes=gm.axis_env)
-    bounds.check_constant_indices(jaxpr, kernel_name)
     shapes = gmap.captured_arrays(consts)
     if shapes:
         raise KernelSignatureError(
@@ -475,6 +482,8 @@ def pallas_call(
                                       getattr(compiler_params, "out_of_bounds_reads", None))
         gmap.check_index_maps_in_bounds(gm, kernel_name, inputs=not lenient)
         jaxpr, gm = trace_kernel(kernel, gm, in_tree, out_tree, kernel_name, scratch_tree)
+        if not _bounds_checked_when_run(mode, compiler_params):
+            bounds.check_constant_indices(jaxpr.jaxpr, kernel_name)
         call = KernelCall(
             name=kernel_name, jaxpr=jaxpr, grid_mapping=gm,
             out_avals=tuple(_jax.ShapedArray(o.shape, o.dtype) for o in out_leaves),
