@@ -658,3 +658,16 @@ def test_a_raw_exception_escaping_a_backend_becomes_a_lowering_error(monkeypatch
     assert any(isinstance(c, KeyError) for c in causes), causes
     monkeypatch.undo()
     np.testing.assert_array_equal(pl.pallas_call(copy_kernel, _sds(x))(x), x)
+
+
+def test_an_index_map_closing_over_a_traced_value_is_refused():
+    x = _rand((16, 128))
+
+    def f(x, k):
+        spec = pl.BlockSpec((8, 128), lambda i: (i + k, 0))
+        return pl.pallas_call(copy_kernel, _sds(x), grid=(2,), in_specs=[spec],
+                              out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)))(x)
+
+    with _raises(pl.BlockSpecError, "the index map of input 0 (x_ref) must not capture",
+                 "Fix: pass the data as a scalar-prefetch operand"):
+        jax.jit(f)(x, 0)
