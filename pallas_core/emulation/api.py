@@ -97,17 +97,20 @@ def _attached(platform: str) -> bool:
 def _assumed(device_kind: str | None, platform: str) -> Any:
     """JAX told it compiles for ``device_kind`` when no ``platform`` device is attached (a
     mesh of that one device: for lowering a kernel on its own)."""
-    if device_kind is None or _attached(platform):
-        return contextlib.nullcontext()
-    return _jax.assume_device(device_kind, platform)
+    return _unless_attached(_jax.assume_device, device_kind, platform)
 
 
 def _told(device_kind: str | None, platform: str) -> Any:
     """JAX's questions about the chip answered with ``device_kind`` when no ``platform``
     device is attached (no mesh: the function's own meshes stay as they are)."""
+    return _unless_attached(_jax.chip_answers, device_kind, platform)
+
+
+def _unless_attached(context: Callable[[str, str], Any], device_kind: str | None,
+                     platform: str) -> Any:
     if device_kind is None or _attached(platform):
         return contextlib.nullcontext()
-    return _jax.chip_answers(device_kind, platform)
+    return context(device_kind, platform)
 
 
 def _platform(platforms: Sequence[str], target: str | None, backend: str) -> str:
@@ -213,12 +216,10 @@ def _kernel(primitive: Any, params: dict[str, Any], in_avals: Sequence[Any],
                platform, options, device_kind, mesh)
         hash(key)
     except TypeError:
-        with _jax.top_level():
-            return _Kernel(*args)
+        return _Kernel(*args)
     found = _KERNELS.get(key)
     if found is None:
-        with _jax.top_level():  # lowered on its own, whatever is being traced around it
-            found = _KERNELS[key] = _Kernel(*args)
+        found = _KERNELS[key] = _Kernel(*args)
         if len(_KERNELS) > _CACHE_SIZE:
             _KERNELS.popitem(last=False)
     else:
@@ -252,7 +253,8 @@ class _Kernel:
             every = jax.sharding.PartitionSpec()
             bind = jax.shard_map(bind, mesh=mesh, in_specs=every, out_specs=every,
                                  check_vma=False)
-        with _assumed(device_kind, platform):
+        # Lowered on its own, whatever is being traced around it.
+        with _jax.top_level(), _assumed(device_kind, platform):
             lowered = jax.jit(bind).trace(*avals).lower(lowering_platforms=(platform,))
         self.module = lowered.compiler_ir("stablehlo")
         with self.module.context:
