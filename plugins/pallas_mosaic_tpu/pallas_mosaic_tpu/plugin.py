@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from pallas_core import _jax
+from pallas_core import backend as plb
 from pallas_core.emulation.call import EmulatedCall
 from pallas_core.errors import PallasError
 from pallas_core.hookspecs import hookimpl
@@ -105,7 +105,7 @@ def emit_tpu_custom_call(request: LoweringRequest, config: str, kernel_name: str
     if n:
         operands = operands[len(operands) - n:] + operands[:len(operands) - n]
     aliases = {i + n: o for i, o in call.input_output_aliases}
-    return _jax.emit_custom_call(
+    return plb.emit_custom_call(
         request.ctx, CUSTOM_CALL_TARGET, operands, call.out_avals,
         backend_config=config, api_version=1, extra_attributes={"kernel_name": kernel_name},
         operand_output_aliases=aliases or None,
@@ -143,7 +143,7 @@ def pallas_lower(request: LoweringRequest) -> Any:
     if request.backend != NAME:
         return None
     call = request.call
-    module, name = lowering.lower_kernel(call, _jax.manual_axes(request.ctx))
+    module, name = lowering.lower_kernel(call, plb.manual_axes(request.ctx))
     config = backend_config(call, mir.serialize(module), mir.has_communication(module))
     return emit_tpu_custom_call(request, config, name)
 

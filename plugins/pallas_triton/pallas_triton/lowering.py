@@ -27,7 +27,8 @@ from jaxlib.mlir.dialects import arith, gpu, scf
 from jaxlib.mlir.dialects import math as mmath
 from jaxlib.triton import dialect as tt
 
-from pallas_core import _jax, mlir_lowering, mlir_rules
+from pallas_core import backend as plb
+from pallas_core import mlir_lowering, mlir_rules
 from pallas_core import primitives as prims
 from pallas_core.grid_mapping import BlockMapping, block_index_tables
 from pallas_core.mlir_lowering import LoweringState
@@ -338,7 +339,7 @@ def _program_id(lowering: Lowering, eqn: Any) -> ir.Value:
     return lowering.program_ids[lowering.call.grid_mapping.num_batch_axes + axis]
 
 
-@rule(_jax.axis_index_p)
+@rule(plb.axis_index_p)
 def _axis_index(lowering: Lowering, eqn: Any) -> ir.Value:
     """The program's index along a named grid axis (``grid_names``)."""
     gm = lowering.call.grid_mapping
@@ -366,7 +367,7 @@ def _pointers(lowering: Lowering, eqn: Any, ref: BlockRef, transforms: Sequence[
     first of them stands if they are neighbours, else in front; slices give theirs in order.
     """
     bm = ref.bm
-    if len(transforms) > 1 or (transforms and not isinstance(transforms[0], _jax.NDIndexer)):
+    if len(transforms) > 1 or (transforms and not isinstance(transforms[0], plb.NDIndexer)):
         raise lowering.fail("Ref transforms other than indexing", eqn)
     kept_dims = [d for d, b in enumerate(bm.block_shape) if b is not None]
     indices: list[Any] = [None] * len(bm.array_shape)
@@ -374,7 +375,7 @@ def _pointers(lowering: Lowering, eqn: Any, ref: BlockRef, transforms: Sequence[
         for d, idx in zip(kept_dims, transforms[0].indices):
             indices[d] = idx
     arrays = {d: _as_i32(lowering, eqn, indices[d]) for d in kept_dims
-              if indices[d] is not None and not isinstance(indices[d], _jax.Slice)}
+              if indices[d] is not None and not isinstance(indices[d], plb.Slice)}
     int_shape = tuple(np.broadcast_shapes(*(tir.shape_of(v) for v in arrays.values())))
     is_int = [d in arrays for d in kept_dims]
     where = [i for i, t in enumerate(is_int) if t]
@@ -403,7 +404,7 @@ def _pointers(lowering: Lowering, eqn: Any, ref: BlockRef, transforms: Sequence[
         else:
             axis = n_slices if n_slices < pos else n_slices + len(int_shape)
             begin, stride = ref.starts[d], 1
-            if isinstance(idx, _jax.Slice):
+            if isinstance(idx, plb.Slice):
                 begin = arith.AddIOp(begin, _as_i32(lowering, eqn, idx.start)).result
                 stride = idx.stride
             parts.append(tir.expand_to_rank(_range_from(begin, sizes[n_slices], stride),
@@ -487,7 +488,7 @@ def _store(ptrs: ir.Value, value: ir.Value, mask: ir.Value | None, dtype: Any,
     tt.StoreOp(ptrs, value, mask=mask)
 
 
-@rule(_jax.get_p)
+@rule(plb.get_p)
 def _get(lowering: Lowering, eqn: Any, ref: BlockRef, *args: Any) -> ir.Value:
     ptrs, mask, shape = _pointers(lowering, eqn, ref, _transforms(eqn, args))
     return _load(ptrs, mask, None, _aval_out(eqn).dtype, shape)
@@ -502,7 +503,7 @@ def _masked_load(lowering: Lowering, eqn: Any, ref: BlockRef, *args: Any) -> ir.
     return _load(ptrs, mask, other, _aval_out(eqn).dtype, shape)
 
 
-@rule(_jax.swap_p)
+@rule(plb.swap_p)
 def _swap(lowering: Lowering, eqn: Any, ref: BlockRef, value: ir.Value, *args: Any) -> ir.Value:
     ptrs, mask, shape = _pointers(lowering, eqn, ref, _transforms(eqn, args))
     dtype = _aval_out(eqn).dtype
@@ -585,7 +586,7 @@ def _float_atomic_max_min(ptrs: ir.Value, value: ir.Value, mask: ir.Value | None
     return tt.BitcastOp(tir.value_type(shape, np.float32), old).result
 
 
-@rule(_jax.addupdate_p)
+@rule(plb.addupdate_p)
 def _addupdate(lowering: Lowering, eqn: Any, ref: BlockRef, value: ir.Value,
                *args: Any) -> list[Any]:
     """``ref[idx] += value`` as an atomic add, as JAX's Triton lowering has it: programs that

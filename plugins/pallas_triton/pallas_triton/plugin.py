@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from pallas_core import _jax
+from pallas_core import backend as plb
 from pallas_core.emulation.call import EmulatedCall
 from pallas_core.hookspecs import hookimpl
 from pallas_core.plugins import BackendInfo
@@ -67,7 +67,7 @@ def pallas_lower(request: LoweringRequest) -> Any:
         "grid_x": programs, "grid_y": 1, "grid_z": 1,
         "debug": params.debug,
     }
-    return _jax.emit_custom_call(
+    return plb.emit_custom_call(
         request.ctx, CUSTOM_CALL_TARGET, request.operands, call.out_avals,
         backend_config=config,
         operand_output_aliases=dict(call.input_output_aliases) or None)

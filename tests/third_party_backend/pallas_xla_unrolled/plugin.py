@@ -14,8 +14,9 @@ import jax
 import jax.numpy as jnp
 
 import pallas_core as pl
-from pallas_core import _jax, reference
+from pallas_core import backend as plb
 from pallas_core import primitives as prims
+from pallas_core import reference
 from pallas_core.errors import unsupported
 from pallas_core.hookspecs import hookimpl
 from pallas_xla_unrolled import unrolled
@@ -53,8 +54,8 @@ class XlaUnrolledParams(pl.CompilerParams):
 
 # --- a primitive of this plugin, with its reference semantics -------------------------------
 
-step_index_p = _jax.Primitive("xla_unrolled_step_index")
-step_index_p.def_abstract_eval(lambda: _jax.ShapedArray((), jnp.int32))
+step_index_p = plb.Primitive("xla_unrolled_step_index")
+step_index_p.def_abstract_eval(lambda: plb.ShapedArray((), jnp.int32))
 
 
 def step_index() -> jax.Array:

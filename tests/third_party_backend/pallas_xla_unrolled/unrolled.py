@@ -19,7 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from pallas_core import _jax, reference
+from pallas_core import backend as plb
+from pallas_core import reference
 from pallas_core.grid_mapping import BlockMapping
 from pallas_core.request import KernelCall
 from pallas_core.semantics import ReferenceContext
@@ -28,7 +29,7 @@ from pallas_core.semantics import ReferenceContext
 def run(call: KernelCall, args: Sequence[Any], rules: reference.Rules) -> list[Any]:
     """The outputs of ``call`` on ``args``, one unrolled grid step after another."""
     gm = call.grid_mapping
-    kernel = _jax.discharge_state(call.jaxpr, axis_sizes=gm.axis_env)
+    kernel = plb.discharge_state(call.jaxpr, axis_sizes=gm.axis_env)
     aliased = {o: i for i, o in call.input_output_aliases}
     ins = [_pad(x, bm) for x, bm in zip(args, gm.inputs)]
     outs = [_pad(args[aliased[k]] if k in aliased else jnp.zeros(bm.array_shape, bm.dtype), bm)
