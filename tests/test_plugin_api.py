@@ -104,7 +104,7 @@ def test_the_backend_module_exports_only_public_documented_names() -> None:
     for name in plb.__all__:
         assert not name.startswith("_"), name
         assert hasattr(plb, name), f"pallas_core.backend.__all__ names missing {name!r}"
-        listed = re.search(rf"\\b{name}\\b", plb.__doc__) is not None
+        listed = re.search(rf"\b{name}\b", plb.__doc__) is not None
         assert listed or getattr(plb, name).__doc__, (
             f"pallas_core.backend.{name} is neither documented nor listed in the module's "
             "docstring")
