@@ -46,17 +46,13 @@ def pallas_describe() -> BackendInfo:
 
 @hookimpl
 def pallas_lower(request: LoweringRequest) -> Any:
-    if request.backend != NAME:
-        return None
     call, rules, params = request.call, reference.semantics_rules(), _params(request.call)
     with semantics.uninitialized_memory(params.fill):
         return request.lower_jax(lambda *args: grid.run(call, args, rules, params))
 
 
 @hookimpl
-def pallas_stages(call: KernelCall, backend: str, target: str | None) -> Mapping[str, Any] | None:
-    if backend != NAME:
-        return None
+def pallas_stages(call: KernelCall, target: str | None) -> Mapping[str, Any]:
     rules = reference.semantics_rules()
     gm = call.grid_mapping
     avals = [jax.ShapeDtypeStruct(bm.array_shape, bm.dtype) for bm in gm.inputs]

@@ -36,23 +36,18 @@ def pallas_primitives() -> Any:
 
 
 @hookimpl
-def pallas_validate(call: KernelCall, backend: str) -> None:
-    if backend == NAME:
-        validation.check(call)
+def pallas_validate(call: KernelCall) -> None:
+    validation.check(call)
 
 
 @hookimpl
 def pallas_lower(request: LoweringRequest) -> Any:
-    if request.backend != NAME:
-        return None
     fn = lowering.kernel_fn(request.call)
     return request.lower_jax(fn)
 
 
 @hookimpl
-def pallas_stages(call: KernelCall, backend: str, target: str | None) -> Mapping[str, Any] | None:
-    if backend != NAME:
-        return None
+def pallas_stages(call: KernelCall, target: str | None) -> Mapping[str, Any]:
     if target is not None and target not in TARGETS:
         raise PallasError(
             f"pl.stages(backend='mosaic_gpu', target={target!r}): unknown target. Fix: use one "

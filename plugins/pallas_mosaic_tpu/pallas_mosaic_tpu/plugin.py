@@ -133,15 +133,12 @@ def pallas_primitives() -> Any:
 
 
 @hookimpl
-def pallas_validate(call: KernelCall, backend: str) -> None:
-    if backend == NAME:
-        validation.check(call)
+def pallas_validate(call: KernelCall) -> None:
+    validation.check(call)
 
 
 @hookimpl
 def pallas_lower(request: LoweringRequest) -> Any:
-    if request.backend != NAME:
-        return None
     call = request.call
     module, name = lowering.lower_kernel(call, plb.manual_axes(request.ctx))
     config = backend_config(call, mir.serialize(module), mir.has_communication(module))
@@ -149,9 +146,7 @@ def pallas_lower(request: LoweringRequest) -> Any:
 
 
 @hookimpl
-def pallas_stages(call: KernelCall, backend: str, target: str | None) -> Mapping[str, Any] | None:
-    if backend != NAME:
-        return None
+def pallas_stages(call: KernelCall, target: str | None) -> Mapping[str, Any]:
     if target is not None and target not in CHIPS and target not in CHIPS.values():
         raise PallasError(
             f"pl.stages(backend='mosaic_tpu', target={target!r}): unknown TPU generation. Fix: "

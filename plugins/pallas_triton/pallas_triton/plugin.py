@@ -46,15 +46,12 @@ def pallas_primitives() -> Any:
 
 
 @hookimpl
-def pallas_validate(call: KernelCall, backend: str) -> None:
-    if backend == NAME:
-        validation.check(call)
+def pallas_validate(call: KernelCall) -> None:
+    validation.check(call)
 
 
 @hookimpl
 def pallas_lower(request: LoweringRequest) -> Any:
-    if request.backend != NAME:
-        return None
     call = request.call
     module, name = lowering.lower_kernel(call, request.platform)
     params = params_of(call)
@@ -74,9 +71,7 @@ def pallas_lower(request: LoweringRequest) -> Any:
 
 
 @hookimpl
-def pallas_stages(call: KernelCall, backend: str, target: str | None) -> Mapping[str, Any] | None:
-    if backend != NAME:
-        return None
+def pallas_stages(call: KernelCall, target: str | None) -> Mapping[str, Any]:
     gpu = triton_compile.parse_target(target)  # an unknown target fails before lowering
     module, _ = lowering.lower_kernel(call, gpu.platform)
     ttir = lowering.module_text(module)

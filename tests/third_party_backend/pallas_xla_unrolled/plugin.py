@@ -1,6 +1,6 @@
 """Hook implementations of the ``xla_unrolled`` backend (entry point ``xla_unrolled``).
 
-Every hook that receives a backend name answers only for ``xla_unrolled``. ``LOWER_CALLS``
+The core calls these hooks only for calls it has resolved to ``xla_unrolled``. ``LOWER_CALLS``
 counts the kernels this plugin lowered, so that a test can prove the backend was used.
 """
 
@@ -129,18 +129,15 @@ def pallas_describe() -> pl.BackendInfo:
 
 
 @hookimpl
-def pallas_validate(call: pl.KernelCall, backend: str) -> None:
+def pallas_validate(call: pl.KernelCall) -> None:
     """Rejects atomics, scalar prefetch and grids over ``max_steps`` before lowering."""
-    if backend == NAME:
-        check(call)
+    check(call)
 
 
 @hookimpl
-def pallas_lower(request: pl.LoweringRequest) -> Sequence[Any] | None:
+def pallas_lower(request: pl.LoweringRequest) -> Sequence[Any]:
     """Inlines the unrolled kernel into the program being lowered."""
     global LOWER_CALLS
-    if request.backend != NAME:
-        return None
     check(request.call)  # again: vmap adds grid steps after validation
     LOWER_CALLS += 1
     call, rules = request.call, reference.semantics_rules()
@@ -154,11 +151,8 @@ def pallas_primitives() -> Sequence[pl.PrimitiveSemantics]:
 
 
 @hookimpl
-def pallas_stages(call: pl.KernelCall, backend: str,
-                  target: str | None) -> Mapping[str, Any] | None:
+def pallas_stages(call: pl.KernelCall, target: str | None) -> Mapping[str, Any]:
     """One stage, ``unrolled_jaxpr``: the kernel with its grid unrolled, as plain JAX."""
-    if backend != NAME:
-        return None
     avals = [jax.ShapeDtypeStruct(bm.array_shape, bm.dtype) for bm in call.grid_mapping.inputs]
     rules = reference.semantics_rules()
     return {"unrolled_jaxpr": str(jax.make_jaxpr(lambda *a: unrolled.run(call, a, rules))(*avals))}
