@@ -10,6 +10,7 @@ The check reads each plugin package's source with ``ast``: imports of ``pallas_c
 from __future__ import annotations
 
 import ast
+import inspect
 import pathlib
 import re
 
@@ -108,3 +109,24 @@ def test_the_backend_module_exports_only_public_documented_names() -> None:
         assert listed or getattr(plb, name).__doc__, (
             f"pallas_core.backend.{name} is neither documented nor listed in the module's "
             "docstring")
+
+
+@pytest.mark.parametrize("package", ["pallas_triton", "pallas_mosaic_tpu", "pallas_sparsecore",
+                                     "pallas_mosaic_gpu"])
+def test_every_mlir_backend_exposes_its_rule_table_with_the_shared_signature(
+        package: str) -> None:
+    """``<plugin>.plugin.lowering_rules()`` returns the full table, read-only, keyed by
+    primitive, and every rule takes ``(state, eqn, *in_values)`` (``plb.Rule``)."""
+    plugin = pytest.importorskip(f"{package}.plugin")
+    rules = plugin.lowering_rules()
+    assert len(rules) > 50
+    with pytest.raises(TypeError):
+        rules[object()] = None  # type: ignore[index]
+    for prim, fn in rules.items():
+        assert isinstance(prim, plb.Primitive), prim
+        params = list(inspect.signature(fn).parameters.values())
+        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        assert len(positional) >= 2, (prim, fn)
+        required_kw = [p.name for p in params
+                       if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
+        assert not required_kw, (prim, fn, required_kw)

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+import types
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -782,3 +783,12 @@ def _semaphore_wait(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
 @rule(prims.semaphore_read_p)
 def _semaphore_read(lowering: Lowering, eqn: Any, *args: Any) -> ir.Value:
     return tpu.SemaphoreReadOp(_semaphore(lowering, eqn, args)).result
+
+
+def lowering_rules() -> Mapping[Any, mlir_lowering.Rule]:
+    """Mosaic TPU's full rule table, read-only: the shared rules, the rules above and those of
+    the TensorCore primitives (:mod:`pallas_mosaic_tpu.primitives`); every entry has the one
+    rule signature (``pallas_core.backend.Rule``)."""
+    from pallas_mosaic_tpu import primitives  # noqa: F401 - defines the primitives' rules
+
+    return types.MappingProxyType(RULES)

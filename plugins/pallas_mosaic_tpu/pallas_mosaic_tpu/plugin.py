@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pallas_core import backend as plb
+from pallas_core.backend import RuleTable
 from pallas_core.emulation.call import EmulatedCall
 from pallas_core.errors import PallasError
 from pallas_core.hookspecs import hookimpl
@@ -112,13 +113,22 @@ def emit_tpu_custom_call(request: LoweringRequest, config: str, kernel_name: str
         has_side_effect=effect is not SideEffectType.PURE, frontend_attributes=frontend)
 
 
+
+def lowering_rules() -> RuleTable:
+    """This backend's full lowering-rule table (primitive -> rule), read-only; every rule has
+    the signature all backends share (``pallas_core.backend.Rule``)."""
+    return lowering.lowering_rules()
+
+
 @hookimpl
 def pallas_describe() -> BackendInfo:
     return BackendInfo(name=NAME, version=__version__, platforms=("tpu",),
                        compiler_params_type=TPUCompilerParams, default_for=("tpu",),
-                       package="pallas-mosaic-tpu", capabilities=frozenset({"scalar_prefetch",
-                                                                "pipeline_mode",
-                                                                "dynamic_grid"}),
+                       package="pallas-mosaic-tpu",
+                       capabilities=frozenset({"scalar_prefetch", "pipeline_mode",
+                                               "dynamic_grid", "scratch", "aliasing",
+                                               "run_scoped", "vmap", "semaphores",
+                                               "async_copy"}),
                        device_kinds={"v5e": CHIPS["v5e"], **CHIPS})
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import jax.experimental.pallas.tpu  # noqa: F401  (registers JAX's einshape and pipeline rules)
 import pytest
-from pallas_mosaic_tpu import lowering
+from pallas_mosaic_tpu import plugin
 
 from pallas_core import backend as plb
 
@@ -53,7 +53,7 @@ KNOWN_GAPS = {
 
 
 def _ours() -> set[str]:
-    return {p.name for p in lowering.RULES}
+    return {p.name for p in plugin.lowering_rules()}
 
 
 @pytest.mark.parametrize("kind", ["tc"])

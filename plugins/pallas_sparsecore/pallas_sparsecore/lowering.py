@@ -11,12 +11,12 @@ and writes, gather/scatter DMAs and the SparseCore primitives have rules here.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import types
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
 import numpy as np
-import pallas_mosaic_tpu.primitives  # noqa: F401 - its rules join the TensorCore rules first
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith, func, memref, scf
 from jaxlib.mosaic.python import tpu
@@ -33,7 +33,8 @@ from pallas_core.spec import ANY
 from pallas_sparsecore import primitives as sc
 from pallas_sparsecore.params import NAME, VMEM_SHARED, SCCompilerParams
 
-RULES = mlir_lowering.Rules(tl.RULES)
+RULES = mlir_lowering.Rules(tl.lowering_rules())
+"""Mosaic TPU's rules, then the SparseCore rules below (read it through :func:`lowering_rules`)."""
 rule = RULES.rule
 
 
@@ -429,7 +430,7 @@ def _scan_loop(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
     marker = next((e for e in body.eqns if e.primitive is sc.parallel_loop_p), None)
     block = ir.InsertionPoint.current.block
     before = len(block.operations)
-    outs = tl.RULES[plb.scan_p](lowering, eqn, *args)
+    outs = tl.lowering_rules()[plb.scan_p](lowering, eqn, *args)
     if marker is not None:
         loops = [op for op in list(block.operations)[before:]
                  if isinstance(op.opview, scf.ForOp)]
@@ -438,3 +439,10 @@ def _scan_loop(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
         loop.attributes["sc.loop_unroll_factor"] = ir.IntegerAttr.get(
             ir.IntegerType.get_signless(64), marker.params["unroll"])
     return outs
+
+
+def lowering_rules() -> Mapping[Any, mlir_lowering.Rule]:
+    """SparseCore's full rule table, read-only: Mosaic TPU's (``pallas_mosaic_tpu.lowering.
+    lowering_rules()``) with the SparseCore rules above added or overriding; every entry has
+    the one rule signature (``pallas_core.backend.Rule``)."""
+    return types.MappingProxyType(RULES)

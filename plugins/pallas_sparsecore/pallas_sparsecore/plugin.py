@@ -10,6 +10,7 @@ from pallas_mosaic_tpu import ir as mir
 from pallas_mosaic_tpu import plugin as tpu_plugin
 from pallas_mosaic_tpu.params import DMA_SEMAPHORE, HBM, SEMAPHORE, SMEM, VMEM
 
+from pallas_core.backend import RuleTable
 from pallas_core.emulation.call import EmulatedCall
 from pallas_core.errors import PallasError
 from pallas_core.hookspecs import hookimpl
@@ -34,6 +35,13 @@ def backend_config(call: KernelCall, body: bytes) -> str:
     if call.grid_mapping.grid[0] == 1:
         full["megachip_parallelism_config"] = {"cores": ["0"]}
     return json.dumps(full)
+
+
+
+def lowering_rules() -> RuleTable:
+    """This backend's full lowering-rule table (primitive -> rule), read-only; every rule has
+    the signature all backends share (``pallas_core.backend.Rule``)."""
+    return lowering.lowering_rules()
 
 
 @hookimpl

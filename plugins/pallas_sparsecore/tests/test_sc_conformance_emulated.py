@@ -43,7 +43,7 @@ class TestSparseCoreEmulated(ConformanceSuite):
     emulate = True
     unsupported = frozenset(FEATURES)
 
-    def testunknown_primitive_raises(self) -> None:
+    def test_unknown_primitive_raises(self) -> None:
         def body(x_ref: Any, o_ref: Any) -> None:
             o_ref[...] = unknown_p.bind(x_ref[...])
 

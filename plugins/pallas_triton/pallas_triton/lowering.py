@@ -16,7 +16,8 @@ from __future__ import annotations
 import dataclasses
 import io
 import math
-from collections.abc import Sequence
+import types
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -670,3 +671,10 @@ def _debug_barrier(lowering: Lowering, eqn: Any) -> list[Any]:
 
 # Whole-array rules (broadcast_to, concatenate and split, argmax, cumulative sums) join RULES.
 from pallas_triton import lowering_arrays  # noqa: E402, F401
+
+
+def lowering_rules() -> Mapping[Any, mlir_lowering.Rule]:
+    """Triton's full rule table, read-only: the shared rules, Triton's own above and the
+    whole-array rules of :mod:`pallas_triton.lowering_arrays`; every entry has the one rule
+    signature (``pallas_core.backend.Rule``)."""
+    return types.MappingProxyType(RULES)

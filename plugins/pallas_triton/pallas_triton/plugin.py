@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pallas_core import backend as plb
+from pallas_core.backend import RuleTable
 from pallas_core.emulation.call import EmulatedCall
 from pallas_core.hookspecs import hookimpl
 from pallas_core.plugins import BackendInfo
@@ -27,12 +28,20 @@ def params_of(call: KernelCall) -> TritonParams:
     return params if isinstance(params, TritonParams) else TritonParams()
 
 
+
+def lowering_rules() -> RuleTable:
+    """This backend's full lowering-rule table (primitive -> rule), read-only; every rule has
+    the signature all backends share (``pallas_core.backend.Rule``)."""
+    return lowering.lowering_rules()
+
+
 @hookimpl
 def pallas_describe() -> BackendInfo:
     return BackendInfo(
         name=NAME, version=__version__, platforms=("cuda", "rocm"),
         compiler_params_type=TritonParams, default_for=("cuda", "rocm"), package="pallas-triton",
-        capabilities=frozenset({"masked_access", "atomics", "aliasing", "vmap", "debug_print"}),
+        capabilities=frozenset({"masked_access", "atomics", "aliasing", "vmap", "debug_print",
+                                "mesh"}),
         # What pl.emulate tells JAX it compiles for (JAX 0.11's Triton lowering asks).
         device_kinds={"sm_90": "NVIDIA H100", "sm_80": "NVIDIA A100", "sm_100": "NVIDIA B200",
                       "gfx942": "AMD Instinct MI300X", "gfx90a": "AMD Instinct MI250X",

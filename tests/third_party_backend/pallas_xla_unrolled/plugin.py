@@ -28,8 +28,10 @@ LOWER_CALLS = 0
 """How many kernels ``pallas_lower`` has lowered for this backend in this process."""
 
 CAPABILITIES = frozenset(
-    {"aliasing", "debug_print", "masked_access", "mesh", "run_scoped", "scratch", "vmap"})
-"""What this backend runs; atomics are missing on purpose (they raise ``UnsupportedError``)."""
+    {"aliasing", "async_copy", "debug_print", "masked_access", "mesh", "run_scoped", "scratch",
+     "semaphores", "vmap"})
+"""What this backend runs; atomics and scalar prefetch are missing on purpose (they raise
+``UnsupportedError``)."""
 
 
 @dataclasses.dataclass(frozen=True)
