@@ -19,10 +19,14 @@ is defined, and grouped here by use.
 ``pallas_describe`` returns; :class:`KernelCall` (the kernel as bound) and
 :class:`LoweringRequest` (one call to lower) are what the hooks receive; :class:`EmulatedCall`
 is what ``pallas_emulate`` receives; :func:`register_backend` registers a plugin by hand.
+A call's :class:`GridMapping` has one :class:`BlockMapping` per operand. A plugin subclasses
+:class:`CompilerParams` for its options and makes its :class:`MemorySpace` objects.
 
 **Reference semantics** of the primitives a plugin adds (its ``pallas_primitives`` hook):
 :class:`PrimitiveSemantics`, :class:`ReferenceContext`; :func:`semantics_rules` (every
-installed primitive's semantics, for backends that interpret kernels), :func:`find_eqn`.
+installed primitive's ``evaluate`` rules, a :data:`SemanticsRules`, for backends that run
+kernels as plain JAX; it hands the discharge rules to JAX), :func:`evaluate` (a discharged
+kernel at one grid step, with those rules), :func:`find_eqn`.
 
 **Lowering rules** for backends that emit MLIR equation by equation: :data:`Rule` (the one
 signature every backend's rules share), :class:`Rules` (a table), :class:`LoweringState`,
@@ -103,12 +107,15 @@ from pallas_core._jax import (
 )
 from pallas_core.emulation.call import EmulatedCall
 from pallas_core.errors import PallasError, UnsupportedError, unsupported
+from pallas_core.grid_mapping import BlockMapping, GridMapping
 from pallas_core.hookspecs import hookimpl
 from pallas_core.mlir_lowering import LoweringState, Rule, Rules, lower_jaxpr
 from pallas_core.plugins import Backend, BackendInfo, register_backend
-from pallas_core.reference import find_eqn, semantics_rules
+from pallas_core.reference import Rules as SemanticsRules
+from pallas_core.reference import evaluate, find_eqn, semantics_rules
 from pallas_core.request import KernelCall, LoweringRequest
 from pallas_core.semantics import PrimitiveSemantics, ReferenceContext
+from pallas_core.spec import CompilerParams, MemorySpace
 
 RuleTable = Mapping[Primitive, Rule]
 """A backend's full lowering-rule table, as its ``lowering_rules()`` function returns it:
@@ -128,10 +135,12 @@ def ref_and_transforms(ref: Any, idx: Any, fn: str) -> tuple[Any, tuple[Any, ...
 
 __all__ = [
     # the contract
-    "Backend", "BackendInfo", "EmulatedCall", "KernelCall", "LoweringRequest",
-    "PallasError", "UnsupportedError", "hookimpl", "register_backend", "unsupported",
+    "Backend", "BackendInfo", "BlockMapping", "CompilerParams", "EmulatedCall", "GridMapping",
+    "KernelCall", "LoweringRequest", "MemorySpace", "PallasError", "UnsupportedError",
+    "hookimpl", "register_backend", "unsupported",
     # reference semantics
-    "PrimitiveSemantics", "ReferenceContext", "find_eqn", "semantics_rules",
+    "PrimitiveSemantics", "ReferenceContext", "SemanticsRules", "evaluate", "find_eqn",
+    "semantics_rules",
     # lowering rules
     "LoweringRulesFn", "LoweringState", "Rule", "RuleTable", "Rules", "lower_jaxpr",
     # kernel IR

@@ -23,7 +23,14 @@ import pytest
 import pallas_core as pl
 from pallas_core import backend as plb
 from pallas_core.plugins import ENTRY_POINT_GROUP, manager
-from pallas_core.testing import ALIASING, ATOMICS, SCALAR_PREFETCH, SCRATCH, ConformanceSuite
+from pallas_core.testing import (
+    ALIASING,
+    ATOMICS,
+    ELEMENTWISE,
+    SCALAR_PREFETCH,
+    SCRATCH,
+    ConformanceSuite,
+)
 
 NAME = "xla_unrolled"
 INSTALL = "pip install --no-deps -e tests/third_party_backend"
@@ -240,3 +247,37 @@ def test_conformance_flags_a_capability_handled_but_not_declared(
             suite.test_undeclared_capability_is_refused(ATOMICS, request)
     finally:
         manager.unregister(UNDER)
+
+
+class Crashing:
+    """A backend whose lowering crashes (a plugin defect, which the core wraps into a
+    ``LoweringError``) instead of refusing what it cannot run."""
+
+    @plb.hookimpl
+    def pallas_describe(self) -> pl.BackendInfo:
+        return pl.BackendInfo(name="crashing", version="0", platforms=("cpu",))
+
+    @plb.hookimpl
+    def pallas_lower(self, request: pl.LoweringRequest) -> Any:
+        raise ValueError("foreach() argument 2 is shorter than argument 1")
+
+
+def test_conformance_does_not_take_a_crash_for_a_refusal(request: pytest.FixtureRequest) -> None:
+    """A feature must be refused (by ``pallas_validate``, with the fix), not crashed on: the
+    ``LoweringError`` the core wraps a crash into fails the suite's refusal checks."""
+
+    class Crash(ConformanceSuite):  # not collected
+        backend = "crashing"
+        unsupported = frozenset({ELEMENTWISE})
+
+    pl.register_backend(Crashing())
+    try:
+        suite = Crash()
+        suite.setup_method(None)
+        with pytest.raises(pytest.fail.Exception, match=r"crashed inside the backend instead of "
+                           r"refusing it .*foreach"):
+            suite.test_unsupported_feature_raises(ELEMENTWISE, request)
+        with pytest.raises(pytest.fail.Exception, match=r"'atomics'.*crashed inside the backend"):
+            suite.test_undeclared_capability_is_refused(ATOMICS, request)
+    finally:
+        manager.unregister("crashing")

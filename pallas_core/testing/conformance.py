@@ -317,6 +317,11 @@ class ConformanceSuite:
                              where: str, if_it_passes: str) -> None:
         try:
             fn(self, **kwargs)
+        except pl.LoweringError as e:
+            pytest.fail(f"{where} crashed inside the backend instead of refusing it (the core "
+                        f"wrapped the crash into a LoweringError: {e}). Expected a "
+                        "pallas_core.PallasError such as UnsupportedError, raised by the "
+                        "backend's pallas_validate, that names the feature and the fix.")
         except pl.PallasError:
             return
         except AssertionError as e:
