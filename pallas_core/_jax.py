@@ -1,8 +1,9 @@
 """The one place where pallas_core touches JAX internals (``jax._src``).
 
 Everything the core and its plugins need from JAX that is not public API is
-re-exported from here, so that a JAX upgrade is a change in this file alone.
-Plugins import these names from ``pallas_core._jax`` rather than from ``jax._src``.
+re-exported from here, so that a JAX upgrade is a change in this file alone. Plugins never
+import this module: the names they need are re-exported by the public plugin API,
+:mod:`pallas_core.backend`.
 """
 
 from __future__ import annotations

@@ -657,7 +657,8 @@ def validate(call: KernelCall, backend: str) -> None:
                     f"but the {backend!r} backend has no pipelines whose buffers pl.Buffered "
                     "could set. Fix: drop pipeline_mode= for this backend (it never changes "
                     "results).")
-    manager.hook.pallas_validate(call=call, backend=backend)
+    manager.call_hook(backend, "pallas_validate", call=call)
+    manager.hook.pallas_validate_call(call=call, backend=backend)
 
 
 # --- the primitive -------------------------------------------------------------------------
@@ -699,7 +700,7 @@ def _lowering(ctx: Any, *operands: Any, call: KernelCall) -> Sequence[Any]:
         )
     request = LoweringRequest(call, backend, platform, ctx, tuple(operands))
     try:
-        result = manager.hook.pallas_lower(request=request)
+        result = manager.call_hook(backend, "pallas_lower", request=request)
     except PallasError:
         raise
     except NotImplementedError as e:
@@ -720,8 +721,9 @@ def _lowering(ctx: Any, *operands: Any, call: KernelCall) -> Sequence[Any]:
         ) from e
     if result is None:
         raise LoweringError(
-            f"backend {backend!r} did not lower kernel {call.name!r}: its `pallas_lower` hook "
-            "returned None for a request addressed to it."
+            f"backend {backend!r} did not lower kernel {call.name!r}: its plugin implements no "
+            "`pallas_lower` hook, or the hook returned None. Fix: implement pallas_lower "
+            "(docs/writing-a-backend.md), or choose another backend."
         )
     return list(result)
 

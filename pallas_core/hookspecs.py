@@ -6,8 +6,14 @@ group ``pallas.backends``::
     [project.entry-points."pallas.backends"]
     mybackend = "my_package.plugin"
 
-Every hook below is optional except ``pallas_describe``. Hooks that receive a request for a
-named backend must answer ``None`` for requests addressed to another backend.
+Every hook below is optional except ``pallas_describe``. The core resolves the backend of a
+call once (``backend=`` > ``interpret=`` > the type of ``compiler_params`` > the platform's
+default) and calls the *backend hooks* (``pallas_describe``, ``pallas_memory_spaces``,
+``pallas_validate``, ``pallas_lower``, ``pallas_stages``) on that backend's plugin only, so an
+implementation never checks which backend it is asked for. The *broadcast hooks* are called on
+every plugin: ``pallas_primitives`` (semantics of every primitive, for every backend that
+interprets), ``pallas_validate_call`` (a plugin's checks of calls that other backends run) and
+``pallas_emulate`` (answered by the plugin that owns the custom call's target).
 """
 
 from __future__ import annotations
@@ -43,27 +49,29 @@ def pallas_describe() -> BackendInfo:
 
 
 @hookspec(firstresult=True)
-def pallas_lower(request: LoweringRequest) -> Sequence[Any] | None:
-    """Lower one ``pallas_call`` for ``request.backend``.
+def pallas_lower(request: LoweringRequest) -> Sequence[Any]:
+    """Lower one ``pallas_call`` (a backend hook: called on ``request.backend``'s plugin only).
 
     :param request: the frozen :class:`pallas_core.LoweringRequest` (the kernel jaxpr, the
         grid mapping, compiler params, the MLIR lowering context and operands).
-    :return: the MLIR values of the call's outputs, or ``None`` if ``request.backend`` is not
-        this plugin. First non-``None`` result wins.
+    :return: the MLIR values of the call's outputs.
     Since 0.1.
     """
+    raise NotImplementedError
 
 
 @hookspec(firstresult=True)
-def pallas_stages(call: KernelCall, backend: str, target: str | None) -> Mapping[str, Any] | None:
-    """Named compilation stages of ``call`` for ``backend`` (``None`` if not this plugin).
+def pallas_stages(call: KernelCall, target: str | None) -> Mapping[str, Any]:
+    """Named compilation stages of ``call`` (a backend hook: called on the chosen plugin only).
 
     :param call: the kernel and its grid mapping, as bound in the program.
     :param target: a backend-specific target (e.g. ``"sm_90"``), or ``None`` for the default.
-    :return: stage name -> text or bytes, in pipeline order (e.g. ``stablehlo``, ``ttir``,
-        ``ptx``). The core adds ``jaxpr`` itself. First non-``None`` result wins.
+    :return: stage name -> text or bytes (or a zero-argument callable making it, run when the
+        stage is first read), in pipeline order (e.g. ``stablehlo``, ``ttir``, ``ptx``). The
+        core adds ``jaxpr`` itself.
     Since 0.1.
     """
+    raise NotImplementedError
 
 
 @hookspec
@@ -71,16 +79,6 @@ def pallas_memory_spaces() -> Sequence[MemorySpace]:
     """The memory spaces this plugin defines for Refs and scratch buffers.
 
     :return: the spaces (``MemorySpace(name, backend=...)``); the first is the default.
-    Since 0.1.
-    """
-    raise NotImplementedError
-
-
-@hookspec
-def pallas_meshes() -> Mapping[str, Any]:
-    """Constructors of meshes for ``pl.kernel``/``pl.core_map`` on this plugin's hardware.
-
-    :return: constructor name -> callable returning a :class:`pallas_core.Mesh`.
     Since 0.1.
     """
     raise NotImplementedError
@@ -100,12 +98,27 @@ def pallas_primitives() -> Sequence[PrimitiveSemantics]:
 
 
 @hookspec
-def pallas_validate(call: KernelCall, backend: str) -> None:
-    """Check ``call`` against ``backend``'s hardware before lowering; raise a ``PallasError``.
+def pallas_validate(call: KernelCall) -> None:
+    """Check ``call`` against this backend's hardware before lowering; raise a ``PallasError``.
 
-    Plugins other than ``backend`` do nothing. Messages must say what was expected, what was
-    found, and the fix (e.g. "block shape (7, 100): last two dims must be divisible by (8, 128)
-    ... pad to (8, 128)").
+    A backend hook: called on the chosen backend's plugin only, after the core's own checks
+    (platforms, memory spaces, capabilities) and before ``pallas_lower`` or ``pallas_stages``.
+    Messages must say what was expected, what was found, and the fix (e.g. "block shape
+    (7, 100): last two dims must be divisible by (8, 128) ... pad to (8, 128)").
+    Since 0.1.
+    """
+
+
+@hookspec
+def pallas_validate_call(call: KernelCall, backend: str) -> None:
+    """Check a call that ``backend`` (possibly another plugin's) will run; raise a
+    ``PallasError``.
+
+    A broadcast hook: called on every plugin for every call, after ``backend``'s own
+    ``pallas_validate``. A plugin uses it for calls that carry its own parameters but run
+    elsewhere: the SparseCore plugin checks a kernel given ``plsc.CompilerParams`` against its
+    chip even when the interpreter runs it (``interpret=True``), as JAX does. Calls that carry
+    nothing of this plugin's must pass unchecked.
     Since 0.1.
     """
 

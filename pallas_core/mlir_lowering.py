@@ -19,6 +19,14 @@ from pallas_core.errors import PallasError, UnsupportedError
 from pallas_core.request import KernelCall
 
 Rule = Callable[..., Any]
+"""The one signature of every MLIR backend's lowering rules:
+``rule(state: LoweringState, eqn: JaxprEqn, *in_values) -> out value | list of out values``.
+
+``state`` is the backend's :class:`LoweringState` (a subclass of it), ``eqn`` the equation
+being lowered (its parameters in ``eqn.params``, its abstract values in ``eqn.invars`` and
+``eqn.outvars``), ``in_values`` the backend's IR values of the operands. A primitive with
+``multiple_results`` returns a list. Rules refuse what they cannot lower with
+``state.fail(...)`` (an ``UnsupportedError``)."""
 
 
 class Rules(dict[Any, Rule]):

@@ -104,7 +104,8 @@ class PluginManager:
 
     @property
     def hook(self) -> Any:
-        """The pluggy hook relay (``manager.hook.pallas_lower(request=...)``)."""
+        """The pluggy hook relay, for the broadcast hooks
+        (``manager.hook.pallas_primitives()``); backend hooks go through :meth:`call_hook`."""
         self.ensure_loaded()
         return self._pm.hook
 
@@ -299,15 +300,20 @@ class PluginManager:
             "one of the installed backends."
         )
 
+    def call_hook(self, name: str, hook: str, **kwargs: Any) -> Any:
+        """Calls ``hook`` of backend ``name``'s plugin alone, with the arguments its
+        implementation takes (a subset of ``kwargs``, as pluggy allows); ``None`` if the plugin
+        does not implement it. How the core calls the backend hooks: it resolves the backend
+        once, and no other plugin is asked."""
+        plugin = self.get(name).plugin
+        for impl in getattr(self._pm.hook, hook).get_hookimpls():
+            if impl.plugin is plugin:
+                return impl.function(*[kwargs[arg] for arg in impl.argnames])
+        return None
+
     def memory_spaces(self, name: str) -> tuple[Any, ...]:
         """The memory spaces backend ``name`` defines (its ``pallas_memory_spaces`` hook)."""
-        hook = getattr(self.get(name).plugin, "pallas_memory_spaces", None)
-        return tuple(hook()) if hook is not None else ()
-
-    def meshes(self, name: str) -> Mapping[str, Any]:
-        """Mesh constructors of backend ``name`` (its ``pallas_meshes`` hook)."""
-        hook = getattr(self.get(name).plugin, "pallas_meshes", None)
-        return dict(hook()) if hook is not None else {}
+        return tuple(self.call_hook(name, "pallas_memory_spaces") or ())
 
     def backend_for_params(self, params: Any) -> str | None:
         """The backend whose ``CompilerParams`` type ``params`` is an instance of."""

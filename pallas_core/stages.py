@@ -84,7 +84,7 @@ def stages(fn: Callable[..., Any], *args: Any, backend: str | None = None,
         name = (chosen or call.backend
                 or manager.default_for_platform(jax.default_backend()))
         validate(call, name)
-        found = manager.hook.pallas_stages(call=call, backend=name, target=target)
+        found = manager.call_hook(name, "pallas_stages", call=call, target=target)
         if found is None:
             raise UnsupportedError(
                 f"backend {name!r} does not report compilation stages (its plugin has no "

@@ -372,9 +372,7 @@ class JnpAddBackend:
         return _info(self.name, compiler_params_type=JnpParams, package="pallas-jnp-add")
 
     @hookimpl
-    def pallas_validate(self, call, backend):
-        if backend != self.name:
-            return
+    def pallas_validate(self, call):
         self.validated.append(call.name)
         if call.grid_mapping.grid:
             raise pl.UnsupportedError(
@@ -383,8 +381,6 @@ class JnpAddBackend:
 
     @hookimpl
     def pallas_lower(self, request):
-        if request.backend != self.name:
-            return None
         assert request.call.name == "add_kernel"
         assert request.platform == "cpu"
         self.lowered.append(request)
@@ -462,8 +458,8 @@ def test_unregistered_backend_is_gone(jnp_backend):
     pl.register_backend(jnp_backend)  # the fixture unregisters it again
 
 
-def test_memory_spaces_and_meshes_of_a_backend_are_listed() -> None:
-    """``manager.memory_spaces``/``meshes`` read a backend's hooks; absent hooks give empties."""
+def test_memory_spaces_of_a_backend_are_listed() -> None:
+    """``manager.memory_spaces`` reads a backend's hook; an absent hook gives an empty tuple."""
     space = pl.MemorySpace("SCRATCHPAD", backend="spaces_demo")
 
     class SpacesDemo:
@@ -475,14 +471,78 @@ def test_memory_spaces_and_meshes_of_a_backend_are_listed() -> None:
         def pallas_memory_spaces(self) -> list[pl.MemorySpace]:
             return [space]
 
-        @hookimpl
-        def pallas_meshes(self) -> dict[str, Any]:
-            return {"line": lambda n: pl.Mesh(("x",), (n,), backend="spaces_demo")}
-
     plugins.manager.register(SpacesDemo())
     try:
         assert plugins.manager.memory_spaces("spaces_demo") == (space,)
-        assert plugins.manager.meshes("spaces_demo")["line"](4).shape == {"x": 4}
-        assert plugins.manager.memory_spaces("interpret") == ()
+        assert plugins.manager.memory_spaces("xla_unrolled") == ()
     finally:
         plugins.manager.unregister("spaces_demo")
+
+
+def test_the_removed_meshes_hook_is_refused_by_name() -> None:
+    """``pallas_meshes`` is no hook (meshes are made by each plugin's own functions)."""
+
+    class OldMeshes:
+        @hookimpl
+        def pallas_describe(self) -> pl.BackendInfo:
+            return pl.BackendInfo(name="old_meshes", version="0", platforms=("cpu",))
+
+        @hookimpl
+        def pallas_meshes(self) -> dict[str, Any]:
+            return {}
+
+    with pytest.raises(pl.PluginLoadError, match="'pallas_meshes' is not a pallas hook"):
+        plugins.PluginManager().register(OldMeshes())
+
+
+class Recorder:
+    """A backend without any check of which backend it is asked for: it records each hook
+    call, and lowers ``x + y``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.calls: list[tuple[str, str]] = []
+
+    @hookimpl
+    def pallas_describe(self) -> pl.BackendInfo:
+        return pl.BackendInfo(name=self.name, version="0", platforms=("cpu",))
+
+    @hookimpl
+    def pallas_validate(self, call: Any) -> None:
+        self.calls.append(("validate", call.name))
+
+    @hookimpl
+    def pallas_validate_call(self, call: Any, backend: str) -> None:
+        self.calls.append(("validate_call", backend))
+
+    @hookimpl
+    def pallas_lower(self, request: Any) -> Any:
+        self.calls.append(("lower", request.backend))
+        return request.lower_jax(lambda x, y: [x + y])
+
+    @hookimpl
+    def pallas_stages(self, call: Any, target: Any) -> dict[str, str]:
+        self.calls.append(("stages", self.name))
+        return {"mine": self.name}
+
+
+def test_only_the_chosen_backend_is_asked_and_every_plugin_validates_the_call() -> None:
+    """The core resolves the backend once and calls that plugin's backend hooks alone (no
+    plugin needs an ``if backend != NAME`` guard); ``pallas_validate_call`` reaches all."""
+    first, second = Recorder("rec_first"), Recorder("rec_second")
+    pl.register_backend(first)
+    pl.register_backend(second)
+    try:
+        x, y = jnp.arange(8.0), jnp.arange(8.0) * 3
+        out = _add(x, y, backend="rec_second")
+        np.testing.assert_allclose(out, x + y)
+        assert first.calls == [("validate_call", "rec_second")]
+        assert second.calls == [("validate", "add_kernel"), ("validate_call", "rec_second"),
+                                ("lower", "rec_second")]
+        found = pl.stages(lambda a, b: _add(a, b, backend="rec_first"), x, y)
+        assert found[0]["mine"] == "rec_first"
+        assert ("stages", "rec_first") in first.calls
+        assert ("stages", "rec_second") not in second.calls
+    finally:
+        plugins.manager.unregister("rec_first")
+        plugins.manager.unregister("rec_second")

@@ -21,8 +21,16 @@ import numpy as np
 import pytest
 
 import pallas_core as pl
+from pallas_core import backend as plb
 from pallas_core.plugins import ENTRY_POINT_GROUP, manager
-from pallas_core.testing import ATOMICS, SCALAR_PREFETCH, ConformanceSuite
+from pallas_core.testing import (
+    ALIASING,
+    ATOMICS,
+    ELEMENTWISE,
+    SCALAR_PREFETCH,
+    SCRATCH,
+    ConformanceSuite,
+)
 
 NAME = "xla_unrolled"
 INSTALL = "pip install --no-deps -e tests/third_party_backend"
@@ -186,3 +194,90 @@ class TestXlaUnrolled(ConformanceSuite):
 
     backend = NAME
     unsupported = frozenset({ATOMICS, SCALAR_PREFETCH})
+
+
+UNDER = "xla_unrolled_underdeclared"
+
+
+class UnderDeclared:
+    """``xla_unrolled`` under another name, declaring one capability (``scratch``) less than
+    it runs."""
+
+    def __init__(self) -> None:
+        import pallas_xla_unrolled.plugin as plugin
+
+        self.plugin = plugin
+
+    @plb.hookimpl
+    def pallas_describe(self) -> pl.BackendInfo:
+        info = self.plugin.pallas_describe()
+        return pl.BackendInfo(name=UNDER, version=info.version, platforms=info.platforms,
+                              capabilities=info.capabilities - {SCRATCH})
+
+    @plb.hookimpl
+    def pallas_validate(self, call: pl.KernelCall) -> None:
+        self.plugin.pallas_validate(call)
+
+    @plb.hookimpl
+    def pallas_lower(self, request: pl.LoweringRequest) -> Any:
+        return self.plugin.pallas_lower(request)
+
+
+def test_conformance_flags_a_capability_handled_but_not_declared(
+        request: pytest.FixtureRequest) -> None:
+    """A backend that runs scratch buffers correctly without declaring ``scratch`` fails the
+    suite by name; its scratch tests are skipped as undeclared; a declared one passes."""
+
+    class Under(ConformanceSuite):  # not collected: the name does not start with "Test"
+        backend = UNDER
+        unsupported = frozenset({ATOMICS, SCALAR_PREFETCH})
+
+    pl.register_backend(UnderDeclared())
+    try:
+        suite = Under()
+        suite.setup_method(None)
+        with pytest.raises(pytest.fail.Exception,
+                           match=f"backend '{UNDER}' handles 'scratch' but does not declare it"):
+            suite.test_undeclared_capability_is_refused(SCRATCH, request)
+        with pytest.raises(pytest.skip.Exception, match="does not declare 'scratch'"):
+            suite.test_scratch_persists_across_steps()
+        with pytest.raises(pytest.skip.Exception, match="declares 'aliasing'; its tests run"):
+            suite.test_undeclared_capability_is_refused(ALIASING, request)
+        with pytest.raises(pytest.skip.Exception, match="listed in `unsupported`"):
+            suite.test_undeclared_capability_is_refused(ATOMICS, request)
+    finally:
+        manager.unregister(UNDER)
+
+
+class Crashing:
+    """A backend whose lowering crashes (a plugin defect, which the core wraps into a
+    ``LoweringError``) instead of refusing what it cannot run."""
+
+    @plb.hookimpl
+    def pallas_describe(self) -> pl.BackendInfo:
+        return pl.BackendInfo(name="crashing", version="0", platforms=("cpu",))
+
+    @plb.hookimpl
+    def pallas_lower(self, request: pl.LoweringRequest) -> Any:
+        raise ValueError("foreach() argument 2 is shorter than argument 1")
+
+
+def test_conformance_does_not_take_a_crash_for_a_refusal(request: pytest.FixtureRequest) -> None:
+    """A feature must be refused (by ``pallas_validate``, with the fix), not crashed on: the
+    ``LoweringError`` the core wraps a crash into fails the suite's refusal checks."""
+
+    class Crash(ConformanceSuite):  # not collected
+        backend = "crashing"
+        unsupported = frozenset({ELEMENTWISE})
+
+    pl.register_backend(Crashing())
+    try:
+        suite = Crash()
+        suite.setup_method(None)
+        with pytest.raises(pytest.fail.Exception, match=r"crashed inside the backend instead of "
+                           r"refusing it .*foreach"):
+            suite.test_unsupported_feature_raises(ELEMENTWISE, request)
+        with pytest.raises(pytest.fail.Exception, match=r"'atomics'.*crashed inside the backend"):
+            suite.test_undeclared_capability_is_refused(ATOMICS, request)
+    finally:
+        manager.unregister("crashing")

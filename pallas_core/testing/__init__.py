@@ -19,6 +19,7 @@ from pallas_core.testing.conformance import (
     ASYNC_COPY,
     ATOMICS,
     BLOCKED_GRID,
+    CAPABILITIES,
     DEBUG_PRINT,
     ELEMENTWISE,
     FEATURES,
@@ -35,11 +36,12 @@ from pallas_core.testing.conformance import (
     WHEN,
     ConformanceSuite,
     feature,
+    unknown_p,
 )
 
 __all__ = [
-    "ACCUMULATION", "ALIASING", "ASYNC_COPY", "ATOMICS", "BLOCKED_GRID", "DEBUG_PRINT",
-    "ELEMENTWISE", "FEATURES", "FORI_LOOP", "JIT", "MASKED_ACCESS", "MESH", "PROGRAM_ID",
-    "RUN_SCOPED", "SCALAR_PREFETCH", "SCRATCH", "SEMAPHORES", "VMAP", "WHEN",
-    "ConformanceSuite", "feature",
+    "ACCUMULATION", "ALIASING", "ASYNC_COPY", "ATOMICS", "BLOCKED_GRID", "CAPABILITIES",
+    "DEBUG_PRINT", "ELEMENTWISE", "FEATURES", "FORI_LOOP", "JIT", "MASKED_ACCESS", "MESH",
+    "PROGRAM_ID", "RUN_SCOPED", "SCALAR_PREFETCH", "SCRATCH", "SEMAPHORES", "VMAP", "WHEN",
+    "ConformanceSuite", "feature", "unknown_p",
 ]

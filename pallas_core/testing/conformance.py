@@ -19,9 +19,14 @@ what each one's tests check.
 A feature listed in ``unsupported`` is not passed over in silence: its tests are skipped with a
 reason, and ``test_unsupported_feature_raises[<feature>]`` runs the same tests and requires each
 to raise a :class:`pallas_core.PallasError` (typically ``UnsupportedError``), not to return a
-wrong answer or crash inside JAX. Two tests always run: a kernel using a primitive that no plugin
-defines must raise a ``PallasError`` naming it, and features the backend advertises in
-``BackendInfo.capabilities`` must not be listed in ``unsupported``.
+wrong answer or crash inside JAX. The features in :data:`CAPABILITIES` (scratch, aliasing,
+masked access, atomics, debug printing, ``run_scoped``, meshes, vmap, scalar prefetch,
+semaphores, async copies) are capabilities a backend declares in ``BackendInfo.capabilities``:
+one it does not declare is treated as unsupported, and
+``test_undeclared_capability_is_refused[<feature>]`` fails with "backend X handles <feature> but
+does not declare it" when its tests pass. Two more tests always run: a kernel using a primitive
+that no plugin defines must raise a ``PallasError`` naming it, and features the backend
+advertises in ``BackendInfo.capabilities`` must not be listed in ``unsupported``.
 
 Plugins may add tests of their own to the subclass and tag them with :func:`feature`.
 """
@@ -85,12 +90,21 @@ FEATURES: Mapping[str, str] = {
 }
 """Every feature the suite tests, by name, with what its tests check."""
 
+CAPABILITIES: frozenset[str] = frozenset({
+    SCRATCH, ALIASING, MASKED_ACCESS, ATOMICS, DEBUG_PRINT, RUN_SCOPED, MESH, VMAP,
+    SCALAR_PREFETCH, SEMAPHORES, ASYNC_COPY})
+"""The features that are capabilities: a backend that runs one lists it in
+``BackendInfo.capabilities``, and one it does not list must be refused with a ``PallasError``
+(``test_undeclared_capability_is_refused``). The other features every backend runs."""
+
 _FEATURE_ATTR = "pallas_feature"
 _TestFn = TypeVar("_TestFn", bound=Callable[..., None])
 
-# A primitive that no plugin defines: no lowering, no reference semantics.
-_unknown_p = _jax.Primitive("conformance_unknown_primitive")
-_unknown_p.def_abstract_eval(lambda x: x)
+unknown_p = _jax.Primitive("conformanceunknown_primitive")
+"""A primitive that no plugin defines (no lowering, no reference semantics): a kernel that
+binds it must be refused with a ``PallasError`` naming it (``test_unknown_primitive_raises``;
+a backend that overrides that test binds it in its own kernel)."""
+unknown_p.def_abstract_eval(lambda x: x)
 
 
 def feature(name: str) -> Callable[[_TestFn], _TestFn]:
@@ -111,6 +125,11 @@ def feature(name: str) -> Callable[[_TestFn], _TestFn]:
                     f"test_unsupported_feature_raises[{name}] checks that it raises a "
                     "PallasError instead."
                 )
+            if name in CAPABILITIES and name not in self.declared_capabilities():
+                pytest.skip(
+                    f"backend {self.backend!r} does not declare {name!r} in "
+                    f"BackendInfo.capabilities; test_undeclared_capability_is_refused[{name}] "
+                    "checks that it raises a PallasError instead.")
             fn(self, *args, **kwargs)
 
         setattr(test, _FEATURE_ATTR, name)
@@ -180,6 +199,10 @@ class ConformanceSuite:
             metafunc.parametrize("unsupported_feature", names or [None], ids=ids or ["none"])
 
     # --- helpers for tests -------------------------------------------------------------------
+
+    def declared_capabilities(self) -> frozenset[str]:
+        """The capabilities the backend under test declares (``BackendInfo.capabilities``)."""
+        return frozenset(manager.get(self.backend).info.capabilities)
 
     def pallas_call(self, kernel: Callable[..., None], out_shape: Any,
                     **kwargs: Any) -> Callable[..., Any]:
@@ -259,16 +282,46 @@ class ConformanceSuite:
         """An unsupported feature raises a ``PallasError``: never a wrong answer or a crash."""
         if unsupported_feature is None:
             pytest.skip(f"backend {self.backend!r} declares every feature supported.")
-        for fn in self.feature_tests().get(unsupported_feature, []):
+        self._run_expecting_refusal(
+            unsupported_feature, request,
+            f"backend {self.backend!r} declares {unsupported_feature!r} unsupported, but",
+            f"Fix: remove {unsupported_feature!r} from `unsupported`.")
+
+    @pytest.mark.parametrize("capability", sorted(CAPABILITIES))
+    def test_undeclared_capability_is_refused(self, capability: str,
+                                              request: pytest.FixtureRequest) -> None:
+        """A capability missing from ``BackendInfo.capabilities`` is refused with a
+        ``PallasError``: a backend that runs it correctly under-declares (users and tools
+        that read the capabilities would avoid what works), and fails here."""
+        if capability in self.declared_capabilities():
+            pytest.skip(f"backend {self.backend!r} declares {capability!r}; its tests run.")
+        if capability in self.unsupported:
+            pytest.skip(f"{capability!r} is listed in `unsupported`: "
+                        f"test_unsupported_feature_raises[{capability}] checks it.")
+        self._run_expecting_refusal(
+            capability, request,
+            f"backend {self.backend!r} does not declare {capability!r} in "
+            "BackendInfo.capabilities, but",
+            f"backend {self.backend!r} handles {capability!r} but does not declare it. Fix: "
+            f"add {capability!r} to the capabilities its pallas_describe hook returns.")
+
+    def _run_expecting_refusal(self, name: str, request: pytest.FixtureRequest, where: str,
+                               if_it_passes: str) -> None:
+        """Runs feature ``name``'s tests, each of which must raise a ``PallasError``."""
+        for fn in self.feature_tests().get(name, []):
             fixtures = list(inspect.signature(fn).parameters)[1:]
-            kwargs = {name: request.getfixturevalue(name) for name in fixtures}
-            self._expect_pallas_error(fn, kwargs, unsupported_feature)
+            kwargs = {f: request.getfixturevalue(f) for f in fixtures}
+            self._expect_pallas_error(fn, kwargs, f"{where} {fn.__name__}", if_it_passes)
 
     def _expect_pallas_error(self, fn: Callable[..., None], kwargs: dict[str, Any],
-                             name: str) -> None:
-        where = f"backend {self.backend!r} declares {name!r} unsupported, but {fn.__name__}"
+                             where: str, if_it_passes: str) -> None:
         try:
             fn(self, **kwargs)
+        except pl.LoweringError as e:
+            pytest.fail(f"{where} crashed inside the backend instead of refusing it (the core "
+                        f"wrapped the crash into a LoweringError: {e}). Expected a "
+                        "pallas_core.PallasError such as UnsupportedError, raised by the "
+                        "backend's pallas_validate, that names the feature and the fix.")
         except pl.PallasError:
             return
         except AssertionError as e:
@@ -278,16 +331,16 @@ class ConformanceSuite:
             pytest.fail(f"{where} raised {type(e).__name__}: {e}\nExpected a "
                         "pallas_core.PallasError (e.g. UnsupportedError) that names the "
                         "feature and the fix.")
-        pytest.fail(f"{where} passed on it. Fix: remove {name!r} from `unsupported`.")
+        pytest.fail(f"{where} passed on it: {if_it_passes}")
 
     def test_unknown_primitive_raises(self) -> None:
         """A primitive that no plugin defines raises a ``PallasError`` that names it."""
 
         def kernel(x_ref: Any, o_ref: Any) -> None:
-            o_ref[...] = _unknown_p.bind(x_ref[...])
+            o_ref[...] = unknown_p.bind(x_ref[...])
 
         x = self.random((8, 128))
-        with pytest.raises(pl.PallasError, match=_unknown_p.name):
+        with pytest.raises(pl.PallasError, match=unknown_p.name):
             jax.block_until_ready(self.pallas_call(kernel, _like(x))(x))
 
     def test_capabilities_agree_with_unsupported(self) -> None:

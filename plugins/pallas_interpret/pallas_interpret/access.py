@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from pallas_core import _jax
+from pallas_core import backend as plb
 from pallas_core.errors import UnsupportedError
 
 
@@ -52,13 +52,13 @@ def locate(transforms: Sequence[Any], ref_shape: Sequence[int]) -> Access | None
     fixed: dict[int, Any] = {}
     static = True
     for t in transforms:
-        if not isinstance(t, _jax.NDIndexer) or tuple(t.int_indexer_shape) != ():
+        if not isinstance(t, plb.NDIndexer) or tuple(t.int_indexer_shape) != ():
             return None
         if len(t.indices) != len(view):
             return None
         new_view = []
         for (d, first, step, _), idx in zip(view, t.indices):
-            if isinstance(idx, _jax.Slice):
+            if isinstance(idx, plb.Slice):
                 if not isinstance(idx.size, (int, np.integer)):
                     return None
                 static = static and _is_static(idx.start)

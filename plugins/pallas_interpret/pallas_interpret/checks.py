@@ -29,10 +29,11 @@ import numpy as np
 from jax import lax
 from jax.experimental import io_callback
 
-from pallas_core import _jax, semantics
+from pallas_core import backend as plb
 from pallas_core import copies as _copies
 from pallas_core import grid_mapping as gmap
 from pallas_core import primitives as prims
+from pallas_core import semantics
 from pallas_core.errors import OutOfBoundsError, PallasError, reported
 from pallas_core.request import KernelCall
 from pallas_core.spec import BoundedSlice, Element, block_dim_size
@@ -162,7 +163,7 @@ def _outside_array(bm: Any, vals: Sequence[Any]) -> Any:
 def _index_map_line(bm: Any) -> str:
     """``file:line`` of the user's index map (of its first operation there), if known."""
     for eqn in bm.index_map.jaxpr.eqns:
-        line = _jax.source_line(eqn)
+        line = plb.source_line(eqn)
         if line != "<unknown>" and "pallas_core" not in line:
             return line
     return "<unknown>"
@@ -243,10 +244,10 @@ def discharge(call: KernelCall, params: InterpretParams | bool) -> Any:
     gm = call.grid_mapping
     checked = params if isinstance(params, bool) else params.checked
     if not checked:
-        return _jax.discharge_state(call.jaxpr, axis_sizes=gm.axis_env)
-    fresh = _jax.ClosedJaxpr(call.jaxpr.jaxpr, call.jaxpr.consts)  # not the cached discharge
+        return plb.discharge_state(call.jaxpr, axis_sizes=gm.axis_env)
+    fresh = plb.ClosedJaxpr(call.jaxpr.jaxpr, call.jaxpr.consts)  # not the cached discharge
     with checked_rules(call, None if isinstance(params, bool) else params):
-        return _jax.discharge_state(fresh, axis_sizes=gm.axis_env)
+        return plb.discharge_state(fresh, axis_sizes=gm.axis_env)
 
 
 class _Checker:
@@ -424,12 +425,12 @@ def checked_rules(call: KernelCall, params: InterpretParams | None = None) -> It
     and writes are checked (see the module docstring), ``run_scoped`` buffers start poisoned."""
     checker = _Checker(call, params or InterpretParams(checked=True))
     methods: dict[Any, Callable[..., Any]] = {
-        _jax.get_p: checker.get, _jax.swap_p: checker.swap,
+        plb.get_p: checker.get, plb.swap_p: checker.swap,
         prims.masked_load_p: checker.masked_load, prims.masked_swap_p: checker.masked_swap,
         _copies.copy_wait_p: checker.copy_wait, prims.run_scoped_p: checker.run_scoped}
 
     def wrap(prim: Any, rule: Any) -> Any:
         return functools.partial(methods[prim], rule)
 
-    with (_jax.discharge_rules_wrapped(wrap, list(methods)), semantics.checked_discharge()):
+    with (plb.discharge_rules_wrapped(wrap, list(methods)), semantics.checked_discharge()):
         yield

@@ -28,16 +28,17 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from pallas_core import _jax, reference
+from pallas_core import backend as plb
 from pallas_core import grid_mapping as gmap
 from pallas_core import primitives as prims
+from pallas_core import reference
 from pallas_core.grid_mapping import BlockMapping
 from pallas_core.request import KernelCall
 from pallas_core.semantics import ReferenceContext, uninitialized
 
 # Primitives with reference semantics that are pure functions of the block values and the grid
 # position; any other primitive with registered semantics sends the kernel down the exact path.
-_BATCHABLE = frozenset({prims.program_id_p, _jax.axis_index_p, prims.multiple_of_p,
+_BATCHABLE = frozenset({prims.program_id_p, plb.axis_index_p, prims.multiple_of_p,
                         prims.masked_load_p, prims.masked_swap_p, prims.run_scoped_p})
 
 
@@ -86,14 +87,14 @@ def plan(call: KernelCall) -> Plan | None:
 
 def _batchable_kernel(call: KernelCall) -> bool:
     closed = call.jaxpr
-    if any(not (_jax.is_ref_effect(e) or e is _jax.internal_mutable_array_effect)
+    if any(not (plb.is_ref_effect(e) or e is plb.internal_mutable_array_effect)
            for e in closed.jaxpr.effects):
         return False  # prints, callbacks: their order would change
     unsafe = reference.registered_primitives() - _BATCHABLE
     if reference.find_eqn(closed.jaxpr, unsafe) is not None:
         return False
     # A write to an input block stays visible to the next step that reads the same block.
-    written = _jax.written_invars(closed.jaxpr)
+    written = plb.written_invars(closed.jaxpr)
     return not any(v in written for v in closed.jaxpr.invars[:call.grid_mapping.num_inputs])
 
 
@@ -121,22 +122,22 @@ def _taint(jaxpr: Any, tainted: set[Any]) -> list[bool]:
     them); an equation holding a jaxpr taints it all when any input is tainted, except loops,
     whose carries are followed to a fixed point."""
     def marked(atoms: Sequence[Any]) -> list[bool]:
-        return [_jax.is_var(v) and v in tainted for v in atoms]
+        return [plb.is_var(v) and v in tainted for v in atoms]
 
     for eqn in jaxpr.eqns:
-        ins = [v for v in eqn.invars if _jax.is_var(v)]
-        if eqn.primitive is _jax.while_p:
+        ins = [v for v in eqn.invars if plb.is_var(v)]
+        if eqn.primitive is plb.while_p:
             outs = _while_taint(eqn, marked(eqn.invars))
         else:
-            hit = (eqn.primitive in (prims.program_id_p, _jax.axis_index_p)
+            hit = (eqn.primitive in (prims.program_id_p, plb.axis_index_p)
                    or any(marked(ins)))
             for sub in reference.sub_jaxprs(eqn.params):
                 inner = getattr(sub, "jaxpr", sub)
                 _taint(inner, set(inner.invars) if hit else set())
             outs = [hit] * len(eqn.outvars)
             if hit:
-                tainted.update(v for v in ins if isinstance(v.aval, _jax.AbstractRef))
-        tainted.update(v for v, t in zip(eqn.outvars, outs) if t and _jax.is_var(v))
+                tainted.update(v for v in ins if isinstance(v.aval, plb.AbstractRef))
+        tainted.update(v for v, t in zip(eqn.outvars, outs) if t and plb.is_var(v))
     return marked(jaxpr.outvars)
 
 
@@ -260,7 +261,7 @@ class _Operand:
 def run(call: KernelCall, args: Sequence[Any], p: Plan, rules: reference.Rules) -> list[Any]:
     """The outputs of ``call`` on ``args``, parallel axes batched, sequential axes looped."""
     gm = call.grid_mapping
-    kernel = _jax.discharge_state(call.jaxpr, axis_sizes=gm.axis_env)
+    kernel = plb.discharge_state(call.jaxpr, axis_sizes=gm.axis_env)
     ops = [_Operand(bm, dims, p, gm.grid) for bm, dims in zip(gm.block_mappings, p.dims)]
     ins = [_to_blocked(x, bm) for x, bm in zip(args, gm.inputs)]
     outs = [_to_blocked(uninitialized(bm.array_shape, bm.dtype), bm) for bm in gm.outputs]

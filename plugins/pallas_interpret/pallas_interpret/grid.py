@@ -17,7 +17,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import io_callback
 
-from pallas_core import _jax, reference
+from pallas_core import backend as plb
+from pallas_core import reference
 from pallas_core.errors import UnsupportedError
 from pallas_core.request import KernelCall
 from pallas_core.semantics import ReferenceContext, fresh_buffer
@@ -152,7 +153,7 @@ class _InputBlocks:
         self.poison = params.poison
         self.fill_outside = params.out_of_bounds_reads == "uninitialized"
         self.alias = dict(call.input_output_aliases)
-        written = _jax.written_invars(call.jaxpr.jaxpr)
+        written = plb.written_invars(call.jaxpr.jaxpr)
         self.written = [j for j, v in enumerate(call.jaxpr.jaxpr.invars[:self.gm.num_inputs])
                         if v in written]
 

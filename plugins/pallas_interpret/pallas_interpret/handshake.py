@@ -33,8 +33,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_core import _jax, reference, semantics
+from pallas_core import backend as plb
 from pallas_core import primitives as prims
+from pallas_core import reference, semantics
 from pallas_core.copies import copy_start_p
 from pallas_core.errors import PallasError, UnsupportedError, reported
 from pallas_interpret import checks, lockstep
@@ -107,17 +108,17 @@ class _Runner(lockstep._Runner):
                 continue
             self.segment(segment, env, live_from[i])
             segment = []
-            with _jax.user_context(eqn):
-                ins_ = [_Uniform(v.val) if isinstance(v, _jax.Literal) else env[v]
+            with plb.user_context(eqn):
+                ins_ = [_Uniform(v.val) if isinstance(v, plb.Literal) else env[v]
                         for v in eqn.invars]
                 outs = self.structured(eqn, ins_)
-            env.update((v, o) for v, o in zip(eqn.outvars, outs) if _jax.is_var(v))
+            env.update((v, o) for v, o in zip(eqn.outvars, outs) if plb.is_var(v))
         self.segment(segment, env, live_from[-1])
-        return [_Uniform(v.val) if isinstance(v, _jax.Literal) else env[v]
+        return [_Uniform(v.val) if isinstance(v, plb.Literal) else env[v]
                 for v in jaxpr.outvars]
 
     def new_val(self, aval: Any) -> _Val:
-        if isinstance(aval, _jax.AbstractRef):
+        if isinstance(aval, plb.AbstractRef):
             raise UnsupportedError(
                 f"kernel {self.call.name!r} carries a Ref across a semaphore operation whose "
                 "core another core signals; the interpreter cannot hold it per core. Fix: "
@@ -146,12 +147,12 @@ class _Runner(lockstep._Runner):
             if eqn.primitive is copy_start_p and eqn.params.get("remote"):
                 raise self.refuse("a remote copy (make_async_remote_copy)")
             for v in eqn.invars:
-                if _jax.is_var(v) and v not in defined and v not in free:
+                if plb.is_var(v) and v not in defined and v not in free:
                     free.append(v)
-            defined.update(v for v in eqn.outvars if _jax.is_var(v))
-        outs = [v for eqn in eqns for v in eqn.outvars if _jax.is_var(v) and v in live]
+            defined.update(v for v in eqn.outvars if plb.is_var(v))
+        outs = [v for eqn in eqns for v in eqn.outvars if plb.is_var(v) and v in live]
         keys = [self.new_val(v.aval) for v in outs]
-        run = self.evaluator(_jax.jaxpr_from_eqns(free, outs, eqns), [env[v] for v in free])
+        run = self.evaluator(plb.jaxpr_from_eqns(free, outs, eqns), [env[v] for v in free])
 
         def step(state: State, p: Any) -> State:
             results, state = run(state, p)
@@ -170,7 +171,7 @@ class _Runner(lockstep._Runner):
                 f"kernel {self.call.name!r} passes one Ref twice into code between semaphore "
                 "operations; the interpreter cannot tell the two apart. Fix: pass it once.")
         with self.discharge_context():
-            discharged = _jax.discharge_state(closed, axis_sizes=self.call.grid_mapping.axis_env)
+            discharged = plb.discharge_state(closed, axis_sizes=self.call.grid_mapping.axis_env)
         n_out = len(closed.jaxpr.outvars)
 
         def run(state: State, p: Any) -> tuple[list[Any], State]:
@@ -215,11 +216,11 @@ class _Runner(lockstep._Runner):
             return self.compile(eqn.params["jaxpr"], [*ins, *new])
         if prim in reference.CALL_BODIES:
             return self.compile(eqn.params[reference.CALL_BODIES[prim]], ins)
-        if prim is _jax.cond_p:
+        if prim is plb.cond_p:
             return self.cond(eqn, ins)
-        if prim is _jax.while_p:
+        if prim is plb.while_p:
             return self.while_loop(eqn, ins)
-        if prim is _jax.scan_p:
+        if prim is plb.scan_p:
             return self.scan(eqn, ins)
         raise self.refuse(f"a semaphore operation inside {prim.name!r}")
 
@@ -336,13 +337,13 @@ class _Runner(lockstep._Runner):
 
     def scan(self, eqn: Any, ins: list[_Operand]) -> list[_Operand]:
         p = eqn.params
-        consts, init, xs, split_out = _jax.scan_parts(p, ins)
+        consts, init, xs, split_out = plb.scan_parts(p, ins)
         length, reverse = p["length"], p["reverse"]
-        counter = self.new_val(_jax.ShapedArray((), jnp.int32))
+        counter = self.new_val(plb.ShapedArray((), jnp.int32))
         carry = [self.new_val(v.aval) for v in eqn.outvars[:len(init)]]
         ys = [self.new_val(v.aval) for v in eqn.outvars[len(init):]]
         xs_avals = [v.aval for v in eqn.invars[len(eqn.invars) - len(xs):]]
-        x_now = [self.new_val(_jax.ShapedArray(a.shape[1:], a.dtype)) for a in xs_avals]
+        x_now = [self.new_val(plb.ShapedArray(a.shape[1:], a.dtype)) for a in xs_avals]
         self.move([_Uniform(jnp.int32(0)), *init], [counter, *carry])
         header, body, exit = _Label(), _Label(), _Label()
         header.at = len(self.steps)

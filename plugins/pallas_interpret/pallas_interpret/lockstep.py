@@ -32,9 +32,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from pallas_core import _jax, reference
+from pallas_core import backend as plb
 from pallas_core import grid_mapping as gmap
 from pallas_core import primitives as prims
+from pallas_core import reference
 from pallas_core.errors import PallasError, UnsupportedError, reported
 from pallas_core.request import KernelCall
 from pallas_core.semantics import ReferenceContext, fresh_buffer
@@ -115,10 +116,10 @@ def live_sets(jaxpr: Any) -> list[set[Any]]:
     """Entry ``i``: the variables that equation ``i`` or a later one reads, or that ``jaxpr``
     returns (the last entry: those it returns)."""
     live_from: list[set[Any]] = [set()] * (len(jaxpr.eqns) + 1)
-    live = {v for v in jaxpr.outvars if _jax.is_var(v)}
+    live = {v for v in jaxpr.outvars if plb.is_var(v)}
     live_from[-1] = set(live)
     for i in range(len(jaxpr.eqns) - 1, -1, -1):
-        live = live | {v for v in jaxpr.eqns[i].invars if _jax.is_var(v)}
+        live = live | {v for v in jaxpr.eqns[i].invars if plb.is_var(v)}
         live_from[i] = live
     return live_from
 
@@ -197,10 +198,10 @@ class _Runner:
                 continue
             slots = self.run_segment(segment, env, slots, live_from[i])
             segment = []
-            with _jax.user_context(eqn):
+            with plb.user_context(eqn):
                 slots = self.run_structured(eqn, env, slots)
         slots = self.run_segment(segment, env, slots, live_from[-1])
-        return [_Uniform(v.val) if isinstance(v, _jax.Literal) else env[v]
+        return [_Uniform(v.val) if isinstance(v, plb.Literal) else env[v]
                 for v in jaxpr.outvars], slots
 
     def run_segment(self, eqns: list[Any], env: dict[Any, _Entry], slots: Slots,
@@ -212,12 +213,12 @@ class _Runner:
         free: list[Any] = []
         for eqn in eqns:
             for v in eqn.invars:
-                if _jax.is_var(v) and v not in defined and v not in free:
+                if plb.is_var(v) and v not in defined and v not in free:
                     free.append(v)
-            defined.update(v for v in eqn.outvars if _jax.is_var(v))
-        outs = [v for eqn in eqns for v in eqn.outvars if _jax.is_var(v) and v in live]
+            defined.update(v for v in eqn.outvars if plb.is_var(v))
+        outs = [v for eqn in eqns for v in eqn.outvars if plb.is_var(v) and v in live]
         for v in outs:
-            if isinstance(v.aval, _jax.AbstractRef):
+            if isinstance(v.aval, plb.AbstractRef):
                 raise UnsupportedError(
                     f"kernel {self.call.name!r} makes a Ref that is used across a barrier; the "
                     "interpreter cannot carry it from one phase to the next. Fix: allocate it "
@@ -227,9 +228,9 @@ class _Runner:
             raise UnsupportedError(
                 f"kernel {self.call.name!r} passes one Ref twice into code between barriers; "
                 "the interpreter cannot tell the two apart. Fix: pass it once.")
-        closed = _jax.jaxpr_from_eqns(free, outs, eqns)
+        closed = plb.jaxpr_from_eqns(free, outs, eqns)
         with self.discharge_context():
-            discharged = _jax.discharge_state(closed,
+            discharged = plb.discharge_state(closed,
                                               axis_sizes=self.call.grid_mapping.axis_env)
         order = self.order()
 
@@ -268,7 +269,7 @@ class _Runner:
 
     def run_structured(self, eqn: Any, env: dict[Any, _Entry], slots: Slots) -> Slots:
         prim = eqn.primitive
-        ins = [_Uniform(v.val) if isinstance(v, _jax.Literal) else env[v] for v in eqn.invars]
+        ins = [_Uniform(v.val) if isinstance(v, plb.Literal) else env[v] for v in eqn.invars]
         if prim in self.barriers:
             return slots  # the segments on either side are the phases it separates
         handler = _STRUCTURED.get(prim)
@@ -278,7 +279,7 @@ class _Runner:
                 "runs barriers at the top of a kernel or inside pl.run_scoped, jit, loops and "
                 "cond. Fix: move the barrier out of it.")
         outs, slots = handler(self, eqn, ins, slots)
-        env.update((v, o) for v, o in zip(eqn.outvars, outs) if _jax.is_var(v))
+        env.update((v, o) for v, o in zip(eqn.outvars, outs) if plb.is_var(v))
         return slots
 
     def stacked(self, entry: _Entry) -> Any:
@@ -347,7 +348,7 @@ def _cond(r: _Runner, eqn: Any, ins: list[_Entry], slots: Slots
           ) -> tuple[list[_Entry], Slots]:
     index, *ops = ins
     branches = eqn.params["branches"]
-    if isinstance(index, _Uniform) and not isinstance(index.value, _jax.Tracer):
+    if isinstance(index, _Uniform) and not isinstance(index.value, plb.Tracer):
         return r.call_jaxpr(branches[min(max(int(index.value), 0), len(branches) - 1)], ops,
                             slots)
     which = r.agreed(index, "which branch of a cond holding a barrier to take")
@@ -385,7 +386,7 @@ def _while(r: _Runner, eqn: Any, ins: list[_Entry], slots: Slots
 def _scan(r: _Runner, eqn: Any, ins: list[_Entry], slots: Slots
           ) -> tuple[list[_Entry], Slots]:
     p = eqn.params
-    consts, init, xs, split_out = _jax.scan_parts(p, ins)
+    consts, init, xs, split_out = plb.scan_parts(p, ins)
     length = p["length"]
     ys_avals = [v.aval for v in eqn.outvars[len(init):]]
 
@@ -412,9 +413,9 @@ def _scan(r: _Runner, eqn: Any, ins: list[_Entry], slots: Slots
 
 _STRUCTURED: dict[Any, Callable[..., tuple[list[_Entry], Slots]]] = {
     prims.run_scoped_p: _run_scoped,
-    _jax.cond_p: _cond,
-    _jax.while_p: _while,
-    _jax.scan_p: _scan,
+    plb.cond_p: _cond,
+    plb.while_p: _while,
+    plb.scan_p: _scan,
     **{prim: _inline(key) for prim, key in reference.CALL_BODIES.items()},
 }
 """Equations that may hold a barrier, and how the group runs them phase by phase."""

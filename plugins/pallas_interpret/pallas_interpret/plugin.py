@@ -8,7 +8,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from pallas_core import _jax, reference, semantics
+from pallas_core import backend as plb
+from pallas_core import reference, semantics
 from pallas_core.hookspecs import hookimpl
 from pallas_core.plugins import BackendInfo
 from pallas_core.request import KernelCall, LoweringRequest
@@ -45,24 +46,20 @@ def pallas_describe() -> BackendInfo:
 
 @hookimpl
 def pallas_lower(request: LoweringRequest) -> Any:
-    if request.backend != NAME:
-        return None
     call, rules, params = request.call, reference.semantics_rules(), _params(request.call)
     with semantics.uninitialized_memory(params.fill):
         return request.lower_jax(lambda *args: grid.run(call, args, rules, params))
 
 
 @hookimpl
-def pallas_stages(call: KernelCall, backend: str, target: str | None) -> Mapping[str, Any] | None:
-    if backend != NAME:
-        return None
+def pallas_stages(call: KernelCall, target: str | None) -> Mapping[str, Any]:
     rules = reference.semantics_rules()
     gm = call.grid_mapping
     avals = [jax.ShapeDtypeStruct(bm.array_shape, bm.dtype) for bm in gm.inputs]
     avals += [jax.ShapeDtypeStruct((), jnp.int32)] * gm.num_dynamic_grid_bounds
     lowered = grid.run_jitted(call, rules).trace(*avals).lower(lowering_platforms=("cpu",))
     return {
-        "discharged_jaxpr": str(_jax.discharge_state(
+        "discharged_jaxpr": str(plb.discharge_state(
             call.jaxpr, axis_sizes=call.grid_mapping.axis_env)),
         "stablehlo": lowered.as_text(),
     }

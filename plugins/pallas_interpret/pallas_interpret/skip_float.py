@@ -16,11 +16,11 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from pallas_core import _jax
+from pallas_core import backend as plb
 
 
 def _is_float(aval: Any) -> bool:
-    return (not isinstance(aval, _jax.AbstractRef) and hasattr(aval, "dtype")
+    return (not isinstance(aval, plb.AbstractRef) and hasattr(aval, "dtype")
             and jnp.issubdtype(aval.dtype, jnp.floating))
 
 
@@ -33,7 +33,7 @@ class _Env:
         self.skipped: set[Any] = set()
 
     def read(self, v: Any) -> Any:
-        if isinstance(v, _jax.Literal):
+        if isinstance(v, plb.Literal):
             return v.val
         if v in self.skipped:
             return jnp.full(v.aval.shape, jnp.inf, v.aval.dtype)
@@ -53,13 +53,13 @@ def _eval(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any],
     env.values.update(zip(jaxpr.constvars, consts))
     env.values.update(zip(jaxpr.invars, args))
     for eqn in jaxpr.eqns:
-        pure = not eqn.effects and not any(isinstance(v.aval, _jax.AbstractRef)
+        pure = not eqn.effects and not any(isinstance(v.aval, plb.AbstractRef)
                                            for v in eqn.invars)
         if pure and eqn.outvars and all(_is_float(v.aval) for v in eqn.outvars):
             env.write_results(eqn.outvars, None)
             continue
         params = {k: _rewrite_param(p, axis_env) for k, p in eqn.params.items()}
-        with _jax.user_context(eqn):
+        with plb.user_context(eqn):
             out = eqn.primitive.bind(*[env.read(v) for v in eqn.invars],
                                      **eqn.primitive.get_bind_params(params))
         env.write_results(eqn.outvars, out if eqn.primitive.multiple_results else [out])
@@ -67,13 +67,13 @@ def _eval(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any],
 
 
 def _rewrite_param(p: Any, axis_env: Sequence[tuple[str, int]]) -> Any:
-    if isinstance(p, _jax.ClosedJaxpr):
+    if isinstance(p, plb.ClosedJaxpr):
         return transform(p, axis_env)
-    if isinstance(p, _jax.Jaxpr):
-        closed = transform(_jax.ClosedJaxpr(p, []), axis_env)
+    if isinstance(p, plb.Jaxpr):
+        closed = transform(plb.ClosedJaxpr(p, []), axis_env)
         # An open jaxpr must stay open: keep the original if the rewrite needs constants.
         return closed.jaxpr if not closed.consts else p
-    if isinstance(p, tuple) and p and all(isinstance(b, _jax.ClosedJaxpr) for b in p):
+    if isinstance(p, tuple) and p and all(isinstance(b, plb.ClosedJaxpr) for b in p):
         return tuple(transform(b, axis_env) for b in p)
     return p
 
@@ -86,7 +86,7 @@ def transform(closed: Any, axis_env: Sequence[tuple[str, int]] = ()) -> Any:
     def fn(*args: Any) -> list[Any]:
         return _eval(jaxpr, closed.consts, args, axis_env)
 
-    new, _, consts = _jax.trace_to_jaxpr(fn, [v.aval for v in jaxpr.invars],
+    new, _, consts = plb.trace_to_jaxpr(fn, [v.aval for v in jaxpr.invars],
                                          name="skip_floating_point_ops",
                                          axis_sizes=tuple(axis_env))
-    return _jax.ClosedJaxpr(new, consts)
+    return plb.ClosedJaxpr(new, consts)

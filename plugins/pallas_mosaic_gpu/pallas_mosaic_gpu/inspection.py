@@ -21,7 +21,7 @@ import jax
 from jax.experimental.mosaic import gpu as mgpu
 from jaxlib.mlir import ir, passmanager
 
-from pallas_core import _jax
+from pallas_core import backend as _jax
 from pallas_core.errors import PallasError
 from pallas_core.mlir_lowering import walk
 from pallas_core.request import KernelCall

@@ -36,7 +36,8 @@ from jax.experimental.mosaic import gpu as mgpu
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith, gpu, nvvm, scf
 
-from pallas_core import _jax, mlir_lowering, mlir_rules, reference
+from pallas_core import backend as _jax
+from pallas_core import mlir_lowering, mlir_rules, reference
 from pallas_core import primitives as prims
 from pallas_core.errors import PallasError, UnsupportedError
 from pallas_core.grid_mapping import BlockMapping

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import types
 from collections.abc import Mapping
 from typing import Any
 
+from pallas_core.backend import RuleTable
 from pallas_core.errors import PallasError
 from pallas_core.hookspecs import hookimpl
 from pallas_core.plugins import BackendInfo
@@ -16,6 +18,15 @@ from pallas_mosaic_gpu.params import ACC_SPACE, GMEM, NAME, SMEM, TMEM, GPUCompi
 __version__ = "0.1.0"
 TARGETS = {"sm_90a": (9, 0), "sm_90": (9, 0)}
 """GPUs ``pl.stages(..., target=...)`` accepts (Hopper; Blackwell's sm_100a is not yet)."""
+
+
+
+def lowering_rules() -> RuleTable:
+    """This backend's full lowering-rule table (primitive -> rule), read-only. Each entry is
+    registered by ``pallas_mosaic_gpu.lowering.rule`` with the signature all backends share
+    (``pallas_core.backend.Rule``: ``(state, eqn, *in_values)``), the rule body receiving the
+    equation's parameters as keywords."""
+    return types.MappingProxyType(lowering.RULES)
 
 
 @hookimpl
@@ -36,23 +47,18 @@ def pallas_primitives() -> Any:
 
 
 @hookimpl
-def pallas_validate(call: KernelCall, backend: str) -> None:
-    if backend == NAME:
-        validation.check(call)
+def pallas_validate(call: KernelCall) -> None:
+    validation.check(call)
 
 
 @hookimpl
 def pallas_lower(request: LoweringRequest) -> Any:
-    if request.backend != NAME:
-        return None
     fn = lowering.kernel_fn(request.call)
     return request.lower_jax(fn)
 
 
 @hookimpl
-def pallas_stages(call: KernelCall, backend: str, target: str | None) -> Mapping[str, Any] | None:
-    if backend != NAME:
-        return None
+def pallas_stages(call: KernelCall, target: str | None) -> Mapping[str, Any]:
     if target is not None and target not in TARGETS:
         raise PallasError(
             f"pl.stages(backend='mosaic_gpu', target={target!r}): unknown target. Fix: use one "

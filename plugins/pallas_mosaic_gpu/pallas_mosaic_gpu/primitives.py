@@ -23,10 +23,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_core import _jax, semantics
+from pallas_core import backend as _jax
+from pallas_core import semantics
+from pallas_core.backend import ref_and_transforms as _ref_and_transforms
 from pallas_core.copies import RefViews, bind_views
 from pallas_core.errors import PallasError
-from pallas_core.primitives import _ref_and_transforms
 
 
 class GPUSyncEffect(_jax.Effect):

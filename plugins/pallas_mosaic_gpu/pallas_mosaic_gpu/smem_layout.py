@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from pallas_core import _jax
+from pallas_core import backend as _jax
 from pallas_core.reference import sub_jaxprs
 
 

@@ -13,7 +13,7 @@ from jaxlib.mlir._mlir_libs import _jax_mlir_ext
 from jaxlib.mlir.dialects import arith, vector
 from jaxlib.mosaic.python import tpu
 
-from pallas_core import _jax
+from pallas_core import backend as plb
 from pallas_core.mlir_lowering import (  # noqa: F401 - re-exported for the rules
     element_type,
     is_float,
@@ -40,7 +40,7 @@ def serialize(module: ir.Module) -> bytes:
         try:
             passmanager.PassManager.parse(
                 "builtin.module(mosaic-serde{serialize=true "
-                f"target-version={_jax.mosaic_serde_version()}}})"
+                f"target-version={plb.mosaic_serde_version()}}})"
             ).run(copy.operation)
             buf = io.BytesIO()
             copy.operation.write_bytecode(buf, desired_version=0)

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+import types
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -27,7 +28,8 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith, func, memref, vector
 from jaxlib.mosaic.python import tpu
 
-from pallas_core import _jax, copies, extras, mlir_lowering, mlir_rules
+from pallas_core import backend as plb
+from pallas_core import copies, extras, mlir_lowering, mlir_rules
 from pallas_core import primitives as prims
 from pallas_core.errors import PallasError, UnsupportedError
 from pallas_core.grid_mapping import BlockMapping
@@ -309,7 +311,7 @@ def _concatenate(lowering: Lowering, eqn: Any, *xs: ir.Value) -> ir.Value:
     return tpu.ConcatenateOp(list(xs), eqn.params["dimension"]).result
 
 
-@rule(_jax.stack_p)
+@rule(plb.stack_p)
 def _stack(lowering: Lowering, eqn: Any, *xs: ir.Value) -> ir.Value:
     axis, aval = eqn.params["axis"], _in(eqn)
     shape = list(aval.shape)
@@ -322,7 +324,7 @@ def _stack(lowering: Lowering, eqn: Any, *xs: ir.Value) -> ir.Value:
     return tpu.ConcatenateOp(parts, axis).result
 
 
-@rule(_jax.unstack_p)
+@rule(plb.unstack_p)
 def _unstack(lowering: Lowering, eqn: Any, x: ir.Value) -> list[ir.Value]:
     axis, shape = eqn.params["axis"], list(_in(eqn).shape)
     outs = []
@@ -331,7 +333,7 @@ def _unstack(lowering: Lowering, eqn: Any, x: ir.Value) -> list[ir.Value]:
         starts[axis], sizes[axis] = k, 1
         one = list(shape)
         one[axis] = 1
-        piece = _extract(x, _jax.ShapedArray(tuple(one), v.aval.dtype), starts, sizes,
+        piece = _extract(x, plb.ShapedArray(tuple(one), v.aval.dtype), starts, sizes,
                          [1] * len(shape))
         out = v.aval
         piece = (vector.ShapeCastOp(mir.value_type(out.shape, out.dtype), piece).result
@@ -401,7 +403,7 @@ def _program_id(lowering: Lowering, eqn: Any) -> ir.Value:
     return lowering.program_ids[gm.num_batch_axes + eqn.params["axis"]]
 
 
-@rule(_jax.axis_index_p)
+@rule(plb.axis_index_p)
 def _axis_index(lowering: Lowering, eqn: Any) -> ir.Value:
     gm = lowering.call.grid_mapping
     name = eqn.params["axis_name"]
@@ -458,9 +460,9 @@ def _approx_reciprocal(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
 
 def _strides(transforms: Sequence[Any]) -> list[int] | None:
     """The strides of the one indexer in ``transforms``, if any slice of it has one."""
-    if not transforms or not isinstance(transforms[0], _jax.NDIndexer):
+    if not transforms or not isinstance(transforms[0], plb.NDIndexer):
         return None
-    strides = [idx.stride if isinstance(idx, _jax.Slice) else 1
+    strides = [idx.stride if isinstance(idx, plb.Slice) else 1
                for idx in transforms[0].indices]
     return strides if any(s != 1 for s in strides) else None
 
@@ -473,11 +475,11 @@ def _indices(lowering: Lowering, ref: ir.Value, transforms: Sequence[Any],
     shape = list(ir.MemRefType(ref.type).shape)
     if not transforms:
         return [mir.index(0) for _ in shape], shape, []
-    if not isinstance(transforms[0], _jax.NDIndexer):
+    if not isinstance(transforms[0], plb.NDIndexer):
         raise lowering.fail("Ref transforms other than indexing")
     starts, sizes, dropped = [], [], []
     for d, idx in enumerate(transforms[0].indices):
-        if isinstance(idx, _jax.Slice):
+        if isinstance(idx, plb.Slice):
             if (idx.stride != 1 and not strided) or not isinstance(idx.size, int):
                 raise lowering.fail("strided or dynamically sized slices of a Ref")
             starts.append(mir.index(idx.start))
@@ -494,7 +496,7 @@ def _indices(lowering: Lowering, ref: ir.Value, transforms: Sequence[Any],
 def _accessed(lowering: Lowering, ref: ir.Value, transforms: Sequence[Any]
               ) -> tuple[ir.Value, Sequence[Any]]:
     """``ref.at[a].at[b][c]``: the view ``ref.at[a].at[b]`` and the last indexer ``[c]``."""
-    if transforms and not isinstance(transforms[-1], _jax.NDIndexer):
+    if transforms and not isinstance(transforms[-1], plb.NDIndexer):
         return _view(lowering, ref, transforms), ()  # a reshaped or bitcast view, read whole
     if len(transforms) > 1:
         return _view(lowering, ref, transforms[:-1]), transforms[-1:]
@@ -572,12 +574,12 @@ def _transforms(eqn: Any, args: Sequence[Any]) -> Sequence[Any]:
     return jax.tree_util.tree_unflatten(tree, args[:tree.num_leaves])  # type: ignore[no-any-return]
 
 
-@rule(_jax.get_p)
+@rule(plb.get_p)
 def _get(lowering: Lowering, eqn: Any, ref: ir.Value, *args: Any) -> ir.Value:
     return _read(lowering, eqn, ref, _transforms(eqn, args))
 
 
-@rule(_jax.swap_p)
+@rule(plb.swap_p)
 def _swap(lowering: Lowering, eqn: Any, ref: ir.Value, value: ir.Value, *args: Any) -> ir.Value:
     transforms = _transforms(eqn, args)
     old = _read(lowering, eqn, ref, transforms)
@@ -648,20 +650,20 @@ def _view(lowering: Lowering, ref: ir.Value, transforms: Sequence[Any]) -> ir.Va
         return ref
     if len(transforms) > 1:
         ref = _view(lowering, ref, transforms[:-1])
-    if isinstance(transforms[-1], _jax.BitcastTransform):
+    if isinstance(transforms[-1], plb.BitcastTransform):
         return _bitcast_view(lowering, ref, transforms[-1].dtype)
-    if isinstance(transforms[-1], _jax.ReshapeTransform):
+    if isinstance(transforms[-1], plb.ReshapeTransform):
         ref_type = ir.MemRefType(ref.type)
         shape = list(transforms[-1].shape)
         return tpu.MemRefReshapeOp(ir.MemRefType.get(shape, ref_type.element_type,
                                                      memory_space=ref_type.memory_space),
                                    ref).result
-    if not isinstance(transforms[-1], _jax.NDIndexer):
+    if not isinstance(transforms[-1], plb.NDIndexer):
         raise lowering.fail("Ref transforms other than indexing")
     ref_type = ir.MemRefType(ref.type)
     starts, sizes, dropped = [], [], []
     for d, idx in enumerate(transforms[-1].indices):
-        if isinstance(idx, _jax.Slice):
+        if isinstance(idx, plb.Slice):
             if idx.stride != 1 or not isinstance(idx.size, int):
                 raise lowering.fail("strided or dynamically sized views of a Ref")
             start, size = idx.start, idx.size
@@ -781,3 +783,12 @@ def _semaphore_wait(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
 @rule(prims.semaphore_read_p)
 def _semaphore_read(lowering: Lowering, eqn: Any, *args: Any) -> ir.Value:
     return tpu.SemaphoreReadOp(_semaphore(lowering, eqn, args)).result
+
+
+def lowering_rules() -> Mapping[Any, mlir_lowering.Rule]:
+    """Mosaic TPU's full rule table, read-only: the shared rules, the rules above and those of
+    the TensorCore primitives (:mod:`pallas_mosaic_tpu.primitives`); every entry has the one
+    rule signature (``pallas_core.backend.Rule``)."""
+    from pallas_mosaic_tpu import primitives  # noqa: F401 - defines the primitives' rules
+
+    return types.MappingProxyType(RULES)

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_core import _jax
+from pallas_core import backend as plb
 from pallas_core import primitives as prims
 from pallas_core.copies import make_async_copy
 from pallas_core.errors import BlockSpecError, PallasError, UnsupportedError
@@ -39,7 +39,7 @@ class _Operand:
     """One HBM operand of the pipeline: its spec, array shape and block geometry."""
 
     def __init__(self, ref: Any, spec: Any, origin: str) -> None:
-        aval = _jax.shape_after_transforms(*_ref_aval(ref))
+        aval = plb.shape_after_transforms(*_ref_aval(ref))
         self.ref, self.origin = ref, origin
         self.shape, self.dtype = tuple(aval.shape), aval.dtype
         if spec is None or spec.block_shape is None:
@@ -85,14 +85,14 @@ class _Operand:
 
     def window(self, block_indices: Sequence[Any]) -> Any:
         """The HBM view of one block."""
-        idx = tuple(i * b if sq else _jax.ds(i * b, b) for i, b, sq in
+        idx = tuple(i * b if sq else plb.ds(i * b, b) for i, b, sq in
                     zip(block_indices, self.block, self.squeezed))
         return self.ref.at[idx]
 
 
 def _ref_aval(ref: Any) -> tuple[Any, Any]:
-    base, transforms = prims._ref_and_transforms(ref, None, "emit_pipeline")
-    return _jax.ref_type_of(base), transforms
+    base, transforms = plb.ref_and_transforms(ref, None, "emit_pipeline")
+    return plb.ref_type_of(base), transforms
 
 
 def _unravel(step: Any, grid: tuple[int, ...]) -> tuple[Any, ...]:

@@ -7,7 +7,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from pallas_core import _jax
+from pallas_core import backend as plb
+from pallas_core.backend import RuleTable
 from pallas_core.emulation.call import EmulatedCall
 from pallas_core.errors import PallasError
 from pallas_core.hookspecs import hookimpl
@@ -105,20 +106,29 @@ def emit_tpu_custom_call(request: LoweringRequest, config: str, kernel_name: str
     if n:
         operands = operands[len(operands) - n:] + operands[:len(operands) - n]
     aliases = {i + n: o for i, o in call.input_output_aliases}
-    return _jax.emit_custom_call(
+    return plb.emit_custom_call(
         request.ctx, CUSTOM_CALL_TARGET, operands, call.out_avals,
         backend_config=config, api_version=1, extra_attributes={"kernel_name": kernel_name},
         operand_output_aliases=aliases or None,
         has_side_effect=effect is not SideEffectType.PURE, frontend_attributes=frontend)
 
 
+
+def lowering_rules() -> RuleTable:
+    """This backend's full lowering-rule table (primitive -> rule), read-only; every rule has
+    the signature all backends share (``pallas_core.backend.Rule``)."""
+    return lowering.lowering_rules()
+
+
 @hookimpl
 def pallas_describe() -> BackendInfo:
     return BackendInfo(name=NAME, version=__version__, platforms=("tpu",),
                        compiler_params_type=TPUCompilerParams, default_for=("tpu",),
-                       package="pallas-mosaic-tpu", capabilities=frozenset({"scalar_prefetch",
-                                                                "pipeline_mode",
-                                                                "dynamic_grid"}),
+                       package="pallas-mosaic-tpu",
+                       capabilities=frozenset({"scalar_prefetch", "pipeline_mode",
+                                               "dynamic_grid", "scratch", "aliasing",
+                                               "run_scoped", "vmap", "semaphores",
+                                               "async_copy"}),
                        device_kinds={"v5e": CHIPS["v5e"], **CHIPS})
 
 
@@ -133,25 +143,20 @@ def pallas_primitives() -> Any:
 
 
 @hookimpl
-def pallas_validate(call: KernelCall, backend: str) -> None:
-    if backend == NAME:
-        validation.check(call)
+def pallas_validate(call: KernelCall) -> None:
+    validation.check(call)
 
 
 @hookimpl
 def pallas_lower(request: LoweringRequest) -> Any:
-    if request.backend != NAME:
-        return None
     call = request.call
-    module, name = lowering.lower_kernel(call, _jax.manual_axes(request.ctx))
+    module, name = lowering.lower_kernel(call, plb.manual_axes(request.ctx))
     config = backend_config(call, mir.serialize(module), mir.has_communication(module))
     return emit_tpu_custom_call(request, config, name)
 
 
 @hookimpl
-def pallas_stages(call: KernelCall, backend: str, target: str | None) -> Mapping[str, Any] | None:
-    if backend != NAME:
-        return None
+def pallas_stages(call: KernelCall, target: str | None) -> Mapping[str, Any]:
     if target is not None and target not in CHIPS and target not in CHIPS.values():
         raise PallasError(
             f"pl.stages(backend='mosaic_tpu', target={target!r}): unknown TPU generation. Fix: "

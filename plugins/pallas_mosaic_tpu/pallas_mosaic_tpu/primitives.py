@@ -38,7 +38,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith
 from jaxlib.mosaic.python import tpu
 
-from pallas_core import _jax
+from pallas_core import backend as plb
 from pallas_core import primitives as pl_primitives
 from pallas_core.errors import PallasError, UnsupportedError
 from pallas_core.semantics import PrimitiveSemantics, ReferenceContext
@@ -47,7 +47,7 @@ from pallas_mosaic_tpu.lowering import Lowering, rule
 
 # --- roll ------------------------------------------------------------------------------------
 
-roll_p = _jax.Primitive("tpu_roll")
+roll_p = plb.Primitive("tpu_roll")
 """Operands ``x`` and, for a traced shift, an int32 scalar; params ``shift`` (the static shift
 in ``[0, n)``, or ``None`` when traced), ``axis``, ``stride`` (in ``[0, n)``) and
 ``stride_axis`` (both ``None`` without a stride)."""
@@ -142,7 +142,7 @@ def _roll_lowering(lowering: Lowering, eqn: Any, x: ir.Value, *dynamic_shift: ir
 
 # --- bitcast ---------------------------------------------------------------------------------
 
-bitcast_p = _jax.Primitive("tpu_bitcast")
+bitcast_p = plb.Primitive("tpu_bitcast")
 
 
 def _bits(dtype: Any) -> int:
@@ -166,7 +166,7 @@ def _bitcast_shape(shape: Sequence[int], src: Any, dst: Any) -> tuple[int, ...]:
 
 @bitcast_p.def_abstract_eval
 def _bitcast_abstract_eval(x: Any, *, ty: Any) -> Any:
-    return _jax.ShapedArray(_bitcast_shape(x.shape, x.dtype, ty), ty)
+    return plb.ShapedArray(_bitcast_shape(x.shape, x.dtype, ty), ty)
 
 
 def bitcast(x: jax.Array, ty: Any) -> jax.Array:
@@ -213,20 +213,20 @@ def _bitcast_lowering(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
 # --- the hardware PRNG -----------------------------------------------------------------------
 
 
-class PRNGEffect(_jax.Effect):
+class PRNGEffect(plb.Effect):
     """Seeding and drawing change the core's PRNG state: keeps them in the kernel, in order."""
 
 
 prng_effect = PRNGEffect()
-_jax.register_side_effect(PRNGEffect)
+plb.register_side_effect(PRNGEffect)
 
-prng_seed_p = _jax.Primitive("tpu_prng_seed")
+prng_seed_p = plb.Primitive("tpu_prng_seed")
 prng_seed_p.multiple_results = True
 prng_seed_p.def_effectful_abstract_eval(lambda *seeds: ([], {prng_effect}))
 
-prng_random_bits_p = _jax.Primitive("tpu_prng_random_bits")
+prng_random_bits_p = plb.Primitive("tpu_prng_random_bits")
 prng_random_bits_p.def_effectful_abstract_eval(
-    lambda *, shape: (_jax.ShapedArray(shape, jnp.int32), {prng_effect}))
+    lambda *, shape: (plb.ShapedArray(shape, jnp.int32), {prng_effect}))
 
 
 def _seed_value(seed: Any) -> Any:

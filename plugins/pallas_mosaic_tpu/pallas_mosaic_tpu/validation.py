@@ -70,9 +70,9 @@ def check(call: KernelCall) -> None:
 
 
 def _lowered() -> frozenset[object]:
-    from pallas_mosaic_tpu.lowering import RULES
+    from pallas_mosaic_tpu.lowering import lowering_rules
 
-    return frozenset(RULES)
+    return frozenset(lowering_rules())
 
 
 def tiled_block(block: Sequence[int], shape: Sequence[int]) -> tuple[int, ...] | None:

@@ -20,7 +20,7 @@ from jax.experimental import pallas as jax_pl
 from jax.experimental.pallas import tpu as jax_pltpu
 
 import pallas_core as pl
-from pallas_core import _jax
+from pallas_core import backend as plb
 
 pltpu = pytest.importorskip("pallas_mosaic_tpu")
 from pallas_mosaic_tpu import inspection  # noqa: E402
@@ -200,7 +200,7 @@ def test_agrees_with_jax_experimental_pallas(name: str) -> None:
     text = _lowered(build, pl, args)
     (ours_config, ours), = inspection.kernels(text)
     # Some JAX versions ask which chip they lower for; name one (no TPU is attached here).
-    with _jax.assume_device("TPU v5 lite", "tpu"):
+    with plb.assume_device("TPU v5 lite", "tpu"):
         reference = _lowered(build, jax_pl, args)
     (theirs_config, theirs), = inspection.kernels(reference)
     assert ours_config == theirs_config

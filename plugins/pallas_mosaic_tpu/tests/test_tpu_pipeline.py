@@ -19,7 +19,7 @@ from jax.experimental import pallas as jax_pl
 from jax.experimental.pallas import tpu as jax_pltpu
 
 import pallas_core as pl
-from pallas_core import _jax
+from pallas_core import backend as plb
 
 pltpu = pytest.importorskip("pallas_mosaic_tpu")
 from pallas_interpret import InterpretParams  # noqa: E402
@@ -101,7 +101,7 @@ def test_blog_matmul_lowers_for_tpu_like_jax_experimental_pallas(num_cores: int)
                "tpu.wait_dma2", "tpu.matmul"):
         assert op in text, op
     # JAX's pipeline asks which chip it tiles for; name one (no TPU is attached here).
-    with _jax.assume_device("TPU v5 lite", "tpu", num_cores):
+    with plb.assume_device("TPU v5 lite", "tpu", num_cores):
         (theirs_config, theirs), = inspection.kernels(_lowered(
             blog_matmul(jax_pl, jax_pltpu, num_cores=num_cores), x, y))
     assert config == theirs_config

@@ -16,7 +16,7 @@ from jax.experimental import pallas as jax_pl
 from jax.experimental.pallas import tpu as jax_pltpu
 
 import pallas_core as pl
-from pallas_core import _jax
+from pallas_core import backend as plb
 from pallas_core.errors import UnsupportedError
 
 pltpu = pytest.importorskip("pallas_mosaic_tpu")
@@ -38,7 +38,7 @@ def _lower(f: Callable[..., Any], *args: Any) -> tuple[dict[str, Any], Any]:
 def _agree(build: Callable[[Any], Callable[..., Any]], *args: Any) -> str:
     """Lowers ``build(pl)`` and ``build(jax_pl)``; asserts they agree; our module's text."""
     config, ours = _lower(build(pl), *args)
-    with _jax.assume_device("TPU v5 lite", "tpu"):
+    with plb.assume_device("TPU v5 lite", "tpu"):
         their_config, theirs = _lower(build(jax_pl), *args)
     assert config == their_config
     inspection.assert_same_kernel(ours, theirs)

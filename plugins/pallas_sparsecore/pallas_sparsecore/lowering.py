@@ -11,12 +11,12 @@ and writes, gather/scatter DMAs and the SparseCore primitives have rules here.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import types
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
 import numpy as np
-import pallas_mosaic_tpu.primitives  # noqa: F401 - its rules join the TensorCore rules first
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith, func, memref, scf
 from jaxlib.mosaic.python import tpu
@@ -25,14 +25,16 @@ from pallas_mosaic_tpu import lowering as tl
 from pallas_mosaic_tpu.lowering import Lowering
 from pallas_mosaic_tpu.params import DMA_SEMAPHORE, HBM, SEMAPHORE, SMEM
 
-from pallas_core import _jax, copies, mlir_lowering
+from pallas_core import backend as plb
+from pallas_core import copies, mlir_lowering
 from pallas_core.errors import PallasError
 from pallas_core.request import KernelCall
 from pallas_core.spec import ANY
 from pallas_sparsecore import primitives as sc
 from pallas_sparsecore.params import NAME, VMEM_SHARED, SCCompilerParams
 
-RULES = mlir_lowering.Rules(tl.RULES)
+RULES = mlir_lowering.Rules(tl.lowering_rules())
+"""Mosaic TPU's rules, then the SparseCore rules below (read it through :func:`lowering_rules`)."""
 rule = RULES.rule
 
 
@@ -124,7 +126,7 @@ def _access(lowering: Lowering, eqn: Any, ref: ir.Value, transforms: Sequence[An
     return tl._indices(lowering, ref, transforms)
 
 
-@rule(_jax.get_p)
+@rule(plb.get_p)
 def _get(lowering: Lowering, eqn: Any, ref: ir.Value, *args: Any) -> ir.Value:
     transforms = tl._transforms(eqn, args)
     starts, sizes, dropped = _access(lowering, eqn, ref, transforms)
@@ -144,7 +146,7 @@ def _get(lowering: Lowering, eqn: Any, ref: ir.Value, *args: Any) -> ir.Value:
     return mir.from_memory(full, out.dtype)
 
 
-@rule(_jax.swap_p)
+@rule(plb.swap_p)
 def _swap(lowering: Lowering, eqn: Any, ref: ir.Value, value: ir.Value, *args: Any) -> Any:
     transforms = tl._transforms(eqn, args)
     starts, sizes, dropped = _access(lowering, eqn, ref, transforms)
@@ -182,7 +184,7 @@ def _indirect_split(lowering: Lowering, ref: ir.Value, transforms: Sequence[Any]
         return None
     shape = ir.MemRefType(ref.type).shape
     for i, d in zip(indices[1:], shape[1:]):
-        if not (isinstance(i, _jax.Slice) and isinstance(i.start, int) and i.start == 0
+        if not (isinstance(i, plb.Slice) and isinstance(i.start, int) and i.start == 0
                 and i.size == d):
             raise lowering.fail("a gather or scatter DMA that also slices the trailing "
                                 "dimensions (index the leading dimension only)")
@@ -420,7 +422,7 @@ def _parallel_marker(lowering: Lowering, eqn: Any) -> list[Any]:
     return []
 
 
-@rule(_jax.scan_p)
+@rule(plb.scan_p)
 def _scan_loop(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
     """A ``fori_loop``; one written by ``plsc.parallel_loop`` (its body starts with the
     marker) becomes an ``scf.for`` the compiler may software-pipeline."""
@@ -428,7 +430,7 @@ def _scan_loop(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
     marker = next((e for e in body.eqns if e.primitive is sc.parallel_loop_p), None)
     block = ir.InsertionPoint.current.block
     before = len(block.operations)
-    outs = tl.RULES[_jax.scan_p](lowering, eqn, *args)
+    outs = tl.lowering_rules()[plb.scan_p](lowering, eqn, *args)
     if marker is not None:
         loops = [op for op in list(block.operations)[before:]
                  if isinstance(op.opview, scf.ForOp)]
@@ -437,3 +439,10 @@ def _scan_loop(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
         loop.attributes["sc.loop_unroll_factor"] = ir.IntegerAttr.get(
             ir.IntegerType.get_signless(64), marker.params["unroll"])
     return outs
+
+
+def lowering_rules() -> Mapping[Any, mlir_lowering.Rule]:
+    """SparseCore's full rule table, read-only: Mosaic TPU's (``pallas_mosaic_tpu.lowering.
+    lowering_rules()``) with the SparseCore rules above added or overriding; every entry has
+    the one rule signature (``pallas_core.backend.Rule``)."""
+    return types.MappingProxyType(RULES)

@@ -10,6 +10,7 @@ from pallas_mosaic_tpu import ir as mir
 from pallas_mosaic_tpu import plugin as tpu_plugin
 from pallas_mosaic_tpu.params import DMA_SEMAPHORE, HBM, SEMAPHORE, SMEM, VMEM
 
+from pallas_core.backend import RuleTable
 from pallas_core.emulation.call import EmulatedCall
 from pallas_core.errors import PallasError
 from pallas_core.hookspecs import hookimpl
@@ -36,6 +37,13 @@ def backend_config(call: KernelCall, body: bytes) -> str:
     return json.dumps(full)
 
 
+
+def lowering_rules() -> RuleTable:
+    """This backend's full lowering-rule table (primitive -> rule), read-only; every rule has
+    the signature all backends share (``pallas_core.backend.Rule``)."""
+    return lowering.lowering_rules()
+
+
 @hookimpl
 def pallas_describe() -> BackendInfo:
     return BackendInfo(name=NAME, version=__version__, platforms=("tpu",),
@@ -54,25 +62,28 @@ def pallas_primitives() -> Any:
 
 
 @hookimpl
-def pallas_validate(call: KernelCall, backend: str) -> None:
-    # Interpreted SparseCore kernels are checked against their chip too.
-    if backend == NAME or isinstance(call.compiler_params, SCCompilerParams):
+def pallas_validate(call: KernelCall) -> None:
+    """Checks a SparseCore kernel against its chip before lowering."""
+    validation.check(call)
+
+
+@hookimpl
+def pallas_validate_call(call: KernelCall, backend: str) -> None:
+    """Checks a kernel given ``plsc.CompilerParams`` that another backend runs (the interpreter,
+    under ``interpret=True``) against its chip too, as JAX does."""
+    if backend != NAME and isinstance(call.compiler_params, SCCompilerParams):
         validation.check(call)
 
 
 @hookimpl
 def pallas_lower(request: LoweringRequest) -> Any:
-    if request.backend != NAME:
-        return None
     module, name = lowering.lower_kernel(request.call)
     return tpu_plugin.emit_tpu_custom_call(
         request, backend_config(request.call, mir.serialize(module)), name)
 
 
 @hookimpl
-def pallas_stages(call: KernelCall, backend: str, target: str | None) -> Mapping[str, Any] | None:
-    if backend != NAME:
-        return None
+def pallas_stages(call: KernelCall, target: str | None) -> Mapping[str, Any]:
     if target is not None and target not in CHIPS:
         raise PallasError(
             f"pl.stages(backend='sparsecore', target={target!r}): unknown chip. Fix: use one "

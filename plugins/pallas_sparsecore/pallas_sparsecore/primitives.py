@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from pallas_core import _jax
+from pallas_core import backend as plb
 from pallas_core import primitives as prims
 from pallas_core.copies import RefViews, bind_views
 from pallas_core.errors import PallasError
@@ -30,12 +30,12 @@ REF_PRIMITIVES: list[Any] = []
 
 def _ref_effects(*avals: Any, roles: tuple[int, ...], **_: Any) -> Any:
     n_refs = max(roles) + 1
-    return {e for i in range(n_refs) for e in (_jax.ReadEffect(i), _jax.WriteEffect(i))}
+    return {e for i in range(n_refs) for e in (plb.ReadEffect(i), plb.WriteEffect(i))}
 
 
 def _ref_primitive(name: str, out: Callable[..., Any] | None = None) -> Any:
     """A primitive on Ref views; ``out(*extra_avals, **params)`` gives its result aval."""
-    p = _jax.Primitive(f"sc_{name}")
+    p = plb.Primitive(f"sc_{name}")
     if out is None:
         p.multiple_results = True
         p.def_effectful_abstract_eval(lambda *a, roles, tree, **kw: ([], _ref_effects(
@@ -72,9 +72,8 @@ def _mask(mask: Any, like: jax.Array, fn: str) -> jax.Array | None:
 
 
 def _ref_aval(ref: Any, fn: str) -> Any:
-    from pallas_core.primitives import _ref_and_transforms
-    r, t = _ref_and_transforms(ref, None, fn)
-    return _jax.shape_after_transforms(_jax.ref_type_of(r), t)
+    r, t = plb.ref_and_transforms(ref, None, fn)
+    return plb.shape_after_transforms(plb.ref_type_of(r), t)
 
 
 _GATHER_TYPES = (jnp.int32, jnp.float32)
@@ -99,7 +98,7 @@ def _indices(ref: Any, indices: Any, fn: str) -> tuple[Any, list[jax.Array]]:
 # --- gathers and scatters on VMEM ------------------------------------------------------------
 
 load_gather_p = _ref_primitive(
-    "load_gather", lambda *idx_and_mask, dtype, n_idx, has_mask: _jax.ShapedArray(
+    "load_gather", lambda *idx_and_mask, dtype, n_idx, has_mask: plb.ShapedArray(
         idx_and_mask[0].shape, dtype))
 store_scatter_p = _ref_primitive("store_scatter")
 
@@ -162,7 +161,7 @@ def _store_scatter_discharge(in_avals: Any, out_avals: Any, *args: Any, tree: An
 # --- contiguous masked accesses --------------------------------------------------------------
 
 load_expanded_p = _ref_primitive(
-    "load_expanded", lambda mask, dtype: _jax.ShapedArray(mask.shape, dtype))
+    "load_expanded", lambda mask, dtype: plb.ShapedArray(mask.shape, dtype))
 store_compressed_p = _ref_primitive("store_compressed")
 addupdate_p = _ref_primitive("addupdate")
 
@@ -240,7 +239,7 @@ _SCAN_TYPES = (jnp.int32, jnp.uint32, jnp.float32)
 
 
 def _value_primitive(name: str, abstract: Callable[..., Any], multiple: bool = False) -> Any:
-    p = _jax.Primitive(f"sc_{name}")
+    p = plb.Primitive(f"sc_{name}")
     p.multiple_results = multiple
     p.def_abstract_eval(abstract)
     return p
@@ -287,7 +286,7 @@ def _cummax_reference(ctx: ReferenceContext, x: Any, *m: Any, has_mask: bool) ->
 
 
 sort_p = _value_primitive(
-    "sort_key_val", lambda k, v, *m, descending, has_mask: (k, v, _jax.ShapedArray(
+    "sort_key_val", lambda k, v, *m, descending, has_mask: (k, v, plb.ShapedArray(
         k.shape, jnp.bool_)), multiple=True)
 
 
@@ -320,8 +319,8 @@ def _sort_reference(ctx: ReferenceContext, k: Any, v: Any, *m: Any, descending: 
 
 
 scan_count_p = _value_primitive(
-    "scan_count", lambda x, *m, has_mask: (_jax.ShapedArray(x.shape, jnp.int32),
-                                           _jax.ShapedArray(x.shape, jnp.bool_)), multiple=True)
+    "scan_count", lambda x, *m, has_mask: (plb.ShapedArray(x.shape, jnp.int32),
+                                           plb.ShapedArray(x.shape, jnp.bool_)), multiple=True)
 
 
 def scan_count(x: Any, mask: Any = None) -> tuple[jax.Array, jax.Array]:
@@ -345,9 +344,9 @@ def _scan_count_reference(ctx: ReferenceContext, x: Any, *m: Any, has_mask: bool
 
 popcount_p = _value_primitive(
     "all_reduce_population_count",
-    lambda x, *, reduce: _jax.ShapedArray((x.shape[0] // reduce,), jnp.int32))
+    lambda x, *, reduce: plb.ShapedArray((x.shape[0] // reduce,), jnp.int32))
 ffs_p = _value_primitive(
-    "all_reduce_ffs", lambda x, *, reduce: _jax.ShapedArray((x.shape[0] // reduce,), jnp.int32))
+    "all_reduce_ffs", lambda x, *, reduce: plb.ShapedArray((x.shape[0] // reduce,), jnp.int32))
 
 
 def _bool_vector(x: Any, reduce: int, fn: str) -> jax.Array:
@@ -381,7 +380,7 @@ def _ffs_reference(ctx: ReferenceContext, x: Any, *, reduce: int) -> Any:
 
 
 bitcast_p = _value_primitive(
-    "bitcast", lambda x, *, dtype: _jax.ShapedArray(
+    "bitcast", lambda x, *, dtype: plb.ShapedArray(
         (*x.shape[:-1], x.shape[-1] * x.dtype.itemsize // jnp.dtype(dtype).itemsize), dtype))
 
 
@@ -430,10 +429,10 @@ def _narrow(dtype: Any, preferred: Any, fn: str) -> Any:
     return table[jnp.dtype(dtype)]
 
 
-pack_p = _value_primitive("pack", lambda a, b, *, format, dtype: _jax.ShapedArray(
+pack_p = _value_primitive("pack", lambda a, b, *, format, dtype: plb.ShapedArray(
     (2 * a.shape[0],) if format is PackFormat.INTERLEAVED else (a.shape[0], 2), dtype))
 unpack_p = _value_primitive("unpack", lambda ab, *, format, dtype: (
-    _jax.ShapedArray((ab.shape[0] // 2 if format is PackFormat.INTERLEAVED else ab.shape[0],),
+    plb.ShapedArray((ab.shape[0] // 2 if format is PackFormat.INTERLEAVED else ab.shape[0],),
                      dtype),) * 2, multiple=True)
 
 
@@ -487,13 +486,13 @@ def _unpack_reference(ctx: ReferenceContext, ab: Any, *, format: PackFormat, dty
 # --- synchronisation and loops ---------------------------------------------------------------
 
 
-class SubcoreBarrierEffect(_jax.Effect):
+class SubcoreBarrierEffect(plb.Effect):
     """A barrier orders the subcores' memory accesses: keeps it in place."""
 
 
 _barrier_effect = SubcoreBarrierEffect()
-_jax.register_side_effect(SubcoreBarrierEffect)
-subcore_barrier_p = _jax.Primitive("sc_subcore_barrier")
+plb.register_side_effect(SubcoreBarrierEffect)
+subcore_barrier_p = plb.Primitive("sc_subcore_barrier")
 subcore_barrier_p.multiple_results = True
 subcore_barrier_p.def_effectful_abstract_eval(lambda *, axis_names: ([], {_barrier_effect}))
 
@@ -510,7 +509,7 @@ def _barrier_axes(*, axis_names: tuple[str, ...] | None) -> tuple[str, ...] | No
     return axis_names
 
 
-parallel_loop_p = _jax.Primitive("sc_parallel_loop")
+parallel_loop_p = plb.Primitive("sc_parallel_loop")
 parallel_loop_p.multiple_results = True
 parallel_loop_p.def_abstract_eval(lambda *, unroll: [])
 

@@ -21,7 +21,7 @@ import pytest
 
 import pallas_core as pl
 from pallas_core.testing import FEATURES, ConformanceSuite
-from pallas_core.testing.conformance import _unknown_p
+from pallas_core.testing.conformance import unknown_p
 
 MESH = plsc.VectorSubcoreMesh(core_axis_name="c", subcore_axis_name="s", num_cores=1,
                               num_subcores=1, target="v7x")
@@ -45,10 +45,10 @@ class TestSparseCoreEmulated(ConformanceSuite):
 
     def test_unknown_primitive_raises(self) -> None:
         def body(x_ref: Any, o_ref: Any) -> None:
-            o_ref[...] = _unknown_p.bind(x_ref[...])
+            o_ref[...] = unknown_p.bind(x_ref[...])
 
         x = self.random((16,))
-        with pytest.raises(pl.PallasError, match=_unknown_p.name):
+        with pytest.raises(pl.PallasError, match=unknown_p.name):
             pl.emulate(lambda x: _on_subcore(body, x), backend=self.backend)(x)
 
     def test_subcore_kernel_emulated(self) -> None:

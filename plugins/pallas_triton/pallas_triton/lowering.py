@@ -16,7 +16,8 @@ from __future__ import annotations
 import dataclasses
 import io
 import math
-from collections.abc import Sequence
+import types
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -27,7 +28,8 @@ from jaxlib.mlir.dialects import arith, gpu, scf
 from jaxlib.mlir.dialects import math as mmath
 from jaxlib.triton import dialect as tt
 
-from pallas_core import _jax, mlir_lowering, mlir_rules
+from pallas_core import backend as plb
+from pallas_core import mlir_lowering, mlir_rules
 from pallas_core import primitives as prims
 from pallas_core.grid_mapping import BlockMapping, block_index_tables
 from pallas_core.mlir_lowering import LoweringState
@@ -338,7 +340,7 @@ def _program_id(lowering: Lowering, eqn: Any) -> ir.Value:
     return lowering.program_ids[lowering.call.grid_mapping.num_batch_axes + axis]
 
 
-@rule(_jax.axis_index_p)
+@rule(plb.axis_index_p)
 def _axis_index(lowering: Lowering, eqn: Any) -> ir.Value:
     """The program's index along a named grid axis (``grid_names``)."""
     gm = lowering.call.grid_mapping
@@ -366,7 +368,7 @@ def _pointers(lowering: Lowering, eqn: Any, ref: BlockRef, transforms: Sequence[
     first of them stands if they are neighbours, else in front; slices give theirs in order.
     """
     bm = ref.bm
-    if len(transforms) > 1 or (transforms and not isinstance(transforms[0], _jax.NDIndexer)):
+    if len(transforms) > 1 or (transforms and not isinstance(transforms[0], plb.NDIndexer)):
         raise lowering.fail("Ref transforms other than indexing", eqn)
     kept_dims = [d for d, b in enumerate(bm.block_shape) if b is not None]
     indices: list[Any] = [None] * len(bm.array_shape)
@@ -374,7 +376,7 @@ def _pointers(lowering: Lowering, eqn: Any, ref: BlockRef, transforms: Sequence[
         for d, idx in zip(kept_dims, transforms[0].indices):
             indices[d] = idx
     arrays = {d: _as_i32(lowering, eqn, indices[d]) for d in kept_dims
-              if indices[d] is not None and not isinstance(indices[d], _jax.Slice)}
+              if indices[d] is not None and not isinstance(indices[d], plb.Slice)}
     int_shape = tuple(np.broadcast_shapes(*(tir.shape_of(v) for v in arrays.values())))
     is_int = [d in arrays for d in kept_dims]
     where = [i for i, t in enumerate(is_int) if t]
@@ -403,7 +405,7 @@ def _pointers(lowering: Lowering, eqn: Any, ref: BlockRef, transforms: Sequence[
         else:
             axis = n_slices if n_slices < pos else n_slices + len(int_shape)
             begin, stride = ref.starts[d], 1
-            if isinstance(idx, _jax.Slice):
+            if isinstance(idx, plb.Slice):
                 begin = arith.AddIOp(begin, _as_i32(lowering, eqn, idx.start)).result
                 stride = idx.stride
             parts.append(tir.expand_to_rank(_range_from(begin, sizes[n_slices], stride),
@@ -487,7 +489,7 @@ def _store(ptrs: ir.Value, value: ir.Value, mask: ir.Value | None, dtype: Any,
     tt.StoreOp(ptrs, value, mask=mask)
 
 
-@rule(_jax.get_p)
+@rule(plb.get_p)
 def _get(lowering: Lowering, eqn: Any, ref: BlockRef, *args: Any) -> ir.Value:
     ptrs, mask, shape = _pointers(lowering, eqn, ref, _transforms(eqn, args))
     return _load(ptrs, mask, None, _aval_out(eqn).dtype, shape)
@@ -502,7 +504,7 @@ def _masked_load(lowering: Lowering, eqn: Any, ref: BlockRef, *args: Any) -> ir.
     return _load(ptrs, mask, other, _aval_out(eqn).dtype, shape)
 
 
-@rule(_jax.swap_p)
+@rule(plb.swap_p)
 def _swap(lowering: Lowering, eqn: Any, ref: BlockRef, value: ir.Value, *args: Any) -> ir.Value:
     ptrs, mask, shape = _pointers(lowering, eqn, ref, _transforms(eqn, args))
     dtype = _aval_out(eqn).dtype
@@ -585,7 +587,7 @@ def _float_atomic_max_min(ptrs: ir.Value, value: ir.Value, mask: ir.Value | None
     return tt.BitcastOp(tir.value_type(shape, np.float32), old).result
 
 
-@rule(_jax.addupdate_p)
+@rule(plb.addupdate_p)
 def _addupdate(lowering: Lowering, eqn: Any, ref: BlockRef, value: ir.Value,
                *args: Any) -> list[Any]:
     """``ref[idx] += value`` as an atomic add, as JAX's Triton lowering has it: programs that
@@ -669,3 +671,10 @@ def _debug_barrier(lowering: Lowering, eqn: Any) -> list[Any]:
 
 # Whole-array rules (broadcast_to, concatenate and split, argmax, cumulative sums) join RULES.
 from pallas_triton import lowering_arrays  # noqa: E402, F401
+
+
+def lowering_rules() -> Mapping[Any, mlir_lowering.Rule]:
+    """Triton's full rule table, read-only: the shared rules, Triton's own above and the
+    whole-array rules of :mod:`pallas_triton.lowering_arrays`; every entry has the one rule
+    signature (``pallas_core.backend.Rule``)."""
+    return types.MappingProxyType(RULES)

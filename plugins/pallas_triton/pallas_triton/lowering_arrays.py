@@ -20,7 +20,8 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith
 from jaxlib.triton import dialect as tt
 
-from pallas_core import _jax, mlir_rules
+from pallas_core import backend as plb
+from pallas_core import mlir_rules
 from pallas_triton import ir as tir
 from pallas_triton.lowering import Lowering, convert, rule
 
@@ -42,7 +43,7 @@ def _reshape(x: ir.Value, shape: Sequence[int], dtype: Any) -> ir.Value:
 # --- broadcasts ------------------------------------------------------------------------------
 
 
-@rule(_jax.broadcast_to_p)
+@rule(plb.broadcast_to_p)
 def _broadcast_to(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
     """NumPy's broadcast: missing leading dimensions added, then dimensions of 1 repeated."""
     shape = tuple(eqn.params["shape"])
@@ -108,7 +109,7 @@ def _concatenate(lowering: Lowering, eqn: Any, *xs: ir.Value) -> ir.Value:
     return _join_all(xs, eqn.params["dimension"], _out(eqn).dtype)
 
 
-@rule(_jax.stack_p)
+@rule(plb.stack_p)
 def _stack(lowering: Lowering, eqn: Any, *xs: ir.Value) -> ir.Value:
     _pairs(lowering, eqn, len(xs), "stack")
     axis, dtype = eqn.params["axis"], _out(eqn).dtype
@@ -126,7 +127,7 @@ def _split(lowering: Lowering, eqn: Any, x: ir.Value) -> list[ir.Value]:
     return _split_all(x, len(sizes), axis, _out(eqn).dtype)
 
 
-@rule(_jax.unstack_p)
+@rule(plb.unstack_p)
 def _unstack(lowering: Lowering, eqn: Any, x: ir.Value) -> list[ir.Value]:
     axis, dtype = eqn.params["axis"], _out(eqn).dtype
     _pairs(lowering, eqn, len(eqn.outvars), "unstack")

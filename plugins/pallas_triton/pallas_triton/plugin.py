@@ -6,7 +6,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from pallas_core import _jax
+from pallas_core import backend as plb
+from pallas_core.backend import RuleTable
 from pallas_core.emulation.call import EmulatedCall
 from pallas_core.hookspecs import hookimpl
 from pallas_core.plugins import BackendInfo
@@ -27,12 +28,20 @@ def params_of(call: KernelCall) -> TritonParams:
     return params if isinstance(params, TritonParams) else TritonParams()
 
 
+
+def lowering_rules() -> RuleTable:
+    """This backend's full lowering-rule table (primitive -> rule), read-only; every rule has
+    the signature all backends share (``pallas_core.backend.Rule``)."""
+    return lowering.lowering_rules()
+
+
 @hookimpl
 def pallas_describe() -> BackendInfo:
     return BackendInfo(
         name=NAME, version=__version__, platforms=("cuda", "rocm"),
         compiler_params_type=TritonParams, default_for=("cuda", "rocm"), package="pallas-triton",
-        capabilities=frozenset({"masked_access", "atomics", "aliasing", "vmap", "debug_print"}),
+        capabilities=frozenset({"masked_access", "atomics", "aliasing", "vmap", "debug_print",
+                                "mesh"}),
         # What pl.emulate tells JAX it compiles for (JAX 0.11's Triton lowering asks).
         device_kinds={"sm_90": "NVIDIA H100", "sm_80": "NVIDIA A100", "sm_100": "NVIDIA B200",
                       "gfx942": "AMD Instinct MI300X", "gfx90a": "AMD Instinct MI250X",
@@ -46,15 +55,12 @@ def pallas_primitives() -> Any:
 
 
 @hookimpl
-def pallas_validate(call: KernelCall, backend: str) -> None:
-    if backend == NAME:
-        validation.check(call)
+def pallas_validate(call: KernelCall) -> None:
+    validation.check(call)
 
 
 @hookimpl
 def pallas_lower(request: LoweringRequest) -> Any:
-    if request.backend != NAME:
-        return None
     call = request.call
     module, name = lowering.lower_kernel(call, request.platform)
     params = params_of(call)
@@ -67,16 +73,14 @@ def pallas_lower(request: LoweringRequest) -> Any:
         "grid_x": programs, "grid_y": 1, "grid_z": 1,
         "debug": params.debug,
     }
-    return _jax.emit_custom_call(
+    return plb.emit_custom_call(
         request.ctx, CUSTOM_CALL_TARGET, request.operands, call.out_avals,
         backend_config=config,
         operand_output_aliases=dict(call.input_output_aliases) or None)
 
 
 @hookimpl
-def pallas_stages(call: KernelCall, backend: str, target: str | None) -> Mapping[str, Any] | None:
-    if backend != NAME:
-        return None
+def pallas_stages(call: KernelCall, target: str | None) -> Mapping[str, Any]:
     gpu = triton_compile.parse_target(target)  # an unknown target fails before lowering
     module, _ = lowering.lower_kernel(call, gpu.platform)
     ttir = lowering.module_text(module)

@@ -18,36 +18,36 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from pallas_core import _jax
+from pallas_core import backend as plb
 from pallas_core import primitives as core_prims
 from pallas_core.errors import ArgumentError, PallasError, UnsupportedError
 from pallas_core.semantics import PrimitiveSemantics, ReferenceContext
 
-approx_tanh_p = _jax.Primitive("triton_approx_tanh")
+approx_tanh_p = plb.Primitive("triton_approx_tanh")
 approx_tanh_p.def_abstract_eval(lambda x: x)
 
-max_contiguous_p = _jax.Primitive("triton_max_contiguous")
+max_contiguous_p = plb.Primitive("triton_max_contiguous")
 max_contiguous_p.def_abstract_eval(lambda x, *, values: x)
 
 
-class BarrierEffect(_jax.Effect):
+class BarrierEffect(plb.Effect):
     """Keeps ``debug_barrier`` in the kernel although it has no outputs."""
 
 
 barrier_effect = BarrierEffect()
-_jax.register_side_effect(BarrierEffect)
-debug_barrier_p = _jax.Primitive("triton_debug_barrier")
+plb.register_side_effect(BarrierEffect)
+debug_barrier_p = plb.Primitive("triton_debug_barrier")
 debug_barrier_p.multiple_results = True
 debug_barrier_p.def_effectful_abstract_eval(lambda: ([], {barrier_effect}))
 
-inline_asm_p = _jax.Primitive("triton_elementwise_inline_asm")
+inline_asm_p = plb.Primitive("triton_elementwise_inline_asm")
 inline_asm_p.multiple_results = True
 
 
 @inline_asm_p.def_abstract_eval
 def _inline_asm_abstract_eval(*args: Any, asm: str, constraints: str, pack: int,
                               result_shape_dtypes: tuple[Any, ...], reference: Any) -> Any:
-    return [_jax.ShapedArray(s.shape, s.dtype) for s in result_shape_dtypes]
+    return [plb.ShapedArray(s.shape, s.dtype) for s in result_shape_dtypes]
 
 
 def approx_tanh(x: jax.Array) -> jax.Array:

@@ -97,6 +97,6 @@ def check_access_shape(where: str, origin: str, block_shape: tuple[int, ...],
 
 @functools.cache
 def _lowered() -> frozenset[object]:
-    from pallas_triton.lowering import RULES  # lowering imports this module
+    from pallas_triton.lowering import lowering_rules  # lowering imports this module
 
-    return frozenset(RULES)
+    return frozenset(lowering_rules())

@@ -14,7 +14,7 @@ import pytest
 from jax import lax
 
 import pallas_core as pl
-from pallas_core import _jax
+from pallas_core import backend as plb
 
 plt = pytest.importorskip("pallas_triton")
 
@@ -148,7 +148,7 @@ def test_broadcast_to(src: tuple[int, ...], shape: tuple[int, ...]) -> None:
     """JAX's equal-rank ``broadcast_to`` primitive (what indexing with several arrays binds)."""
     x = _rand(src)
     want = jnp.broadcast_to(x, shape)
-    _close(_values(lambda v: _jax.broadcast_to_p.bind(v, shape=shape), S(shape, F32), x), want)
+    _close(_values(lambda v: plb.broadcast_to_p.bind(v, shape=shape), S(shape, F32), x), want)
 
 
 # --- elementwise math, checkpoint -------------------------------------------------------------

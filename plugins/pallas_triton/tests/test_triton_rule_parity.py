@@ -1,15 +1,15 @@
 """Every primitive JAX 0.10's own Triton lowering has a rule for has one here, or is named
 below with what this project has instead. JAX's registry is read through the core's adapter
-(``_jax.jax_lowering_rule_names("triton")``), so upgrading JAX fails this test until each new
+(``plb.jax_lowering_rule_names("triton")``), so upgrading JAX fails this test until each new
 primitive is lowered or listed."""
 
 from __future__ import annotations
 
 import pytest
 
-from pallas_core import _jax
+from pallas_core import backend as plb
 
-lowering = pytest.importorskip("pallas_triton.lowering")
+plugin = pytest.importorskip("pallas_triton.plugin")
 
 OTHER_MEANS = {
     "debug_barrier_p": "triton_debug_barrier (pallas_triton.debug_barrier)",
@@ -23,17 +23,17 @@ OTHER_MEANS = {
 
 
 def _ours() -> set[str]:
-    return {p.name for p in lowering.RULES}
+    return {p.name for p in plugin.lowering_rules()}
 
 
 def test_every_jax_rule_is_lowered_or_listed() -> None:
-    theirs = _jax.jax_lowering_rule_names("triton")["triton"]
+    theirs = plb.jax_lowering_rule_names("triton")["triton"]
     unlisted = sorted(n for n in theirs - _ours() if n not in OTHER_MEANS)
     assert not unlisted, f"JAX lowers {unlisted} for Triton; lower them or list them here"
 
 
 def test_listed_equivalents_exist() -> None:
-    theirs = _jax.jax_lowering_rule_names("triton")["triton"]
+    theirs = plb.jax_lowering_rule_names("triton")["triton"]
     assert set(OTHER_MEANS) <= theirs, "an entry names a primitive JAX no longer lowers"
     assert not set(OTHER_MEANS) & _ours(), "an entry lowers under its own name now"
     equivalents = {"triton_debug_barrier", "triton_elementwise_inline_asm",
@@ -43,4 +43,4 @@ def test_listed_equivalents_exist() -> None:
 
 def test_unknown_backend_is_refused() -> None:
     with pytest.raises(ValueError, match="no JAX rule registry"):
-        _jax.jax_lowering_rule_names("rocm_only")
+        plb.jax_lowering_rule_names("rocm_only")

@@ -1,6 +1,6 @@
 """Hook implementations of the ``xla_unrolled`` backend (entry point ``xla_unrolled``).
 
-Every hook that receives a backend name answers only for ``xla_unrolled``. ``LOWER_CALLS``
+The core calls these hooks only for calls it has resolved to ``xla_unrolled``. ``LOWER_CALLS``
 counts the kernels this plugin lowered, so that a test can prove the backend was used.
 """
 
@@ -13,11 +13,8 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 
-import pallas_core as pl
-from pallas_core import _jax, reference
+from pallas_core import backend as plb
 from pallas_core import primitives as prims
-from pallas_core.errors import unsupported
-from pallas_core.hookspecs import hookimpl
 from pallas_xla_unrolled import unrolled
 
 NAME = "xla_unrolled"
@@ -27,12 +24,14 @@ LOWER_CALLS = 0
 """How many kernels ``pallas_lower`` has lowered for this backend in this process."""
 
 CAPABILITIES = frozenset(
-    {"aliasing", "debug_print", "masked_access", "mesh", "run_scoped", "scratch", "vmap"})
-"""What this backend runs; atomics are missing on purpose (they raise ``UnsupportedError``)."""
+    {"aliasing", "async_copy", "debug_print", "masked_access", "mesh", "run_scoped", "scratch",
+     "semaphores", "vmap"})
+"""What this backend runs; atomics and scalar prefetch are missing on purpose (they raise
+``UnsupportedError``)."""
 
 
 @dataclasses.dataclass(frozen=True)
-class XlaUnrolledParams(pl.CompilerParams):
+class XlaUnrolledParams(plb.CompilerParams):
     """Compiler parameters of ``xla_unrolled``; passing them as ``compiler_params=`` selects it.
 
     ``max_steps``: the largest grid, in steps (vmap's batch axes included), that the backend
@@ -45,7 +44,7 @@ class XlaUnrolledParams(pl.CompilerParams):
     def __post_init__(self) -> None:
         steps = self.max_steps
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise pl.PallasError(
+            raise plb.PallasError(
                 f"XlaUnrolledParams(max_steps={steps!r}): expected a positive int, found "
                 f"{type(steps).__name__} {steps!r}. Fix: pass e.g. max_steps=128."
             )
@@ -53,8 +52,8 @@ class XlaUnrolledParams(pl.CompilerParams):
 
 # --- a primitive of this plugin, with its reference semantics -------------------------------
 
-step_index_p = _jax.Primitive("xla_unrolled_step_index")
-step_index_p.def_abstract_eval(lambda: _jax.ShapedArray((), jnp.int32))
+step_index_p = plb.Primitive("xla_unrolled_step_index")
+step_index_p.def_abstract_eval(lambda: plb.ShapedArray((), jnp.int32))
 
 
 def step_index() -> jax.Array:
@@ -66,7 +65,7 @@ def step_index() -> jax.Array:
     return step_index_p.bind()  # type: ignore[no-any-return]
 
 
-def _step_index_semantics(ctx: pl.ReferenceContext) -> Any:
+def _step_index_semantics(ctx: plb.ReferenceContext) -> Any:
     index: Any = 0
     for axis, size in enumerate(ctx.grid[ctx.num_batch_axes:]):
         index = index * size + ctx.program_id(axis)
@@ -78,7 +77,7 @@ def _step_index_semantics(ctx: pl.ReferenceContext) -> Any:
 _ATOMICS = frozenset({prims.atomic_rmw_p, prims.atomic_cas_p})
 
 
-def check(call: pl.KernelCall) -> None:
+def check(call: plb.KernelCall) -> None:
     """Raises ``UnsupportedError`` for what this backend cannot run: atomics, huge grids, and
     index maps that read scalar-prefetch operands (blocks are cut at offsets fixed at trace
     time)."""
@@ -87,7 +86,7 @@ def check(call: pl.KernelCall) -> None:
         params = XlaUnrolledParams()
     grid, steps = call.grid_mapping.grid, call.grid_mapping.num_steps
     if steps > params.max_steps:
-        raise unsupported(
+        raise plb.unsupported(
             f"kernel {call.name!r} ({call.source}) has grid {grid} = {steps} steps, more than "
             f"max_steps={params.max_steps}; unrolling it", NAME,
             "Fix: use bigger blocks (a smaller grid), raise the limit with compiler_params="
@@ -95,13 +94,13 @@ def check(call: pl.KernelCall) -> None:
             "backend='interpret'.",
         )
     if call.grid_mapping.num_scalar_prefetch:
-        raise unsupported(
+        raise plb.unsupported(
             f"scalar prefetch (kernel {call.name!r}, {call.source})", NAME,
             "Fix: pass the indices as an ordinary input and index inside the kernel, or pass "
             "backend='interpret'.")
-    eqn = reference.find_eqn(call.jaxpr.jaxpr, _ATOMICS)
+    eqn = plb.find_eqn(call.jaxpr.jaxpr, _ATOMICS)
     if eqn is not None:
-        raise unsupported(
+        raise plb.unsupported(
             f"{eqn.primitive.name} (pl.atomic_* in kernel {call.name!r}, {call.source})",
             NAME,
             "Fix: accumulate into an output block that the grid revisits (o_ref[...] += x), "
@@ -114,10 +113,10 @@ def check(call: pl.KernelCall) -> None:
 # --- hooks ----------------------------------------------------------------------------------
 
 
-@hookimpl
-def pallas_describe() -> pl.BackendInfo:
+@plb.hookimpl
+def pallas_describe() -> plb.BackendInfo:
     """Names the backend: it lowers for every platform XLA runs on, never by default."""
-    return pl.BackendInfo(
+    return plb.BackendInfo(
         name=NAME,
         version=__version__,
         platforms=("cpu", "cuda", "rocm", "tpu"),
@@ -127,37 +126,31 @@ def pallas_describe() -> pl.BackendInfo:
     )
 
 
-@hookimpl
-def pallas_validate(call: pl.KernelCall, backend: str) -> None:
+@plb.hookimpl
+def pallas_validate(call: plb.KernelCall) -> None:
     """Rejects atomics, scalar prefetch and grids over ``max_steps`` before lowering."""
-    if backend == NAME:
-        check(call)
+    check(call)
 
 
-@hookimpl
-def pallas_lower(request: pl.LoweringRequest) -> Sequence[Any] | None:
+@plb.hookimpl
+def pallas_lower(request: plb.LoweringRequest) -> Sequence[Any]:
     """Inlines the unrolled kernel into the program being lowered."""
     global LOWER_CALLS
-    if request.backend != NAME:
-        return None
     check(request.call)  # again: vmap adds grid steps after validation
     LOWER_CALLS += 1
-    call, rules = request.call, reference.semantics_rules()
+    call, rules = request.call, plb.semantics_rules()
     return request.lower_jax(lambda *args: unrolled.run(call, args, rules))
 
 
-@hookimpl
-def pallas_primitives() -> Sequence[pl.PrimitiveSemantics]:
+@plb.hookimpl
+def pallas_primitives() -> Sequence[plb.PrimitiveSemantics]:
     """``step_index`` and its reference semantics, for every backend that interprets."""
-    return (pl.PrimitiveSemantics(step_index_p, evaluate=_step_index_semantics),)
+    return (plb.PrimitiveSemantics(step_index_p, evaluate=_step_index_semantics),)
 
 
-@hookimpl
-def pallas_stages(call: pl.KernelCall, backend: str,
-                  target: str | None) -> Mapping[str, Any] | None:
+@plb.hookimpl
+def pallas_stages(call: plb.KernelCall, target: str | None) -> Mapping[str, Any]:
     """One stage, ``unrolled_jaxpr``: the kernel with its grid unrolled, as plain JAX."""
-    if backend != NAME:
-        return None
     avals = [jax.ShapeDtypeStruct(bm.array_shape, bm.dtype) for bm in call.grid_mapping.inputs]
-    rules = reference.semantics_rules()
+    rules = plb.semantics_rules()
     return {"unrolled_jaxpr": str(jax.make_jaxpr(lambda *a: unrolled.run(call, a, rules))(*avals))}

@@ -19,16 +19,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from pallas_core import _jax, reference
-from pallas_core.grid_mapping import BlockMapping
-from pallas_core.request import KernelCall
-from pallas_core.semantics import ReferenceContext
+from pallas_core import backend as plb
 
 
-def run(call: KernelCall, args: Sequence[Any], rules: reference.Rules) -> list[Any]:
+def run(call: plb.KernelCall, args: Sequence[Any], rules: plb.SemanticsRules) -> list[Any]:
     """The outputs of ``call`` on ``args``, one unrolled grid step after another."""
     gm = call.grid_mapping
-    kernel = _jax.discharge_state(call.jaxpr, axis_sizes=gm.axis_env)
+    kernel = plb.discharge_state(call.jaxpr, axis_sizes=gm.axis_env)
     aliased = {o: i for i, o in call.input_output_aliases}
     ins = [_pad(x, bm) for x, bm in zip(args, gm.inputs)]
     outs = [_pad(args[aliased[k]] if k in aliased else jnp.zeros(bm.array_shape, bm.dtype), bm)
@@ -37,11 +34,11 @@ def run(call: KernelCall, args: Sequence[Any], rules: reference.Rules) -> list[A
     n_in, n_out = gm.num_inputs, gm.num_outputs
     for point in itertools.product(*map(range, gm.grid)):
         ids = tuple(np.int32(p) for p in point)
-        ctx = ReferenceContext(ids, gm.grid, gm.num_batch_axes, gm.grid_names)
+        ctx = plb.ReferenceContext(ids, gm.grid, gm.num_batch_axes, gm.grid_names)
         starts = [_block_start(bm, ids) for bm in gm.block_mappings]
         blocks = [_read(buf, bm, s) for buf, bm, s in zip([*ins, *outs], gm.block_mappings,
                                                           starts)]
-        results = reference.evaluate(kernel, [*blocks, *scratch], ctx, rules)
+        results = plb.evaluate(kernel, [*blocks, *scratch], ctx, rules)
         outs = [lax.dynamic_update_slice(o, r.reshape(bm.full_block_shape), s)
                 for o, bm, s, r in zip(outs, gm.outputs, starts[n_in:],
                                        results[n_in:n_in + n_out])]
@@ -49,7 +46,7 @@ def run(call: KernelCall, args: Sequence[Any], rules: reference.Rules) -> list[A
     return [o[tuple(slice(0, d) for d in bm.array_shape)] for o, bm in zip(outs, gm.outputs)]
 
 
-def _pad(x: Any, bm: BlockMapping) -> Any:
+def _pad(x: Any, bm: plb.BlockMapping) -> Any:
     """Pads ``x`` to whole blocks, so that edge blocks are read and written like the others."""
     shape = [-(-d // b) * b for d, b in zip(bm.array_shape, bm.full_block_shape)]
     if list(x.shape) == shape:
@@ -57,12 +54,12 @@ def _pad(x: Any, bm: BlockMapping) -> Any:
     return lax.pad(x, jnp.zeros((), x.dtype), [(0, s - d, 0) for d, s in zip(x.shape, shape)])
 
 
-def _block_start(bm: BlockMapping, ids: Sequence[Any]) -> tuple[int, ...]:
+def _block_start(bm: plb.BlockMapping, ids: Sequence[Any]) -> tuple[int, ...]:
     with jax.ensure_compile_time_eval():
         indices = bm.block_indices(*ids)
     return tuple(int(i) * b for i, b in zip(indices, bm.full_block_shape))
 
 
-def _read(buf: Any, bm: BlockMapping, start: Sequence[int]) -> Any:
+def _read(buf: Any, bm: plb.BlockMapping, start: Sequence[int]) -> Any:
     limit = [s + b for s, b in zip(start, bm.full_block_shape)]
     return lax.slice(buf, start, limit).reshape(bm.ref_shape)

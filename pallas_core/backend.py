@@ -1,0 +1,159 @@
+"""The public API for backend plugins: everything a plugin imports from the core.
+
+A backend plugin (first-party or third-party) imports this module, the way pytest's plugins
+import ``pytest`` and never ``_pytest``::
+
+    from pallas_core import backend as plb
+
+    @plb.hookimpl
+    def pallas_describe() -> plb.BackendInfo: ...
+
+Plugins may also use the core's other public modules (``pallas_core`` itself,
+``pallas_core.spec``, ``pallas_core.primitives``, ``pallas_core.errors``, ...), but never a
+private one (``pallas_core._jax``) or an underscored name: ``tests/test_plugin_api.py`` fails on
+such an import in any plugin package. The names below are stable; each is documented where it
+is defined, and grouped here by use.
+
+**The contract** (``docs/writing-a-backend.md``): :data:`hookimpl` marks hook implementations
+(specifications in :mod:`pallas_core.hookspecs`); :class:`BackendInfo` is what
+``pallas_describe`` returns; :class:`KernelCall` (the kernel as bound) and
+:class:`LoweringRequest` (one call to lower) are what the hooks receive; :class:`EmulatedCall`
+is what ``pallas_emulate`` receives; :func:`register_backend` registers a plugin by hand.
+A call's :class:`GridMapping` has one :class:`BlockMapping` per operand. A plugin subclasses
+:class:`CompilerParams` for its options and makes its :class:`MemorySpace` objects.
+
+**Reference semantics** of the primitives a plugin adds (its ``pallas_primitives`` hook):
+:class:`PrimitiveSemantics`, :class:`ReferenceContext`; :func:`semantics_rules` (every
+installed primitive's ``evaluate`` rules, a :data:`SemanticsRules`, for backends that run
+kernels as plain JAX; it hands the discharge rules to JAX), :func:`evaluate` (a discharged
+kernel at one grid step, with those rules), :func:`find_eqn`.
+
+**Lowering rules** for backends that emit MLIR equation by equation: :data:`Rule` (the one
+signature every backend's rules share), :class:`Rules` (a table), :class:`LoweringState`,
+:func:`lower_jaxpr`; a plugin exposes its full table from a ``lowering_rules()`` function
+(a :data:`LoweringRulesFn`) returning a :data:`RuleTable`.
+
+**Kernel IR** (JAX's jaxpr types, re-exported from the core's JAX adapter so that a JAX upgrade
+is a change in the core alone): ``Primitive``, ``Jaxpr``, ``ClosedJaxpr``, ``Literal``,
+``ShapedArray``, ``Tracer``, ``typeof``, ``is_var``, ``source_line``, ``user_context``,
+``jaxpr_from_eqns``, ``trace_to_jaxpr``, ``written_invars``, ``scan_parts``; the control-flow
+primitives ``cond_p``, ``while_p``, ``scan_p``, ``axis_index_p``, ``stack_p``, ``unstack_p``.
+
+**Refs and effects**: ``AbstractRef``, ``ref_type_of``, ``shape_after_transforms``,
+``NDIndexer``, ``Slice``, ``ds``, ``BitcastTransform``, ``ReshapeTransform``, the state
+primitives ``get_p``, ``swap_p``, ``addupdate_p``, ``broadcast_to_p``; ``Effect``,
+``ReadEffect``, ``WriteEffect``, ``is_ref_effect``, ``internal_mutable_array_effect``,
+``register_side_effect``; ``discharge_state``, ``discharge_rules_wrapped``,
+:func:`ref_and_transforms`.
+
+**Emitting a call**: ``emit_custom_call``, ``manual_axes``, ``make_ir_context``,
+``assume_device``, ``mosaic_serde_version``; ``jax_lowering_rule_names`` (JAX's own rule
+registries, for parity tests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pallas_core import primitives as _primitives
+from pallas_core._jax import (
+    AbstractRef,
+    BitcastTransform,
+    ClosedJaxpr,
+    Effect,
+    Jaxpr,
+    Literal,
+    NDIndexer,
+    Primitive,
+    ReadEffect,
+    ReshapeTransform,
+    ShapedArray,
+    Slice,
+    Tracer,
+    WriteEffect,
+    addupdate_p,
+    assume_device,
+    axis_index_p,
+    broadcast_to_p,
+    cond_p,
+    discharge_rules_wrapped,
+    discharge_state,
+    ds,
+    emit_custom_call,
+    get_p,
+    internal_mutable_array_effect,
+    is_ref_effect,
+    is_var,
+    jax_lowering_rule_names,
+    jaxpr_from_eqns,
+    make_ir_context,
+    manual_axes,
+    mosaic_serde_version,
+    ref_type_of,
+    register_side_effect,
+    scan_p,
+    scan_parts,
+    shape_after_transforms,
+    source_line,
+    stack_p,
+    swap_p,
+    trace_to_jaxpr,
+    typeof,
+    unstack_p,
+    user_context,
+    while_p,
+    written_invars,
+)
+from pallas_core.emulation.call import EmulatedCall
+from pallas_core.errors import PallasError, UnsupportedError, unsupported
+from pallas_core.grid_mapping import BlockMapping, GridMapping
+from pallas_core.hookspecs import hookimpl
+from pallas_core.mlir_lowering import LoweringState, Rule, Rules, lower_jaxpr
+from pallas_core.plugins import Backend, BackendInfo, register_backend
+from pallas_core.reference import Rules as SemanticsRules
+from pallas_core.reference import evaluate, find_eqn, semantics_rules
+from pallas_core.request import KernelCall, LoweringRequest
+from pallas_core.semantics import PrimitiveSemantics, ReferenceContext
+from pallas_core.spec import CompilerParams, MemorySpace
+
+RuleTable = Mapping[Primitive, Rule]
+"""A backend's full lowering-rule table, as its ``lowering_rules()`` function returns it:
+primitive -> :data:`Rule`, read-only."""
+
+LoweringRulesFn = Callable[[], RuleTable]
+"""The type of a plugin's ``lowering_rules()``."""
+
+
+def ref_and_transforms(ref: Any, idx: Any, fn: str) -> tuple[Any, tuple[Any, ...]]:
+    """Splits ``ref[idx]`` (a Ref or a view of one, and an index) into the underlying Ref and
+    the transforms (indexers, bitcasts, reshapes) that make the view; what a primitive that
+    takes Ref operands binds. ``fn`` names the user-facing function in error messages (an
+    index that does not fit the Ref raises a ``PallasError`` naming ``pl.<fn>``)."""
+    return _primitives._ref_and_transforms(ref, idx, fn)
+
+
+__all__ = [
+    # the contract
+    "Backend", "BackendInfo", "BlockMapping", "CompilerParams", "EmulatedCall", "GridMapping",
+    "KernelCall", "LoweringRequest", "MemorySpace", "PallasError", "UnsupportedError",
+    "hookimpl", "register_backend", "unsupported",
+    # reference semantics
+    "PrimitiveSemantics", "ReferenceContext", "SemanticsRules", "evaluate", "find_eqn",
+    "semantics_rules",
+    # lowering rules
+    "LoweringRulesFn", "LoweringState", "Rule", "RuleTable", "Rules", "lower_jaxpr",
+    # kernel IR
+    "ClosedJaxpr", "Jaxpr", "Literal", "Primitive", "ShapedArray", "Tracer", "axis_index_p",
+    "cond_p", "is_var", "jaxpr_from_eqns", "scan_p", "scan_parts", "source_line", "stack_p",
+    "trace_to_jaxpr", "typeof", "unstack_p", "user_context", "while_p", "written_invars",
+    # Refs and effects
+    "AbstractRef", "BitcastTransform", "Effect", "NDIndexer", "ReadEffect", "ReshapeTransform",
+    "Slice", "WriteEffect", "addupdate_p", "broadcast_to_p", "discharge_rules_wrapped",
+    "discharge_state", "ds", "get_p", "internal_mutable_array_effect", "is_ref_effect",
+    "ref_and_transforms", "ref_type_of", "register_side_effect", "shape_after_transforms",
+    "swap_p",
+    # emitting a call
+    "assume_device", "emit_custom_call", "jax_lowering_rule_names", "make_ir_context",
+    "manual_axes", "mosaic_serde_version",
+]
