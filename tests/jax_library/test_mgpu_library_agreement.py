@@ -116,11 +116,6 @@ LIBRARY_LAUNCH = {
 # Why this project's port of a kernel does not lower yet (issue 17): what it lacks (plgpu
 # refuses the names it does not have with pl.UnsupportedError naming them).
 PORT_GAPS = {
-    "hopper_matmul_mgpu": "plgpu lacks emit_pipeline_warp_specialized (its get_allocations, "
-                          "allocations=, compute_context, memory_registers); the kernel also "
-                          "needs pl.run_scoped(collective_axes='wg') (SMEM shared by the "
-                          "warpgroups) and wgmma on tile-aligned slices of tiled SMEM "
-                          "(b_smem.at[:, wg_n_slice])",
     "attention_mgpu": "pl.run_scoped(collective_axes=...) (SMEM shared by the warpgroups) "
                       "is refused; plgpu lacks Layout, layout_cast, load(layout=), "
                       "broadcasted_iota, set_max_registers, commit_smem_to_gmem_group, "
@@ -130,6 +125,9 @@ PORT_GAPS = {
 # The ports that lower: the fields in which they differ from JAX's lowering, as (ours, JAX's),
 # and why.
 PORT_DIFFERENCES: dict[str, dict[str, tuple[Any, Any]]] = {
+    # The warp-specialised pipeline's buffers and barriers, the epilogue's buffer and the
+    # launch are JAX's, buffer for buffer (test_hopper_matmul_port_shares_jax_smem_plan).
+    "hopper_matmul_mgpu": {},
     # Shared memory: the pipeline's two inputs x 2 slots of (64, 64) f16 (32768 bytes), then
     # the (64, 64) f16 output buffer of the store's pl.run_scoped (8192), then barriers. JAX
     # reuses the pipeline's region for the output buffer once the pipeline's scope has ended

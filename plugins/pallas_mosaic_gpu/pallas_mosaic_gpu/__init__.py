@@ -41,6 +41,11 @@ from pallas_mosaic_gpu.primitives import (
     wgmma,
     wgmma_wait,
 )
+from pallas_mosaic_gpu.warp_specialized import (
+    WarpSpecializedPipeline,
+    emit_pipeline_warp_specialized,
+    set_max_registers,
+)
 from pallas_mosaic_gpu.refused import module_getattr as __getattr__  # noqa: F401 - refused names
 from pallas_mosaic_gpu.transforms import (
     BlockSpec,
@@ -57,3 +62,4 @@ __all__ = ["__version__", "ACC", "atomic_add", "atomic_and", "atomic_max", "atom
            "wait_smem_to_gmem", "wgmma", "wgmma_wait"]
 __all__ += ["BlockSpec", "find_swizzle", "LoweringSemantics", "nd_loop", "NDLoopInfo",
             "planar_snake", "SwizzleTransform", "TilingTransform", "transpose_ref"]
+__all__ += ["emit_pipeline_warp_specialized", "set_max_registers", "WarpSpecializedPipeline"]
