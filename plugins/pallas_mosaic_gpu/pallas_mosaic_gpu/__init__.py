@@ -41,11 +41,6 @@ from pallas_mosaic_gpu.primitives import (
     wgmma,
     wgmma_wait,
 )
-from pallas_mosaic_gpu.warp_specialized import (
-    WarpSpecializedPipeline,
-    emit_pipeline_warp_specialized,
-    set_max_registers,
-)
 from pallas_mosaic_gpu.refused import module_getattr as __getattr__  # noqa: F401 - refused names
 from pallas_mosaic_gpu.transforms import (
     BlockSpec,
@@ -53,6 +48,11 @@ from pallas_mosaic_gpu.transforms import (
     TilingTransform,
     find_swizzle,
     transpose_ref,
+)
+from pallas_mosaic_gpu.warp_specialized import (
+    WarpSpecializedPipeline,
+    emit_pipeline_warp_specialized,
+    set_max_registers,
 )
 
 __all__ = ["__version__", "ACC", "atomic_add", "atomic_and", "atomic_max", "atomic_min",
