@@ -7,11 +7,13 @@ the same kernel is lowered for ``cuda`` twice, by ``jax.experimental.pallas`` (i
 call's config, operand and result types and layouts, and the module's ``gpu.launch`` (grid,
 cluster, threads per block, dynamic shared memory) and target architecture.
 
-* JAX's kernel library (``hopper_matmul_mgpu``, ``ragged_dot_mgpu``, ``attention_mgpu``):
+* JAX's Hopper kernel library (``hopper_matmul_mgpu``, ``ragged_dot_mgpu``,
+  ``attention_mgpu``, ``hopper_mixed_type_matmul_mgpu``, ``transposed_ragged_dot_mgpu``):
   JAX's lowering is checked against the launch its parameters imply. The ported modules
-  (``porting.ported``) are lowered too and compared with it: ragged_dot's port lowers like
-  JAX's (the differences pinned with their reasons) and runs in the interpreter against
-  ``lax.ragged_dot``; the ports that do not lower yet (issue 17) are strict xfails naming
+  (``porting.ported``) are lowered too and compared with it: hopper_matmul's port (a
+  warp-specialised pipeline) lowers exactly like JAX's and ragged_dot's with pinned,
+  explained differences; both run in the interpreter against ``jnp.dot`` /
+  ``lax.ragged_dot``. The ports that do not lower yet (issue 17) are strict xfails naming
   what they lack.
 * This plugin's own kernels (``pallas_mosaic_gpu.kernels``), written again with JAX's
   ``plgpu``: the differences that remain are design choices, pinned exactly below.

@@ -37,7 +37,7 @@ def static_predicate(pred: Any) -> int | None:
         return int(pred)
     value = pred
     for _ in range(4):
-        owner = getattr(value, "owner", None)
+        owner: Any = getattr(value, "owner", None)
         name = getattr(owner, "name", None)
         if name == "arith.constant":
             attr = owner.attributes["value"]
