@@ -95,6 +95,9 @@ def emit_pipeline(body: Callable[..., Any], *, grid: Sequence[int],
     a block revisited by consecutive steps accumulates in SMEM. With ``init_carry`` the body
     takes the carry last and returns the next one; the pipeline returns the final carry.
 
+    ``grid`` entries may be int32 scalars known only at run time (read from a Ref): the
+    pipeline then has ``max_concurrent_steps`` slots and fetches ahead only existing steps.
+
     Specs may be ``plgpu.BlockSpec``s: their ``transforms`` are checked against the layout
     the backend gives the block, and ``delay_release=d`` keeps an input's buffer for ``d``
     more steps, so that the ``plgpu.wgmma`` a step issues on it may still run during the
