@@ -41,7 +41,7 @@ def ws_matmul(a: jax.Array, b: jax.Array, *, steps: int = 2, out_specs: Any = ()
     m, k = a.shape
     n = b.shape[1]
 
-    def body(a_gmem: Any, b_gmem: Any, o_gmem: Any) -> None:
+    def body(a_gmem: Any, b_gmem: Any, o_gmem: Any, out_smem: Any) -> None:
         wg = lax.axis_index("wg")
         cols = col(wg) if col is not None else pl.ds(wg * TILE, TILE)
 
@@ -54,14 +54,14 @@ def ws_matmul(a: jax.Array, b: jax.Array, *, steps: int = 2, out_specs: Any = ()
             return acc
 
         def context(run: Any) -> None:
-            def scope(acc: Any, out_smem: Any) -> None:
+            def scope(acc: Any) -> None:
                 run(acc)
-                out_smem[...] = acc[...].astype(o_gmem.dtype)
-                plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(out_smem, o_gmem.at[:, pl.ds(wg * TILE, TILE)])
+                out_smem[wg] = acc[...].astype(o_gmem.dtype)  # the scratch is shared: a half
+                plgpu.commit_smem()                           # of it per warpgroup
+                plgpu.copy_smem_to_gmem(out_smem.at[wg], o_gmem.at[:, pl.ds(wg * TILE, TILE)])
                 plgpu.wait_smem_to_gmem(0)
 
-            pl.run_scoped(scope, plgpu.ACC((m, TILE)), plgpu.SMEM((m, TILE), o_gmem.dtype))
+            pl.run_scoped(scope, plgpu.ACC((m, TILE)))
 
         pipeline = plgpu.emit_pipeline_warp_specialized(
             mma, grid=(k // TILE,), memory_registers=40, wg_axis="wg", num_compute_wgs=2,
@@ -72,7 +72,8 @@ def ws_matmul(a: jax.Array, b: jax.Array, *, steps: int = 2, out_specs: Any = ()
         pipeline(a_gmem, b_gmem)
 
     return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((m, n), a.dtype), num_threads=3,
-                        thread_name="wg")(a, b)  # type: ignore[no-any-return]
+                        thread_name="wg", scratch_types=[plgpu.SMEM((2, m, TILE), a.dtype)]
+                        )(a, b)  # type: ignore[no-any-return]
 
 
 def _operands(k: int = 256) -> tuple[jax.Array, jax.Array]:
@@ -107,9 +108,9 @@ def test_warp_specialized_matmul_lowers_with_its_roles() -> None:
     ((_, module),) = inspection.kernels(_lower(ws_matmul, a, b))
     launch = inspection.launch(module)
     assert launch["block"] == (384, 1, 1)
-    # A: 2 x (64, 64) f16, B: 2 x (64, 128) f16, the output buffer (64, 64) f16, then the
-    # full and consumed barriers (2 each); the ACC lives in registers.
-    assert launch["smem_bytes"] == 2 * 8192 + 2 * 16384 + 8192 + 4 * 8
+    # The output scratch 2 x (64, 64) f16, A: 2 x (64, 64) f16, B: 2 x (64, 128) f16, then
+    # the full and consumed barriers (2 each); the ACC lives in registers.
+    assert launch["smem_bytes"] == 2 * 8192 + 2 * 8192 + 2 * 16384 + 4 * 8
 
 
 def test_collective_run_scoped_is_shared_once() -> None:
@@ -190,5 +191,17 @@ def test_manual_consumed_barriers_lower_per_input() -> None:
     a, b = _operands()
     ((_, module),) = inspection.kernels(_lower(functools.partial(ws_matmul, manual=True),
                                                a, b))
-    assert inspection.launch(module)["smem_bytes"] == 2 * 8192 + 2 * 16384 + 8192 + 6 * 8
+    assert inspection.launch(module)["smem_bytes"] == 2 * 8192 + 2 * 8192 + 2 * 16384 + 6 * 8
     assert str(module).count("@$2 mbarrier.arrive.release") == 2
+
+
+def test_shared_memory_without_collective_axes_is_refused_with_warpgroups() -> None:
+    """As in JAX: a block of several warpgroups has one shared memory, so a run_scoped SMEM
+    buffer must say it is shared (the interpreter would give each warpgroup its own)."""
+    def body(o_gmem: Any) -> None:
+        pl.run_scoped(lambda buf: None, plgpu.SMEM((128,), F32))
+
+    fn = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((128,), F32), num_threads=2,
+                      thread_name="wg", backend="mosaic_gpu")
+    with pytest.raises(pl.UnsupportedError, match="collective_axes='wg'"):
+        _lower(fn)
