@@ -83,14 +83,15 @@ def enter_run_scoped(state: GPULowering, eqn: Any) -> None:
     """Checks a ``pl.run_scoped``'s ``collective_axes`` and, for one shared by the
     warpgroups, makes them meet first (a buffer of an earlier scope may share its memory)."""
     axes = tuple(eqn.params.get("collective_axes", ()))
-    mesh = getattr(state.call.compiler_params, "mesh", None)
+    mesh: Any = getattr(state.call.compiler_params, "mesh", None)
     thread = getattr(mesh, "thread_name", None)
+    threads = getattr(mesh, "num_threads", None) or 1
     if not axes:
         shared = [m for m in eqn.params["scoped"] if m.memory_space is not ACC_SPACE]
-        if shared and (getattr(mesh, "num_threads", None) or 1) > 1:
+        if shared and threads > 1:
             raise UnsupportedError(
                 f"kernel {state.call.name!r}: pl.run_scoped at {state.location} allocates "
-                f"shared memory in a kernel of {mesh.num_threads} warpgroups without "
+                f"shared memory in a kernel of {threads} warpgroups without "
                 "collective_axes; the block has one shared memory, so (as in JAX) such an "
                 f"allocation must be shared by its warpgroups. Fix: pass "
                 f"collective_axes={thread!r} (and index the buffer by warpgroup where each "
