@@ -49,6 +49,11 @@ from pallas_mosaic_gpu.transforms import (
     find_swizzle,
     transpose_ref,
 )
+from pallas_mosaic_gpu.warp_specialized import (
+    WarpSpecializedPipeline,
+    emit_pipeline_warp_specialized,
+    set_max_registers,
+)
 
 __all__ = ["__version__", "ACC", "atomic_add", "atomic_and", "atomic_max", "atomic_min",
            "atomic_or", "atomic_xor", "Barrier", "barrier_arrive", "barrier_wait", "commit_smem",
@@ -57,3 +62,4 @@ __all__ = ["__version__", "ACC", "atomic_add", "atomic_and", "atomic_max", "atom
            "wait_smem_to_gmem", "wgmma", "wgmma_wait"]
 __all__ += ["BlockSpec", "find_swizzle", "LoweringSemantics", "nd_loop", "NDLoopInfo",
             "planar_snake", "SwizzleTransform", "TilingTransform", "transpose_ref"]
+__all__ += ["emit_pipeline_warp_specialized", "set_max_registers", "WarpSpecializedPipeline"]
