@@ -20,7 +20,7 @@ from jax.experimental.mosaic import gpu as mgpu
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith
 
-from pallas_core import _jax
+from pallas_core import backend as _jax
 
 
 def _index(v: Any) -> ir.Value:

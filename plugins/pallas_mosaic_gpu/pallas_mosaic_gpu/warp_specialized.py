@@ -38,7 +38,8 @@ import jax.numpy as jnp
 from jax import lax
 
 import pallas_core as pl
-from pallas_core import _jax, semantics
+from pallas_core import backend as _jax
+from pallas_core import semantics
 from pallas_core.errors import PallasError, UnsupportedError
 from pallas_mosaic_gpu import primitives as gp
 from pallas_mosaic_gpu.params import SMEM, Barrier
