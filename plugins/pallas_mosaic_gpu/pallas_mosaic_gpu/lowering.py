@@ -468,8 +468,10 @@ def build(call: KernelCall) -> Callable[..., Any]:
                                              bm.dtype))
             smem.append(mgpu.TMABarrier(slots))
             buffers.append(("in", k, is_tileable(bm.ref_shape, bm.dtype)))
+    from pallas_mosaic_gpu import smem_reuse
+    reuse = smem_reuse.reused(call)  # outputs staged in an input's buffer
     for k, bm in enumerate(outs):
-        if _windowed(bm):
+        if _windowed(bm) and k not in reuse:
             smem.append(jax.ShapeDtypeStruct(buf_shape(bm.ref_shape, bm.dtype), bm.dtype))
             buffers.append(("out", k, is_tileable(bm.ref_shape, bm.dtype)))
     scratch_refs: list[Any] = []
@@ -524,7 +526,7 @@ def build(call: KernelCall) -> Callable[..., Any]:
                 if kind in ("smem", "smem_plain") else None
                 for kind, shape, dtype, _ in allocs]
         _emit(state, pl_, gmem, smem_refs[:n_main], buffers, scratch_refs, slots, steps,
-              params.delay_release)
+              params.delay_release, reuse)
 
     in_shapes = tuple(jax.ShapeDtypeStruct(ins[i].array_shape, ins[i].dtype) for i in plain_in)
     inout_shapes = tuple(jax.ShapeDtypeStruct(ins[i].array_shape, ins[i].dtype)
@@ -558,7 +560,7 @@ def build(call: KernelCall) -> Callable[..., Any]:
 
 def _emit(state: GPULowering, pl_: Plan, gmem: list[Any], smem: list[Any],
           buffers: list[tuple[str, int, Any]], scratch: list[Any], slots: int, steps: int,
-          delay: int) -> None:
+          delay: int, reuse: dict[int, tuple[int, int]]) -> None:
     call = state.call
     gm = call.grid_mapping
     ins, outs = _operands(call)
@@ -570,6 +572,8 @@ def _emit(state: GPULowering, pl_: Plan, gmem: list[Any], smem: list[Any],
             in_bufs[k] = (next(smem_it), next(smem_it), tiled)
         else:
             out_bufs[k] = (next(smem_it), tiled)
+    for j, (k, _) in reuse.items():  # one step per block (smem_reuse): slot 0
+        out_bufs[j] = (mgpu.memref_slice(in_bufs[k][0], index(0)), in_bufs[k][2])
     scratch_vals: list[Ref] = []
     for n, (kind, shape, dtype) in enumerate(scratch):
         if kind == "acc":
@@ -670,7 +674,9 @@ def _emit(state: GPULowering, pl_: Plan, gmem: list[Any], smem: list[Any],
         full = grid_indices(step)
         state.program_ids = full[gm.num_batch_axes:]
         state.axes = dict(zip(names, full)) if names else {}
-        lower_jaxpr(state, call.jaxpr.jaxpr, call.jaxpr.consts, [*block_refs, *scratch_vals])
+        from pallas_mosaic_gpu import smem_reuse
+        smem_reuse.lower_body(state, call.jaxpr.jaxpr, call.jaxpr.consts,
+                              [*block_refs, *scratch_vals], {at for _, at in reuse.values()})
         if in_bufs and steps > slots:
             # Refill the buffer step `step - delay` used with step `step - delay + slots`.
             nvvm.wgmma_wait_group_sync_aligned(delay)
