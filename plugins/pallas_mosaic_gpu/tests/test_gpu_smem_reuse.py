@@ -154,3 +154,15 @@ def test_sequential_grids_keep_their_buffers() -> None:
     with pytest.raises(pl.BlockSpecError, match="needs 262144 bytes"):
         _module(fn, S(x.shape, x.dtype))
     np.testing.assert_allclose(fn(x, backend="interpret"), x[:, :512] + x[:, 512:], rtol=1e-6)
+
+
+def test_the_seed_softmax_example_lowers_with_64_by_512_float32_blocks() -> None:
+    """``examples/softmax.py`` as written (its default 64-row blocks, 512 float32 columns)."""
+    from examples import softmax as seed
+
+    x = _rand((256, 512), 4)
+    (st,) = pl.stages(seed.softmax, x, backend="mosaic_gpu", target="sm_90a")
+    module = st["mosaic_gpu"].splitlines()
+    assert _smem_size(module) <= validation.SMEM_BYTES
+    np.testing.assert_allclose(seed.softmax(x), jax.nn.softmax(x, axis=-1), rtol=1e-5,
+                               atol=1e-6)
