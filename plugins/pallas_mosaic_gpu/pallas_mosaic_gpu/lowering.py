@@ -243,7 +243,9 @@ def store(ref: Ref, value: Any) -> None:
     if not isinstance(value, FA):
         value = splat(value, ref.shape, ref.dtype)
     if ref.tiled:
-        relayout(value, WGMMA).store_tiled(ref.memref, swizzle=SWIZZLE)
+        # Arrays read from TMEM (one row per thread) are stored in their own layout.
+        keep = value.layout in (mgpu.tcgen05.LAYOUT, mgpu.tcgen05.TMEM_NATIVE_LAYOUT)
+        (value if keep else relayout(value, WGMMA)).store_tiled(ref.memref, swizzle=SWIZZLE)
         return
     layout = layout_for(ref.shape)
     value = relayout(value, layout) if isinstance(value.layout, mgpu.WGSplatFragLayout) else value
@@ -355,13 +357,19 @@ def _windowed(bm: BlockMapping) -> bool:
     return not (bm.is_whole_array or bm.memory_space is GMEM)
 
 
-def _check_spaces(call: KernelCall) -> None:
-    for a in call.grid_mapping.scratch_avals:
-        if a.memory_space is TMEM:
-            raise UnsupportedError(
-                f"kernel {call.name!r} allocates TMEM, which only Blackwell (sm_100) GPUs "
-                "have; this backend targets Hopper (sm_90a). Fix: use SMEM or registers "
-                "(plgpu.ACC) on Hopper.")
+def _check_spaces(call: KernelCall) -> tuple[int, int]:
+    """The architecture to build ``call`` for (:mod:`targets`); a kernel using TMEM or tcgen05
+    is refused for Hopper."""
+    from pallas_mosaic_gpu import blackwell, targets
+
+    uses = blackwell.uses_blackwell(call)
+    arch, why = targets.choose(uses)
+    if uses and arch < targets.BLACKWELL:
+        raise UnsupportedError(
+            f"kernel {call.name!r} uses TMEM or tcgen05, which only Blackwell (sm_100a) GPUs "
+            f"have, but it is built for {targets.name(arch)} ({why}). Fix: use SMEM or "
+            "registers (plgpu.ACC, plgpu.wgmma) on Hopper, or target sm_100a.")
+    return arch
 
 
 def scoped_allocations(call: KernelCall
@@ -385,8 +393,9 @@ def scoped_allocations(call: KernelCall
                 allocs.append(("barrier", tuple(mref.shape), mref.dtype, space.num_arrivals))
             elif space is TMEM:
                 raise UnsupportedError(
-                    f"kernel {call.name!r}: pl.run_scoped allocates TMEM, which only "
-                    "Blackwell (sm_100) GPUs have. Fix: use SMEM or plgpu.ACC.")
+                    f"kernel {call.name!r}: pl.run_scoped allocates TMEM, which the "
+                    "mosaic_gpu backend does not support (TMEM is allocated for the whole "
+                    "kernel). Fix: allocate it in scratch_shapes, plgpu.TMEM((M, N), dtype).")
             elif space is GMEM:
                 raise UnsupportedError(
                     f"kernel {call.name!r}: pl.run_scoped allocates GMEM; the mosaic_gpu "
@@ -427,7 +436,7 @@ def aligned_smem(entries: Sequence[Any]) -> tuple[tuple[Any, ...], list[int]]:
             offset += -offset % to
 
     for i, entry in enumerate(entries):
-        if not isinstance(entry, barrier_types):
+        if not isinstance(entry, (*barrier_types, mgpu.TMEM)):
             pad(SMEM_ALIGNMENT)
             positions[i] = len(tree)
             tree.append(entry)
@@ -438,13 +447,18 @@ def aligned_smem(entries: Sequence[Any]) -> tuple[tuple[Any, ...], list[int]]:
             positions[i] = len(tree)
             tree.append(entry)
             offset += 8 * entry.num_barriers
+    for i, entry in enumerate(entries):
+        if isinstance(entry, mgpu.TMEM):  # the TMEM address, 4 bytes, after the barriers
+            positions[i] = len(tree)
+            tree.append(entry)
+            offset += 4
     return tuple(tree), positions
 
 
 def build(call: KernelCall) -> Callable[..., Any]:
     """The Mosaic GPU kernel of ``call`` as a function of its operands (``mgpu.as_gpu_kernel``);
     it must be called inside an MLIR context (see :func:`kernel_fn`)."""
-    _check_spaces(call)
+    arch = _check_spaces(call)
     gm = call.grid_mapping
     pl_ = plan(call)
     params = call.compiler_params if isinstance(call.compiler_params, GPUCompilerParams) else \
@@ -482,6 +496,9 @@ def build(call: KernelCall) -> Callable[..., Any]:
             scratch_refs.append(("barrier", shape, dtype))
         elif space is ACC_SPACE:
             scratch_refs.append(("acc", shape, dtype))
+        elif space is TMEM:
+            smem.append(mgpu.TMEM(tuple(shape), dtype))
+            scratch_refs.append(("tmem", shape, dtype))
         else:
             smem.append(jax.ShapeDtypeStruct(buf_shape(shape, dtype), dtype))
             scratch_refs.append(("smem", shape, dtype))
@@ -534,10 +551,12 @@ def build(call: KernelCall) -> Callable[..., Any]:
     out_shapes = tuple(jax.ShapeDtypeStruct(call.out_avals[j].shape, call.out_avals[j].dtype)
                        for j in plain_out)
     name = "".join(c if c.isalnum() or c == "_" else "_" for c in call.name) or "kernel"
+    from pallas_mosaic_gpu import targets
     try:
-        kernel = mgpu.as_gpu_kernel(body, pl_.grid, pl_.block, in_shapes, out_shapes,
-                                    smem_tree, cluster=pl_.cluster, module_name=name,
-                                    kernel_name=name, inout_shape=inout_shapes)
+        with targets.assume(arch):
+            kernel = mgpu.as_gpu_kernel(body, pl_.grid, pl_.block, in_shapes, out_shapes,
+                                        smem_tree, cluster=pl_.cluster, module_name=name,
+                                        kernel_name=name, inout_shape=inout_shapes)
     except (ValueError, NotImplementedError, TypeError, IndexError) as e:
         if isinstance(e, PallasError):
             raise
@@ -583,6 +602,8 @@ def _emit(state: GPULowering, pl_: Plan, gmem: list[Any], smem: list[Any],
             scratch_vals.append(Ref("acc", tuple(shape), dtype, acc_key=key))
         elif kind == "barrier":
             scratch_vals.append(Ref("barrier", tuple(shape), dtype, barrier=next(smem_it)))
+        elif kind == "tmem":
+            scratch_vals.append(Ref("tmem", tuple(shape), dtype, memref=next(smem_it)))
         else:
             scratch_vals.append(Ref("smem", tuple(shape), dtype, memref=next(smem_it),
                                     tiled=is_tileable(shape, dtype)))
@@ -1459,14 +1480,20 @@ def _copy_out(state: GPULowering, eqn: Any, *args: Any, **_: Any) -> Any:
 @rule(gp.barrier_wait_p, lazy=True)
 def _barrier_wait(state: GPULowering, eqn: Any, *args: Any, **_: Any) -> Any:
     (bar,) = _views(state, eqn, args)
-    bar.barrier.wait()
+    bar.barrier.wait(orders_tensor_core=_orders_tensor_core(eqn))
     return []
+
+
+def _orders_tensor_core(eqn: Any) -> bool:
+    """Whether the barrier of a wait or arrival is a ``Barrier(orders_tensor_core=True)``."""
+    space = getattr(eqn.invars[0].aval, "memory_space", None)
+    return bool(getattr(space, "orders_tensor_core", False))
 
 
 @rule(gp.barrier_arrive_p, lazy=True)
 def _barrier_arrive(state: GPULowering, eqn: Any, *args: Any, **_: Any) -> Any:
     (bar,) = _views(state, eqn, args)
-    bar.barrier.arrive()
+    bar.barrier.arrive(orders_tensor_core=_orders_tensor_core(eqn))
     return []
 
 

@@ -31,9 +31,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from jax.experimental.mosaic import gpu as mgpu
-
 from jax import lax
+from jax.experimental.mosaic import gpu as mgpu
 
 from pallas_core import _jax, mlir_lowering
 from pallas_core.request import KernelCall

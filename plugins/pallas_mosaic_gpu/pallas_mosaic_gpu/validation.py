@@ -10,7 +10,7 @@ from pallas_core.errors import BlockSpecError, UnsupportedError
 from pallas_core.request import KernelCall
 from pallas_mosaic_gpu import tma
 from pallas_mosaic_gpu.lowering import is_tileable
-from pallas_mosaic_gpu.params import ACC_SPACE, GMEM, BarrierSpace, GPUCompilerParams
+from pallas_mosaic_gpu.params import ACC_SPACE, GMEM, TMEM, BarrierSpace, GPUCompilerParams
 
 SMEM_BYTES = 227 * 1024
 """Shared memory one thread block may use on Hopper (sm_90)."""
@@ -81,6 +81,9 @@ def smem_bytes(call: KernelCall) -> int:
         used += buffers * _aligned(math.prod(bm.ref_shape) * np.dtype(bm.dtype).itemsize)
     for a in gm.scratch_avals:
         if a.memory_space is GMEM or a.memory_space is ACC_SPACE:
+            continue
+        if a.memory_space is TMEM:
+            used += 4  # TMEM itself is not shared memory; its address is kept there
             continue
         size = math.prod(a.inner_aval.shape) * np.dtype(a.inner_aval.dtype).itemsize
         used += (8 * a.inner_aval.shape[0] if isinstance(a.memory_space, BarrierSpace)
