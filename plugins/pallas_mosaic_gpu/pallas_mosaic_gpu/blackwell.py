@@ -309,10 +309,18 @@ def _load_rule(state: Any, eqn: Any, *args: Any, dtype: Any, **_: Any) -> Any:
 @lowering.rule(async_store_tmem_p, lazy=True)
 def _store_rule(state: Any, eqn: Any, *args: Any, **_: Any) -> Any:
     (view,) = _role_views(state, eqn, args)
-    value = state.value(args[-1])
-    if not isinstance(value, lowering.FA):
-        value = lowering.splat(value, view.shape, view.dtype)
+    value = args[-1]
     try:
+        if isinstance(value, lowering.Loaded) and not value.transposed:
+            # Read straight from SMEM in the layout TMEM stores take (one row per thread).
+            ref, signed = value.ref, lowering.signed(value.ref.dtype)
+            value = lowering.FA.load_tiled(ref.memref, swizzle=lowering.SWIZZLE,
+                                           is_signed=signed, layout=tcgen05.LAYOUT) \
+                if ref.tiled else lowering.FA.load_untiled(
+                    ref.memref, layout=tcgen05.LAYOUT, is_signed=signed, optimized=False)
+        value = state.value(value)
+        if not isinstance(value, lowering.FA):
+            value = lowering.splat(value, view.shape, view.dtype)
         view.memref.store(lowering.relayout(value, tcgen05.LAYOUT))
     except (NotImplementedError, ValueError) as e:
         raise state.fail(f"this TMEM write ({e})") from None

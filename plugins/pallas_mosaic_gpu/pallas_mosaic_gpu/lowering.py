@@ -249,7 +249,8 @@ def store(ref: Ref, value: Any) -> None:
         return
     layout = layout_for(ref.shape)
     value = relayout(value, layout) if isinstance(value.layout, mgpu.WGSplatFragLayout) else value
-    if value.layout == WGMMA:
+    if value.layout == WGMMA or (ref.kind == "gmem" and value.layout in (
+            mgpu.tcgen05.LAYOUT, mgpu.tcgen05.TMEM_NATIVE_LAYOUT)):
         value.store_untiled(ref.memref, optimized=False)
     else:
         value.store_untiled(ref.memref)
