@@ -266,12 +266,14 @@ def kernel(body: Callable[..., None] | None = None, out_shape: Any = None, *,
            cluster: Sequence[int] = (), cluster_names: Sequence[str] = (),
            num_threads: int | None = None, thread_name: str | None = None,
            name: str | None = None, backend: str | None = None, interpret: Any = False,
-           out_type: Any = None, scratch_types: Any = None, **kwargs: Any) -> Any:
+           out_type: Any = None, scratch_types: Any = None, kernel_name: str | None = None,
+           **kwargs: Any) -> Any:
     """Runs ``body(*in_refs, *out_refs, *scratch_refs)`` on every thread block of ``grid``
     (and every warpgroup of a block with ``num_threads``). Inputs and outputs are whole
     arrays in ``GMEM``; ``jax.lax.axis_index(name)`` reads a grid, cluster or thread axis.
     ``out_type`` and ``scratch_types`` are JAX's newer names of ``out_shape`` and
-    ``scratch_shapes``. Usable directly or as a decorator factory."""
+    ``scratch_shapes``, ``kernel_name`` (a field of JAX's ``plgpu.Mesh``) that of ``name``.
+    Usable directly or as a decorator factory."""
     from pallas_core.kernel import kernel as core_kernel
     from pallas_core.spec import Mesh as CoreMesh
 
@@ -304,7 +306,7 @@ def kernel(body: Callable[..., None] | None = None, out_shape: Any = None, *,
     def decorate(fn: Callable[..., None]) -> Any:
         return core_kernel(fn, out_shape, mesh=CoreMesh(names, sizes, backend=NAME),
                            scratch_shapes=scratch_shapes, compiler_params=params,
-                           name=name or getattr(fn, "__name__", "kernel"),
+                           name=name or kernel_name or getattr(fn, "__name__", "kernel"),
                            backend=backend, interpret=interpret)
 
     return decorate if body is None else decorate(body)

@@ -22,7 +22,8 @@ _BLACKWELL = ("the Blackwell (sm_100a) path here covers TMEM scratch, tcgen05_mm
 _DEVICES = ("this backend has no multi-device support (remote Refs, multicast, multimem, GPU "
             "semaphores)", "communicate outside the kernel with collectives (jax.lax.psum, "
                            "jax.lax.ppermute under shard_map)")
-_CLC = ("cluster launch control (dynamic scheduling of blocks) is Blackwell's (sm_100)",
+_CLC = ("cluster launch control (dynamic scheduling of blocks, Blackwell's) is not part of "
+        "this backend's Blackwell (sm_100a) path",
         "in a plgpu.kernel, loop with lax.fori_loop over a static share of the work")
 _LAYOUTS = ("the backend chooses register layouts itself (2-D arrays whose shape is a multiple "
             "of (64, 8) use the wgmma layout, other arrays a strided one)", "drop it")

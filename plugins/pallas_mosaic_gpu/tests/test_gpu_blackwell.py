@@ -134,7 +134,7 @@ def test_targets() -> None:
     (st,) = pl.stages(mma, a, b, backend="mosaic_gpu", target="sm_100a")
     assert "mosaic_gpu.arch_major = 10 : i32" in st["mosaic_gpu"]
     (st,) = pl.stages(mma, a, b, backend="mosaic_gpu", target="sm_90a")
-    with pytest.raises(pl.UnsupportedError, match="sm_90a.*the target given to pl.stages"):
+    with pytest.raises(pl.UnsupportedError, match=r"sm_90a.*the target given to pl\.stages"):
         st["mosaic_gpu"]
     x = _rand(8, (256, 128), F32)
     for target, major in ((None, 9), ("sm_90a", 9), ("sm_100a", 10)):
