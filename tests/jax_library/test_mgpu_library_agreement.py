@@ -442,7 +442,7 @@ def test_jax_lowers_blackwell_matmul_on_cpu(collective: bool) -> None:
         else:
             with targets.assume(assumed):
                 text = _blackwell_matmul(lib, collective)
-        config, module = _one_kernel(text)
+        _config, module = _one_kernel(text)
         got = inspection.launch(module)
         assert got["arch"] == arch and got["block"] == (256, 1, 1)
         assert got["cluster"] == ((2, 1, 1) if collective else (1, 1, 1))
