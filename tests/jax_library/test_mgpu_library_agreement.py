@@ -17,6 +17,10 @@ cluster, threads per block, dynamic shared memory) and target architecture.
   what they lack.
 * This plugin's own kernels (``pallas_mosaic_gpu.kernels``), written again with JAX's
   ``plgpu``: the differences that remain are design choices, pinned exactly below.
+* Blackwell (sm_100a): JAX's blackwell_matmul and blackwell_ragged_dot as JAX lowers them on
+  CPU (what they need, which architecture the module says), this plugin's Blackwell matmul
+  against the same kernel written with JAX's ``plgpu`` (identical), and the port of
+  blackwell_matmul as a strict xfail naming what it lacks.
 """
 
 from __future__ import annotations
@@ -429,3 +433,158 @@ def test_a_difference_is_reported() -> None:
         inspection.assert_same_kernel(ours, theirs)
     with pytest.raises(AssertionError, match="smem_bytes"):
         inspection.assert_same_kernel(ours, ours, {"smem_bytes": (1, 2)})
+
+
+# --- Blackwell (sm_100a) ----------------------------------------------------------------------
+#
+# Without a GPU, JAX's Mosaic GPU library builds every module for 9.0 (the device it would
+# ask is a CPU), even one full of tcgen05 instructions; targets.assume gives it an sm_100a
+# device to ask, as a Blackwell machine would. This backend builds TMEM/tcgen05 kernels for
+# sm_100a on its own (pallas_mosaic_gpu.targets).
+
+BLACKWELL_SMS = 148  # blackwell_ragged_dot asks the device for its SM count
+
+
+def _jax_blackwell_matmul(a: jax.Array, b: jax.Array, tile: int = 128, tile_k: int = 64,
+                          steps: int = 2) -> jax.Array:
+    """BK.matmul as JAX writes it (the layout this plugin picks for the SMEM tiles spelled
+    out): TMA into `steps` slots, tcgen05_mma into TMEM, TMEM -> registers -> SMEM -> TMA."""
+    (m, k), n = a.shape, b.shape[1]
+    n_iters, k_iters = n // tile, k // tile_k
+    swizzled = (jgpu.TilingTransform((8, 64)), jgpu.SwizzleTransform(128))
+
+    def kernel(a_gmem: Any, b_gmem: Any, out_gmem: Any, a_smem: Any, b_smem: Any,
+               acc_tmem: Any, out_smem: Any, loaded: Any, consumed: Any, done: Any) -> None:
+        idx = lax.axis_index("tiles")
+        rows, cols = jpl.ds((idx // n_iters) * tile, tile), jpl.ds((idx % n_iters) * tile, tile)
+
+        def fetch(ki: Any, slot: Any) -> None:
+            ks = jpl.ds(ki * tile_k, tile_k)
+            jgpu.copy_gmem_to_smem(a_gmem.at[rows, ks], a_smem.at[slot], loaded.at[slot])
+            jgpu.copy_gmem_to_smem(b_gmem.at[ks, cols], b_smem.at[slot], loaded.at[slot])
+
+        for s in range(min(steps, k_iters)):
+            fetch(s, s)
+
+        def step(ki: Any, carry: Any) -> Any:
+            slot = lax.rem(ki, steps)
+            jgpu.barrier_wait(loaded.at[slot])
+            jgpu.tcgen05_mma(acc_tmem, a_smem.at[slot], b_smem.at[slot], consumed.at[slot],
+                             accumulate=ki > 0)
+
+            @jpl.when(ki + steps < k_iters)
+            def _refill() -> None:
+                jgpu.barrier_wait(consumed.at[slot])
+                fetch(ki + steps, slot)
+            return carry
+
+        lax.fori_loop(0, k_iters, step, None)
+        jgpu.tcgen05_commit_arrive(done.at[0])
+        jgpu.barrier_wait(done.at[0])
+        out_smem[...] = jgpu.async_load_tmem(acc_tmem).astype(out_smem.dtype)
+        jgpu.wait_load_tmem()
+        jgpu.commit_smem()
+        jgpu.copy_smem_to_gmem(out_smem, out_gmem.at[rows, cols])
+        jgpu.wait_smem_to_gmem(0)
+
+    return jgpu.kernel(  # type: ignore[no-any-return]
+        kernel, out_type=S((m, n), a.dtype), grid=((m // tile) * n_iters,),
+        grid_names=("tiles",), scratch_types=[
+            jgpu.SMEM((steps, tile, tile_k), a.dtype, transforms=swizzled),
+            jgpu.SMEM((steps, tile_k, tile), a.dtype, transforms=swizzled),
+            jgpu.TMEM((tile, tile), F32),
+            jgpu.SMEM((tile, tile), a.dtype, transforms=swizzled),
+            jgpu.Barrier(num_arrivals=2, num_barriers=steps),
+            jgpu.Barrier(num_barriers=steps, orders_tensor_core=True),
+            jgpu.Barrier(orders_tensor_core=True)])(a, b)
+
+
+def test_blackwell_matmul_launches_like_jax() -> None:
+    """The same kernel, ours and JAX's, both for sm_100a: identical launch, call and SMEM."""
+    from pallas_mosaic_gpu import blackwell_kernels as BK  # noqa: N812
+    from pallas_mosaic_gpu import targets
+
+    args = (S((256, 512), F16), S((512, 256), F16))
+    ours = _one_kernel(_lower(functools.partial(BK.matmul, backend="mosaic_gpu"), *args))
+    with targets.assume(targets.BLACKWELL):
+        theirs = _one_kernel(_lower(_jax_blackwell_matmul, *args))
+    inspection.assert_same_kernel(ours, theirs)
+    assert inspection.launch(ours[1])["arch"] == (10, 0)
+    # The same buffers at the same offsets (JAX adds one view of its whole region).
+    assert set(inspection.smem_buffers(ours[1])) == {
+        b for b in inspection.smem_buffers(theirs[1]) if "98304xi8" not in b[1]}
+    # JAX's lowering without an assumed device marks the same module 9.0.
+    assert inspection.launch(_one_kernel(_lower(_jax_blackwell_matmul, *args))[1])["arch"] \
+        == (9, 0)
+
+
+def _blackwell_matmul(lib: types.ModuleType, collective: bool) -> str:
+    config = lib.TuningConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2,
+                              collective=collective)
+    return _lower(lambda a, b: lib.matmul_kernel(a, b, config), S((512, 512), F16),
+                  S((512, 512), F16))
+
+
+@pytest.mark.parametrize("collective", [False, True])
+def test_jax_lowers_blackwell_matmul_on_cpu(collective: bool) -> None:
+    """JAX's blackwell_matmul_mgpu lowers on this CPU machine: a persistent kernel (cluster
+    launch control) of 2 warpgroups, with TMEM and tcgen05; marked 9.0 unless a Blackwell
+    device is assumed."""
+    from pallas_mosaic_gpu import targets
+
+    lib = _library("blackwell_matmul_mgpu", ours=False)
+    for assumed, arch in ((None, (9, 0)), (targets.BLACKWELL, (10, 0))):
+        if assumed is None:
+            text = _blackwell_matmul(lib, collective)
+        else:
+            with targets.assume(assumed):
+                text = _blackwell_matmul(lib, collective)
+        _config, module = _one_kernel(text)
+        got = inspection.launch(module)
+        assert got["arch"] == arch and got["block"] == (256, 1, 1)
+        assert got["cluster"] == ((2, 1, 1) if collective else (1, 1, 1))
+        body = str(module)
+        assert "tcgen05.mma" in body and "clusterlaunchcontrol.try_cancel" in body
+
+
+def test_jax_blackwell_ragged_dot_needs_an_sm_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """JAX's blackwell_ragged_dot_mgpu asks ``jax.local_devices()[0].core_count``, which a CPU
+    device lacks; given one, its collective form lowers (its non-collective form reads the
+    cluster axis "x", which only the collective launch has, and fails in JAX itself)."""
+    lib = _library("blackwell_ragged_dot_mgpu", ours=False)
+    matmul = _library("blackwell_matmul_mgpu", ours=False)
+
+    def lower(collective: bool) -> str:
+        config = lib.TuningConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2,
+                                  collective=collective, grid_tile_width=1,
+                                  grid_minor_dim=matmul.MatmulDimension.N)
+        return _lower(lambda a, b, g: lib.ragged_dot_kernel(a, b, g, config),
+                      S((512, 512), F16), S((4, 512, 512), F16), S((4,), jnp.int32))
+
+    with pytest.raises(AttributeError) as info:  # a CPU device has no core_count
+        lower(True)
+    assert info.traceback[-1].statement.lines[-1].strip().endswith(".core_count")
+    monkeypatch.setattr(jax, "local_devices",
+                        lambda *a, **k: [types.SimpleNamespace(core_count=BLACKWELL_SMS)])
+    got = inspection.launch(_one_kernel(lower(True))[1])
+    assert got["grid"] == (BLACKWELL_SMS, 1, 1) and got["cluster"] == (2, 1, 1)
+    with pytest.raises(NameError, match="unbound axis name: x"):
+        lower(False)
+
+
+BLACKWELL_PORT_GAP = (
+    "plgpu lacks dynamic_scheduling_loop (cluster launch control) and pl.core_map over "
+    "plgpu.WarpMesh (a TMA warp and an MMA warp); the collective form also needs "
+    "ClusterBarrier, CopyPartition and collective TMEM/tcgen05_mma (2-CTA)")
+
+
+@pytest.mark.xfail(strict=True, raises=pl.UnsupportedError, reason=BLACKWELL_PORT_GAP)
+@pytest.mark.parametrize("collective", [False, True])
+def test_blackwell_matmul_port_lowers_like_jax(collective: bool) -> None:
+    from pallas_mosaic_gpu import targets
+
+    ours = _one_kernel(_blackwell_matmul(_library("blackwell_matmul_mgpu", True), collective))
+    with targets.assume(targets.BLACKWELL):
+        theirs = _one_kernel(_blackwell_matmul(_library("blackwell_matmul_mgpu", False),
+                                               collective))
+    inspection.assert_same_kernel(ours, theirs)

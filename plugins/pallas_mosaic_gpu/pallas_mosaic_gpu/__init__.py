@@ -1,12 +1,21 @@
 """The Mosaic GPU backend of pallas (``import pallas_mosaic_gpu as plgpu``).
 
-Kernels are built with JAX's Mosaic GPU library for Hopper (sm_90a) and emitted as the
+Kernels are built with JAX's Mosaic GPU library for Hopper (sm_90a), or Blackwell (sm_100a)
+when they use TMEM and tcgen05, and emitted as the
 ``mosaic_gpu_v2`` custom call JAX's CUDA runtime executes. Lowering needs no GPU:
 ``jax.jit(f).trace(*a).lower(lowering_platforms=("cuda",))``.
 """
 
 from __future__ import annotations
 
+from pallas_mosaic_gpu.blackwell import (
+    async_load_tmem,
+    async_store_tmem,
+    commit_tmem,
+    tcgen05_commit_arrive,
+    tcgen05_mma,
+    wait_load_tmem,
+)
 from pallas_mosaic_gpu.loops import NDLoopInfo, nd_loop, planar_snake
 from pallas_mosaic_gpu.params import (
     ACC,
@@ -63,3 +72,5 @@ __all__ = ["__version__", "ACC", "atomic_add", "atomic_and", "atomic_max", "atom
 __all__ += ["BlockSpec", "find_swizzle", "LoweringSemantics", "nd_loop", "NDLoopInfo",
             "planar_snake", "SwizzleTransform", "TilingTransform", "transpose_ref"]
 __all__ += ["emit_pipeline_warp_specialized", "set_max_registers", "WarpSpecializedPipeline"]
+__all__ += ["async_load_tmem", "async_store_tmem", "commit_tmem", "tcgen05_commit_arrive",
+            "tcgen05_mma", "wait_load_tmem"]

@@ -244,11 +244,14 @@ def store(ref: Ref, value: Any) -> None:
     if not isinstance(value, FA):
         value = splat(value, ref.shape, ref.dtype)
     if ref.tiled:
-        relayout(value, WGMMA).store_tiled(ref.memref, swizzle=SWIZZLE)
+        # Arrays read from TMEM (one row per thread) are stored in their own layout.
+        keep = value.layout in (mgpu.tcgen05.LAYOUT, mgpu.tcgen05.TMEM_NATIVE_LAYOUT)
+        (value if keep else relayout(value, WGMMA)).store_tiled(ref.memref, swizzle=SWIZZLE)
         return
     layout = layout_for(ref.shape)
     value = relayout(value, layout) if isinstance(value.layout, mgpu.WGSplatFragLayout) else value
-    if value.layout == WGMMA:
+    if value.layout == WGMMA or (ref.kind == "gmem" and value.layout in (
+            mgpu.tcgen05.LAYOUT, mgpu.tcgen05.TMEM_NATIVE_LAYOUT)):
         value.store_untiled(ref.memref, optimized=False)
     else:
         value.store_untiled(ref.memref)
@@ -356,13 +359,19 @@ def _windowed(bm: BlockMapping) -> bool:
     return not (bm.is_whole_array or bm.memory_space is GMEM)
 
 
-def _check_spaces(call: KernelCall) -> None:
-    for a in call.grid_mapping.scratch_avals:
-        if a.memory_space is TMEM:
-            raise UnsupportedError(
-                f"kernel {call.name!r} allocates TMEM, which only Blackwell (sm_100) GPUs "
-                "have; this backend targets Hopper (sm_90a). Fix: use SMEM or registers "
-                "(plgpu.ACC) on Hopper.")
+def _check_spaces(call: KernelCall) -> tuple[int, int]:
+    """The architecture to build ``call`` for (:mod:`targets`); a kernel using TMEM or tcgen05
+    is refused for Hopper."""
+    from pallas_mosaic_gpu import blackwell, targets
+
+    uses = blackwell.uses_blackwell(call)
+    arch, why = targets.choose(uses)
+    if uses and arch < targets.BLACKWELL:
+        raise UnsupportedError(
+            f"kernel {call.name!r} uses TMEM or tcgen05, which only Blackwell (sm_100a) GPUs "
+            f"have, but it is built for {targets.name(arch)} ({why}). Fix: use SMEM or "
+            "registers (plgpu.ACC, plgpu.wgmma) on Hopper, or target sm_100a.")
+    return arch
 
 
 def scoped_allocations(call: KernelCall
@@ -386,8 +395,9 @@ def scoped_allocations(call: KernelCall
                 allocs.append(("barrier", tuple(mref.shape), mref.dtype, space.num_arrivals))
             elif space is TMEM:
                 raise UnsupportedError(
-                    f"kernel {call.name!r}: pl.run_scoped allocates TMEM, which only "
-                    "Blackwell (sm_100) GPUs have. Fix: use SMEM or plgpu.ACC.")
+                    f"kernel {call.name!r}: pl.run_scoped allocates TMEM, which the "
+                    "mosaic_gpu backend does not support (TMEM is allocated for the whole "
+                    "kernel). Fix: allocate it in scratch_shapes, plgpu.TMEM((M, N), dtype).")
             elif space is GMEM:
                 raise UnsupportedError(
                     f"kernel {call.name!r}: pl.run_scoped allocates GMEM; the mosaic_gpu "
@@ -429,7 +439,7 @@ def aligned_smem(entries: Sequence[Any]) -> tuple[tuple[Any, ...], list[int]]:
             offset += -offset % to
 
     for i, entry in enumerate(entries):
-        if not isinstance(entry, barrier_types):
+        if not isinstance(entry, (*barrier_types, mgpu.TMEM)):
             pad(SMEM_ALIGNMENT)
             positions[i] = len(tree)
             tree.append(entry)
@@ -440,13 +450,18 @@ def aligned_smem(entries: Sequence[Any]) -> tuple[tuple[Any, ...], list[int]]:
             positions[i] = len(tree)
             tree.append(entry)
             offset += 8 * entry.num_barriers
+    for i, entry in enumerate(entries):
+        if isinstance(entry, mgpu.TMEM):  # the TMEM address, 4 bytes, after the barriers
+            positions[i] = len(tree)
+            tree.append(entry)
+            offset += 4
     return tuple(tree), positions
 
 
 def build(call: KernelCall) -> Callable[..., Any]:
     """The Mosaic GPU kernel of ``call`` as a function of its operands (``mgpu.as_gpu_kernel``);
     it must be called inside an MLIR context (see :func:`kernel_fn`)."""
-    _check_spaces(call)
+    arch = _check_spaces(call)
     gm = call.grid_mapping
     pl_ = plan(call)
     params = call.compiler_params if isinstance(call.compiler_params, GPUCompilerParams) else \
@@ -470,8 +485,10 @@ def build(call: KernelCall) -> Callable[..., Any]:
                                              bm.dtype))
             smem.append(mgpu.TMABarrier(slots))
             buffers.append(("in", k, is_tileable(bm.ref_shape, bm.dtype)))
+    from pallas_mosaic_gpu import smem_reuse
+    reuse = smem_reuse.reused(call)  # outputs staged in an input's buffer
     for k, bm in enumerate(outs):
-        if _windowed(bm):
+        if _windowed(bm) and k not in reuse:
             smem.append(jax.ShapeDtypeStruct(buf_shape(bm.ref_shape, bm.dtype), bm.dtype))
             buffers.append(("out", k, is_tileable(bm.ref_shape, bm.dtype)))
     scratch_refs: list[Any] = []
@@ -482,6 +499,9 @@ def build(call: KernelCall) -> Callable[..., Any]:
             scratch_refs.append(("barrier", shape, dtype))
         elif space is ACC_SPACE:
             scratch_refs.append(("acc", shape, dtype))
+        elif space is TMEM:
+            smem.append(mgpu.TMEM(tuple(shape), dtype))
+            scratch_refs.append(("tmem", shape, dtype))
         else:
             smem.append(jax.ShapeDtypeStruct(buf_shape(shape, dtype), dtype))
             scratch_refs.append(("smem", shape, dtype))
@@ -526,7 +546,7 @@ def build(call: KernelCall) -> Callable[..., Any]:
                 if kind in ("smem", "smem_plain") else None
                 for kind, shape, dtype, _ in allocs]
         _emit(state, pl_, gmem, smem_refs[:n_main], buffers, scratch_refs, slots, steps,
-              params.delay_release)
+              params.delay_release, reuse)
 
     in_shapes = tuple(jax.ShapeDtypeStruct(ins[i].array_shape, ins[i].dtype) for i in plain_in)
     inout_shapes = tuple(jax.ShapeDtypeStruct(ins[i].array_shape, ins[i].dtype)
@@ -534,10 +554,12 @@ def build(call: KernelCall) -> Callable[..., Any]:
     out_shapes = tuple(jax.ShapeDtypeStruct(call.out_avals[j].shape, call.out_avals[j].dtype)
                        for j in plain_out)
     name = "".join(c if c.isalnum() or c == "_" else "_" for c in call.name) or "kernel"
+    from pallas_mosaic_gpu import targets
     try:
-        kernel = mgpu.as_gpu_kernel(body, pl_.grid, pl_.block, in_shapes, out_shapes,
-                                    smem_tree, cluster=pl_.cluster, module_name=name,
-                                    kernel_name=name, inout_shape=inout_shapes)
+        with targets.assume(arch):
+            kernel = mgpu.as_gpu_kernel(body, pl_.grid, pl_.block, in_shapes, out_shapes,
+                                        smem_tree, cluster=pl_.cluster, module_name=name,
+                                        kernel_name=name, inout_shape=inout_shapes)
     except (ValueError, NotImplementedError, TypeError, IndexError) as e:
         if isinstance(e, PallasError):
             raise
@@ -560,7 +582,7 @@ def build(call: KernelCall) -> Callable[..., Any]:
 
 def _emit(state: GPULowering, pl_: Plan, gmem: list[Any], smem: list[Any],
           buffers: list[tuple[str, int, Any]], scratch: list[Any], slots: int, steps: int,
-          delay: int) -> None:
+          delay: int, reuse: dict[int, tuple[int, int]]) -> None:
     call = state.call
     gm = call.grid_mapping
     ins, outs = _operands(call)
@@ -572,6 +594,8 @@ def _emit(state: GPULowering, pl_: Plan, gmem: list[Any], smem: list[Any],
             in_bufs[k] = (next(smem_it), next(smem_it), tiled)
         else:
             out_bufs[k] = (next(smem_it), tiled)
+    for j, (k, _) in reuse.items():  # one step per block (smem_reuse): slot 0
+        out_bufs[j] = (mgpu.memref_slice(in_bufs[k][0], index(0)), in_bufs[k][2])
     scratch_vals: list[Ref] = []
     for n, (kind, shape, dtype) in enumerate(scratch):
         if kind == "acc":
@@ -581,6 +605,8 @@ def _emit(state: GPULowering, pl_: Plan, gmem: list[Any], smem: list[Any],
             scratch_vals.append(Ref("acc", tuple(shape), dtype, acc_key=key))
         elif kind == "barrier":
             scratch_vals.append(Ref("barrier", tuple(shape), dtype, barrier=next(smem_it)))
+        elif kind == "tmem":
+            scratch_vals.append(Ref("tmem", tuple(shape), dtype, memref=next(smem_it)))
         else:
             scratch_vals.append(Ref("smem", tuple(shape), dtype, memref=next(smem_it),
                                     tiled=is_tileable(shape, dtype)))
@@ -672,7 +698,9 @@ def _emit(state: GPULowering, pl_: Plan, gmem: list[Any], smem: list[Any],
         full = grid_indices(step)
         state.program_ids = full[gm.num_batch_axes:]
         state.axes = dict(zip(names, full)) if names else {}
-        lower_jaxpr(state, call.jaxpr.jaxpr, call.jaxpr.consts, [*block_refs, *scratch_vals])
+        from pallas_mosaic_gpu import smem_reuse
+        smem_reuse.lower_body(state, call.jaxpr.jaxpr, call.jaxpr.consts,
+                              [*block_refs, *scratch_vals], {at for _, at in reuse.values()})
         if in_bufs and steps > slots:
             # Refill the buffer step `step - delay` used with step `step - delay + slots`.
             nvvm.wgmma_wait_group_sync_aligned(delay)
@@ -1459,14 +1487,20 @@ def _copy_out(state: GPULowering, eqn: Any, *args: Any, **_: Any) -> Any:
 @rule(gp.barrier_wait_p, lazy=True)
 def _barrier_wait(state: GPULowering, eqn: Any, *args: Any, **_: Any) -> Any:
     (bar,) = _views(state, eqn, args)
-    bar.barrier.wait()
+    bar.barrier.wait(orders_tensor_core=_orders_tensor_core(eqn))
     return []
+
+
+def _orders_tensor_core(eqn: Any) -> bool:
+    """Whether the barrier of a wait or arrival is a ``Barrier(orders_tensor_core=True)``."""
+    space = getattr(eqn.invars[0].aval, "memory_space", None)
+    return bool(getattr(space, "orders_tensor_core", False))
 
 
 @rule(gp.barrier_arrive_p, lazy=True)
 def _barrier_arrive(state: GPULowering, eqn: Any, *args: Any, **_: Any) -> Any:
     (bar,) = _views(state, eqn, args)
-    warp_specialized_lowering.arrive_once(bar.barrier)
+    warp_specialized_lowering.arrive_once(bar.barrier, _orders_tensor_core(eqn))
     return []
 
 

@@ -39,8 +39,33 @@ class SharedMemorySpace(MemorySpace):
 
 SMEM = SharedMemorySpace("SMEM", backend=NAME)
 """Shared memory of one thread block: pipelined blocks and scratch buffers."""
-TMEM = MemorySpace("TMEM", backend=NAME)
-"""Tensor memory (Blackwell, sm_100 and newer); refused on Hopper targets."""
+@dataclasses.dataclass(frozen=True)
+class TensorMemorySpace(MemorySpace):
+    """Tensor memory (``plgpu.TMEM``); its scratch buffers take JAX's keyword arguments."""
+
+    def __call__(self, shape: Sequence[int], dtype: Any, *, transforms: Sequence[Any] = (),
+                 packed: bool | None = None, collective: bool | None = None,
+                 layout: Any = None) -> MemoryRef:
+        """A TMEM buffer of ``shape`` (rows, columns) and a 32-bit ``dtype``. Collective
+        (2-CTA) buffers, packed 16-bit buffers and explicit layouts are refused."""
+        from pallas_core.errors import UnsupportedError
+
+        what = f"plgpu.TMEM({tuple(shape)}, {np.dtype(dtype).name})"
+        if transforms:
+            raise PallasError(f"{what}: TMEM buffers take no transforms. Fix: drop them.")
+        if collective or packed or layout is not None:
+            raise UnsupportedError(
+                f"{what} with collective=, packed= or layout= is not supported by the "
+                "mosaic_gpu backend (one block's TMEM of 32-bit elements, in the library's "
+                "default layout). Fix: drop them and use a float32 or int32 buffer.")
+        if np.dtype(dtype).itemsize != 4 or len(tuple(shape)) != 2:
+            raise UnsupportedError(f"{what}: TMEM buffers here are 2-D and 32-bit. Fix: e.g. "
+                                   "plgpu.TMEM((128, 128), jnp.float32).")
+        return super().__call__(shape, dtype)
+
+
+TMEM = TensorMemorySpace("TMEM", backend=NAME)
+"""Tensor memory (Blackwell, sm_100a): kernels that allocate it are built for sm_100a."""
 ACC_SPACE = MemorySpace("ACC", backend=NAME, zeroed=True)
 """Warpgroup-matmul accumulators held in registers (see :func:`ACC`)."""
 
@@ -51,6 +76,9 @@ class BarrierSpace(MemorySpace):
     ``num_arrivals`` arrivals. The interpreter counts completed phases in an int32."""
 
     num_arrivals: int = 1
+    orders_tensor_core: bool = False
+    """Waits and arrivals also order tcgen05 work (``tcgen05.fence``), as Blackwell needs of
+    barriers that tcgen05 matmuls complete."""
 
 
 LANE = "lane"
@@ -207,11 +235,14 @@ class Barrier:
     ``copy_gmem_to_smem``, once the copy's bytes have landed.
 
     ``num_threads=`` is an older spelling of ``num_arrivals`` and means the same.
+    ``orders_tensor_core=True`` (Blackwell) makes waits and arrivals order tcgen05 work too;
+    barriers given to ``tcgen05_mma`` and ``tcgen05_commit_arrive`` need it.
     """
 
     num_arrivals: int = 1
     num_barriers: int = 1
     num_threads: dataclasses.InitVar[int | None] = None
+    orders_tensor_core: bool = False
 
     def __post_init__(self, num_threads: int | None) -> None:
         if num_threads is not None:
@@ -224,7 +255,8 @@ class Barrier:
     def memory_ref(self) -> MemoryRef:
         """The scratch description (``pl.run_scoped`` and ``scratch_shapes`` take it)."""
         space = BarrierSpace("BARRIER", backend=NAME, zeroed=True,
-                             num_arrivals=self.num_arrivals)
+                             num_arrivals=self.num_arrivals,
+                             orders_tensor_core=bool(self.orders_tensor_core))
         return space((self.num_barriers,), np.int32)
 
 
@@ -234,12 +266,14 @@ def kernel(body: Callable[..., None] | None = None, out_shape: Any = None, *,
            cluster: Sequence[int] = (), cluster_names: Sequence[str] = (),
            num_threads: int | None = None, thread_name: str | None = None,
            name: str | None = None, backend: str | None = None, interpret: Any = False,
-           out_type: Any = None, scratch_types: Any = None, **kwargs: Any) -> Any:
+           out_type: Any = None, scratch_types: Any = None, kernel_name: str | None = None,
+           **kwargs: Any) -> Any:
     """Runs ``body(*in_refs, *out_refs, *scratch_refs)`` on every thread block of ``grid``
     (and every warpgroup of a block with ``num_threads``). Inputs and outputs are whole
     arrays in ``GMEM``; ``jax.lax.axis_index(name)`` reads a grid, cluster or thread axis.
     ``out_type`` and ``scratch_types`` are JAX's newer names of ``out_shape`` and
-    ``scratch_shapes``. Usable directly or as a decorator factory."""
+    ``scratch_shapes``, ``kernel_name`` (a field of JAX's ``plgpu.Mesh``) that of ``name``.
+    Usable directly or as a decorator factory."""
     from pallas_core.kernel import kernel as core_kernel
     from pallas_core.spec import Mesh as CoreMesh
 
@@ -272,7 +306,7 @@ def kernel(body: Callable[..., None] | None = None, out_shape: Any = None, *,
     def decorate(fn: Callable[..., None]) -> Any:
         return core_kernel(fn, out_shape, mesh=CoreMesh(names, sizes, backend=NAME),
                            scratch_shapes=scratch_shapes, compiler_params=params,
-                           name=name or getattr(fn, "__name__", "kernel"),
+                           name=name or kernel_name or getattr(fn, "__name__", "kernel"),
                            backend=backend, interpret=interpret)
 
     return decorate if body is None else decorate(body)

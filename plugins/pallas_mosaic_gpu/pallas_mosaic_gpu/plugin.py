@@ -7,18 +7,24 @@ from collections.abc import Mapping
 from typing import Any
 
 from pallas_core.backend import RuleTable
-from pallas_core.errors import PallasError
 from pallas_core.hookspecs import hookimpl
 from pallas_core.plugins import BackendInfo
 from pallas_core.request import KernelCall, LoweringRequest
 from pallas_core.spec import ANY
-from pallas_mosaic_gpu import inspection, lowering, primitives, validation, warp_specialized
+from pallas_mosaic_gpu import (
+    blackwell,
+    inspection,
+    lowering,
+    primitives,
+    targets,
+    validation,
+    warp_specialized,
+)
 from pallas_mosaic_gpu.params import ACC_SPACE, GMEM, NAME, SMEM, TMEM, GPUCompilerParams
 
 __version__ = "0.1.0"
-TARGETS = {"sm_90a": (9, 0), "sm_90": (9, 0)}
-"""GPUs ``pl.stages(..., target=...)`` accepts (Hopper; Blackwell's sm_100a is not yet)."""
-
+TARGETS = targets.TARGETS
+"""GPUs ``pl.stages(..., target=...)`` accepts (Hopper sm_90a, Blackwell sm_100a)."""
 
 
 def lowering_rules() -> RuleTable:
@@ -43,7 +49,7 @@ def pallas_memory_spaces() -> Any:
 
 @hookimpl
 def pallas_primitives() -> Any:
-    return primitives.SEMANTICS + warp_specialized.SEMANTICS
+    return primitives.SEMANTICS + warp_specialized.SEMANTICS + blackwell.SEMANTICS
 
 
 @hookimpl
@@ -59,9 +65,15 @@ def pallas_lower(request: LoweringRequest) -> Any:
 
 @hookimpl
 def pallas_stages(call: KernelCall, target: str | None) -> Mapping[str, Any]:
-    if target is not None and target not in TARGETS:
-        raise PallasError(
-            f"pl.stages(backend='mosaic_gpu', target={target!r}): unknown target. Fix: use one "
-            f"of {sorted(TARGETS)} (Hopper).")
-    return {"mosaic_gpu": lambda: inspection.module_text(call),
-            "mosaic_gpu_bytecode": lambda: inspection.module_bytes(call)}
+    if target is not None:
+        targets.parse(target)  # a PallasError naming the targets if unknown
+
+    def text() -> str:
+        with targets.targeting(target):
+            return inspection.module_text(call)
+
+    def data() -> bytes:
+        with targets.targeting(target):
+            return inspection.module_bytes(call)
+
+    return {"mosaic_gpu": text, "mosaic_gpu_bytecode": data}

@@ -15,12 +15,15 @@ from typing import Any, NoReturn
 from pallas_core.errors import UnsupportedError, UnsupportedNameError
 
 # Why a group of names is refused, and the usual fix: (why, fix).
-_BLACKWELL = ("TMEM and tcgen05 are Blackwell's (sm_100) and this backend targets Hopper "
-              "(sm_90a)", "use plgpu.wgmma into a plgpu.ACC accumulator and plgpu.wgmma_wait")
+_BLACKWELL = ("the Blackwell (sm_100a) path here covers TMEM scratch, tcgen05_mma of SMEM "
+              "operands, tcgen05_commit_arrive and TMEM loads and stores; SMEM-to-TMEM copies, "
+              "block scaling, sparsity and explicit TMEM layouts are not supported",
+              "keep operands in SMEM and accumulate in a float32 plgpu.TMEM buffer")
 _DEVICES = ("this backend has no multi-device support (remote Refs, multicast, multimem, GPU "
             "semaphores)", "communicate outside the kernel with collectives (jax.lax.psum, "
                            "jax.lax.ppermute under shard_map)")
-_CLC = ("cluster launch control (dynamic scheduling of blocks) is Blackwell's (sm_100)",
+_CLC = ("cluster launch control (dynamic scheduling of blocks, Blackwell's) is not part of "
+        "this backend's Blackwell (sm_100a) path",
         "in a plgpu.kernel, loop with lax.fori_loop over a static share of the work")
 _LAYOUTS = ("the backend chooses register layouts itself (2-D arrays whose shape is a multiple "
             "of (64, 8) use the wgmma layout, other arrays a strided one)", "drop it")
@@ -57,10 +60,8 @@ REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
     "async_copy_scales_to_tmem": ("copies block-scaling factors from SMEM to TMEM", _BLACKWELL),
     "async_copy_smem_to_tmem": ("copies an SMEM buffer into TMEM", _BLACKWELL),
     "async_copy_sparse_metadata_to_tmem": ("copies sparsity metadata to TMEM", _BLACKWELL),
-    "async_load_tmem": ("starts reading a TMEM buffer into registers", _BLACKWELL),
     "async_prefetch": ("prefetches a GMEM Ref into the L2 cache", _HINT),
     "async_store_smem": ("stores into the SMEM of another block of the cluster", _CLUSTER),
-    "async_store_tmem": ("stores registers into TMEM", _BLACKWELL),
     "barrier_test": ("tests a barrier's phase without blocking",
                      ("barriers here are only waited for", "use plgpu.barrier_wait")),
     "broadcasted_iota": ("an iota in a given register layout",
@@ -71,7 +72,6 @@ REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
         "closes a group of SMEM-to-GMEM copies",
         ("every plgpu.copy_smem_to_gmem is a bulk group of its own here",
          "drop it, and wait with plgpu.wait_smem_to_gmem(n)")),
-    "commit_tmem": ("makes TMEM writes visible to tcgen05_mma", _BLACKWELL),
     "CopyPartition": ("how a collective copy is split among the blocks of a cluster", _CLUSTER),
     "dynamic_scheduling_loop": ("a persistent loop claiming grid points at run time", _CLC),
     "format_tcgen05_sparse_metadata": ("orders sparsity metadata for tcgen05_mma", _BLACKWELL),
@@ -114,8 +114,6 @@ REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
     "semaphore_wait": ("waits for a GPU semaphore", _DEVICES),
     "SemaphoreSignal": ("one signal for semaphore_signal_parallel", _DEVICES),
     "SemaphoreType": ("the kinds of GPU semaphores", _DEVICES),
-    "tcgen05_commit_arrive": ("completes a barrier after earlier tcgen05 work", _BLACKWELL),
-    "tcgen05_mma": ("Blackwell's asynchronous matmul into TMEM", _BLACKWELL),
     "Tiling": ("a tiling expression of a register layout", _LAYOUTS),
     "TMEMLayout": ("layouts of TMEM buffers", _BLACKWELL),
     "TraceScope": ("what the in-kernel profiler records",
@@ -125,7 +123,6 @@ REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
     "transform_ref": ("applies a Ref transform", _TRANSFORMS),
     "try_cluster_cancel": ("claims the work of a block not yet launched", _CLC),
     "TryClusterCancelResult": ("scratch for the answers of try_cluster_cancel", _CLC),
-    "wait_load_tmem": ("waits for earlier async_load_tmem", _BLACKWELL),
     "warp_map": ("runs a function once per warp of the warpgroup", _WARPS),
     "WarpMesh": ("a mesh over the warps of a warpgroup", _WARPS),
     "wgmma_accumulator_load": (

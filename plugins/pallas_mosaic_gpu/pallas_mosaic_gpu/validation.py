@@ -10,7 +10,7 @@ from pallas_core.errors import BlockSpecError, UnsupportedError
 from pallas_core.request import KernelCall
 from pallas_mosaic_gpu import tma
 from pallas_mosaic_gpu.lowering import is_tileable
-from pallas_mosaic_gpu.params import ACC_SPACE, GMEM, BarrierSpace, GPUCompilerParams
+from pallas_mosaic_gpu.params import ACC_SPACE, GMEM, TMEM, BarrierSpace, GPUCompilerParams
 
 SMEM_BYTES = 227 * 1024
 """Shared memory one thread block may use on Hopper (sm_90)."""
@@ -28,10 +28,7 @@ def check(call: KernelCall) -> None:
         raise UnsupportedError(
             f"kernel {call.name!r}: scalar prefetch is a Mosaic TPU feature; the mosaic_gpu "
             "backend does not support it. Fix: pass the scalars as an input in GMEM.")
-    used = 0
-    n_out = len(call.out_avals)
-    bms = list(gm.block_mappings)
-    for k, bm in enumerate(bms):
+    for bm in gm.block_mappings:
         dt = np.dtype(bm.dtype)
         if dt.itemsize == 8 or dt.kind == "c":
             raise UnsupportedError(
@@ -50,16 +47,43 @@ def check(call: KernelCall) -> None:
         if problem:
             raise BlockSpecError(
                 f"kernel {call.name!r}, {bm.origin}: block shape {bm.block_shape}: {problem}.")
-        buffers = params.max_concurrent_steps if k < len(bms) - n_out else 1
-        # Each buffer starts at a multiple of 1024 bytes (lowering.SMEM_ALIGNMENT).
-        used += buffers * _aligned(math.prod(shape) * dt.itemsize)
     for a in gm.scratch_avals:
         if a.memory_space is GMEM:
             raise UnsupportedError(
                 f"kernel {call.name!r}: a GMEM scratch buffer; the mosaic_gpu backend allocates "
                 "scratch in shared memory only. Fix: use plgpu.SMEM(...) scratch, or pass the "
                 "global buffer as an operand.")
-        if a.memory_space is ACC_SPACE:
+    from pallas_mosaic_gpu import smem_reuse
+    used = smem_bytes(call) - smem_reuse.saved_bytes(call)
+    if used > SMEM_BYTES:
+        raise BlockSpecError(
+            f"kernel {call.name!r} needs {used} bytes of shared memory (blocks times "
+            f"max_concurrent_steps={params.max_concurrent_steps}, plus scratch and "
+            f"pl.run_scoped buffers, less outputs staged in an input's buffer as "
+            f"docs/backends/mosaic_gpu.md describes); a Hopper thread block has {SMEM_BYTES}. "
+            "Fix: use smaller blocks or fewer concurrent steps.")
+
+
+def smem_bytes(call: KernelCall) -> int:
+    """The shared memory ``call`` needs with a buffer of its own for every block: blocks
+    (inputs times ``max_concurrent_steps``), scratch and ``pl.run_scoped`` allocations, each
+    buffer rounded up to its 1024-byte alignment (``lowering.SMEM_ALIGNMENT``)."""
+    gm = call.grid_mapping
+    params = call.compiler_params if isinstance(call.compiler_params, GPUCompilerParams) else \
+        GPUCompilerParams()
+    used = 0
+    n_out = len(call.out_avals)
+    bms = list(gm.block_mappings)
+    for k, bm in enumerate(bms):
+        if bm.is_whole_array or bm.memory_space is GMEM:
+            continue
+        buffers = params.max_concurrent_steps if k < len(bms) - n_out else 1
+        used += buffers * _aligned(math.prod(bm.ref_shape) * np.dtype(bm.dtype).itemsize)
+    for a in gm.scratch_avals:
+        if a.memory_space is GMEM or a.memory_space is ACC_SPACE:
+            continue
+        if a.memory_space is TMEM:
+            used += 4  # TMEM itself is not shared memory; its address is kept there
             continue
         size = math.prod(a.inner_aval.shape) * np.dtype(a.inner_aval.dtype).itemsize
         used += (8 * a.inner_aval.shape[0] if isinstance(a.memory_space, BarrierSpace)
@@ -71,9 +95,4 @@ def check(call: KernelCall) -> None:
                 used += _aligned(math.prod(shape) * np.dtype(dtype).itemsize)
             elif kind == "barrier":
                 used += 8 * shape[0]
-    if used > SMEM_BYTES:
-        raise BlockSpecError(
-            f"kernel {call.name!r} needs {used} bytes of shared memory (blocks times "
-            f"max_concurrent_steps={params.max_concurrent_steps}, plus scratch and "
-            f"pl.run_scoped buffers); a Hopper thread "
-            f"block has {SMEM_BYTES}. Fix: use smaller blocks or fewer concurrent steps.")
+    return used

@@ -111,8 +111,11 @@ def enter_run_scoped(state: GPULowering, eqn: Any) -> None:
     gpu.barrier()
 
 
-def arrive_once(barrier: Any) -> None:
+def arrive_once(barrier: Any, orders_tensor_core: bool = False) -> None:
     """One arrival of the calling warpgroup on ``barrier`` (its threads meet first, so that
-    none still reads what the arrival releases)."""
-    mgpu.warpgroup_barrier()
-    barrier.arrive(predicate=mgpu.single_thread_predicate(mgpu.ThreadSubset.WARPGROUP))
+    none still reads what the arrival releases; with ``orders_tensor_core`` the library fences
+    the tensor core's work before that meeting)."""
+    if not orders_tensor_core:
+        mgpu.warpgroup_barrier()
+    barrier.arrive(orders_tensor_core=orders_tensor_core,
+                   predicate=mgpu.single_thread_predicate(mgpu.ThreadSubset.WARPGROUP))

@@ -31,6 +31,7 @@ def copy_kernel(block, dtype=jnp.float32, **params):
 
 
 def test_tmem_is_refused_on_hopper() -> None:
+    """A kernel allocating TMEM is built for sm_100a; asked for sm_90a, it is refused."""
     def kernel(x_ref, o_ref, t_ref):
         o_ref[...] = x_ref[...]
 
@@ -38,8 +39,11 @@ def test_tmem_is_refused_on_hopper() -> None:
         return pl.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype),
                               scratch_shapes=[plgpu.TMEM((128, 128), jnp.float32)],
                               backend="mosaic_gpu")(x)
-    with pytest.raises(pl.PallasError, match=r"TMEM.*Blackwell"):
-        lower(fn, jnp.ones((128, 128)))
+    (st,) = pl.stages(fn, jnp.ones((128, 128)), backend="mosaic_gpu", target="sm_90a")
+    with pytest.raises(pl.PallasError, match=r"TMEM.*Blackwell.*sm_90a.*target given"):
+        st["mosaic_gpu"]
+    (st,) = pl.stages(fn, jnp.ones((128, 128)), backend="mosaic_gpu")  # no target, no GPU
+    assert "mosaic_gpu.arch_major = 10 : i32" in st["mosaic_gpu"]
 
 
 @pytest.mark.parametrize("kwargs,match", [

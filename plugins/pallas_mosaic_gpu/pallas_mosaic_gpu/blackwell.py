@@ -1,0 +1,339 @@
+"""Blackwell (sm_100a): tensor memory (TMEM) and the fifth-generation tensor cores (tcgen05).
+
+* ``plgpu.TMEM((M, N), jnp.float32)`` scratch: a TMEM buffer (M rows of lanes, N 32-bit
+  columns) the kernel allocates at its start and frees at its end.
+* ``tcgen05_mma(acc, a, b, barrier=None, *, accumulate=True)``: ``acc (+)= a @ b`` with ``acc``
+  in TMEM and ``a``, ``b`` tiled SMEM buffers, issued by one thread of the warpgroup and
+  asynchronous; with ``barrier`` (a ``plgpu.Barrier(orders_tensor_core=True)``) that barrier
+  completes a phase once the matmul is done.
+* ``tcgen05_commit_arrive(barrier)``: ``barrier`` completes a phase once every tcgen05 matmul
+  issued before is done.
+* ``async_load_tmem(ref)``: starts reading a TMEM buffer into registers; ``wait_load_tmem()``
+  waits for the reads (before the TMEM may be overwritten).
+* ``async_store_tmem(ref, value)``: writes registers into TMEM; ``commit_tmem()`` makes the
+  writes visible to tcgen05 matmuls.
+
+Reference semantics (the interpreter): matmuls and TMEM reads and writes happen at once; a
+matmul with a barrier, and ``tcgen05_commit_arrive``, complete the barrier's phase; the waits do
+nothing. Lowering uses JAX's Mosaic GPU library (``tcgen05.mma``, ``tcgen05.commit_arrive``,
+``TMEMRef.load``/``store``); a kernel using any of this is built for sm_100a
+(:mod:`pallas_mosaic_gpu.targets`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental.mosaic import gpu as mgpu
+from jax.experimental.mosaic.gpu import tcgen05
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import arith
+
+from pallas_core import backend as _jax
+from pallas_core import reference, semantics
+from pallas_core.copies import RefViews, bind_views
+from pallas_core.errors import PallasError, UnsupportedError
+from pallas_mosaic_gpu import lowering
+from pallas_mosaic_gpu import primitives as gp
+from pallas_mosaic_gpu.params import TMEM
+
+tcgen05_mma_p = gp._primitive("gpu_tcgen05_mma")
+tcgen05_commit_arrive_p = gp._primitive("gpu_tcgen05_commit_arrive")
+async_store_tmem_p = gp._primitive("gpu_async_store_tmem")
+wait_load_tmem_p = gp._primitive("gpu_wait_load_tmem")
+commit_tmem_p = gp._primitive("gpu_commit_tmem")
+async_load_tmem_p = _jax.Primitive("gpu_async_load_tmem")
+async_load_tmem_p.multiple_results = True
+
+
+@async_load_tmem_p.def_effectful_abstract_eval
+def _load_abstract(*avals: Any, shape: tuple[int, ...], dtype: Any, **_: Any) -> Any:
+    return [_jax.ShapedArray(shape, dtype)], {_jax.ReadEffect(0)}
+
+
+PRIMITIVES = (tcgen05_mma_p, tcgen05_commit_arrive_p, async_load_tmem_p, async_store_tmem_p,
+              wait_load_tmem_p, commit_tmem_p)
+
+
+# --- the user's functions ----------------------------------------------------------------------
+
+
+def _tmem_aval(ref: Any, fn: str) -> Any:
+    aval, base = gp._aval(ref, fn)
+    if gp._space_name(base) != "TMEM":
+        raise PallasError(f"plgpu.{fn}: expected a TMEM Ref (plgpu.TMEM scratch), found a Ref "
+                          f"in {gp._space_name(base)}. Fix: allocate it with "
+                          "plgpu.TMEM((M, N), jnp.float32).")
+    return aval
+
+
+def _no_collective(collective_axis: Any, fn: str) -> None:
+    if collective_axis is not None:
+        raise UnsupportedError(
+            f"plgpu.{fn}(collective_axis={collective_axis!r}): collective (2-CTA) tcgen05 work "
+            "is not supported by the mosaic_gpu backend (blocks of a cluster do not share "
+            "SMEM or barriers here). Fix: drop collective_axis and give each block its tile.")
+
+
+def _check_tc_barrier(barrier: Any, fn: str) -> None:
+    gp._check_barrier(barrier, fn)
+    space = _jax.ref_type_of(_jax.ref_and_transforms(barrier, None, fn)[0]).memory_space
+    if not getattr(space, "orders_tensor_core", False):
+        raise PallasError(f"plgpu.{fn}: the barrier must order the tensor core. Fix: allocate "
+                          "it with plgpu.Barrier(..., orders_tensor_core=True).")
+
+
+def tcgen05_mma(acc: Any, a: Any, b: Any, barrier: Any = None, *, a_scale: Any = None,
+                b_scale: Any = None, a_sparse_metadata: Any = None,
+                accumulate: Any = True, collective_axis: Any = None) -> None:
+    """``acc = a @ b + (acc if accumulate else 0)`` on Blackwell's tensor cores, asynchronous.
+
+    ``acc`` is a TMEM Ref (M, N) of float32; ``a`` (M, K) and ``b`` (K, N) are SMEM Refs of
+    one 16-bit float dtype (``plgpu.transpose_ref`` views allowed), tiled as the backend
+    tiles such buffers (both dimensions multiples of 64). ``barrier`` (ordering the tensor
+    core) completes a phase when the matmul is done; ``accumulate`` may be traced."""
+    fn = "tcgen05_mma"
+    _no_collective(collective_axis, fn)
+    if a_scale is not None or b_scale is not None or a_sparse_metadata is not None:
+        raise UnsupportedError(
+            "plgpu.tcgen05_mma with a_scale/b_scale/a_sparse_metadata (block-scaled or sparse "
+            "matmuls) is not supported by the mosaic_gpu backend. Fix: scale the operands "
+            "before the matmul.")
+    acc_aval = _tmem_aval(acc, fn)
+    a_aval, b_aval = gp._aval(a, fn)[0], gp._aval(b, fn)[0]
+    (m, k), (k2, n) = a_aval.shape, b_aval.shape
+    if k != k2 or acc_aval.shape != (m, n) or a_aval.dtype != b_aval.dtype:
+        raise PallasError(f"plgpu.tcgen05_mma: acc {list(acc_aval.shape)} += a {a_aval.dtype}"
+                          f"{list(a_aval.shape)} @ b {b_aval.dtype}{list(b_aval.shape)} does "
+                          "not fit: expected acc (M, N), a (M, K), b (K, N), a and b of one "
+                          "dtype.")
+    if np.dtype(acc_aval.dtype) != np.float32:
+        raise UnsupportedError(f"plgpu.tcgen05_mma into a {np.dtype(acc_aval.dtype)} "
+                               "accumulator is not supported here. Fix: accumulate in float32.")
+    views = [acc, a, b] + ([barrier] if barrier is not None else [])
+    if barrier is not None:
+        _check_tc_barrier(barrier, fn)
+    static = isinstance(accumulate, (bool, np.bool_))
+    extra = [] if static else [jnp.asarray(accumulate, jnp.bool_)]
+    bind_views(tcgen05_mma_p, views, extra, fn, arrive=barrier is not None,
+               accumulate=bool(accumulate) if static else None)
+
+
+def tcgen05_commit_arrive(barrier: Any, collective_axis: Any = None) -> None:
+    """``barrier`` completes a phase once the tcgen05 work issued before is done."""
+    _no_collective(collective_axis, "tcgen05_commit_arrive")
+    _check_tc_barrier(barrier, "tcgen05_commit_arrive")
+    bind_views(tcgen05_commit_arrive_p, [barrier], [], "tcgen05_commit_arrive")
+
+
+def async_load_tmem(src: Any, *, layout: Any = None) -> jax.Array:
+    """Starts reading the TMEM Ref ``src`` into registers; the array is usable at once, and
+    ``wait_load_tmem()`` must follow before ``src`` is written again."""
+    if layout is not None:
+        raise UnsupportedError("plgpu.async_load_tmem(layout=...): the backend chooses register "
+                               "layouts itself. Fix: drop layout=.")
+    aval = _tmem_aval(src, "async_load_tmem")
+    (out,) = bind_views(async_load_tmem_p, [src], [], "async_load_tmem",
+                        shape=tuple(aval.shape), dtype=np.dtype(aval.dtype))
+    return out  # type: ignore[no-any-return]
+
+
+def async_store_tmem(ref: Any, value: Any) -> None:
+    """Writes ``value`` into the TMEM Ref ``ref``; ``commit_tmem()`` makes it visible to
+    tcgen05 matmuls."""
+    aval = _tmem_aval(ref, "async_store_tmem")
+    value = jnp.asarray(value, aval.dtype)
+    if value.shape != tuple(aval.shape):
+        raise PallasError(f"plgpu.async_store_tmem: a value of shape {value.shape} into a TMEM "
+                          f"Ref of shape {tuple(aval.shape)}. Fix: store a whole block.")
+    bind_views(async_store_tmem_p, [ref], [value], "async_store_tmem")
+
+
+def wait_load_tmem() -> None:
+    """Waits for the earlier ``async_load_tmem`` reads of this warpgroup."""
+    wait_load_tmem_p.bind(tree=jax.tree_util.tree_structure(()), roles=())
+
+
+def commit_tmem() -> None:
+    """Makes this warpgroup's ``async_store_tmem`` writes visible to tcgen05 matmuls."""
+    commit_tmem_p.bind(tree=jax.tree_util.tree_structure(()), roles=())
+
+
+# --- reference semantics -----------------------------------------------------------------------
+
+
+def _mma(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any, arrive: bool,
+         accumulate: bool | None) -> Any:
+    state = RefViews(args, tree, roles)
+    acc = state.read(0)
+    prod = lax.dot(gp._read_operand(state, 1), gp._read_operand(state, 2),
+                   preferred_element_type=acc.dtype, precision=lax.Precision.HIGHEST)
+    keep = jnp.asarray(accumulate) if accumulate is not None else state.rest[0]
+    state.write(0, jnp.where(keep, acc, jnp.zeros_like(acc)) + prod)
+    if arrive:
+        state.write(3, state.read(3) + 1)
+    return state.new_values(), []
+
+
+def _commit_arrive(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any) -> Any:
+    state = RefViews(args, tree, roles)
+    state.write(0, state.read(0) + 1)
+    return state.new_values(), []
+
+
+def _load(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any, **_: Any) -> Any:
+    state = RefViews(args, tree, roles)
+    return state.new_values(), [state.read(0)]
+
+
+def _store(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any) -> Any:
+    state = RefViews(args, tree, roles)
+    state.write(0, state.rest[0])
+    return state.new_values(), []
+
+
+SEMANTICS: tuple[semantics.PrimitiveSemantics, ...] = (
+    semantics.PrimitiveSemantics(tcgen05_mma_p, discharge=_mma),
+    semantics.PrimitiveSemantics(tcgen05_commit_arrive_p, discharge=_commit_arrive),
+    semantics.PrimitiveSemantics(async_load_tmem_p, discharge=_load),
+    semantics.PrimitiveSemantics(async_store_tmem_p, discharge=_store),
+    semantics.PrimitiveSemantics(wait_load_tmem_p, evaluate=gp._no_op),
+    semantics.PrimitiveSemantics(commit_tmem_p, evaluate=gp._no_op),
+)
+
+
+def uses_blackwell(call: Any) -> bool:
+    """Whether a kernel allocates TMEM or applies a tcgen05/TMEM primitive."""
+    if any(a.memory_space is TMEM for a in call.grid_mapping.scratch_avals):
+        return True
+    return reference.find_eqn(call.jaxpr.jaxpr, PRIMITIVES) is not None
+
+
+# --- lowering ----------------------------------------------------------------------------------
+
+
+def _tmem_view(state: Any, ref: Any, transforms: Any) -> Any:
+    """A TMEM Ref after column slices (``acc.at[:, pl.ds(c, n)]``); rows cannot be sliced."""
+    tmem = ref.memref
+    shape = ref.shape
+    for t in transforms:
+        indices = getattr(t, "indices", None)
+        if indices is None or len(indices) != 2 or not all(isinstance(i, _jax.Slice)
+                                                            for i in indices):
+            raise state.fail("this view of a TMEM Ref (only column slices acc.at[:, pl.ds()])")
+        rows, cols = indices
+        if not lowering._full(rows, shape[0]):
+            raise state.fail("slicing the rows of a TMEM Ref")
+        start = cols.start if isinstance(cols.start, (int, np.integer)) else \
+            lowering.index(state.value(cols.start))
+        tmem = tmem.slice(slice(None), mgpu.ds(start, int(cols.size))
+                          if not isinstance(start, (int, np.integer)) else
+                          slice(int(start), int(start) + int(cols.size)))
+        shape = (shape[0], int(cols.size))
+    return dataclasses.replace(ref, memref=tmem, shape=shape)
+
+
+def _role_views(state: Any, eqn: Any, args: Any) -> list[Any]:
+    roles, tree = eqn.params["roles"], eqn.params["tree"]
+    n_refs = max(roles) + 1 if roles else 0
+    transforms = jax.tree_util.tree_unflatten(tree, list(args[n_refs:n_refs + tree.num_leaves]))
+    views = []
+    for r, t in zip(roles, transforms):
+        ref = args[r]
+        if ref.kind == "tmem":
+            views.append(_tmem_view(state, ref, t))
+        else:
+            view = lowering._view(state, ref, t)
+            if view.kind == "barrier" and view.shape == (1,):
+                view = dataclasses.replace(view, barrier=view.barrier[0], shape=())
+            views.append(view)
+    return views
+
+
+def _one_thread() -> Any:
+    return mgpu.single_thread_predicate(mgpu.ThreadSubset.WARPGROUP)
+
+
+def _smem_operand(state: Any, view: Any, what: str) -> Any:
+    ref, transposed = lowering._untransposed(view)
+    if ref.kind != "smem" or not ref.tiled:
+        raise state.fail(f"plgpu.tcgen05_mma with a {what} operand that is not a tiled SMEM "
+                         "buffer (16-bit dtype, both dimensions multiples of 64)")
+    return lowering._transposed(ref) if transposed else ref.memref
+
+
+@lowering.rule(tcgen05_mma_p, lazy=True)
+def _mma_rule(state: Any, eqn: Any, *args: Any, arrive: bool, accumulate: bool | None,
+              **_: Any) -> Any:
+    views = _role_views(state, eqn, args)
+    if views[0].kind != "tmem":
+        raise state.fail("plgpu.tcgen05_mma into something other than TMEM")
+    a = _smem_operand(state, views[1], "left")
+    b = _smem_operand(state, views[2], "right")
+    i1 = ir.IntegerType.get_signless(1)
+    acc_flag = arith.constant(i1, int(accumulate)) if accumulate is not None else \
+        state.value(args[-1])
+    with mgpu.when(_one_thread()):
+        try:
+            tcgen05.mma(views[0].memref, a, b, a_swizzle=lowering.SWIZZLE,
+                        b_swizzle=lowering.SWIZZLE, accumulate=acc_flag)
+        except (NotImplementedError, ValueError) as e:
+            raise state.fail(f"this tcgen05_mma ({e})") from None
+        if arrive:
+            tcgen05.commit_arrive(views[3].barrier, ctx=state.launch)
+    return []
+
+
+@lowering.rule(tcgen05_commit_arrive_p, lazy=True)
+def _commit_arrive_rule(state: Any, eqn: Any, *args: Any, **_: Any) -> Any:
+    (bar,) = _role_views(state, eqn, args)
+    with mgpu.when(_one_thread()):
+        tcgen05.commit_arrive(bar.barrier, ctx=state.launch)
+    return []
+
+
+@lowering.rule(async_load_tmem_p, lazy=True)
+def _load_rule(state: Any, eqn: Any, *args: Any, dtype: Any, **_: Any) -> Any:
+    (view,) = _role_views(state, eqn, args)
+    try:
+        return [view.memref.load(is_signed=lowering.signed(dtype))]
+    except (NotImplementedError, ValueError) as e:
+        raise state.fail(f"this TMEM read ({e})") from None
+
+
+@lowering.rule(async_store_tmem_p, lazy=True)
+def _store_rule(state: Any, eqn: Any, *args: Any, **_: Any) -> Any:
+    (view,) = _role_views(state, eqn, args)
+    value = args[-1]
+    try:
+        if isinstance(value, lowering.Loaded) and not value.transposed:
+            # Read straight from SMEM in the layout TMEM stores take (one row per thread).
+            ref, signed = value.ref, lowering.signed(value.ref.dtype)
+            value = lowering.FA.load_tiled(ref.memref, swizzle=lowering.SWIZZLE,
+                                           is_signed=signed, layout=tcgen05.LAYOUT) \
+                if ref.tiled else lowering.FA.load_untiled(
+                    ref.memref, layout=tcgen05.LAYOUT, is_signed=signed, optimized=False)
+        value = state.value(value)
+        if not isinstance(value, lowering.FA):
+            value = lowering.splat(value, view.shape, view.dtype)
+        view.memref.store(lowering.relayout(value, tcgen05.LAYOUT))
+    except (NotImplementedError, ValueError) as e:
+        raise state.fail(f"this TMEM write ({e})") from None
+    return []
+
+
+@lowering.rule(wait_load_tmem_p)
+def _wait_load_rule(state: Any, eqn: Any, **_: Any) -> Any:
+    tcgen05.wait_load_tmem()
+    return []
+
+
+@lowering.rule(commit_tmem_p)
+def _commit_tmem_rule(state: Any, eqn: Any, **_: Any) -> Any:
+    tcgen05.commit_tmem()
+    return []
