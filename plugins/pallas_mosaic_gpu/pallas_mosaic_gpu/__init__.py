@@ -7,6 +7,14 @@ Kernels are built with JAX's Mosaic GPU library for Hopper (sm_90a) and emitted 
 
 from __future__ import annotations
 
+from pallas_mosaic_gpu.layouts import (
+    Layout,
+    broadcasted_iota,
+    commit_smem_to_gmem_group,
+    layout_cast,
+    load,
+    set_max_registers,
+)
 from pallas_mosaic_gpu.loops import NDLoopInfo, nd_loop, planar_snake
 from pallas_mosaic_gpu.params import (
     ACC,
@@ -57,3 +65,5 @@ __all__ = ["__version__", "ACC", "atomic_add", "atomic_and", "atomic_max", "atom
            "wait_smem_to_gmem", "wgmma", "wgmma_wait"]
 __all__ += ["BlockSpec", "find_swizzle", "LoweringSemantics", "nd_loop", "NDLoopInfo",
             "planar_snake", "SwizzleTransform", "TilingTransform", "transpose_ref"]
+__all__ += ["broadcasted_iota", "commit_smem_to_gmem_group", "Layout", "layout_cast", "load",
+            "set_max_registers"]
