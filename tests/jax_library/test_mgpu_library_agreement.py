@@ -56,10 +56,14 @@ def _one_kernel(text: str) -> tuple[dict[str, Any], Any]:
 
 # --- JAX's Mosaic GPU kernel library ---------------------------------------------------------
 
-LIBRARY = ("hopper_matmul_mgpu", "ragged_dot_mgpu", "attention_mgpu")
+LIBRARY = ("hopper_matmul_mgpu", "ragged_dot_mgpu", "attention_mgpu", "attention_mgpu_causal")
+CUDA_VERSION = 12091
+"""The CUDA runtime version attention_mgpu is told (it refuses causal masking from 12.8.0 to
+12.9.0, for a ptxas miscompilation)."""
 
 
 def _library(name: str, ours: bool) -> types.ModuleType:
+    name = name.removesuffix("_causal")  # a case of the same module
     if ours:
         module = porting.ported(f"gpu.{name}")
         assert module.plgpu is plgpu and module.pl is pl, "the port still runs JAX's Pallas"
@@ -78,7 +82,8 @@ def _no_device_queries(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.setattr(_library("hopper_matmul_mgpu", ours), "get_num_sms",
                                 lambda: NUM_SMS)
             monkeypatch.setattr(_library("attention_mgpu", ours), "cuda_versions",
-                                types.SimpleNamespace(cuda_runtime_get_version=lambda: 12090))
+                                types.SimpleNamespace(cuda_runtime_get_version=lambda:
+                                                      CUDA_VERSION))
         except AttributeError:
             pass  # a port that does not import yet fails in its own test
 
@@ -91,7 +96,8 @@ def _library_case(name: str, lib: types.ModuleType) -> tuple[Any, tuple[S, ...]]
         return (functools.partial(lib.ragged_dot, block_m=64, block_n=64, block_k=64,
                                   max_concurrent_steps=2, grid_block_n=1),
                 (S((256, 128), F16), S((4, 128, 128), F16), S((4,), jnp.int32)))
-    config = lib.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2)
+    config = lib.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2,
+                              causal=name.endswith("_causal"))
     return (lambda q, k, v: lib.attention(q, k, v, config)), (S((1, 256, 2, 64), F16),) * 3
 
 
@@ -111,6 +117,7 @@ LIBRARY_LAUNCH = {
     "hopper_matmul_mgpu": dict(grid=(NUM_SMS, 1, 1), cluster=(1, 1, 1), block=(384, 1, 1)),
     "ragged_dot_mgpu": dict(grid=(132, 1, 1), cluster=(1, 1, 1), block=(128, 1, 1)),
     "attention_mgpu": dict(grid=(1, 2, 2), cluster=(1, 1, 1), block=(384, 1, 1)),
+    "attention_mgpu_causal": dict(grid=(1, 2, 2), cluster=(1, 1, 1), block=(384, 1, 1)),
 }
 
 # Why this project's port of a kernel does not lower yet (issue 17): what it lacks (plgpu
@@ -121,10 +128,10 @@ PORT_GAPS = {
                           "needs pl.run_scoped(collective_axes='wg') (SMEM shared by the "
                           "warpgroups) and wgmma on tile-aligned slices of tiled SMEM "
                           "(b_smem.at[:, wg_n_slice])",
-    "attention_mgpu": "pl.run_scoped(collective_axes=...) (SMEM shared by the warpgroups) "
-                      "is refused; plgpu lacks Layout, layout_cast, load(layout=), "
-                      "broadcasted_iota, set_max_registers, commit_smem_to_gmem_group, "
-                      "emit_pipeline_warp_specialized",
+    "attention_mgpu": "pl.run_scoped(collective_axes='wg') (SMEM shared by the warpgroups) "
+                      "is refused",
+    "attention_mgpu_causal": "pl.run_scoped(collective_axes='wg') (SMEM shared by the "
+                             "warpgroups) is refused",
 }
 
 # The ports that lower: the fields in which they differ from JAX's lowering, as (ours, JAX's),
@@ -137,6 +144,16 @@ PORT_DIFFERENCES: dict[str, dict[str, tuple[Any, Any]]] = {
     # JAX uses one mbarrier per pipeline slot (2 x 8 bytes); this backend one per input and
     # slot (4 x 8).
     "ragged_dot_mgpu": {"smem_bytes": (32768 + 8192 + 4 * 8, 32768 + 2 * 8)},
+    # The grid (heads, q tiles, batch) = (2, 2, 1): this backend gives CUDA a plgpu.kernel's
+    # grid in order (x = the first axis), JAX reversed (x = the last); both launch the same
+    # blocks. Shared memory: Q/O (2 warpgroups), K and V (2 slots) of (64, 64) f16, tiled,
+    # 3 x 16384 bytes, then 11 mbarriers (88 bytes) in both; JAX reserves 2048 bytes more for
+    # the reductions it may lower through SMEM (it asks that much of every kernel holding a
+    # reduction); the row maxima and sums of the wgmma layout here are shuffles in registers.
+    "attention_mgpu": {"grid": ((2, 2, 1), (1, 2, 2)),
+                       "smem_bytes": (3 * 16384 + 88, 3 * 16384 + 2048 + 88)},
+    "attention_mgpu_causal": {"grid": ((2, 2, 1), (1, 2, 2)),
+                              "smem_bytes": (3 * 16384 + 88, 3 * 16384 + 2048 + 88)},
 }
 
 

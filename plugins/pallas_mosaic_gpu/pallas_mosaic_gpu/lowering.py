@@ -869,12 +869,12 @@ def _swap(state: GPULowering, eqn: Any, ref: Ref, value: Any, *flat: Any, **_: A
                          "accumulators are written there)")
     if view.kind == "acc":
         nvvm.wgmma_wait_group_sync_aligned(0)
-        old = state.accs[view.acc_key].value
+        held = state.accs[view.acc_key].value
         state.accs[view.acc_key] = mgpu.WGMMAAccumulator.from_registers(relayout(value, WGMMA))
-        return old
+        return held
     if view.transposed:
         raise state.fail("storing to a transposed SMEM Ref")
-    old: Any = None
+    old = None
     if eqn.outvars and type(eqn.outvars[0]).__name__ != "DropVar":
         try:
             old = load(view)

@@ -172,5 +172,5 @@ def copy(launch: Any, *, gmem: ir.Value, smem: ir.Value, window: Sequence[Any], 
         part = mgpu.memref_slice(smem, tuple(mgpu.ds(s, n) for s, n in chunk))
         pair["src_ref" if not to_smem else "dst_ref"] = part
         launch.async_copy(**pair, gmem_slice=tuple(sub_window), gmem_transform=transform,
-                          arrive=to_smem and len(chunks) == 1 or
-                          (not to_smem and commit and k == len(chunks) - 1))
+                          arrive=(to_smem and len(chunks) == 1)
+                          or (not to_smem and commit and k == len(chunks) - 1))
