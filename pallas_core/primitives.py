@@ -556,7 +556,8 @@ run_scoped_p.multiple_results = True
 
 
 @run_scoped_p.def_effectful_abstract_eval
-def _run_scoped_abstract_eval(*refs: Any, jaxpr: Any, scoped: tuple[MemoryRef, ...]) -> Any:
+def _run_scoped_abstract_eval(*refs: Any, jaxpr: Any, scoped: tuple[MemoryRef, ...],
+                              collective_axes: tuple[Any, ...] = ()) -> Any:
     effects = _jax.input_effects_by_position(jaxpr.jaxpr, len(refs))
     # It allocates Refs of its own: discharge must reach it even when it touches no outer Ref.
     effects.add(_jax.internal_mutable_array_effect)
@@ -587,18 +588,36 @@ def _as_memory_ref(ty: Any) -> MemoryRef:
     return MemoryRef(tuple(ty.shape), jnp.dtype(ty.dtype), None)
 
 
+def _collective_axes(collective_axes: Any) -> tuple[Any, ...]:
+    """``run_scoped``'s ``collective_axes`` as a tuple, each an axis of the kernel's mesh."""
+    if collective_axes in ((), None):
+        return ()
+    axes = tuple(collective_axes) if isinstance(collective_axes, (tuple, list)) else \
+        (collective_axes,)
+    ctx = _TRACE_CONTEXT.get()
+    names = tuple(ctx.grid_names or ()) if ctx is not None else ()
+    missing = [a for a in axes if a not in names]
+    if missing:
+        raise UnsupportedError(
+            f"pl.run_scoped(collective_axes={collective_axes!r}): {missing} are not mesh axes "
+            f"of this kernel (its named axes are {list(names)}); one buffer shared by the "
+            "instances along an axis needs a kernel over a named mesh (pl.kernel, "
+            "plgpu.kernel). Fix: allocate per instance (no collective_axes), or name an axis "
+            "of the kernel's mesh.")
+    return axes
+
+
 def run_scoped(f: Callable[..., Any], *types: Any, collective_axes: Any = (),
                **kw_types: Any) -> Any:
     """Calls ``f`` with freshly allocated Refs described by ``types``; returns ``f``'s result.
 
-    The Refs live only for the duration of the call. ``collective_axes`` (one allocation shared
-    by the cores along mesh axes) is not supported.
+    The Refs live only for the duration of the call. ``collective_axes`` names mesh axes of
+    the kernel (``pl.kernel``/``plgpu.kernel`` axis names) along which the instances share one
+    allocation (JAX's meaning): it is recorded on the equation for the backend, which refuses
+    what it cannot share (Mosaic GPU shares SMEM among the warpgroups of a block, its thread
+    axis). Naming an axis the kernel does not have raises ``UnsupportedError``.
     """
-    if collective_axes not in ((), None):
-        raise UnsupportedError(
-            f"pl.run_scoped(collective_axes={collective_axes!r}) (one buffer shared by the "
-            "cores along mesh axes) is not supported. Fix: allocate per core (no "
-            "collective_axes), or use a backend's shared memory space.")
+    axes = _collective_axes(collective_axes)
     flat_types, types_tree = jax.tree_util.tree_flatten((types, kw_types))
     scoped = tuple(_as_memory_ref(t) for t in flat_types)
     avals = [scratch_aval(t) for t in scoped]
@@ -619,7 +638,8 @@ def run_scoped(f: Callable[..., Any], *types: Any, collective_axes: Any = (),
                                            axis_sizes=axis_sizes)
     # Closed-over values (outer Refs included) become leading operands.
     jaxpr = _jax.convert_constvars(jaxpr)
-    outs = run_scoped_p.bind(*consts, jaxpr=_jax.ClosedJaxpr(jaxpr, ()), scoped=scoped)
+    outs = run_scoped_p.bind(*consts, jaxpr=_jax.ClosedJaxpr(jaxpr, ()), scoped=scoped,
+                             collective_axes=axes)
     return jax.tree_util.tree_unflatten(out_tree_box[0], outs)
 
 

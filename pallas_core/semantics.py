@@ -424,7 +424,10 @@ def checked_discharge() -> Iterator[None]:
 
 
 def _run_scoped_discharge(in_avals: Any, out_avals: Any, *args: Any, jaxpr: Any,
-                          scoped: tuple[Any, ...]) -> Any:
+                          scoped: tuple[Any, ...], collective_axes: tuple[Any, ...] = ()
+                          ) -> Any:
+    # A collective allocation (shared by the instances along mesh axes, which the
+    # interpreter runs one after another) is fresh per instance here, as a plain one.
     discharged = _jax.discharge_state(jaxpr)
     # Checked mode poisons them, unless the interpreter was told to fill memory with zeros.
     poison = _CHECKED.get() and _UNINITIALIZED_MEMORY.get() != "zero"

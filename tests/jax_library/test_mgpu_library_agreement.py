@@ -7,11 +7,13 @@ the same kernel is lowered for ``cuda`` twice, by ``jax.experimental.pallas`` (i
 call's config, operand and result types and layouts, and the module's ``gpu.launch`` (grid,
 cluster, threads per block, dynamic shared memory) and target architecture.
 
-* JAX's kernel library (``hopper_matmul_mgpu``, ``ragged_dot_mgpu``, ``attention_mgpu``):
+* JAX's Hopper kernel library (``hopper_matmul_mgpu``, ``ragged_dot_mgpu``,
+  ``attention_mgpu``, ``hopper_mixed_type_matmul_mgpu``, ``transposed_ragged_dot_mgpu``):
   JAX's lowering is checked against the launch its parameters imply. The ported modules
-  (``porting.ported``) are lowered too and compared with it: ragged_dot's port lowers like
-  JAX's (the differences pinned with their reasons) and runs in the interpreter against
-  ``lax.ragged_dot``; the ports that do not lower yet (issue 17) are strict xfails naming
+  (``porting.ported``) are lowered too and compared with it: hopper_matmul's port (a
+  warp-specialised pipeline) lowers exactly like JAX's and ragged_dot's with pinned,
+  explained differences; both run in the interpreter against ``jnp.dot`` /
+  ``lax.ragged_dot``. The ports that do not lower yet (issue 17) are strict xfails naming
   what they lack.
 * This plugin's own kernels (``pallas_mosaic_gpu.kernels``), written again with JAX's
   ``plgpu``: the differences that remain are design choices, pinned exactly below.
@@ -56,7 +58,8 @@ def _one_kernel(text: str) -> tuple[dict[str, Any], Any]:
 
 # --- JAX's Mosaic GPU kernel library ---------------------------------------------------------
 
-LIBRARY = ("hopper_matmul_mgpu", "ragged_dot_mgpu", "attention_mgpu", "attention_mgpu_causal")
+LIBRARY = ("hopper_matmul_mgpu", "ragged_dot_mgpu", "attention_mgpu", "attention_mgpu_causal",
+           "hopper_mixed_type_matmul_mgpu", "transposed_ragged_dot_mgpu")
 CUDA_VERSION = 12091
 """The CUDA runtime version attention_mgpu is told (it refuses causal masking from 12.8.0 to
 12.9.0, for a ptxas miscompilation)."""
@@ -72,11 +75,25 @@ def _library(name: str, ours: bool) -> types.ModuleType:
     return module
 
 
+class _JaxWithDevices(types.ModuleType):
+    """``jax`` as transposed_ragged_dot sees it: ``jax.devices()`` answers with a GPU's SM
+    count (``core_count``), which a CPU device lacks."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(jax, name)
+
+    def devices(self, *_: Any) -> list[Any]:
+        return [types.SimpleNamespace(core_count=NUM_SMS)]
+
+
 @pytest.fixture(autouse=True)
 def _no_device_queries(monkeypatch: pytest.MonkeyPatch) -> None:
     """The library asks the runtime for facts a CPU machine lacks: the SM count
-    (hopper_matmul's persistent grid) and the CUDA runtime version (attention refuses causal
-    masking on some versions). Both modules, JAX's and the port, get fixed answers."""
+    (hopper_matmul's persistent grid, through ``get_num_sms``; the mixed-type matmul's and
+    transposed_ragged_dot's, through the default device's ``core_count``) and the CUDA
+    runtime version (attention refuses causal masking on some versions). Both modules, JAX's
+    and the port, get fixed answers."""
+    device = types.SimpleNamespace(core_count=NUM_SMS)
     for ours in (False, True):
         try:
             monkeypatch.setattr(_library("hopper_matmul_mgpu", ours), "get_num_sms",
@@ -84,6 +101,10 @@ def _no_device_queries(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.setattr(_library("attention_mgpu", ours), "cuda_versions",
                                 types.SimpleNamespace(cuda_runtime_get_version=lambda:
                                                       CUDA_VERSION))
+            monkeypatch.setattr(_library("hopper_mixed_type_matmul_mgpu", ours), "backend",
+                                types.SimpleNamespace(get_default_device=lambda: device))
+            monkeypatch.setattr(_library("transposed_ragged_dot_mgpu", ours), "jax",
+                                _JaxWithDevices("jax"))
         except AttributeError:
             pass  # a port that does not import yet fails in its own test
 
@@ -96,6 +117,14 @@ def _library_case(name: str, lib: types.ModuleType) -> tuple[Any, tuple[S, ...]]
         return (functools.partial(lib.ragged_dot, block_m=64, block_n=64, block_k=64,
                                   max_concurrent_steps=2, grid_block_n=1),
                 (S((256, 128), F16), S((4, 128, 128), F16), S((4,), jnp.int32)))
+    if name == "hopper_mixed_type_matmul_mgpu":
+        mixed = lib.TuningConfig(tile_m=64, tile_n=128, tile_k=128, max_concurrent_steps=2)
+        return (lambda a, b: lib.mixed_matmul_kernel(a, b, out_dtype=F16, config=mixed),
+                (S((256, 256), jnp.int8), S((256, 256), F16)))
+    if name == "transposed_ragged_dot_mgpu":
+        return (functools.partial(lib.transposed_ragged_dot, block_m=64, block_n=64,
+                                  block_k=64, max_concurrent_steps=2, grid_block_n=1),
+                (S((256, 128), F16), S((256, 128), F16), S((4,), jnp.int32)))
     config = lib.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2,
                               causal=name.endswith("_causal"))
     return (lambda q, k, v: lib.attention(q, k, v, config)), (S((1, 256, 2, 64), F16),) * 3
@@ -103,7 +132,7 @@ def _library_case(name: str, lib: types.ModuleType) -> tuple[Any, tuple[S, ...]]
 
 def _lower_library(name: str, ours: bool) -> str:
     fn, args = _library_case(name, _library(name, ours))
-    if name == "ragged_dot_mgpu":  # group sizes are keyword-only
+    if name in ("ragged_dot_mgpu", "transposed_ragged_dot_mgpu"):  # group sizes: keyword
         return _lower(lambda lhs, rhs, g: fn(lhs, rhs, group_sizes=g), *args)
     return _lower(fn, *args)
 
@@ -118,25 +147,31 @@ LIBRARY_LAUNCH = {
     "ragged_dot_mgpu": dict(grid=(132, 1, 1), cluster=(1, 1, 1), block=(128, 1, 1)),
     "attention_mgpu": dict(grid=(1, 2, 2), cluster=(1, 1, 1), block=(384, 1, 1)),
     "attention_mgpu_causal": dict(grid=(1, 2, 2), cluster=(1, 1, 1), block=(384, 1, 1)),
+    # Persistent like hopper_matmul (3 warpgroups); transposed_ragged_dot's nd_loop runs on
+    # every SM with one warpgroup.
+    "hopper_mixed_type_matmul_mgpu": dict(grid=(NUM_SMS, 1, 1), cluster=(1, 1, 1),
+                                          block=(384, 1, 1)),
+    "transposed_ragged_dot_mgpu": dict(grid=(NUM_SMS, 1, 1), cluster=(1, 1, 1),
+                                       block=(128, 1, 1)),
 }
 
 # Why this project's port of a kernel does not lower yet (issue 17): what it lacks (plgpu
 # refuses the names it does not have with pl.UnsupportedError naming them).
 PORT_GAPS = {
-    "hopper_matmul_mgpu": "plgpu lacks emit_pipeline_warp_specialized (its get_allocations, "
-                          "allocations=, compute_context, memory_registers); the kernel also "
-                          "needs pl.run_scoped(collective_axes='wg') (SMEM shared by the "
-                          "warpgroups) and wgmma on tile-aligned slices of tiled SMEM "
-                          "(b_smem.at[:, wg_n_slice])",
-    "attention_mgpu": "pl.run_scoped(collective_axes='wg') (SMEM shared by the warpgroups) "
-                      "is refused",
-    "attention_mgpu_causal": "pl.run_scoped(collective_axes='wg') (SMEM shared by the "
-                             "warpgroups) is refused",
+    "hopper_mixed_type_matmul_mgpu": "int8 SMEM blocks tiled (8, 128) with a 128-byte swizzle "
+                                     "(plgpu tiles only 16-bit buffers, and refuses the "
+                                     "BlockSpec's transforms) and 8-bit register arithmetic "
+                                     "(a_smem[...].astype(b.dtype) before the wgmma)",
+    "transposed_ragged_dot_mgpu": "plgpu.emit_pipeline over a grid known at run time "
+                                  "(grid=(group_num_blocks_gmem[g_i],))",
 }
 
 # The ports that lower: the fields in which they differ from JAX's lowering, as (ours, JAX's),
 # and why.
 PORT_DIFFERENCES: dict[str, dict[str, tuple[Any, Any]]] = {
+    # The warp-specialised pipeline's buffers and barriers, the epilogue's buffer and the
+    # launch are JAX's, buffer for buffer (test_hopper_matmul_port_shares_jax_smem_plan).
+    "hopper_matmul_mgpu": {},
     # Shared memory: the pipeline's two inputs x 2 slots of (64, 64) f16 (32768 bytes), then
     # the (64, 64) f16 output buffer of the store's pl.run_scoped (8192), then barriers. JAX
     # reuses the pipeline's region for the output buffer once the pipeline's scope has ended
@@ -205,6 +240,39 @@ def test_ragged_dot_port_runs_in_the_interpreter(transpose_rhs: bool) -> None:
     np.testing.assert_allclose(got.astype(F32), expected, rtol=2e-2, atol=5e-2)
     # The same port, with B read transposed from SMEM (transpose_ref), lowers for cuda too.
     _one_kernel(_lower(fn, lhs, operand))
+
+
+@pytest.mark.parametrize("wg_dimension", ["N", "M"])
+@pytest.mark.parametrize("with_c", [False, True])
+def test_hopper_matmul_port_runs_in_the_interpreter(wg_dimension: str, with_c: bool) -> None:
+    """The warp-specialised matmul's meaning: JAX's hopper_matmul, unchanged but for its
+    imports, run by this project's interpreter (each compute warpgroup fetching its own
+    blocks, see pallas_mosaic_gpu.warp_specialized) on random inputs against ``jnp.dot``,
+    with the warpgroups splitting N or M, three pipeline slots over 8 K steps, a snaking
+    persistent grid, and the optional ``c`` accumulated in the epilogue. The same
+    configuration lowers for cuda exactly as JAX's own lowering of the kernel does."""
+    ours, theirs = (_library("hopper_matmul_mgpu", o) for o in (True, False))
+
+    def config(lib: types.ModuleType) -> Any:
+        dim = lib.MatmulDimension[wg_dimension]
+        return lib.TuningConfig(tile_m=64, tile_n=128, tile_k=64, max_concurrent_steps=3,
+                                wg_dimension=dim, grid_minor_dim=lib.MatmulDimension.M,
+                                grid_tile_width=2)
+
+    keys = jax.random.split(jax.random.key(11), 3)
+    a = jax.random.normal(keys[0], (256, 512), F32).astype(F16)
+    b = jax.random.normal(keys[1], (512, 512), F32).astype(F16)
+    c = jax.random.normal(keys[2], (256, 512), F32).astype(F16) if with_c else None
+    fn = functools.partial(ours.matmul, config=config(ours))
+    with force_interpret_mode():
+        calls = list(kernel_calls(jax.make_jaxpr(fn)(a, b, c).jaxpr))
+        got = fn(a, b, c)
+    assert [k.backend for k in calls] == ["interpret"]
+    expected = jnp.dot(a.astype(F32), b.astype(F32)) + (0 if c is None else c.astype(F32))
+    np.testing.assert_allclose(got.astype(F32), expected, rtol=2e-2, atol=0.1)
+    inspection.assert_same_kernel(
+        _one_kernel(_lower(fn, a, b, c)),
+        _one_kernel(_lower(functools.partial(theirs.matmul, config=config(theirs)), a, b, c)))
 
 
 # --- this plugin's kernels, written again with JAX's plgpu ------------------------------------

@@ -13,7 +13,6 @@ from pallas_mosaic_gpu.layouts import (
     commit_smem_to_gmem_group,
     layout_cast,
     load,
-    set_max_registers,
 )
 from pallas_mosaic_gpu.loops import NDLoopInfo, nd_loop, planar_snake
 from pallas_mosaic_gpu.params import (
@@ -57,6 +56,11 @@ from pallas_mosaic_gpu.transforms import (
     find_swizzle,
     transpose_ref,
 )
+from pallas_mosaic_gpu.warp_specialized import (
+    WarpSpecializedPipeline,
+    emit_pipeline_warp_specialized,
+    set_max_registers,
+)
 
 __all__ = ["__version__", "ACC", "atomic_add", "atomic_and", "atomic_max", "atomic_min",
            "atomic_or", "atomic_xor", "Barrier", "barrier_arrive", "barrier_wait", "commit_smem",
@@ -65,5 +69,5 @@ __all__ = ["__version__", "ACC", "atomic_add", "atomic_and", "atomic_max", "atom
            "wait_smem_to_gmem", "wgmma", "wgmma_wait"]
 __all__ += ["BlockSpec", "find_swizzle", "LoweringSemantics", "nd_loop", "NDLoopInfo",
             "planar_snake", "SwizzleTransform", "TilingTransform", "transpose_ref"]
-__all__ += ["broadcasted_iota", "commit_smem_to_gmem_group", "Layout", "layout_cast", "load",
-            "set_max_registers"]
+__all__ += ["broadcasted_iota", "commit_smem_to_gmem_group", "Layout", "layout_cast", "load"]
+__all__ += ["emit_pipeline_warp_specialized", "set_max_registers", "WarpSpecializedPipeline"]

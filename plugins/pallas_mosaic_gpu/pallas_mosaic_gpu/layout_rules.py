@@ -5,7 +5,7 @@
   read straight into it, other arrays are converted by the library, which refuses the
   conversions it has no code for);
 * ``broadcasted_iota``: built in the layout;
-* ``set_max_registers``: ``setmaxnreg``; ``commit_smem_to_gmem_group``: closes a bulk group;
+* ``commit_smem_to_gmem_group``: closes a bulk group;
 * ``pl.run_state`` over ``plgpu.ACC.init(value)`` Refs: accumulators started from ``value``,
   and their values once every wgmma the body issued has finished;
 * ``lax.optimization_barrier``: register arrays pass the library's barrier (values computed
@@ -79,13 +79,6 @@ def _iota(state: GPULowering, eqn: Any, *, dtype: Any, shape: Any, dimension: in
                                    layout.to_mgpu(), is_signed=signed(dtype))
     except (NotImplementedError, ValueError) as e:
         raise state.fail(f"plgpu.broadcasted_iota of {tuple(shape)} in {layout}: {e}") from None
-
-
-@rule(layouts.set_max_registers_p)
-def _set_max_registers(state: GPULowering, eqn: Any, *, n: int, action: str) -> Any:
-    act = nvvm.SetMaxRegisterAction
-    nvvm.setmaxregister(n, act.increase if action == "increase" else act.decrease)
-    return []
 
 
 @rule(layouts.commit_group_p)

@@ -15,8 +15,6 @@ also name one, as JAX's attention kernel does for its running maxima
 * ``load(ref, idx, layout=)``: ``ref[idx]`` read straight into ``layout``.
 * ``broadcasted_iota(dtype, shape, dimension, layout=)``: ``lax.broadcasted_iota`` built in
   ``layout``.
-* ``set_max_registers(n, action=)``: a warpgroup's register budget (``setmaxnreg``); it
-  changes no value.
 * ``commit_smem_to_gmem_group()``: closes a bulk group of the SMEM -> GMEM copies issued
   with ``copy_smem_to_gmem(..., commit_group=False)`` since the last group.
 
@@ -185,7 +183,6 @@ def _no_effect_primitive(name: str) -> Any:
     return p
 
 
-set_max_registers_p = _no_effect_primitive("gpu_set_max_registers")
 commit_group_p = _no_effect_primitive("gpu_commit_smem_to_gmem_group")
 
 
@@ -224,19 +221,6 @@ def broadcasted_iota(dtype: Any, shape: Sequence[int], dimension: int, *,
                        layout=layout)
 
 
-def set_max_registers(n: int, *, action: str) -> None:
-    """Raises (``action="increase"``) or lowers (``"decrease"``) the registers per thread
-    of the calling warpgroup to ``n`` (a multiple of 8 in [24, 256]), as warp-specialised
-    kernels do for their compute and memory warpgroups (PTX ``setmaxnreg``)."""
-    if action not in ("increase", "decrease"):
-        raise PallasError(f"plgpu.set_max_registers(action={action!r}): expected 'increase' "
-                          "or 'decrease'.")
-    if not isinstance(n, int) or isinstance(n, bool) or not 24 <= n <= 256 or n % 8:
-        raise PallasError(f"plgpu.set_max_registers({n!r}): the register count must be a "
-                          "multiple of 8 in [24, 256] (PTX setmaxnreg).")
-    set_max_registers_p.bind(n=n, action=action)
-
-
 def commit_smem_to_gmem_group() -> None:
     """Closes a bulk group of the SMEM -> GMEM copies issued since the last one (those of
     ``copy_smem_to_gmem(..., commit_group=False)``); ``wait_smem_to_gmem(n)`` counts groups."""
@@ -261,6 +245,5 @@ def _nothing(ctx: Any, **_: Any) -> Any:
 SEMANTICS: tuple[semantics.PrimitiveSemantics, ...] = (
     semantics.PrimitiveSemantics(layout_cast_p, evaluate=_same),
     semantics.PrimitiveSemantics(iota_p, evaluate=_iota),
-    semantics.PrimitiveSemantics(set_max_registers_p, evaluate=_nothing),
     semantics.PrimitiveSemantics(commit_group_p, evaluate=_nothing),
 )

@@ -43,7 +43,7 @@ from pallas_core.grid_mapping import BlockMapping
 from pallas_core.mlir_lowering import LoweringState, element_type, is_float, is_unsigned
 from pallas_core.request import KernelCall
 from pallas_mosaic_gpu import primitives as gp
-from pallas_mosaic_gpu import smem_layout, tma
+from pallas_mosaic_gpu import smem_layout, tiled_slices, tma
 from pallas_mosaic_gpu.params import (
     ACC_SPACE,
     GMEM,
@@ -397,7 +397,8 @@ def scoped_allocations(call: KernelCall
                 body = eqn.params["jaxpr"].jaxpr
                 var = body.invars[len(body.invars) - len(eqn.params["scoped"]) + len(allocs)]
                 plain = is_tileable(shape, mref.dtype) and \
-                    smem_layout.minor_sliced(body, var, shape)
+                    smem_layout.minor_sliced(body, var, shape) and \
+                    not smem_layout.read_by_wgmma(body, var)
                 allocs.append(("smem_plain" if plain else "smem", shape, mref.dtype, 0))
         found.append((id(eqn), allocs))
     return found
@@ -800,15 +801,14 @@ def _view(state: GPULowering, ref: Ref, transforms: Any) -> Ref:
                     raise state.fail("gathering from a Ref with an index array")
                 idx.append(index(v) if not isinstance(v, (int, np.integer)) else int(v))
         n_lead = len(ref.shape) - 2
-        if ref.tiled and any(not _full(i, d) for i, d in
-                             list(zip(indices, ref.shape))[max(n_lead, 0):]
-                             if len(indices) > n_lead):
-            raise state.fail("slicing the two minor dimensions of a tiled SMEM buffer (the "
-                             "wgmma layout)")
         shape += list(ref.shape[len(indices):])
-        if ref.tiled:
-            mem = mgpu.memref_slice(ref.memref, tuple(idx[:n_lead])) if idx[:n_lead] else \
-                ref.memref
+        if ref.tiled:  # minor slices on whole tiles keep the view tiled (tiled_slices)
+            minor = [i for i, _ in list(zip(indices, ref.shape))[n_lead:]]
+            mem = tiled_slices.tiled_view(
+                ref.memref, idx[:n_lead], [] if all(
+                    _full(i, d) for i, d in zip(minor, ref.shape[n_lead:])) else minor,
+                ref.shape[n_lead:], (8, SWIZZLE // np.dtype(ref.dtype).itemsize),
+                state.value, state.fail)
         else:
             mem = mgpu.memref_slice(ref.memref, tuple(idx))
         ref = dataclasses.replace(ref, memref=mem, shape=tuple(shape))
@@ -1280,6 +1280,10 @@ def _cond(state: GPULowering, eqn: Any, pred: Any, *args: Any, branches: Any, **
     pred = state.value(pred)
     if isinstance(pred, FA):
         raise state.fail("a branch on an array")
+    taken = warp_specialized_lowering.static_predicate(pred)
+    if taken is not None:  # a branch known here (warpgroups_run_concurrently): only it
+        branch = branches[min(max(taken, 0), len(branches) - 1)]
+        return lower_jaxpr(state, branch.jaxpr, branch.consts, args)
     if len(branches) != 2:
         raise state.fail("lax.switch with more than two branches")
     if eqn.outvars:
@@ -1355,6 +1359,7 @@ def _while(state: GPULowering, eqn: Any, *args: Any, cond_jaxpr: Any, body_jaxpr
 @rule(prims.run_scoped_p, lazy=True)
 def _run_scoped(state: GPULowering, eqn: Any, *consts: Any, jaxpr: Any, scoped: Any,
                 **_: Any) -> Any:
+    warp_specialized_lowering.enter_run_scoped(state, eqn)
     refs = []
     allocated = state.scoped.get(id(eqn))
     if allocated is None:
@@ -1470,7 +1475,7 @@ def _barrier_wait(state: GPULowering, eqn: Any, *args: Any, **_: Any) -> Any:
 @rule(gp.barrier_arrive_p, lazy=True)
 def _barrier_arrive(state: GPULowering, eqn: Any, *args: Any, **_: Any) -> Any:
     (bar,) = _views(state, eqn, args)
-    bar.barrier.arrive()
+    warp_specialized_lowering.arrive_once(bar.barrier)
     return []
 
 
@@ -1516,4 +1521,5 @@ def kernel_fn(call: KernelCall) -> Callable[..., Any]:
         return build(call)
 
 
-from pallas_mosaic_gpu import layout_rules  # noqa: E402, F401 - registers its rules
+from pallas_mosaic_gpu import layout_rules  # noqa: E402, F401, I001 - registers its rules
+from pallas_mosaic_gpu import warp_specialized_lowering  # noqa: E402 - registers its rules

@@ -10,7 +10,14 @@ from pallas_core.hookspecs import hookimpl
 from pallas_core.plugins import BackendInfo
 from pallas_core.request import KernelCall, LoweringRequest
 from pallas_core.spec import ANY
-from pallas_mosaic_gpu import inspection, layouts, lowering, primitives, validation
+from pallas_mosaic_gpu import (
+    inspection,
+    layouts,
+    lowering,
+    primitives,
+    validation,
+    warp_specialized,
+)
 from pallas_mosaic_gpu.params import ACC_SPACE, GMEM, NAME, SMEM, TMEM, GPUCompilerParams
 
 __version__ = "0.1.0"
@@ -32,7 +39,7 @@ def pallas_memory_spaces() -> Any:
 
 @hookimpl
 def pallas_primitives() -> Any:
-    return primitives.SEMANTICS + layouts.SEMANTICS
+    return primitives.SEMANTICS + layouts.SEMANTICS + warp_specialized.SEMANTICS
 
 
 @hookimpl

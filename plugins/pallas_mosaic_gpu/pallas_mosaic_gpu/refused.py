@@ -29,9 +29,10 @@ _TRANSFORMS = ("the backend chooses SMEM tiling and swizzles itself (buffers who
                "128-byte swizzle, others left plain)", "drop the transforms")
 _CLUSTER = ("blocks of a cluster cannot reach each other's shared memory or barriers here",
             "exchange data through GMEM and synchronise with separate kernels")
-_WARPS = ("this backend runs code per warpgroup (lane semantics), without warp "
-          "specialisation", "use plgpu.emit_pipeline, and lax.axis_index of the thread axis "
-                            "for per-warpgroup work")
+_WARPS = ("this backend runs code per warpgroup (lane semantics); warpgroups specialise "
+          "(plgpu.emit_pipeline_warp_specialized) but warps do not",
+          "branch on lax.axis_index of the thread axis for per-warpgroup work, or use "
+          "plgpu.emit_pipeline_warp_specialized")
 _HINT = ("only timing depends on it, and this backend does not emit it", "drop the call")
 
 _CORE = "this backend takes the core's name (import pallas_core as pl)"
@@ -66,7 +67,6 @@ REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
     "commit_tmem": ("makes TMEM writes visible to tcgen05_mma", _BLACKWELL),
     "CopyPartition": ("how a collective copy is split among the blocks of a cluster", _CLUSTER),
     "dynamic_scheduling_loop": ("a persistent loop claiming grid points at run time", _CLC),
-    "emit_pipeline_warp_specialized": ("a pipeline fed by a memory warpgroup", _WARPS),
     "format_tcgen05_sparse_metadata": ("orders sparsity metadata for tcgen05_mma", _BLACKWELL),
     "griddepcontrol_launch_dependents": ("lets the next kernel start early (programmatic "
                                          "dependent launch)", _HINT),

@@ -9,6 +9,9 @@ with TMA) cannot be served by that layout: a window of rows that is not a whole 
 register load or store accepts (only wgmma needs the tiled layout, and refuses plain buffers
 with an error naming it).
 
+A buffer that ``plgpu.wgmma`` reads stays tiled even so: its minor slices must then fall on
+whole tiles (``b_smem.at[:, pl.ds(wg * 128, 128)]``, see :mod:`tiled_slices`).
+
 The analysis follows a ``pl.run_scoped`` Ref into the jaxprs it is passed to (``cond``
 branches, loop bodies, nested calls and scopes) and looks at the indexers of every access.
 """
@@ -74,6 +77,26 @@ def minor_sliced(jaxpr: Any, var: Any, shape: tuple[int, ...]) -> bool:
             for k in positions:
                 j = k - offset
                 if 0 <= j < len(sub.invars) and minor_sliced(sub, sub.invars[j], shape):
+                    return True
+    return False
+
+
+def read_by_wgmma(jaxpr: Any, var: Any) -> bool:
+    """Whether ``jaxpr`` (or a jaxpr it passes ``var`` to) gives the Ref ``var`` (a view of
+    it) to ``plgpu.wgmma`` as an operand."""
+    for eqn in jaxpr.eqns:
+        positions = [k for k, v in enumerate(eqn.invars) if v is var]
+        if not positions:
+            continue
+        if eqn.primitive.name == "gpu_wgmma":
+            roles = eqn.params["roles"]
+            if any(roles[r] in positions for r in range(1, len(roles))):
+                return True
+            continue
+        for sub, offset in _passed_to(eqn):
+            for k in positions:
+                j = k - offset
+                if 0 <= j < len(sub.invars) and read_by_wgmma(sub, sub.invars[j]):
                     return True
     return False
 

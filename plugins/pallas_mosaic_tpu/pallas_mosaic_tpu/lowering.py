@@ -609,6 +609,9 @@ def _masked_load(lowering: Lowering, eqn: Any, *args: Any) -> ir.Value:
 
 @rule(prims.run_scoped_p)
 def _run_scoped(lowering: Lowering, eqn: Any, *outer: Any) -> list[Any]:
+    if eqn.params.get("collective_axes"):
+        raise lowering.fail("pl.run_scoped(collective_axes=...) (one buffer shared by the "
+                            "cores along mesh axes)")
     if eqn.outvars:
         raise lowering.fail("pl.run_scoped returning values")
     region = tpu.RegionOp([])
