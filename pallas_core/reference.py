@@ -73,6 +73,17 @@ def barrier_rules() -> Mapping[Any, Callable[..., Any]]:
 manager.add_listener(barrier_rules.cache_clear)
 
 
+@functools.cache
+def phase_waits() -> frozenset[Any]:
+    """The primitives that wait for another point's arrivals (``PrimitiveSemantics.
+    phase_wait``: GPU mbarrier waits)."""
+    return frozenset(sem.primitive for group in manager.hook.pallas_primitives()
+                     for sem in group if sem.phase_wait)
+
+
+manager.add_listener(phase_waits.cache_clear)
+
+
 sub_jaxprs = _jax.sub_jaxprs
 """The jaxprs among an equation's parameters (e.g. the branches of a ``cond``)."""
 

@@ -11,10 +11,10 @@ cluster, threads per block, dynamic shared memory) and target architecture.
   ``attention_mgpu``, ``hopper_mixed_type_matmul_mgpu``, ``transposed_ragged_dot_mgpu``):
   JAX's lowering is checked against the launch its parameters imply. The ported modules
   (``porting.ported``) are lowered too and compared with it: hopper_matmul's port (a
-  warp-specialised pipeline) lowers exactly like JAX's and ragged_dot's with pinned,
-  explained differences; both run in the interpreter against ``jnp.dot`` /
-  ``lax.ragged_dot``. The ports that do not lower yet (issue 17) are strict xfails naming
-  what they lack.
+  warp-specialised pipeline) lowers exactly like JAX's, ragged_dot's and attention_mgpu's
+  (plain and causal) with pinned, explained differences; they run in the interpreter against
+  ``jnp.dot`` / ``lax.ragged_dot`` / attention_mgpu's own ``attention_reference``. The ports
+  that do not lower yet (issue 17) are strict xfails naming what they lack.
 * This plugin's own kernels (``pallas_mosaic_gpu.kernels``), written again with JAX's
   ``plgpu``: the differences that remain are design choices, pinned exactly below.
 """
@@ -273,6 +273,26 @@ def test_hopper_matmul_port_runs_in_the_interpreter(wg_dimension: str, with_c: b
     inspection.assert_same_kernel(
         _one_kernel(_lower(fn, a, b, c)),
         _one_kernel(_lower(functools.partial(theirs.matmul, config=config(theirs)), a, b, c)))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_port_runs_in_the_interpreter(causal: bool) -> None:
+    """The port's meaning: JAX's attention_mgpu forward kernel (two compute warpgroups and a
+    memory warpgroup sharing SMEM, synchronised by mbarriers), unchanged but for its imports,
+    run by this project's interpreter (its warpgroups each at its own pace,
+    pallas_interpret.phases) on random inputs, against the module's own
+    ``attention_reference``, with JAX's test tolerance."""
+    lib = _library("attention_mgpu", ours=True)
+    config = lib.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2, causal=causal)
+    q, k, v = (jax.random.normal(key, (1, 256, 2, 64), F32).astype(F16)
+               for key in jax.random.split(jax.random.key(11), 3))
+    fn = functools.partial(lib.attention, config=config)
+    with force_interpret_mode():
+        calls = list(kernel_calls(jax.make_jaxpr(fn)(q, k, v).jaxpr))
+        got = fn(q, k, v)
+    assert [c.backend for c in calls] == ["interpret"]
+    expected = lib.attention_reference(q, k, v, causal=causal)
+    np.testing.assert_allclose(got.astype(F32), expected.astype(F32), atol=2e-3, rtol=1e-3)
 
 
 # --- this plugin's kernels, written again with JAX's plgpu ------------------------------------

@@ -238,7 +238,7 @@ SEMANTICS: tuple[semantics.PrimitiveSemantics, ...] = (
     semantics.PrimitiveSemantics(copy_gmem_to_smem_p, discharge=_copy_in),
     semantics.PrimitiveSemantics(copy_smem_to_gmem_p, discharge=_copy_out),
     semantics.PrimitiveSemantics(barrier_arrive_p, discharge=_arrive),
-    semantics.PrimitiveSemantics(barrier_wait_p, discharge=_wait),
+    semantics.PrimitiveSemantics(barrier_wait_p, discharge=_wait, phase_wait=True),
     semantics.PrimitiveSemantics(wgmma_p, discharge=_wgmma),
     semantics.PrimitiveSemantics(wait_smem_to_gmem_p, evaluate=_no_op),
     semantics.PrimitiveSemantics(commit_smem_p, evaluate=_no_op),
