@@ -275,6 +275,32 @@ def test_hopper_matmul_port_runs_in_the_interpreter(wg_dimension: str, with_c: b
         _one_kernel(_lower(functools.partial(theirs.matmul, config=config(theirs)), a, b, c)))
 
 
+@pytest.mark.parametrize("block_q,block_kv,steps,head_dim,heads,causal,residuals", [
+    (64, 128, 2, 128, 4, False, False), (64, 64, 3, 64, 2, True, False),
+    (128, 64, 2, 64, 2, False, True), (64, 64, 2, 256, 2, False, False)])
+def test_attention_port_configs_lower_like_jax(block_q: int, block_kv: int, steps: int,
+                                               head_dim: int, heads: int, causal: bool,
+                                               residuals: bool) -> None:
+    """Other tilings of the attention port (wider K/V blocks and heads, three slots, causal,
+    the log-sum-exp residuals written by a second TMA store) lower like JAX's but for the
+    differences pinned for the test case: the grid's order and JAX's 2 KiB reduction
+    scratch."""
+    def lower(lib: types.ModuleType) -> tuple[dict[str, Any], Any]:
+        config = lib.TuningConfig(block_q=block_q, block_kv=block_kv,
+                                  max_concurrent_steps=steps, causal=causal)
+        fn = functools.partial(lib._attention_forward, config=config,
+                               save_residuals=residuals)
+        return _one_kernel(_lower(fn, *(S((2, 512, heads, head_dim), F16),) * 3))
+
+    ours, theirs = (lower(_library("attention_mgpu", o)) for o in (True, False))
+    grid = (heads, 512 // (2 * block_q), 2)
+    smem = inspection.launch(ours[1])["smem_bytes"]
+    different = {"smem_bytes": (smem, smem + 2048)}
+    if grid != grid[::-1]:
+        different["grid"] = (grid, grid[::-1])
+    inspection.assert_same_kernel(ours, theirs, different)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention_port_runs_in_the_interpreter(causal: bool) -> None:
     """The port's meaning: JAX's attention_mgpu forward kernel (two compute warpgroups and a

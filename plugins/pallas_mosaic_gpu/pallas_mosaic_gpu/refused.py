@@ -124,8 +124,10 @@ REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
         ("an accumulator is read after all pending wgmma here",
          "call plgpu.wgmma_wait(n), then read acc_ref[...]")),
     "WGMMAAccumulatorRef": ("JAX's accumulator class",
-                            ("plgpu.ACC is a function returning a scratch description here",
-                             "allocate accumulators with plgpu.ACC((M, N), dtype)")),
+                            ("plgpu.ACC((M, N)) returns a scratch description here, not an "
+                             "instance of a class",
+                             "allocate accumulators with plgpu.ACC((M, N), dtype), or start "
+                             "one at a value with pl.run_state(f)(plgpu.ACC.init(value))")),
 }
 
 
