@@ -301,6 +301,36 @@ def test_attention_port_configs_lower_like_jax(block_q: int, block_kv: int, step
     inspection.assert_same_kernel(ours, theirs, different)
 
 
+def _lower_attention_grad(ours: bool) -> list[tuple[dict[str, Any], Any]]:
+    """The kernels of attention_mgpu's gradient: the forward kernel saving the log-sum-exp,
+    then the backward's dQ and dK/dV kernels (warp-specialised pipelines)."""
+    lib = _library("attention_mgpu", ours)
+    config = lib.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2, block_q_dkv=64,
+                              block_kv_dkv=64, block_q_dq=64, block_kv_dq=64)
+    grad = jax.grad(lambda q, k, v: lib.attention(q, k, v, config).astype(F32).sum(),
+                    argnums=(0, 1, 2))
+    return inspection.kernels(_lower(grad, *(S((1, 256, 2, 64), F16),) * 3))
+
+
+def test_jax_lowers_the_attention_backward() -> None:
+    """Forward (3 warpgroups, a block per (head, pair of q tiles, batch)), then dQ (per q tile)
+    and dK/dV (per kv tile), each one compute warpgroup and one memory warpgroup."""
+    launches = [inspection.launch(module) for _, module in _lower_attention_grad(False)]
+    assert [(x["grid"], x["block"]) for x in launches] == [
+        ((1, 2, 2), (384, 1, 1)), ((1, 4, 2), (256, 1, 1)), ((1, 4, 2), (256, 1, 1))]
+
+
+@pytest.mark.xfail(strict=True, raises=pl.PallasError,
+                   reason="the backward's pipelines release their slots themselves: "
+                          "plgpu.emit_pipeline_warp_specialized(manual_consumed_barriers=True) "
+                          "is refused")
+def test_attention_backward_port_lowers_like_jax() -> None:
+    ours, theirs = _lower_attention_grad(True), _lower_attention_grad(False)
+    assert len(ours) == len(theirs) == 3
+    for mine, jax_kernel in zip(ours, theirs):
+        assert inspection.launch(mine[1])["block"] == inspection.launch(jax_kernel[1])["block"]
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention_port_runs_in_the_interpreter(causal: bool) -> None:
     """The port's meaning: JAX's attention_mgpu forward kernel (two compute warpgroups and a
