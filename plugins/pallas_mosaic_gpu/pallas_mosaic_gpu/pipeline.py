@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 import pallas_core as pl
@@ -73,6 +74,14 @@ def _window(spec: Any, dims: tuple[int | None, ...], indices: Sequence[Any],
                  for b, d in zip(block, dims))
 
 
+def _grid_entry_ok(g: Any) -> bool:
+    """A static positive int, or an integer scalar traced in the kernel."""
+    if isinstance(g, int):
+        return g > 0
+    shape, dtype = getattr(g, "shape", None), getattr(g, "dtype", None)
+    return shape == () and dtype is not None and jnp.issubdtype(dtype, jnp.integer)
+
+
 def emit_pipeline(body: Callable[..., Any], *, grid: Sequence[int],
                   in_specs: Sequence[Any] = (), out_specs: Sequence[Any] = (),
                   max_concurrent_steps: int = 1, init_carry: Any = None
@@ -86,6 +95,9 @@ def emit_pipeline(body: Callable[..., Any], *, grid: Sequence[int],
     a block revisited by consecutive steps accumulates in SMEM. With ``init_carry`` the body
     takes the carry last and returns the next one; the pipeline returns the final carry.
 
+    ``grid`` entries may be int32 scalars known only at run time (read from a Ref): the
+    pipeline then has ``max_concurrent_steps`` slots and fetches ahead only existing steps.
+
     Specs may be ``plgpu.BlockSpec``s: their ``transforms`` are checked against the layout
     the backend gives the block, and ``delay_release=d`` keeps an input's buffer for ``d``
     more steps, so that the ``plgpu.wgmma`` a step issues on it may still run during the
@@ -93,18 +105,21 @@ def emit_pipeline(body: Callable[..., Any], *, grid: Sequence[int],
     refilled once the step ``d`` later is done). Without it, every wgmma of a step is waited
     for (``wgmma_wait(0)``) before its buffers are refilled.
     """
-    grid = tuple(grid)
-    if not all(isinstance(g, (int,)) and g > 0 for g in grid):
+    grid = tuple(int(g) if isinstance(g, (int, np.integer)) else g for g in grid)
+    dynamic = not all(isinstance(g, int) for g in grid)
+    if not all(_grid_entry_ok(g) for g in grid):
         raise PallasError(
-            f"plgpu.emit_pipeline: grid must be positive ints, found {grid}. Fix: give a "
-            "static grid such as (k_steps,).")
+            f"plgpu.emit_pipeline: grid must be positive ints or int32 scalars known at run "
+            f"time, found {grid}. Fix: give a grid such as (k_steps,).")
     if not isinstance(max_concurrent_steps, int) or max_concurrent_steps < 1:
         raise PallasError(
             f"plgpu.emit_pipeline: max_concurrent_steps must be an int >= 1, found "
             f"{max_concurrent_steps!r}.")
     in_specs, out_specs = tuple(in_specs), tuple(out_specs)
-    steps = math.prod(grid)
-    slots = min(max_concurrent_steps, steps)
+    # A grid known at run time (JAX allows one, e.g. the K blocks of a ragged group) gets
+    # max_concurrent_steps slots, and the first fetches are guarded by the step count.
+    steps: Any = math.prod(jnp.asarray(g, jnp.int32) if dynamic else g for g in grid)
+    slots = max_concurrent_steps if dynamic else min(max_concurrent_steps, steps)
 
     def unravel(step: Any) -> tuple[Any, ...]:
         out = []
@@ -142,8 +157,10 @@ def emit_pipeline(body: Callable[..., Any], *, grid: Sequence[int],
                 gp.copy_gmem_to_smem(ins[k].at[window], in_bufs[k].at[slot], bars[k].at[slot])
 
             for s in range(slots):
-                for k in range(len(ins)):
-                    fetch(k, jnp.int32(s), s)
+                @pl.when(s < steps if dynamic else True)
+                def _first(s: int = s) -> None:
+                    for k in range(len(ins)):
+                        fetch(k, jnp.int32(s), s)
 
             def out_windows(step: Any) -> list[tuple[Any, ...]]:
                 idx = unravel(step)

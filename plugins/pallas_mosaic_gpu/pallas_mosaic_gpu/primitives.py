@@ -179,9 +179,47 @@ def wgmma_wait(n: int) -> None:
 # --- reference semantics ---------------------------------------------------------------------
 
 
+def _simple_indexer(t: Any) -> bool:
+    return isinstance(t, _jax.NDIndexer) and not t.int_indexer_shape and all(
+        (isinstance(i, _jax.Slice) and isinstance(i.stride, int) and i.stride == 1)
+        or getattr(i, "shape", ()) == () for i in t.indices)
+
+
+def _fold(outer: Any, inner: Any) -> Any:
+    """One indexer for ``inner`` applied to the view ``outer`` makes (starts add up)."""
+    rest = iter(inner.indices)
+    indices = []
+    for i in outer.indices:
+        if not isinstance(i, _jax.Slice):
+            indices.append(i)
+            continue
+        j = next(rest, None)
+        if j is None:
+            indices.append(i)
+        elif isinstance(j, _jax.Slice):
+            indices.append(_jax.Slice(i.start + j.start, j.size, 1))
+        else:
+            indices.append(i.start + j)
+    return _jax.NDIndexer(tuple(indices), outer.shape, (), validate=False)
+
+
+def _window(transforms: Any) -> tuple[Any, ...]:
+    """A copy's GMEM view with its successive indexers folded into one, as a TMA copy
+    addresses it (one box of the whole array): ``ref.at[pl.ds(s, k)].at[pl.ds(i, 64)]`` reads
+    rows ``s + i`` on, even where the outer window alone would run past the array's end
+    (transposed_ragged_dot's groups), which the interpreter would otherwise clamp."""
+    out: list[Any] = []
+    for t in transforms:
+        if out and _simple_indexer(out[-1]) and _simple_indexer(t):
+            out[-1] = _fold(out[-1], t)
+        else:
+            out.append(t)
+    return tuple(out)
+
+
 def _copy_in(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any) -> Any:
     state = RefViews(args, tree, roles)
-    state.write(_DST, state.read(_SRC))
+    state.write(_DST, state.read(_SRC, _window(state.transforms[_SRC])))
     state.write(_BARRIER, state.read(_BARRIER) + 1)
     return state.new_values(), []
 
@@ -189,7 +227,7 @@ def _copy_in(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any) -
 def _copy_out(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any,
               commit_group: bool = True) -> Any:
     state = RefViews(args, tree, roles)
-    state.write(_DST, state.read(_SRC))
+    state.write(_DST, state.read(_SRC), _window(state.transforms[_DST]))
     return state.new_values(), []
 
 

@@ -10,7 +10,8 @@ warpgroups) run ``body`` on every step. Two sets of mbarriers, one per slot, con
   (``delay_release`` steps later for ``plgpu.BlockSpec(delay_release=d)``), and the memory
   warpgroup waits for all of them before it refills the slot with the block ``max_concurrent_
   steps`` steps ahead. After its last copy it waits for the last arrivals, so that no barrier
-  is left mid-phase.
+  is left mid-phase. With ``manual_consumed_barriers`` every input has consumed barriers of its
+  own, on which the body arrives itself, and each input's slot is refilled on its own.
 
 The memory warpgroup gives registers up (``set_max_registers(memory_registers, action=
 "decrease")``) and the compute warpgroups take them (``(512 - memory_registers) //
@@ -102,13 +103,17 @@ class WarpSpecializedPipeline:
 
     def __init__(self, body: Callable[..., Any], grid: tuple[int, ...], in_specs: tuple[Any, ...],
                  slots: int, delay: int, wg_axis: str, num_compute_wgs: int,
-                 memory_registers: int, compute_context: Callable[..., Any] | None) -> None:
+                 memory_registers: int, compute_context: Callable[..., Any] | None,
+                 manual: bool = False) -> None:
         self.body, self.grid, self.in_specs = body, grid, in_specs
         self.steps = math.prod(grid)
         self.slots, self.delay = slots, delay
         self.wg_axis, self.num_compute_wgs = wg_axis, num_compute_wgs
         self.memory_registers = memory_registers
         self.compute_context = compute_context
+        self.manual = manual
+        """``manual_consumed_barriers``: a consumed barrier per input, given to the body, which
+        arrives on them itself."""
 
     def _dims(self, refs: Sequence[Any]) -> list[tuple[tuple[int | None, ...], list[int]]]:
         if len(refs) != len(self.in_specs):
@@ -135,7 +140,8 @@ class WarpSpecializedPipeline:
             flat_out_smem_refs=[],
             in_smem_barrier_ref=Barrier(num_arrivals=len(refs), num_barriers=self.slots),
             flat_consumed_barrier_refs=[Barrier(num_arrivals=self.num_compute_wgs,
-                                                num_barriers=self.slots)])
+                                                num_barriers=self.slots)
+                                        for _ in (refs if self.manual else refs[:1])])
 
     def __call__(self, *refs: Any, allocations: Any = None) -> None:
         dims = self._dims(refs)
@@ -155,9 +161,11 @@ class WarpSpecializedPipeline:
         return tuple(reversed(out))
 
     def _fetch(self, refs: Sequence[Any], dims: Any, bufs: Sequence[Any], full: Any,
-               step: Any, slot: Any) -> None:
+               step: Any, slot: Any, only: int | None = None) -> None:
         idx = self._unravel(step)
         for k, (spec, ref, buf) in enumerate(zip(self.in_specs, refs, bufs)):
+            if only is not None and k != only:
+                continue
             window = _window(spec, dims[k][0], idx, f"in_specs[{k}]")
             gp.copy_gmem_to_smem(ref.at[window], buf.at[slot], full.at[slot])
 
@@ -165,7 +173,9 @@ class WarpSpecializedPipeline:
         try:
             bufs = list(allocs["flat_in_smem_refs"])
             full = allocs["in_smem_barrier_ref"]
-            (consumed,) = allocs["flat_consumed_barrier_refs"]
+            consumed = list(allocs["flat_consumed_barrier_refs"])
+            if len(consumed) != (len(refs) if self.manual else 1):
+                raise ValueError
         except (KeyError, TypeError, ValueError):
             raise PallasError(
                 "plgpu.emit_pipeline_warp_specialized: allocations= must be what "
@@ -186,25 +196,31 @@ class WarpSpecializedPipeline:
             self._compute_role(refs, dims, bufs, full, consumed, concurrent)
 
     def _memory_role(self, refs: Sequence[Any], dims: Any, bufs: Sequence[Any], full: Any,
-                     consumed: Any) -> None:
+                     consumed: list[Any]) -> None:
         set_max_registers(self.memory_registers, action="decrease")
         for s in range(self.slots):
             self._fetch(refs, dims, bufs, full, jnp.int32(s), s)
 
         def refill(step: Any, _: Any) -> None:
             slot = lax.rem(step, self.slots)
-            gp.barrier_wait(consumed.at[slot])  # every compute warpgroup is done with it
-            self._fetch(refs, dims, bufs, full, step + self.slots, slot)
+            if self.manual:  # each input's slot is refilled once it is released
+                for k, bar in enumerate(consumed):
+                    gp.barrier_wait(bar.at[slot])
+                    self._fetch(refs, dims, bufs, full, step + self.slots, slot, only=k)
+            else:
+                gp.barrier_wait(consumed[0].at[slot])  # every compute warpgroup is done
+                self._fetch(refs, dims, bufs, full, step + self.slots, slot)
 
         lax.fori_loop(0, self.steps - self.slots, refill, None)
 
         def quiesce(step: Any, _: Any) -> None:  # the arrivals no refill waited for
-            gp.barrier_wait(consumed.at[lax.rem(step, self.slots)])
+            for bar in consumed:
+                gp.barrier_wait(bar.at[lax.rem(step, self.slots)])
 
         lax.fori_loop(self.steps - self.slots, self.steps - self.delay, quiesce, None)
 
     def _compute_role(self, refs: Sequence[Any], dims: Any, bufs: Sequence[Any], full: Any,
-                      consumed: Any, concurrent: Any) -> None:
+                      consumed: list[Any], concurrent: Any) -> None:
         called: list[bool] = []
 
         def run_steps(values: list[Any], rebuild: Callable[[Any], Any],
@@ -214,19 +230,21 @@ class WarpSpecializedPipeline:
                 if sequential:  # the interpreter: this warpgroup fetches its own blocks
                     self._fetch(refs, dims, bufs, full, step, slot)
                 gp.barrier_wait(full.at[slot])
+                released = lax.rem(step - self.delay, self.slots)
                 views = [b.at[slot] for b in bufs]
+                if self.manual:  # the body releases the slots itself
+                    views += [bar.at[released] for bar in consumed]
                 if self.compute_context is None:
                     self.body(self._unravel(step), *views)
                     new_values = carried
                 else:
                     new = self.body(self._unravel(step), *views, rebuild(carried))
                     new_values = _split(new)[0]
-                if not sequential:  # the slot of step - delay_release may be refilled
-                    released = lax.rem(step - self.delay, self.slots)
+                if not sequential and not self.manual:  # step - delay_release's slot is free
 
                     @pl.when(step >= self.delay)
                     def _release() -> None:
-                        gp.barrier_arrive(consumed.at[released])
+                        gp.barrier_arrive(consumed[0].at[released])
                 return new_values
 
             return list(lax.fori_loop(0, self.steps, step_fn, list(values)))
@@ -264,16 +282,17 @@ def emit_pipeline_warp_specialized(
     ``body(indices, *in_smem)`` runs on every step in each compute warpgroup; with
     ``compute_context`` (a function of the pipeline, run by the compute warpgroups only, that
     calls it once with the initial carry) the body takes the carry last and returns the next
-    one. Inputs only: ``out_specs``, ``manual_consumed_barriers``, ``pipeline_state`` and a
-    memory warpgroup other than the last are refused.
+    one. With ``manual_consumed_barriers`` each input has its own consumed barriers, passed
+    to the body after the input Refs (the slot to release, ``delay_release`` steps back), and
+    every compute warpgroup must arrive on each of them at every step; the memory warpgroup
+    refills an input's slot once its barrier completes. Inputs only: ``out_specs``,
+    ``pipeline_state`` and a memory warpgroup other than the last are refused.
     """
     in_specs = tuple(in_specs) if isinstance(in_specs, (list, tuple)) else (in_specs,)
     if out_specs not in ((), []):
         raise _refuse("out_specs (blocks stored from SMEM by the compute warpgroups)",
                       "store outputs in the body or in compute_context (plgpu.copy_smem_to_"
                       "gmem)")
-    if manual_consumed_barriers:
-        raise _refuse("manual_consumed_barriers=True", "let the pipeline release the slots")
     if pipeline_state is not None:
         raise _refuse("pipeline_state (a pipeline of pipelines)", "run separate pipelines")
     if memory_thread_idx not in (None, num_compute_wgs):
@@ -314,7 +333,8 @@ def emit_pipeline_warp_specialized(
             raise _refuse(f"in_specs[{k}], whose block does not change along the grid",
                           "pass such an operand whole and copy it once before the pipeline")
     return WarpSpecializedPipeline(body, grid, in_specs, slots, delay, wg_axis,
-                                   num_compute_wgs, memory_registers, compute_context)
+                                   num_compute_wgs, memory_registers, compute_context,
+                                   bool(manual_consumed_barriers))
 
 
 def _split(tree: Any) -> tuple[list[Any], Callable[[Any], Any]]:

@@ -9,7 +9,9 @@
 * ``pl.run_scoped(collective_axes=thread_axis)``: one allocation shared by the warpgroups of
   a block (this backend's shared-memory plan gives every ``run_scoped`` one region anyway); as
   in JAX, the warpgroups meet at a block barrier before they enter it, and accumulators, which
-  live in each warpgroup's registers, are refused in it.
+  live in each warpgroup's registers, are refused in it. Shared memory allocated without
+  ``collective_axes`` in a kernel of several warpgroups is refused, as in JAX (the interpreter
+  would give each warpgroup its own buffer where the GPU shares one).
 """
 
 from __future__ import annotations
@@ -81,10 +83,20 @@ def enter_run_scoped(state: GPULowering, eqn: Any) -> None:
     """Checks a ``pl.run_scoped``'s ``collective_axes`` and, for one shared by the
     warpgroups, makes them meet first (a buffer of an earlier scope may share its memory)."""
     axes = tuple(eqn.params.get("collective_axes", ()))
-    if not axes:
-        return
-    mesh = getattr(state.call.compiler_params, "mesh", None)
+    mesh: Any = getattr(state.call.compiler_params, "mesh", None)
     thread = getattr(mesh, "thread_name", None)
+    threads = getattr(mesh, "num_threads", None) or 1
+    if not axes:
+        shared = [m for m in eqn.params["scoped"] if m.memory_space is not ACC_SPACE]
+        if shared and threads > 1:
+            raise UnsupportedError(
+                f"kernel {state.call.name!r}: pl.run_scoped at {state.location} allocates "
+                f"shared memory in a kernel of {threads} warpgroups without "
+                "collective_axes; the block has one shared memory, so (as in JAX) such an "
+                f"allocation must be shared by its warpgroups. Fix: pass "
+                f"collective_axes={thread!r} (and index the buffer by warpgroup where each "
+                "needs its own part).")
+        return
     if axes != (thread,) or thread is None:
         raise UnsupportedError(
             f"kernel {state.call.name!r}: pl.run_scoped(collective_axes={axes}) at "

@@ -35,40 +35,45 @@ def _module(fn: Any, *args: Any) -> str:
 
 
 def ws_matmul(a: jax.Array, b: jax.Array, *, steps: int = 2, out_specs: Any = (),
-              col: Any = None, **pipeline_kw: Any) -> jax.Array:
+              col: Any = None, manual: bool = False, **pipeline_kw: Any) -> jax.Array:
     """(64, K) @ (K, 128) with two compute warpgroups, each owning 64 columns of B
     (``b_smem.at[:, pl.ds(wg * 64, 64)]``), fed by a memory warpgroup."""
     m, k = a.shape
     n = b.shape[1]
 
-    def body(a_gmem: Any, b_gmem: Any, o_gmem: Any) -> None:
+    def body(a_gmem: Any, b_gmem: Any, o_gmem: Any, out_smem: Any) -> None:
         wg = lax.axis_index("wg")
         cols = col(wg) if col is not None else pl.ds(wg * TILE, TILE)
 
-        def mma(_: Any, a_smem: Any, b_smem: Any, acc: Any) -> Any:
+        def mma(_: Any, a_smem: Any, b_smem: Any, *rest: Any) -> Any:
+            *released, acc = rest
             plgpu.wgmma(acc, a_smem, b_smem.at[:, cols])
             plgpu.wgmma_wait(0)
+            for barrier in released:  # manual_consumed_barriers: one per input
+                plgpu.barrier_arrive(barrier)
             return acc
 
         def context(run: Any) -> None:
-            def scope(acc: Any, out_smem: Any) -> None:
+            def scope(acc: Any) -> None:
                 run(acc)
-                out_smem[...] = acc[...].astype(o_gmem.dtype)
-                plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(out_smem, o_gmem.at[:, pl.ds(wg * TILE, TILE)])
+                out_smem[wg] = acc[...].astype(o_gmem.dtype)  # the scratch is shared: a half
+                plgpu.commit_smem()                           # of it per warpgroup
+                plgpu.copy_smem_to_gmem(out_smem.at[wg], o_gmem.at[:, pl.ds(wg * TILE, TILE)])
                 plgpu.wait_smem_to_gmem(0)
 
-            pl.run_scoped(scope, plgpu.ACC((m, TILE)), plgpu.SMEM((m, TILE), o_gmem.dtype))
+            pl.run_scoped(scope, plgpu.ACC((m, TILE)))
 
         pipeline = plgpu.emit_pipeline_warp_specialized(
             mma, grid=(k // TILE,), memory_registers=40, wg_axis="wg", num_compute_wgs=2,
             max_concurrent_steps=steps, compute_context=context, out_specs=out_specs,
+            manual_consumed_barriers=manual,
             in_specs=[plgpu.BlockSpec((m, TILE), lambda i: (0, i)),
                       plgpu.BlockSpec((TILE, n), lambda i: (i, 0))], **pipeline_kw)
         pipeline(a_gmem, b_gmem)
 
     return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((m, n), a.dtype), num_threads=3,
-                        thread_name="wg")(a, b)  # type: ignore[no-any-return]
+                        thread_name="wg", scratch_types=[plgpu.SMEM((2, m, TILE), a.dtype)]
+                        )(a, b)  # type: ignore[no-any-return]
 
 
 def _operands(k: int = 256) -> tuple[jax.Array, jax.Array]:
@@ -77,10 +82,11 @@ def _operands(k: int = 256) -> tuple[jax.Array, jax.Array]:
             jax.random.normal(kb, (k, 128), F32).astype(F16))
 
 
-def test_warp_specialized_matmul_in_the_interpreter() -> None:
+@pytest.mark.parametrize("manual", [False, True])
+def test_warp_specialized_matmul_in_the_interpreter(manual: bool) -> None:
     a, b = _operands()
     with force_interpret_mode():
-        got = ws_matmul(a, b, steps=3)
+        got = ws_matmul(a, b, steps=3, manual=manual)
     expected = jnp.dot(a.astype(F32), b.astype(F32))
     np.testing.assert_allclose(got.astype(F32), expected, rtol=2e-2, atol=0.1)
 
@@ -102,9 +108,9 @@ def test_warp_specialized_matmul_lowers_with_its_roles() -> None:
     ((_, module),) = inspection.kernels(_lower(ws_matmul, a, b))
     launch = inspection.launch(module)
     assert launch["block"] == (384, 1, 1)
-    # A: 2 x (64, 64) f16, B: 2 x (64, 128) f16, the output buffer (64, 64) f16, then the
-    # full and consumed barriers (2 each); the ACC lives in registers.
-    assert launch["smem_bytes"] == 2 * 8192 + 2 * 16384 + 8192 + 4 * 8
+    # The output scratch 2 x (64, 64) f16, A: 2 x (64, 64) f16, B: 2 x (64, 128) f16, then
+    # the full and consumed barriers (2 each); the ACC lives in registers.
+    assert launch["smem_bytes"] == 2 * 8192 + 2 * 8192 + 2 * 16384 + 4 * 8
 
 
 def test_collective_run_scoped_is_shared_once() -> None:
@@ -156,7 +162,6 @@ def test_collective_run_scoped_refuses_an_accumulator() -> None:
 
 @pytest.mark.parametrize("kw,match", [
     (dict(out_specs=[pl.BlockSpec((64, 64), lambda i: (0, i))]), "out_specs"),
-    (dict(manual_consumed_barriers=True), "manual_consumed_barriers"),
     (dict(pipeline_state=0), "pipeline_state"),
     (dict(memory_thread_idx=0), "memory_thread_idx"),
 ])
@@ -178,3 +183,25 @@ def test_wgmma_on_a_slice_off_the_tiles_is_refused() -> None:
 def test_set_max_registers_checks_its_arguments(n: int, action: str) -> None:
     with pytest.raises(pl.PallasError, match="set_max_registers"):
         plgpu.set_max_registers(n, action=action)
+
+
+def test_manual_consumed_barriers_lower_per_input() -> None:
+    """With manual_consumed_barriers each input has its own consumed barriers (2 slots each),
+    which the body arrives on; the memory warpgroup waits on each before refilling."""
+    a, b = _operands()
+    ((_, module),) = inspection.kernels(_lower(functools.partial(ws_matmul, manual=True),
+                                               a, b))
+    assert inspection.launch(module)["smem_bytes"] == 2 * 8192 + 2 * 8192 + 2 * 16384 + 6 * 8
+    assert str(module).count("@$2 mbarrier.arrive.release") == 2
+
+
+def test_shared_memory_without_collective_axes_is_refused_with_warpgroups() -> None:
+    """As in JAX: a block of several warpgroups has one shared memory, so a run_scoped SMEM
+    buffer must say it is shared (the interpreter would give each warpgroup its own)."""
+    def body(o_gmem: Any) -> None:
+        pl.run_scoped(lambda buf: None, plgpu.SMEM((128,), F32))
+
+    fn = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((128,), F32), num_threads=2,
+                      thread_name="wg", backend="mosaic_gpu")
+    with pytest.raises(pl.UnsupportedError, match="collective_axes='wg'"):
+        _lower(fn)
