@@ -390,6 +390,12 @@ def make_ref_aval(shape: Sequence[int], dtype: Any, memory_space: Any = None) ->
     return AbstractRef(core.ShapedArray(tuple(shape), dtype), memory_space=memory_space)
 
 
+def register_initial_ref(cls: type, to_aval: Callable[[Any], tuple[Any, Any]]) -> None:
+    """Values of ``cls`` given to ``run_state`` start a Ref of their own kind: ``to_aval(x)``
+    returns the Ref's aval and its initial value (a backend's accumulator types)."""
+    state_types._ref_type_aval_mappings[cls] = to_aval
+
+
 def def_eager_impl(prim: Primitive) -> None:
     """Eager (outside ``jit``) application compiles the primitive alone."""
     prim.def_impl(lambda *args, **params: dispatch.apply_primitive(prim, *args, **params))

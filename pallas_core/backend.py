@@ -44,7 +44,9 @@ primitives ``cond_p``, ``while_p``, ``scan_p``, ``axis_index_p``, ``stack_p``, `
 primitives ``get_p``, ``swap_p``, ``addupdate_p``, ``broadcast_to_p``; ``Effect``,
 ``ReadEffect``, ``WriteEffect``, ``is_ref_effect``, ``internal_mutable_array_effect``,
 ``register_side_effect``; ``discharge_state``, ``discharge_rules_wrapped``,
-:func:`ref_and_transforms`.
+:func:`ref_and_transforms`; ``run_state_p`` (``pl.run_state``'s primitive),
+``make_ref_aval`` and ``register_initial_ref`` (a backend's own kind of initial Ref value,
+such as an accumulator).
 
 **Emitting a call**: ``emit_custom_call``, ``manual_axes``, ``make_ir_context``,
 ``assume_device``, ``mosaic_serde_version``; ``jax_lowering_rule_names`` (JAX's own rule
@@ -88,10 +90,13 @@ from pallas_core._jax import (
     jax_lowering_rule_names,
     jaxpr_from_eqns,
     make_ir_context,
+    make_ref_aval,
     manual_axes,
     mosaic_serde_version,
     ref_type_of,
+    register_initial_ref,
     register_side_effect,
+    run_state_p,
     scan_p,
     scan_parts,
     shape_after_transforms,
@@ -151,8 +156,8 @@ __all__ = [
     "AbstractRef", "BitcastTransform", "Effect", "NDIndexer", "ReadEffect", "ReshapeTransform",
     "Slice", "WriteEffect", "addupdate_p", "broadcast_to_p", "discharge_rules_wrapped",
     "discharge_state", "ds", "get_p", "internal_mutable_array_effect", "is_ref_effect",
-    "ref_and_transforms", "ref_type_of", "register_side_effect", "shape_after_transforms",
-    "swap_p",
+    "make_ref_aval", "ref_and_transforms", "ref_type_of", "register_initial_ref",
+    "register_side_effect", "run_state_p", "shape_after_transforms", "swap_p",
     # emitting a call
     "assume_device", "emit_custom_call", "jax_lowering_rule_names", "make_ir_context",
     "manual_axes", "mosaic_serde_version",

@@ -73,6 +73,17 @@ def barrier_rules() -> Mapping[Any, Callable[..., Any]]:
 manager.add_listener(barrier_rules.cache_clear)
 
 
+@functools.cache
+def phase_waits() -> frozenset[Any]:
+    """The primitives that wait for another point's arrivals (``PrimitiveSemantics.
+    phase_wait``: GPU mbarrier waits)."""
+    return frozenset(sem.primitive for group in manager.hook.pallas_primitives()
+                     for sem in group if sem.phase_wait)
+
+
+manager.add_listener(phase_waits.cache_clear)
+
+
 sub_jaxprs = _jax.sub_jaxprs
 """The jaxprs among an equation's parameters (e.g. the branches of a ``cond``)."""
 
@@ -210,6 +221,21 @@ def _inline(key: str) -> Callable[..., Any]:
     return handler
 
 
+def _run_state(invals: list[Any], params: Mapping[str, Any], ctx: ReferenceContext,
+               rules: Rules) -> Any:
+    """``pl.run_state`` around rules (a backend's accumulator Refs): its body discharged and
+    evaluated here; the results are the Refs' final values."""
+    jaxpr = params["jaxpr"]
+    given = iter(invals)
+    args = [next(given) if ready else jnp.zeros(v.aval.shape, v.aval.dtype)
+            for v, ready in zip(jaxpr.invars, params["is_initialized"])]
+    sizes = ctx.grid[ctx.num_batch_axes:]
+    axis_sizes = tuple(zip(ctx.grid_names, sizes)) if ctx.grid_names else ()
+    discharged = _jax.discharge_state(_jax.ClosedJaxpr(jaxpr, ()), axis_sizes=axis_sizes)
+    outs = eval_jaxpr(discharged.jaxpr, discharged.consts, args, ctx, rules)
+    return outs[len(jaxpr.outvars):]
+
+
 CALL_BODIES: Mapping[Any, str] = {
     _jax.jit_p: "jaxpr",
     _jax.closed_call_p: "call_jaxpr",
@@ -222,6 +248,7 @@ _CONTROL_FLOW: dict[Any, Callable[..., Any]] = {
     _jax.cond_p: _cond,
     _jax.while_p: _while,
     _jax.scan_p: _scan,
+    _jax.run_state_p: _run_state,
     **{prim: _inline(key) for prim, key in CALL_BODIES.items()},
 }
 """Primitives whose bodies are evaluated here (with the rules) instead of bound as they are."""

@@ -60,6 +60,15 @@ class PrimitiveSemantics:
     """For a barrier: given the equation's params, the names of the mesh axes whose points wait
     for each other there (``None``: every axis of the kernel's grid). Interpreters run those
     points in lockstep, phase by phase, instead of one after another."""
+    phase_wait: bool = False
+    """A wait for the next phase of an arrival counter (a GPU mbarrier), with ``discharge``
+    (its meaning where one point runs alone): operand 0 is the counter Ref (int32), the
+    ``tree`` param's transforms (operands 1, ...) select one counter of it, and
+    ``num_arrivals`` of the Ref's memory space (1 if it has none) arrivals complete a phase.
+    Each point waits for the phase after the last one it waited for on that counter. In a
+    kernel whose points share memory along mesh axes (``pl.run_scoped(collective_axes=...)``),
+    interpreters run those points each at its own pace, a wait holding its point until other
+    points' arrivals complete the phase."""
 
     def __post_init__(self) -> None:
         given = [r for r in (self.discharge, self.evaluate, self.barrier) if r is not None]
@@ -69,6 +78,10 @@ class PrimitiveSemantics:
                 "`discharge` (primitives that touch Refs), `barrier` (primitives that make the "
                 "points of a mesh wait for each other) or `evaluate` (the others)."
             )
+        if self.phase_wait and self.discharge is None:
+            raise PallasError(
+                f"PrimitiveSemantics for {self.primitive.name!r}: a `phase_wait` needs "
+                "`discharge` (its meaning where one point runs alone).")
 
 
 # --- evaluate rules ---------------------------------------------------------------------

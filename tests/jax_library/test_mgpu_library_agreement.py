@@ -11,10 +11,11 @@ cluster, threads per block, dynamic shared memory) and target architecture.
   ``attention_mgpu``, ``hopper_mixed_type_matmul_mgpu``, ``transposed_ragged_dot_mgpu``):
   JAX's lowering is checked against the launch its parameters imply. The ported modules
   (``porting.ported``) are lowered too and compared with it: hopper_matmul's port (a
-  warp-specialised pipeline) lowers exactly like JAX's and ragged_dot's with pinned,
-  explained differences; both run in the interpreter against ``jnp.dot`` /
-  ``lax.ragged_dot``. The ports that do not lower yet (issue 17) are strict xfails naming
-  what they lack.
+  warp-specialised pipeline) lowers exactly like JAX's, ragged_dot's and attention_mgpu's
+  (plain and causal, and its gradient's kernels) with pinned, explained differences; they
+  run in the interpreter against ``jnp.dot`` / ``lax.ragged_dot`` / attention_mgpu's own
+  ``attention_reference`` (and its gradient). The ports
+  that do not lower yet (issue 17) are strict xfails naming what they lack.
 * This plugin's own kernels (``pallas_mosaic_gpu.kernels``), written again with JAX's
   ``plgpu``: the differences that remain are design choices, pinned exactly below.
 * Blackwell (sm_100a): JAX's blackwell_matmul and blackwell_ragged_dot as JAX lowers them on
@@ -62,11 +63,15 @@ def _one_kernel(text: str) -> tuple[dict[str, Any], Any]:
 
 # --- JAX's Mosaic GPU kernel library ---------------------------------------------------------
 
-LIBRARY = ("hopper_matmul_mgpu", "ragged_dot_mgpu", "attention_mgpu",
+LIBRARY = ("hopper_matmul_mgpu", "ragged_dot_mgpu", "attention_mgpu", "attention_mgpu_causal",
            "hopper_mixed_type_matmul_mgpu", "transposed_ragged_dot_mgpu")
+CUDA_VERSION = 12091
+"""The CUDA runtime version attention_mgpu is told (it refuses causal masking from 12.8.0 to
+12.9.0, for a ptxas miscompilation)."""
 
 
 def _library(name: str, ours: bool) -> types.ModuleType:
+    name = name.removesuffix("_causal")  # a case of the same module
     if ours:
         module = porting.ported(f"gpu.{name}")
         assert module.plgpu is plgpu and module.pl is pl, "the port still runs JAX's Pallas"
@@ -99,7 +104,8 @@ def _no_device_queries(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.setattr(_library("hopper_matmul_mgpu", ours), "get_num_sms",
                                 lambda: NUM_SMS)
             monkeypatch.setattr(_library("attention_mgpu", ours), "cuda_versions",
-                                types.SimpleNamespace(cuda_runtime_get_version=lambda: 12090))
+                                types.SimpleNamespace(cuda_runtime_get_version=lambda:
+                                                      CUDA_VERSION))
             monkeypatch.setattr(_library("hopper_mixed_type_matmul_mgpu", ours), "backend",
                                 types.SimpleNamespace(get_default_device=lambda: device))
             monkeypatch.setattr(_library("transposed_ragged_dot_mgpu", ours), "jax",
@@ -124,7 +130,8 @@ def _library_case(name: str, lib: types.ModuleType) -> tuple[Any, tuple[S, ...]]
         return (functools.partial(lib.transposed_ragged_dot, block_m=64, block_n=64,
                                   block_k=64, max_concurrent_steps=2, grid_block_n=1),
                 (S((256, 128), F16), S((256, 128), F16), S((4,), jnp.int32)))
-    config = lib.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2)
+    config = lib.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2,
+                              causal=name.endswith("_causal"))
     return (lambda q, k, v: lib.attention(q, k, v, config)), (S((1, 256, 2, 64), F16),) * 3
 
 
@@ -144,6 +151,7 @@ LIBRARY_LAUNCH = {
     "hopper_matmul_mgpu": dict(grid=(NUM_SMS, 1, 1), cluster=(1, 1, 1), block=(384, 1, 1)),
     "ragged_dot_mgpu": dict(grid=(132, 1, 1), cluster=(1, 1, 1), block=(128, 1, 1)),
     "attention_mgpu": dict(grid=(1, 2, 2), cluster=(1, 1, 1), block=(384, 1, 1)),
+    "attention_mgpu_causal": dict(grid=(1, 2, 2), cluster=(1, 1, 1), block=(384, 1, 1)),
     # Persistent like hopper_matmul (3 warpgroups); transposed_ragged_dot's nd_loop runs on
     # every SM with one warpgroup.
     "hopper_mixed_type_matmul_mgpu": dict(grid=(NUM_SMS, 1, 1), cluster=(1, 1, 1),
@@ -155,16 +163,10 @@ LIBRARY_LAUNCH = {
 # Why this project's port of a kernel does not lower yet (issue 17): what it lacks (plgpu
 # refuses the names it does not have with pl.UnsupportedError naming them).
 PORT_GAPS = {
-    "attention_mgpu": "plgpu lacks Layout, layout_cast, load(layout=), broadcasted_iota, "
-                      "commit_smem_to_gmem_group",
     "hopper_mixed_type_matmul_mgpu": "int8 SMEM blocks tiled (8, 128) with a 128-byte swizzle "
                                      "(plgpu tiles only 16-bit buffers, and refuses the "
                                      "BlockSpec's transforms) and 8-bit register arithmetic "
                                      "(a_smem[...].astype(b.dtype) before the wgmma)",
-    "transposed_ragged_dot_mgpu": "plgpu.layout_cast and plgpu.Layout.WGMMA (the register "
-                                  "layout of the masks' broadcasted_iota) are refused; with "
-                                  "them as the identity the port lowers (with the SMEM "
-                                  "difference pinned below) and matches the reference",
 }
 
 # The ports that lower: the fields in which they differ from JAX's lowering, as (ours, JAX's),
@@ -180,6 +182,16 @@ PORT_DIFFERENCES: dict[str, dict[str, tuple[Any, Any]]] = {
     # JAX uses one mbarrier per pipeline slot (2 x 8 bytes); this backend one per input and
     # slot (4 x 8).
     "ragged_dot_mgpu": {"smem_bytes": (32768 + 8192 + 4 * 8, 32768 + 2 * 8)},
+    # The grid (heads, q tiles, batch) = (2, 2, 1): this backend gives CUDA a plgpu.kernel's
+    # grid in order (x = the first axis), JAX reversed (x = the last); both launch the same
+    # blocks. Shared memory: Q/O (2 warpgroups), K and V (2 slots) of (64, 64) f16, tiled,
+    # 3 x 16384 bytes, then 11 mbarriers (88 bytes) in both; JAX reserves 2048 bytes more for
+    # the reductions it may lower through SMEM (it asks that much of every kernel holding a
+    # reduction); the row maxima and sums of the wgmma layout here are shuffles in registers.
+    "attention_mgpu": {"grid": ((2, 2, 1), (1, 2, 2)),
+                       "smem_bytes": (3 * 16384 + 88, 3 * 16384 + 2048 + 88)},
+    "attention_mgpu_causal": {"grid": ((2, 2, 1), (1, 2, 2)),
+                              "smem_bytes": (3 * 16384 + 88, 3 * 16384 + 2048 + 88)},
     # The same plan as ragged_dot's: its pipeline (a grid read from GMEM at run time) has 2
     # inputs x 2 slots of (64, 64) f16, then the output buffer of its own run_scoped.
     "transposed_ragged_dot_mgpu": {"smem_bytes": (32768 + 8192 + 4 * 8, 32768 + 2 * 8)},
@@ -269,8 +281,108 @@ def test_hopper_matmul_port_runs_in_the_interpreter(wg_dimension: str, with_c: b
         _one_kernel(_lower(functools.partial(theirs.matmul, config=config(theirs)), a, b, c)))
 
 
-@pytest.mark.xfail(strict=True, raises=pl.PallasError,
-                   reason=PORT_GAPS["transposed_ragged_dot_mgpu"])
+@pytest.mark.parametrize("block_q,block_kv,steps,head_dim,heads,causal,residuals", [
+    (64, 128, 2, 128, 4, False, False), (64, 64, 3, 64, 2, True, False),
+    (128, 64, 2, 64, 2, False, True), (64, 64, 2, 256, 2, False, False)])
+def test_attention_port_configs_lower_like_jax(block_q: int, block_kv: int, steps: int,
+                                               head_dim: int, heads: int, causal: bool,
+                                               residuals: bool) -> None:
+    """Other tilings of the attention port (wider K/V blocks and heads, three slots, causal,
+    the log-sum-exp residuals written by a second TMA store) lower like JAX's but for the
+    differences pinned for the test case: the grid's order and JAX's 2 KiB reduction
+    scratch."""
+    def lower(lib: types.ModuleType) -> tuple[dict[str, Any], Any]:
+        config = lib.TuningConfig(block_q=block_q, block_kv=block_kv,
+                                  max_concurrent_steps=steps, causal=causal)
+        fn = functools.partial(lib._attention_forward, config=config,
+                               save_residuals=residuals)
+        return _one_kernel(_lower(fn, *(S((2, 512, heads, head_dim), F16),) * 3))
+
+    ours, theirs = (lower(_library("attention_mgpu", o)) for o in (True, False))
+    grid = (heads, 512 // (2 * block_q), 2)
+    smem = inspection.launch(ours[1])["smem_bytes"]
+    different = {"smem_bytes": (smem, smem + 2048)}
+    if grid != grid[::-1]:
+        different["grid"] = (grid, grid[::-1])
+    inspection.assert_same_kernel(ours, theirs, different)
+
+
+def _lower_attention_grad(ours: bool) -> list[tuple[dict[str, Any], Any]]:
+    """The kernels of attention_mgpu's gradient: the forward kernel saving the log-sum-exp,
+    then the backward's dQ and dK/dV kernels (warp-specialised pipelines)."""
+    lib = _library("attention_mgpu", ours)
+    config = lib.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2, block_q_dkv=64,
+                              block_kv_dkv=64, block_q_dq=64, block_kv_dq=64)
+    grad = jax.grad(lambda q, k, v: lib.attention(q, k, v, config).astype(F32).sum(),
+                    argnums=(0, 1, 2))
+    return inspection.kernels(_lower(grad, *(S((1, 256, 2, 64), F16),) * 3))
+
+
+def test_jax_lowers_the_attention_backward() -> None:
+    """Forward (3 warpgroups, a block per (head, pair of q tiles, batch)), then dQ (per q tile)
+    and dK/dV (per kv tile), each one compute warpgroup and one memory warpgroup."""
+    launches = [inspection.launch(module) for _, module in _lower_attention_grad(False)]
+    assert [(x["grid"], x["block"]) for x in launches] == [
+        ((1, 2, 2), (384, 1, 1)), ((1, 4, 2), (256, 1, 1)), ((1, 4, 2), (256, 1, 1))]
+
+
+# The gradient's kernels against JAX's, as (ours, JAX's): each grid in order here, reversed in
+# JAX (see PORT_DIFFERENCES). Shared memory: the forward kernel saving the log-sum-exp has the
+# forward's plan plus its (2, 64) float32 buffer (512 bytes, which JAX rounds up to 1024) and
+# JAX's 2048 bytes of reduction scratch; the dQ kernel's plan is JAX's, buffer for buffer; the
+# dK/dV kernel's too, but for its last buffer (delta, (2, 64) float32) that JAX rounds up.
+BACKWARD_DIFFERENCES: list[dict[str, tuple[Any, Any]]] = [
+    {"grid": ((2, 2, 1), (1, 2, 2)),
+     "smem_bytes": (3 * 16384 + 512 + 88, 3 * 16384 + 1024 + 2048 + 88)},
+    {"grid": ((2, 4, 1), (1, 4, 2))},
+    {"grid": ((2, 4, 1), (1, 4, 2)), "smem_bytes": (50688 + 96, 50688 + 512 + 96)},
+]
+
+
+def test_attention_backward_port_lowers_like_jax() -> None:
+    ours, theirs = _lower_attention_grad(True), _lower_attention_grad(False)
+    assert len(ours) == len(theirs) == 3
+    for mine, jax_kernel, different in zip(ours, theirs, BACKWARD_DIFFERENCES):
+        inspection.assert_same_kernel(mine, jax_kernel, different)
+
+
+def test_attention_backward_port_runs_in_the_interpreter() -> None:
+    """The gradient of the port (its forward kernel with residuals, then the dQ and dK/dV
+    kernels, warp-specialised pipelines) in the interpreter, against the gradient of
+    attention_mgpu's ``attention_reference``, on random inputs and cotangents."""
+    lib = _library("attention_mgpu", ours=True)
+    config = lib.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2, block_q_dkv=64,
+                              block_kv_dkv=64, block_q_dq=64, block_kv_dq=64)
+    q, k, v, do = (jax.random.normal(key, (1, 256, 2, 64), F32).astype(F16)
+                   for key in jax.random.split(jax.random.key(12), 4))
+    with force_interpret_mode():
+        _, grads = jax.vjp(lambda q, k, v: lib.attention(q, k, v, config), q, k, v)
+        got = grads(do)
+    _, reference = jax.vjp(lib.attention_reference, q, k, v)
+    for g, e in zip(got, reference(do.astype(F32))):
+        np.testing.assert_allclose(g.astype(F32), e.astype(F32), rtol=1e-2, atol=5e-2)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_port_runs_in_the_interpreter(causal: bool) -> None:
+    """The port's meaning: JAX's attention_mgpu forward kernel (two compute warpgroups and a
+    memory warpgroup sharing SMEM, synchronised by mbarriers), unchanged but for its imports,
+    run by this project's interpreter (its warpgroups each at its own pace,
+    pallas_interpret.phases) on random inputs, against the module's own
+    ``attention_reference``, with JAX's test tolerance."""
+    lib = _library("attention_mgpu", ours=True)
+    config = lib.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2, causal=causal)
+    q, k, v = (jax.random.normal(key, (1, 256, 2, 64), F32).astype(F16)
+               for key in jax.random.split(jax.random.key(11), 3))
+    fn = functools.partial(lib.attention, config=config)
+    with force_interpret_mode():
+        calls = list(kernel_calls(jax.make_jaxpr(fn)(q, k, v).jaxpr))
+        got = fn(q, k, v)
+    assert [c.backend for c in calls] == ["interpret"]
+    expected = lib.attention_reference(q, k, v, causal=causal)
+    np.testing.assert_allclose(got.astype(F32), expected.astype(F32), atol=2e-3, rtol=1e-3)
+
+
 def test_transposed_ragged_dot_port_runs_in_the_interpreter() -> None:
     """JAX's transposed_ragged_dot (per group g: lhs[rows of g].T @ rhs[rows of g]) run by
     the interpreter on uneven groups (one empty, one whose K window runs past the array's end,

@@ -22,7 +22,7 @@ from pallas_core import reference
 from pallas_core.errors import UnsupportedError
 from pallas_core.request import KernelCall
 from pallas_core.semantics import ReferenceContext, fresh_buffer
-from pallas_interpret import blocks, checks, fast, handshake, lockstep, schedule, skip_float
+from pallas_interpret import blocks, checks, fast, handshake, lockstep, phases, schedule, skip_float
 from pallas_interpret.params import InterpretParams
 
 
@@ -45,6 +45,9 @@ def run(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
         return run_exact(call, args, rules, params)
     if handshake.signals_cores(call):
         return handshake.run(call, args, rules, params)
+    shared = phases.group_axes(call)
+    if shared is not None:  # GPU warpgroups sharing SMEM, waiting on each other's barriers
+        return phases.run(call, args, rules, params, shared)
     axes = lockstep.lockstep_axes(call)
     if axes is not None:
         if params.num_cores > 1 or params.grid_point_recorder is not None:

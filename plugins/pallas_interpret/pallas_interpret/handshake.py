@@ -77,6 +77,15 @@ class _Label:
 class _Runner(lockstep._Runner):
     """Compiles a kernel jaxpr into steps, then runs the cores of one group through them."""
 
+    sync_ops: tuple[Any, ...] = _SEMAPHORE_OPS
+    """The primitives a core may stop at (the others run in straight-line steps)."""
+
+    def holds(self, eqn: Any) -> bool:
+        """Whether ``eqn`` is, or holds, one of :attr:`sync_ops`."""
+        return eqn.primitive in self.sync_ops or any(
+            reference.find_eqn(sub, self.sync_ops) is not None
+            for sub in reference.sub_jaxprs(eqn.params))
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.steps: list[Step] = []
@@ -103,7 +112,7 @@ class _Runner(lockstep._Runner):
         live_from = lockstep.live_sets(jaxpr)
         segment: list[Any] = []
         for i, eqn in enumerate(jaxpr.eqns):
-            if not _holds(eqn):
+            if not self.holds(eqn):
                 segment.append(eqn)
                 continue
             self.segment(segment, env, live_from[i])
@@ -311,7 +320,7 @@ class _Runner(lockstep._Runner):
                   test: Callable[[list[Any], State, Any], Any] | None = None) -> None:
         """A step that goes on at ``body`` if ``closed`` (run on ``operands``) returns True,
         else at ``exit``."""
-        if reference.find_eqn(closed.jaxpr, _SEMAPHORE_OPS) is not None:
+        if reference.find_eqn(closed.jaxpr, self.sync_ops) is not None:
             raise self.refuse("a semaphore operation in the condition of a while_loop")
         run = self.evaluator(closed, operands)
 
@@ -426,12 +435,6 @@ class _Runner(lockstep._Runner):
         jax.debug.callback(functools.partial(_report_stuck, kernel=self.call.name, end=end),
                            state["pc"])
         return {k: v for k, v in state["slots"].items() if k not in self.scoped}
-
-
-def _holds(eqn: Any) -> bool:
-    return eqn.primitive in _SEMAPHORE_OPS or any(
-        reference.find_eqn(sub, _SEMAPHORE_OPS) is not None
-        for sub in reference.sub_jaxprs(eqn.params))
 
 
 def _set_pc(state: State, p: Any, target: Any) -> State:

@@ -16,6 +16,13 @@ from pallas_mosaic_gpu.blackwell import (
     tcgen05_mma,
     wait_load_tmem,
 )
+from pallas_mosaic_gpu.layouts import (
+    Layout,
+    broadcasted_iota,
+    commit_smem_to_gmem_group,
+    layout_cast,
+    load,
+)
 from pallas_mosaic_gpu.loops import NDLoopInfo, nd_loop, planar_snake
 from pallas_mosaic_gpu.params import (
     ACC,
@@ -71,6 +78,7 @@ __all__ = ["__version__", "ACC", "atomic_add", "atomic_and", "atomic_max", "atom
            "wait_smem_to_gmem", "wgmma", "wgmma_wait"]
 __all__ += ["BlockSpec", "find_swizzle", "LoweringSemantics", "nd_loop", "NDLoopInfo",
             "planar_snake", "SwizzleTransform", "TilingTransform", "transpose_ref"]
+__all__ += ["broadcasted_iota", "commit_smem_to_gmem_group", "Layout", "layout_cast", "load"]
 __all__ += ["emit_pipeline_warp_specialized", "set_max_registers", "WarpSpecializedPipeline"]
 __all__ += ["async_load_tmem", "async_store_tmem", "commit_tmem", "tcgen05_commit_arrive",
             "tcgen05_mma", "wait_load_tmem"]

@@ -92,7 +92,7 @@ def rule(*primitives: Any, lazy: bool = False) -> Callable[[Any], Any]:
 class Ref:
     """A Ref in the kernel: a memref in GMEM or SMEM (maybe tiled), an accumulator, barriers."""
 
-    kind: str  # "gmem", "smem", "acc", "barrier"
+    kind: str  # "gmem", "smem", "acc", "barrier", "value" (memref holds a value)
     shape: tuple[int, ...]
     dtype: Any
     memref: Any = None
@@ -878,6 +878,8 @@ def _transforms(eqn: Any, args: Sequence[Any], n_before: int) -> Any:
 @rule(_jax.get_p, lazy=True)
 def _get(state: GPULowering, eqn: Any, ref: Ref, *flat: Any, **_: Any) -> Any:
     view = _view(state, ref, _transforms(eqn, [ref, *flat], 1))
+    if view.kind == "value":  # a value pl.run_state closes over (layout_rules._run_state)
+        return view.memref
     if view.kind == "acc":
         nvvm.wgmma_wait_group_sync_aligned(0)
         return state.accs[view.acc_key].value
@@ -891,16 +893,23 @@ def _swap(state: GPULowering, eqn: Any, ref: Ref, value: Any, *flat: Any, **_: A
           ) -> Any:
     value = state.value(value)
     view = _view(state, ref, _transforms(eqn, [ref, value, *flat], 2))
+    if view.kind == "value":
+        raise state.fail("writing to a Ref pl.run_state made of a value (only plgpu.ACC.init "
+                         "accumulators are written there)")
     if view.kind == "acc":
         nvvm.wgmma_wait_group_sync_aligned(0)
-        old = state.accs[view.acc_key].value
+        held = state.accs[view.acc_key].value
         state.accs[view.acc_key] = mgpu.WGMMAAccumulator.from_registers(relayout(value, WGMMA))
-        return old
+        return held
     if view.transposed:
         raise state.fail("storing to a transposed SMEM Ref")
     old = None
     if eqn.outvars and type(eqn.outvars[0]).__name__ != "DropVar":
-        old = load(view)
+        try:
+            old = load(view)
+        except (NotImplementedError, ValueError) as e:  # e.g. 64 floats in no strided layout
+            old = Unavailable(f"the previous contents of a {np.dtype(view.dtype).name}"
+                              f"{list(view.shape)} Ref returned by a swap ({e})")
     store(view, value)
     return old
 
@@ -1474,11 +1483,12 @@ def _copy_in(state: GPULowering, eqn: Any, *args: Any, **_: Any) -> Any:
 
 
 @rule(gp.copy_smem_to_gmem_p, lazy=True)
-def _copy_out(state: GPULowering, eqn: Any, *args: Any, **_: Any) -> Any:
+def _copy_out(state: GPULowering, eqn: Any, *args: Any, commit_group: bool = True,
+              **_: Any) -> Any:
     src, _dst_view = _views(state, eqn, args)
     dst, window = _gmem_window(state, eqn, args, 1)
     tma.copy(state.launch, gmem=dst, smem=src.memref, window=window, to_smem=False,
-             aligned=False, kernel=state.call.name,
+             aligned=False, kernel=state.call.name, commit=commit_group,
              tiling=tile_transform(src.dtype) if src.tiled else None,
              swizzle=SWIZZLE if src.tiled else None)
     return []
@@ -1546,4 +1556,5 @@ def kernel_fn(call: KernelCall) -> Callable[..., Any]:
         return build(call)
 
 
+from pallas_mosaic_gpu import layout_rules  # noqa: E402, F401, I001 - registers its rules
 from pallas_mosaic_gpu import warp_specialized_lowering  # noqa: E402 - registers its rules

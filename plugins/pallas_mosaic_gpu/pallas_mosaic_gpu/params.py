@@ -215,9 +215,7 @@ class GPUCompilerParams(_CompilerParams):
 CompilerParams = GPUCompilerParams
 
 
-def ACC(shape: Sequence[int], dtype: Any = jnp.float32) -> MemoryRef:
-    """A ``wgmma`` accumulator of ``shape`` (M a multiple of 64, N of 8), held in registers
-    and zero at the start; read it with ``acc_ref[...]`` (which waits for pending wgmma)."""
+def _check_acc(shape: Sequence[int], dtype: Any) -> tuple[int, ...]:
     shape = tuple(int(d) for d in shape)
     if len(shape) != 2 or shape[0] % 64 or shape[1] % 8 or shape[1] > 256:
         raise PallasError(f"plgpu.ACC({shape}): an accumulator is (M, N) with M a multiple of "
@@ -225,7 +223,62 @@ def ACC(shape: Sequence[int], dtype: Any = jnp.float32) -> MemoryRef:
     if np.dtype(dtype) not in (np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.int32)):
         raise PallasError(f"plgpu.ACC(dtype={np.dtype(dtype)}): accumulators are float32, "
                           "float16 or int32.")
-    return ACC_SPACE(shape, dtype)
+    return shape
+
+
+@dataclasses.dataclass(frozen=True)
+class AccumulatorInit:
+    """``plgpu.ACC.init(value)``: an accumulator that starts at ``value``, for
+    ``pl.run_state(f)(...)``, which gives ``f`` the accumulator Ref and returns its final
+    value (after the wgmma ``f`` issued have finished)."""
+
+    value: Any
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.value.shape)
+
+    @property
+    def dtype(self) -> Any:
+        return self.value.dtype
+
+
+def _acc_init_aval(init: AccumulatorInit) -> tuple[Any, Any]:
+    from pallas_core import backend as _jax
+
+    return _jax.make_ref_aval(init.shape, init.dtype, ACC_SPACE), init.value
+
+
+class _Accumulator:
+    """``plgpu.ACC((M, N), dtype)``: a ``wgmma`` accumulator held in registers and zero at
+    the start, for ``scratch_shapes`` and ``pl.run_scoped``; read it with ``acc_ref[...]``
+    (which waits for pending wgmma). ``plgpu.ACC.init(value)`` starts one at ``value``, for
+    ``pl.run_state``."""
+
+    def __call__(self, shape: Sequence[int], dtype: Any = jnp.float32) -> MemoryRef:
+        return ACC_SPACE(_check_acc(shape, dtype), dtype)
+
+    @staticmethod
+    def init(value: Any) -> AccumulatorInit:
+        """An accumulator starting at ``value`` (an (M, N) array), for ``pl.run_state``."""
+        value = jnp.asarray(value)
+        _check_acc(value.shape, value.dtype)
+        return AccumulatorInit(value)
+
+    def __repr__(self) -> str:
+        return "plgpu.ACC"
+
+
+ACC = _Accumulator()
+
+
+def _register_acc_init() -> None:
+    from pallas_core import backend as _jax
+
+    _jax.register_initial_ref(AccumulatorInit, _acc_init_aval)
+
+
+_register_acc_init()
 
 
 @dataclasses.dataclass(frozen=True)

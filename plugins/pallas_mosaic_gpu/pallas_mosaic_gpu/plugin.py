@@ -14,6 +14,7 @@ from pallas_core.spec import ANY
 from pallas_mosaic_gpu import (
     blackwell,
     inspection,
+    layouts,
     lowering,
     primitives,
     targets,
@@ -49,7 +50,8 @@ def pallas_memory_spaces() -> Any:
 
 @hookimpl
 def pallas_primitives() -> Any:
-    return primitives.SEMANTICS + warp_specialized.SEMANTICS + blackwell.SEMANTICS
+    return (primitives.SEMANTICS + layouts.SEMANTICS + warp_specialized.SEMANTICS
+            + blackwell.SEMANTICS)
 
 
 @hookimpl

@@ -104,11 +104,16 @@ def copy_gmem_to_smem(src: Any, dst: Any, barrier: Any) -> None:
     bind_views(copy_gmem_to_smem_p, [src, dst, barrier], [], "copy_gmem_to_smem")
 
 
-def copy_smem_to_gmem(src: Any, dst: Any) -> None:
+def copy_smem_to_gmem(src: Any, dst: Any, *, commit_group: bool = True) -> None:
     """Starts a TMA copy of ``src`` (SMEM) into ``dst`` (GMEM); call ``commit_smem()`` after
-    writing ``src`` and before this, and ``wait_smem_to_gmem`` before reusing ``src``."""
+    writing ``src`` and before this, and ``wait_smem_to_gmem`` before reusing ``src``.
+
+    ``commit_group``: the copy closes a bulk group (with any copies issued before it with
+    ``commit_group=False``), which ``wait_smem_to_gmem(n)`` counts; with ``False`` the group
+    stays open until a later copy or ``plgpu.commit_smem_to_gmem_group()`` closes it."""
     _check_copy(src, dst, "copy_smem_to_gmem", "SMEM", "GMEM")
-    bind_views(copy_smem_to_gmem_p, [src, dst], [], "copy_smem_to_gmem")
+    bind_views(copy_smem_to_gmem_p, [src, dst], [], "copy_smem_to_gmem",
+               commit_group=bool(commit_group))
 
 
 def wait_smem_to_gmem(n: int, wait_read_only: bool = False) -> None:
@@ -220,7 +225,8 @@ def _copy_in(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any) -
     return state.new_values(), []
 
 
-def _copy_out(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any) -> Any:
+def _copy_out(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any,
+              commit_group: bool = True) -> Any:
     state = RefViews(args, tree, roles)
     state.write(_DST, state.read(_SRC), _window(state.transforms[_DST]))
     return state.new_values(), []
@@ -271,7 +277,7 @@ SEMANTICS: tuple[semantics.PrimitiveSemantics, ...] = (
     semantics.PrimitiveSemantics(copy_gmem_to_smem_p, discharge=_copy_in),
     semantics.PrimitiveSemantics(copy_smem_to_gmem_p, discharge=_copy_out),
     semantics.PrimitiveSemantics(barrier_arrive_p, discharge=_arrive),
-    semantics.PrimitiveSemantics(barrier_wait_p, discharge=_wait),
+    semantics.PrimitiveSemantics(barrier_wait_p, discharge=_wait, phase_wait=True),
     semantics.PrimitiveSemantics(wgmma_p, discharge=_wgmma),
     semantics.PrimitiveSemantics(wait_smem_to_gmem_p, evaluate=_no_op),
     semantics.PrimitiveSemantics(commit_smem_p, evaluate=_no_op),

@@ -50,7 +50,6 @@ REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
                          "exchange tensors with PyTorch through jax.dlpack")),
     "force_gpu_interpret_mode": ("runs GPU kernels in JAX's interpreter", _INTERPRET),
     "InterpretGPUParams": ("options of JAX's GPU interpreter", _INTERPRET),
-    "load": ("a load in a given register layout", (_CORE, "use pl.load(ref, idx) or ref[idx]")),
     "MemorySpace": ("the GPU memory spaces", (_CORE, "use plgpu.GMEM, plgpu.SMEM or plgpu.TMEM "
                                               "(instances of pl.MemorySpace)")),
     "set_gpu_interpret_mode": ("makes JAX interpret GPU kernels from then on", _INTERPRET),
@@ -64,14 +63,8 @@ REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
     "async_store_smem": ("stores into the SMEM of another block of the cluster", _CLUSTER),
     "barrier_test": ("tests a barrier's phase without blocking",
                      ("barriers here are only waited for", "use plgpu.barrier_wait")),
-    "broadcasted_iota": ("an iota in a given register layout",
-                         (_LAYOUTS[0], "use jax.lax.broadcasted_iota(dtype, shape, dimension)")),
     "cluster_ref": ("a view of an SMEM buffer in another block of the cluster", _CLUSTER),
     "ClusterBarrier": ("an mbarrier shared by the blocks along cluster axes", _CLUSTER),
-    "commit_smem_to_gmem_group": (
-        "closes a group of SMEM-to-GMEM copies",
-        ("every plgpu.copy_smem_to_gmem is a bulk group of its own here",
-         "drop it, and wait with plgpu.wait_smem_to_gmem(n)")),
     "CopyPartition": ("how a collective copy is split among the blocks of a cluster", _CLUSTER),
     "dynamic_scheduling_loop": ("a persistent loop claiming grid points at run time", _CLC),
     "format_tcgen05_sparse_metadata": ("orders sparsity metadata for tcgen05_mma", _BLACKWELL),
@@ -82,8 +75,6 @@ REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
     "inline_mgpu": ("inlines code written against the Mosaic GPU library",
                     ("kernels cannot hold code written for jax.experimental.mosaic.gpu",
                      "write the operation with plgpu and jax.numpy")),
-    "Layout": ("the register layouts of load, layout_cast and broadcasted_iota", _LAYOUTS),
-    "layout_cast": ("moves an array into a given register layout", _LAYOUTS),
     "mma": ("acc + a @ b with pre-Hopper MMA instructions",
             ("this backend targets Hopper's wgmma", "write jnp.dot or plgpu.wgmma")),
     "multicast_ref": ("a Ref whose writes reach every device along mesh axes", _DEVICES),
@@ -130,8 +121,10 @@ REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
         ("an accumulator is read after all pending wgmma here",
          "call plgpu.wgmma_wait(n), then read acc_ref[...]")),
     "WGMMAAccumulatorRef": ("JAX's accumulator class",
-                            ("plgpu.ACC is a function returning a scratch description here",
-                             "allocate accumulators with plgpu.ACC((M, N), dtype)")),
+                            ("plgpu.ACC((M, N)) returns a scratch description here, not an "
+                             "instance of a class",
+                             "allocate accumulators with plgpu.ACC((M, N), dtype), or start "
+                             "one at a value with pl.run_state(f)(plgpu.ACC.init(value))")),
 }
 
 

@@ -105,13 +105,15 @@ def _chunks(shape: Sequence[int], big: int | None) -> list[tuple[tuple[int, int]
 
 def copy(launch: Any, *, gmem: ir.Value, smem: ir.Value, window: Sequence[Any], to_smem: bool,
          barrier: Any = None, tiling: Any = None, swizzle: int | None = None,
-         aligned: bool, kernel: str) -> None:
+         aligned: bool, kernel: str, commit: bool = True) -> None:
     """A TMA copy between the GMEM ``window`` (``mgpu.ds`` slices and squeezed indices, one
     per GMEM dimension) and the whole SMEM ``smem``, in the direction ``to_smem`` says, split
     as the module docstring describes. ``tiling``/``swizzle``: the GMEM transform and swizzle of
     a tiled buffer (copied in one piece). ``aligned``: the window's minor start is known to be
     a multiple of its length (a pipeline's blocks); otherwise it must be a constant for a split
-    minor dimension. A copy that cannot be made raises ``UnsupportedError`` naming ``kernel``."""
+    minor dimension. ``commit``: a store closes its bulk group (otherwise
+    ``commit_smem_to_gmem_group`` does later). A copy that cannot be made raises
+    ``UnsupportedError`` naming ``kernel``."""
     def fail(what: str) -> UnsupportedError:
         return UnsupportedError(f"kernel {kernel!r}: {what}.")
 
@@ -122,7 +124,7 @@ def copy(launch: Any, *, gmem: ir.Value, smem: ir.Value, window: Sequence[Any], 
     if tiling is not None or all(n <= MAX_BOX for n in smem_shape):
         launch.async_copy(**pair, gmem_slice=tuple(window),
                           gmem_transform=(tiling,) if tiling is not None else (),
-                          swizzle=swizzle)
+                          swizzle=swizzle, arrive=True if to_smem else commit)
         return
     gmem_ty = ir.MemRefType(gmem.type)
     itemsize = mgpu.utils.bitwidth(gmem_ty.element_type) // 8
@@ -170,4 +172,5 @@ def copy(launch: Any, *, gmem: ir.Value, smem: ir.Value, window: Sequence[Any], 
         part = mgpu.memref_slice(smem, tuple(mgpu.ds(s, n) for s, n in chunk))
         pair["src_ref" if not to_smem else "dst_ref"] = part
         launch.async_copy(**pair, gmem_slice=tuple(sub_window), gmem_transform=transform,
-                          arrive=len(chunks) == 1 or (not to_smem and k == len(chunks) - 1))
+                          arrive=(to_smem and len(chunks) == 1)
+                          or (not to_smem and commit and k == len(chunks) - 1))

@@ -1,0 +1,135 @@
+"""Lowering rules of :mod:`pallas_mosaic_gpu.layouts` and of the accumulators of
+``pl.run_state`` (``plgpu.ACC.init``), registered into :data:`lowering.RULES`.
+
+* ``layout_cast``: the array moved into the layout (a splat is built in it, an SMEM read is
+  read straight into it, other arrays are converted by the library, which refuses the
+  conversions it has no code for);
+* ``broadcasted_iota``: built in the layout;
+* ``commit_smem_to_gmem_group``: closes a bulk group;
+* ``pl.run_state`` over ``plgpu.ACC.init(value)`` Refs: accumulators started from ``value``,
+  and their values once every wgmma the body issued has finished;
+* ``lax.optimization_barrier``: register arrays pass the library's barrier (values computed
+  before the side effects after it), others pass unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jax import lax
+from jax.experimental.mosaic import gpu as mgpu
+from jaxlib.mlir.dialects import nvvm
+
+from pallas_core import backend as _jax
+from pallas_core.errors import UnsupportedError
+from pallas_core.mlir_lowering import element_type
+from pallas_mosaic_gpu import layouts
+from pallas_mosaic_gpu.lowering import (
+    FA,
+    WGMMA,
+    Expanded,
+    GPULowering,
+    Loaded,
+    Ref,
+    load,
+    lower_jaxpr,
+    relayout,
+    rule,
+    signed,
+)
+from pallas_mosaic_gpu.params import ACC_SPACE
+
+
+def _read_in(state: GPULowering, ref: Ref, layout: Any, optimized: bool) -> Any:
+    """An SMEM Ref read into ``layout``."""
+    if ref.tiled or not isinstance(layout, mgpu.TiledLayout):
+        return relayout(load(ref), layout)
+    try:
+        return FA.load_untiled(ref.memref, layout=layout, is_signed=signed(ref.dtype),
+                               optimized=optimized)
+    except (NotImplementedError, ValueError) as e:
+        raise state.fail(f"plgpu.load of {ref.dtype}{list(ref.shape)} into {layout} "
+                         f"(optimized={optimized}): {e}") from None
+
+
+@rule(layouts.layout_cast_p, lazy=True)
+def _layout_cast(state: GPULowering, eqn: Any, x: Any, *, new_layout: Any,
+                 optimized: bool) -> Any:
+    layout = new_layout.to_mgpu()
+    if isinstance(x, Loaded) and not x.transposed:
+        return _read_in(state, x.ref, layout, optimized)
+    x = state.value(x)
+    if isinstance(x, Expanded):
+        raise state.fail(f"plgpu.layout_cast of an array with unit dimensions {x.shape}")
+    if not isinstance(x, FA):
+        if isinstance(layout, mgpu.WGSplatFragLayout) or not eqn.invars[0].aval.shape:
+            return x  # a scalar is the same on every thread
+        raise state.fail(f"plgpu.layout_cast of a scalar into {layout}")
+    try:
+        return relayout(x, layout)
+    except UnsupportedError as e:
+        raise state.fail(f"plgpu.layout_cast into {new_layout}: {e}") from None
+
+
+@rule(layouts.iota_p)
+def _iota(state: GPULowering, eqn: Any, *, dtype: Any, shape: Any, dimension: int,
+          layout: Any) -> Any:
+    try:
+        return FA.broadcasted_iota(element_type(dtype), tuple(shape), dimension,
+                                   layout.to_mgpu(), is_signed=signed(dtype))
+    except (NotImplementedError, ValueError) as e:
+        raise state.fail(f"plgpu.broadcasted_iota of {tuple(shape)} in {layout}: {e}") from None
+
+
+@rule(layouts.commit_group_p)
+def _commit_group(state: GPULowering, eqn: Any) -> Any:
+    nvvm.cp_async_bulk_commit_group()
+    return []
+
+
+@rule(_jax.run_state_p, lazy=True)
+def _run_state(state: GPULowering, eqn: Any, *args: Any, jaxpr: Any, is_initialized: Any,
+               **_: Any) -> Any:
+    refs: list[Ref] = []
+    n_consts = len(args) - sum(getattr(v.aval, "memory_space", None) is ACC_SPACE
+                               for v in jaxpr.invars)
+    for n, (arg, var) in enumerate(zip(args, jaxpr.invars)):
+        aval = var.aval
+        if getattr(aval, "memory_space", None) is not ACC_SPACE:
+            if n < n_consts and isinstance(arg, Ref):
+                refs.append(arg)  # a Ref the body closes over
+            elif n < n_consts:  # a value the body closes over, held in a Ref it reads once
+                refs.append(Ref("value", tuple(aval.shape), aval.dtype,
+                                memref=state.value(arg)))
+            else:
+                raise state.fail("pl.run_state over a Ref other than an accumulator (give "
+                                 "it plgpu.ACC.init(value))")
+            continue
+        if not is_initialized[n]:
+            raise state.fail("pl.run_state over an uninitialised accumulator")
+        value = state.value(arg)
+        shape, dtype = tuple(aval.shape), aval.dtype
+        if not isinstance(value, FA):
+            value = FA.splat(value, shape, WGMMA, is_signed=signed(dtype))
+        key = id(eqn) * 100 + n
+        state.accs[key] = mgpu.WGMMAAccumulator.from_registers(relayout(value, WGMMA))
+        refs.append(Ref("acc", shape, dtype, acc_key=key))
+    lower_jaxpr(state, jaxpr, (), refs)
+    nvvm.wgmma_wait_group_sync_aligned(0)
+    # Closed-over Refs and values come back as they are (the caller drops them).
+    return [state.accs.pop(r.acc_key).value if r.kind == "acc" else
+            (r.memref if r.kind == "value" else r) for r in refs]
+
+
+@rule(lax.optimization_barrier_p)
+def _optimization_barrier(state: GPULowering, eqn: Any, *args: Any) -> Any:
+    arrays = [i for i, a in enumerate(args) if isinstance(a, FA)
+              and not isinstance(a.layout, mgpu.WGSplatFragLayout)]
+    out = list(args)
+    if arrays:
+        done = mgpu.optimization_barrier(*(args[i] for i in arrays))
+        done = [done] if len(arrays) == 1 else list(done)
+        for i, d in zip(arrays, done):
+            out[i] = d
+    return out
+
