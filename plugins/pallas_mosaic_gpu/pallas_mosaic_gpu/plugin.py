@@ -14,8 +14,9 @@ from pallas_core.spec import ANY
 from pallas_mosaic_gpu import (
     blackwell,
     inspection,
-    lowering,
     primitives,
+    rules,
+    schedule,
     targets,
     validation,
     warp_specialized,
@@ -29,10 +30,10 @@ TARGETS = targets.TARGETS
 
 def lowering_rules() -> RuleTable:
     """This backend's full lowering-rule table (primitive -> rule), read-only. Each entry is
-    registered by ``pallas_mosaic_gpu.lowering.rule`` with the signature all backends share
+    registered by ``pallas_mosaic_gpu.rules.rule`` with the signature all backends share
     (``pallas_core.backend.Rule``: ``(state, eqn, *in_values)``), the rule body receiving the
     equation's parameters as keywords."""
-    return types.MappingProxyType(lowering.RULES)
+    return types.MappingProxyType(rules.RULES)
 
 
 @hookimpl
@@ -59,7 +60,7 @@ def pallas_validate(call: KernelCall) -> None:
 
 @hookimpl
 def pallas_lower(request: LoweringRequest) -> Any:
-    fn = lowering.kernel_fn(request.call)
+    fn = schedule.kernel_fn(request.call)
     return request.lower_jax(fn)
 
 
