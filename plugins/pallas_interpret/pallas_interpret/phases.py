@@ -31,7 +31,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from pallas_core import backend as _jax
+from pallas_core import backend as plb
 from pallas_core import primitives as prims
 from pallas_core import reference
 from pallas_core.copies import RefViews
@@ -86,7 +86,7 @@ class _Runner(handshake._Runner):
             return self.phase_wait(eqn, ins)
         if prim is prims.run_scoped_p:
             return self.scope(eqn, ins)
-        if prim is _jax.run_state_p:
+        if prim is plb.run_state_p:
             return self.run_state(eqn, ins)
         return super().structured(eqn, ins)
 
@@ -129,7 +129,7 @@ class _Runner(handshake._Runner):
         need = int(getattr(aval.memory_space, "num_arrivals", 1) or 1)
         seen = self.seen.get(counter.id)
         if seen is None:
-            seen = self.seen[counter.id] = self.new_val(_jax.ShapedArray(aval.shape,
+            seen = self.seen[counter.id] = self.new_val(plb.ShapedArray(aval.shape,
                                                                          jnp.int32))
         here = len(self.steps)
 
@@ -178,7 +178,7 @@ class _Runner(handshake._Runner):
         if inits:
             self.emit(start)
         self.compile(jaxpr, list(refs))
-        keys = [self.new_val(_jax.ShapedArray(a.shape, a.dtype)) for _, a in fresh]
+        keys = [self.new_val(plb.ShapedArray(a.shape, a.dtype)) for _, a in fresh]
 
         def finish(state: State, p: Any) -> State:
             return _store(state, p, keys, [lockstep._row(state["slots"][refs[k].id], p)

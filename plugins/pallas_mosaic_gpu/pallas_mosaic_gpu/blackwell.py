@@ -34,12 +34,12 @@ from jax.experimental.mosaic.gpu import tcgen05
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith
 
-from pallas_core import backend as _jax
+from pallas_core import backend as plb
 from pallas_core import reference, semantics
 from pallas_core.copies import RefViews, bind_views
 from pallas_core.errors import PallasError, UnsupportedError
-from pallas_mosaic_gpu import lowering
 from pallas_mosaic_gpu import primitives as gp
+from pallas_mosaic_gpu import rules, values
 from pallas_mosaic_gpu.params import TMEM
 
 tcgen05_mma_p = gp._primitive("gpu_tcgen05_mma")
@@ -47,13 +47,13 @@ tcgen05_commit_arrive_p = gp._primitive("gpu_tcgen05_commit_arrive")
 async_store_tmem_p = gp._primitive("gpu_async_store_tmem")
 wait_load_tmem_p = gp._primitive("gpu_wait_load_tmem")
 commit_tmem_p = gp._primitive("gpu_commit_tmem")
-async_load_tmem_p = _jax.Primitive("gpu_async_load_tmem")
+async_load_tmem_p = plb.Primitive("gpu_async_load_tmem")
 async_load_tmem_p.multiple_results = True
 
 
 @async_load_tmem_p.def_effectful_abstract_eval
 def _load_abstract(*avals: Any, shape: tuple[int, ...], dtype: Any, **_: Any) -> Any:
-    return [_jax.ShapedArray(shape, dtype)], {_jax.ReadEffect(0)}
+    return [plb.ShapedArray(shape, dtype)], {plb.ReadEffect(0)}
 
 
 PRIMITIVES = (tcgen05_mma_p, tcgen05_commit_arrive_p, async_load_tmem_p, async_store_tmem_p,
@@ -82,7 +82,7 @@ def _no_collective(collective_axis: Any, fn: str) -> None:
 
 def _check_tc_barrier(barrier: Any, fn: str) -> None:
     gp._check_barrier(barrier, fn)
-    space = _jax.ref_type_of(_jax.ref_and_transforms(barrier, None, fn)[0]).memory_space
+    space = plb.ref_type_of(plb.ref_and_transforms(barrier, None, fn)[0]).memory_space
     if not getattr(space, "orders_tensor_core", False):
         raise PallasError(f"plgpu.{fn}: the barrier must order the tensor core. Fix: allocate "
                           "it with plgpu.Barrier(..., orders_tensor_core=True).")
@@ -223,14 +223,14 @@ def _tmem_view(state: Any, ref: Any, transforms: Any) -> Any:
     shape = ref.shape
     for t in transforms:
         indices = getattr(t, "indices", None)
-        if indices is None or len(indices) != 2 or not all(isinstance(i, _jax.Slice)
+        if indices is None or len(indices) != 2 or not all(isinstance(i, plb.Slice)
                                                             for i in indices):
             raise state.fail("this view of a TMEM Ref (only column slices acc.at[:, pl.ds()])")
         rows, cols = indices
-        if not lowering._full(rows, shape[0]):
+        if not values._full(rows, shape[0]):
             raise state.fail("slicing the rows of a TMEM Ref")
         start = cols.start if isinstance(cols.start, (int, np.integer)) else \
-            lowering.index(state.value(cols.start))
+            values.index(state.value(cols.start))
         tmem = tmem.slice(slice(None), mgpu.ds(start, int(cols.size))
                           if not isinstance(start, (int, np.integer)) else
                           slice(int(start), int(start) + int(cols.size)))
@@ -248,7 +248,7 @@ def _role_views(state: Any, eqn: Any, args: Any) -> list[Any]:
         if ref.kind == "tmem":
             views.append(_tmem_view(state, ref, t))
         else:
-            view = lowering._view(state, ref, t)
+            view = values._view(state, ref, t)
             if view.kind == "barrier" and view.shape == (1,):
                 view = dataclasses.replace(view, barrier=view.barrier[0], shape=())
             views.append(view)
@@ -260,14 +260,14 @@ def _one_thread() -> Any:
 
 
 def _smem_operand(state: Any, view: Any, what: str) -> Any:
-    ref, transposed = lowering._untransposed(view)
+    ref, transposed = values._untransposed(view)
     if ref.kind != "smem" or not ref.tiled:
         raise state.fail(f"plgpu.tcgen05_mma with a {what} operand that is not a tiled SMEM "
                          "buffer (16-bit dtype, both dimensions multiples of 64)")
-    return lowering._transposed(ref) if transposed else ref.memref
+    return values._transposed(ref) if transposed else ref.memref
 
 
-@lowering.rule(tcgen05_mma_p, lazy=True)
+@rules.rule(tcgen05_mma_p, lazy=True)
 def _mma_rule(state: Any, eqn: Any, *args: Any, arrive: bool, accumulate: bool | None,
               **_: Any) -> Any:
     views = _role_views(state, eqn, args)
@@ -280,8 +280,8 @@ def _mma_rule(state: Any, eqn: Any, *args: Any, arrive: bool, accumulate: bool |
         state.value(args[-1])
     with mgpu.when(_one_thread()):
         try:
-            tcgen05.mma(views[0].memref, a, b, a_swizzle=lowering.SWIZZLE,
-                        b_swizzle=lowering.SWIZZLE, accumulate=acc_flag)
+            tcgen05.mma(views[0].memref, a, b, a_swizzle=values.SWIZZLE,
+                        b_swizzle=values.SWIZZLE, accumulate=acc_flag)
         except (NotImplementedError, ValueError) as e:
             raise state.fail(f"this tcgen05_mma ({e})") from None
         if arrive:
@@ -289,7 +289,7 @@ def _mma_rule(state: Any, eqn: Any, *args: Any, arrive: bool, accumulate: bool |
     return []
 
 
-@lowering.rule(tcgen05_commit_arrive_p, lazy=True)
+@rules.rule(tcgen05_commit_arrive_p, lazy=True)
 def _commit_arrive_rule(state: Any, eqn: Any, *args: Any, **_: Any) -> Any:
     (bar,) = _role_views(state, eqn, args)
     with mgpu.when(_one_thread()):
@@ -297,43 +297,43 @@ def _commit_arrive_rule(state: Any, eqn: Any, *args: Any, **_: Any) -> Any:
     return []
 
 
-@lowering.rule(async_load_tmem_p, lazy=True)
+@rules.rule(async_load_tmem_p, lazy=True)
 def _load_rule(state: Any, eqn: Any, *args: Any, dtype: Any, **_: Any) -> Any:
     (view,) = _role_views(state, eqn, args)
     try:
-        return [view.memref.load(is_signed=lowering.signed(dtype))]
+        return [view.memref.load(is_signed=values.signed(dtype))]
     except (NotImplementedError, ValueError) as e:
         raise state.fail(f"this TMEM read ({e})") from None
 
 
-@lowering.rule(async_store_tmem_p, lazy=True)
+@rules.rule(async_store_tmem_p, lazy=True)
 def _store_rule(state: Any, eqn: Any, *args: Any, **_: Any) -> Any:
     (view,) = _role_views(state, eqn, args)
     value = args[-1]
     try:
-        if isinstance(value, lowering.Loaded) and not value.transposed:
+        if isinstance(value, values.Loaded) and not value.transposed:
             # Read straight from SMEM in the layout TMEM stores take (one row per thread).
-            ref, signed = value.ref, lowering.signed(value.ref.dtype)
-            value = lowering.FA.load_tiled(ref.memref, swizzle=lowering.SWIZZLE,
+            ref, signed = value.ref, values.signed(value.ref.dtype)
+            value = values.FA.load_tiled(ref.memref, swizzle=values.SWIZZLE,
                                            is_signed=signed, layout=tcgen05.LAYOUT) \
-                if ref.tiled else lowering.FA.load_untiled(
+                if ref.tiled else values.FA.load_untiled(
                     ref.memref, layout=tcgen05.LAYOUT, is_signed=signed, optimized=False)
         value = state.value(value)
-        if not isinstance(value, lowering.FA):
-            value = lowering.splat(value, view.shape, view.dtype)
-        view.memref.store(lowering.relayout(value, tcgen05.LAYOUT))
+        if not isinstance(value, values.FA):
+            value = values.splat(value, view.shape, view.dtype)
+        view.memref.store(values.relayout(value, tcgen05.LAYOUT))
     except (NotImplementedError, ValueError) as e:
         raise state.fail(f"this TMEM write ({e})") from None
     return []
 
 
-@lowering.rule(wait_load_tmem_p)
+@rules.rule(wait_load_tmem_p)
 def _wait_load_rule(state: Any, eqn: Any, **_: Any) -> Any:
     tcgen05.wait_load_tmem()
     return []
 
 
-@lowering.rule(commit_tmem_p)
+@rules.rule(commit_tmem_p)
 def _commit_tmem_rule(state: Any, eqn: Any, **_: Any) -> Any:
     tcgen05.commit_tmem()
     return []

@@ -21,7 +21,7 @@ import jax
 from jax.experimental.mosaic import gpu as mgpu
 from jaxlib.mlir import ir, passmanager
 
-from pallas_core import backend as _jax
+from pallas_core import backend as plb
 from pallas_core.errors import PallasError
 from pallas_core.mlir_lowering import walk
 from pallas_core.request import KernelCall
@@ -54,7 +54,7 @@ def custom_calls(stablehlo: Any) -> list[dict[str, Any]]:
     if hasattr(stablehlo, "compiler_ir"):
         stablehlo = stablehlo.compiler_ir("stablehlo")
     if isinstance(stablehlo, str):
-        ctx = _jax.make_ir_context()
+        ctx = plb.make_ir_context()
         with ctx:
             return custom_calls(ir.Module.parse(stablehlo))
     found = []
@@ -78,7 +78,7 @@ def custom_calls(stablehlo: Any) -> list[dict[str, Any]]:
 def parse_module(data: bytes) -> ir.Module:
     """Parses a custom call's module into a fresh context (Mosaic GPU dialect registered) and
     verifies it and its hash; raises a PallasError if it does not verify."""
-    ctx = _jax.make_ir_context()
+    ctx = plb.make_ir_context()
     mgpu.dialect.register_dialect(ctx)
     with ctx, ir.Location.unknown():
         # The runtime's form names its dialect `stable_mosaic_gpu`; the serde pass turns it
@@ -102,7 +102,7 @@ def check_call(call: dict[str, Any]) -> ir.Module:
 
 def lower_kernel(call: KernelCall) -> Any:
     """``call`` alone, lowered for ``cuda`` (JAX's ``Lowered``)."""
-    from pallas_mosaic_gpu.lowering import kernel_fn
+    from pallas_mosaic_gpu.schedule import kernel_fn
 
     fn = kernel_fn(call)
     ins = [jax.ShapeDtypeStruct(bm.array_shape, bm.dtype)

@@ -1,5 +1,5 @@
 """Lowering rules of :mod:`pallas_mosaic_gpu.layouts` and of the accumulators of
-``pl.run_state`` (``plgpu.ACC.init``), registered into :data:`lowering.RULES`.
+``pl.run_state`` (``plgpu.ACC.init``), registered into :data:`pallas_mosaic_gpu.rules.RULES`.
 
 * ``layout_cast``: the array moved into the layout (a splat is built in it, an SMEM read is
   read straight into it, other arrays are converted by the library, which refuses the
@@ -20,11 +20,13 @@ from jax import lax
 from jax.experimental.mosaic import gpu as mgpu
 from jaxlib.mlir.dialects import nvvm
 
-from pallas_core import backend as _jax
+from pallas_core import backend as plb
 from pallas_core.errors import UnsupportedError
 from pallas_core.mlir_lowering import element_type
 from pallas_mosaic_gpu import layouts
-from pallas_mosaic_gpu.lowering import (
+from pallas_mosaic_gpu.params import ACC_SPACE
+from pallas_mosaic_gpu.rules import lower_jaxpr, rule
+from pallas_mosaic_gpu.values import (
     FA,
     WGMMA,
     Expanded,
@@ -32,12 +34,9 @@ from pallas_mosaic_gpu.lowering import (
     Loaded,
     Ref,
     load,
-    lower_jaxpr,
     relayout,
-    rule,
     signed,
 )
-from pallas_mosaic_gpu.params import ACC_SPACE
 
 
 def _read_in(state: GPULowering, ref: Ref, layout: Any, optimized: bool) -> Any:
@@ -87,7 +86,7 @@ def _commit_group(state: GPULowering, eqn: Any) -> Any:
     return []
 
 
-@rule(_jax.run_state_p, lazy=True)
+@rule(plb.run_state_p, lazy=True)
 def _run_state(state: GPULowering, eqn: Any, *args: Any, jaxpr: Any, is_initialized: Any,
                **_: Any) -> Any:
     refs: list[Ref] = []

@@ -33,7 +33,7 @@ import numpy as np
 from jax import lax
 from jax.experimental.mosaic import gpu as mgpu
 
-from pallas_core import backend as _jax
+from pallas_core import backend as plb
 from pallas_core import semantics
 from pallas_core.errors import PallasError, UnsupportedError
 from pallas_mosaic_gpu.primitives import GPU_SYNC
@@ -169,16 +169,16 @@ def _check_layout(layout: Any, fn: str) -> SomeLayout:
 
 # --- primitives ------------------------------------------------------------------------------
 
-layout_cast_p = _jax.Primitive("gpu_layout_cast")
+layout_cast_p = plb.Primitive("gpu_layout_cast")
 layout_cast_p.def_abstract_eval(lambda x, **_: x)
 
-iota_p = _jax.Primitive("gpu_broadcasted_iota")
-iota_p.def_abstract_eval(lambda *, dtype, shape, dimension, layout: _jax.ShapedArray(shape,
+iota_p = plb.Primitive("gpu_broadcasted_iota")
+iota_p.def_abstract_eval(lambda *, dtype, shape, dimension, layout: plb.ShapedArray(shape,
                                                                                     dtype))
 
 
 def _no_effect_primitive(name: str) -> Any:
-    p = _jax.Primitive(name)
+    p = plb.Primitive(name)
     p.multiple_results = True
     p.def_effectful_abstract_eval(lambda **_: ([], {GPU_SYNC}))
     return p

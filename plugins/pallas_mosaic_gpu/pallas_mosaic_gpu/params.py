@@ -244,9 +244,9 @@ class AccumulatorInit:
 
 
 def _acc_init_aval(init: AccumulatorInit) -> tuple[Any, Any]:
-    from pallas_core import backend as _jax
+    from pallas_core import backend as plb
 
-    return _jax.make_ref_aval(init.shape, init.dtype, ACC_SPACE), init.value
+    return plb.make_ref_aval(init.shape, init.dtype, ACC_SPACE), init.value
 
 
 class _Accumulator:
@@ -273,9 +273,9 @@ ACC = _Accumulator()
 
 
 def _register_acc_init() -> None:
-    from pallas_core import backend as _jax
+    from pallas_core import backend as plb
 
-    _jax.register_initial_ref(AccumulatorInit, _acc_init_aval)
+    plb.register_initial_ref(AccumulatorInit, _acc_init_aval)
 
 
 _register_acc_init()

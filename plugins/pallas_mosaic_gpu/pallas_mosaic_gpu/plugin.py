@@ -15,8 +15,9 @@ from pallas_mosaic_gpu import (
     blackwell,
     inspection,
     layouts,
-    lowering,
     primitives,
+    rules,
+    schedule,
     targets,
     validation,
     warp_specialized,
@@ -30,10 +31,10 @@ TARGETS = targets.TARGETS
 
 def lowering_rules() -> RuleTable:
     """This backend's full lowering-rule table (primitive -> rule), read-only. Each entry is
-    registered by ``pallas_mosaic_gpu.lowering.rule`` with the signature all backends share
+    registered by ``pallas_mosaic_gpu.rules.rule`` with the signature all backends share
     (``pallas_core.backend.Rule``: ``(state, eqn, *in_values)``), the rule body receiving the
     equation's parameters as keywords."""
-    return types.MappingProxyType(lowering.RULES)
+    return types.MappingProxyType(rules.RULES)
 
 
 @hookimpl
@@ -61,7 +62,7 @@ def pallas_validate(call: KernelCall) -> None:
 
 @hookimpl
 def pallas_lower(request: LoweringRequest) -> Any:
-    fn = lowering.kernel_fn(request.call)
+    fn = schedule.kernel_fn(request.call)
     return request.lower_jax(fn)
 
 

@@ -23,30 +23,30 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_core import backend as _jax
+from pallas_core import backend as plb
 from pallas_core import semantics
 from pallas_core.backend import ref_and_transforms as _ref_and_transforms
 from pallas_core.copies import RefViews, bind_views
 from pallas_core.errors import PallasError
 
 
-class GPUSyncEffect(_jax.Effect):
+class GPUSyncEffect(plb.Effect):
     """Waits and fences that touch no Ref (they order the kernel's memory traffic)."""
 
 
 GPU_SYNC = GPUSyncEffect()
-_jax.register_side_effect(GPUSyncEffect)
+plb.register_side_effect(GPUSyncEffect)
 
 
 def _ref_effects(*avals: Any, roles: tuple[int, ...], **_: Any) -> Any:
     if not roles:
         return [], {GPU_SYNC}
     n_refs = max(roles) + 1
-    return [], {e for i in range(n_refs) for e in (_jax.ReadEffect(i), _jax.WriteEffect(i))}
+    return [], {e for i in range(n_refs) for e in (plb.ReadEffect(i), plb.WriteEffect(i))}
 
 
 def _primitive(name: str) -> Any:
-    p = _jax.Primitive(name)
+    p = plb.Primitive(name)
     p.multiple_results = True
     p.def_effectful_abstract_eval(_ref_effects)
     return p
@@ -66,11 +66,11 @@ _SRC, _DST, _BARRIER = 0, 1, 2
 
 def _aval(view: Any, fn: str) -> Any:
     ref, transforms = _ref_and_transforms(view, None, fn)
-    return _jax.shape_after_transforms(_jax.ref_type_of(ref), transforms), ref
+    return plb.shape_after_transforms(plb.ref_type_of(ref), transforms), ref
 
 
 def _space_name(ref: Any) -> str:
-    space = getattr(_jax.ref_type_of(ref), "memory_space", None)
+    space = getattr(plb.ref_type_of(ref), "memory_space", None)
     return getattr(space, "name", str(space))
 
 
@@ -154,9 +154,9 @@ def wgmma(acc: Any, a: Any, b: Any) -> None:
     if _space_name(acc_ref) != "ACC":
         raise PallasError("plgpu.wgmma: the accumulator must be a plgpu.ACC Ref, found a Ref in "
                           f"{_space_name(acc_ref)}. Fix: allocate it with plgpu.ACC((M, N)).")
-    a_is_ref = isinstance(_jax.typeof(_ref_and_transforms(a, None, "wgmma")[0]
+    a_is_ref = isinstance(plb.typeof(_ref_and_transforms(a, None, "wgmma")[0]
                                       if not isinstance(a, jax.Array) else a),
-                          _jax.AbstractRef)
+                          plb.AbstractRef)
     a_aval = _aval(a, "wgmma")[0] if a_is_ref else jnp.asarray(a)
     b_aval = _aval(b, "wgmma")[0]
     (m, k), (k2, n) = a_aval.shape, b_aval.shape
@@ -181,8 +181,8 @@ def wgmma_wait(n: int) -> None:
 
 
 def _simple_indexer(t: Any) -> bool:
-    return isinstance(t, _jax.NDIndexer) and not t.int_indexer_shape and all(
-        (isinstance(i, _jax.Slice) and isinstance(i.stride, int) and i.stride == 1)
+    return isinstance(t, plb.NDIndexer) and not t.int_indexer_shape and all(
+        (isinstance(i, plb.Slice) and isinstance(i.stride, int) and i.stride == 1)
         or getattr(i, "shape", ()) == () for i in t.indices)
 
 
@@ -191,17 +191,17 @@ def _fold(outer: Any, inner: Any) -> Any:
     rest = iter(inner.indices)
     indices = []
     for i in outer.indices:
-        if not isinstance(i, _jax.Slice):
+        if not isinstance(i, plb.Slice):
             indices.append(i)
             continue
         j = next(rest, None)
         if j is None:
             indices.append(i)
-        elif isinstance(j, _jax.Slice):
-            indices.append(_jax.Slice(i.start + j.start, j.size, 1))
+        elif isinstance(j, plb.Slice):
+            indices.append(plb.Slice(i.start + j.start, j.size, 1))
         else:
             indices.append(i.start + j)
-    return _jax.NDIndexer(tuple(indices), outer.shape, (), validate=False)
+    return plb.NDIndexer(tuple(indices), outer.shape, (), validate=False)
 
 
 def _window(transforms: Any) -> tuple[Any, ...]:

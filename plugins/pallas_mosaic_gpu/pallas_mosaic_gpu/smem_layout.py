@@ -1,7 +1,7 @@
 """Which SMEM buffers of a kernel stay plain (untiled) although their shape could be tiled.
 
 The backend tiles an SMEM buffer (8, 64) with a 128-byte swizzle when its two minor
-dimensions are multiples of 64 in a 16-bit dtype (``lowering.is_tileable``), as wgmma reads
+dimensions are multiples of 64 in a 16-bit dtype (``values.is_tileable``), as wgmma reads
 it. A kernel that views such a buffer through a slice or an index of one of those two
 dimensions (JAX's ragged_dot stores a dynamic number of rows, ``o_smem.at[pl.ds(start, n)]``,
 with TMA) cannot be served by that layout: a window of rows that is not a whole number of
@@ -23,13 +23,13 @@ from typing import Any
 import jax
 import numpy as np
 
-from pallas_core import backend as _jax
+from pallas_core import backend as plb
 from pallas_core.reference import sub_jaxprs
 
 
 def _static(v: Any) -> Any:
     """The Python value of a literal or constant leaf, else ``None`` (a traced value)."""
-    if isinstance(v, _jax.Literal):
+    if isinstance(v, plb.Literal):
         return v.val
     if isinstance(v, (int, np.integer)):
         return int(v)
@@ -50,7 +50,7 @@ def _slices_minor(transforms: Any, shape: tuple[int, ...]) -> bool:
         left = []
         for k, i in zip(dims, indices):
             minor = k >= len(shape) - 2
-            if isinstance(i, _jax.Slice):
+            if isinstance(i, plb.Slice):
                 start, size = _static(i.start), i.size
                 if minor and not (start == 0 and size == shape[k]):
                     return True

@@ -1,7 +1,7 @@
 """Output blocks that share an input block's shared-memory buffer.
 
 A ``pallas_call`` pipeline gives every windowed input and output a buffer of its own in shared
-memory (see :mod:`pallas_mosaic_gpu.lowering`). When that exceeds a Hopper thread block's
+memory (see :mod:`pallas_mosaic_gpu.schedule`). When that exceeds a Hopper thread block's
 227 KiB, an output may instead be staged in the buffer of an input block of the same shape and
 dtype, provided the kernel is provably done reading that input before it first touches the
 output. The softmax of (64, 512) float32 blocks (128 KiB in, 128 KiB out) lowers this way.
@@ -34,13 +34,13 @@ import numpy as np
 from jax import lax
 from jax.experimental.mosaic import gpu as mgpu
 
-from pallas_core import backend as _jax
+from pallas_core import backend as plb
 from pallas_core import mlir_lowering
 from pallas_core.request import KernelCall
-from pallas_mosaic_gpu import lowering
+from pallas_mosaic_gpu import rules, schedule, values
 from pallas_mosaic_gpu.params import GPUCompilerParams
 
-_SYNCHRONOUS = frozenset({_jax.get_p, _jax.swap_p, lax.transpose_p, lax.dot_general_p})
+_SYNCHRONOUS = frozenset({plb.get_p, plb.swap_p, lax.transpose_p, lax.dot_general_p})
 """Rules taking unloaded SMEM reads whose reads are done when they return (``jnp.dot`` waits
 for its wgmma; a store loads its value first)."""
 
@@ -61,12 +61,12 @@ def last_read_before_first_use(jaxpr: Any, in_var: Any, out_var: Any) -> int | N
     tainted: set[Any] = {in_var}
     last_read = -1
     for i, eqn in enumerate(jaxpr.eqns):
-        used = [v for v in eqn.invars if not isinstance(v, _jax.Literal) and v in tainted]
+        used = [v for v in eqn.invars if not isinstance(v, plb.Literal) and v in tainted]
         if not used:
             continue
-        if any(v is in_var for v in used) and eqn.primitive is not _jax.get_p:
+        if any(v is in_var for v in used) and eqn.primitive is not plb.get_p:
             return None  # written, transformed, or handed to something else
-        lazy = eqn.primitive in lowering._LAZY_OK
+        lazy = eqn.primitive in rules._LAZY_OK
         if lazy and eqn.primitive not in _SYNCHRONOUS:
             return None
         last_read = i
@@ -76,7 +76,7 @@ def last_read_before_first_use(jaxpr: Any, in_var: Any, out_var: Any) -> int | N
 
 
 def _aligned(nbytes: int) -> int:
-    return -(-nbytes // lowering.SMEM_ALIGNMENT) * lowering.SMEM_ALIGNMENT
+    return -(-nbytes // values.SMEM_ALIGNMENT) * values.SMEM_ALIGNMENT
 
 
 def block_bytes(shape: Sequence[int], dtype: Any) -> int:
@@ -92,20 +92,20 @@ def candidates(call: KernelCall) -> dict[int, tuple[int, int]]:
         GPUCompilerParams()
     if params.mesh is not None:
         return {}
-    pl_ = lowering.plan(call)
+    pl_ = schedule.plan(call)
     if math.prod(call.grid_mapping.grid[a] for a in pl_.sequential_axes) > 1:
         return {}
-    ins, outs = lowering._operands(call)
+    ins, outs = schedule._operands(call)
     jaxpr = call.jaxpr.jaxpr
     aliased_in = set(dict(call.input_output_aliases))
     aliased_out = set(dict(call.input_output_aliases).values())
     taken: set[int] = set()
     found: dict[int, tuple[int, int]] = {}
     for j, ob in enumerate(outs):
-        if not lowering._windowed(ob) or j in aliased_out:
+        if not schedule._windowed(ob) or j in aliased_out:
             continue
         for k, ib in enumerate(ins):
-            if (k in taken or k in aliased_in or not lowering._windowed(ib)
+            if (k in taken or k in aliased_in or not schedule._windowed(ib)
                     or tuple(ib.ref_shape) != tuple(ob.ref_shape)
                     or np.dtype(ib.dtype) != np.dtype(ob.dtype)):
                 continue
@@ -127,7 +127,7 @@ def reused(call: KernelCall) -> dict[int, tuple[int, int]]:
     needed = validation.smem_bytes(call)
     if needed <= validation.SMEM_BYTES:
         return {}
-    _, outs = lowering._operands(call)
+    _, outs = schedule._operands(call)
     chosen: dict[int, tuple[int, int]] = {}
     for j, pair in candidates(call).items():
         if needed <= validation.SMEM_BYTES:
@@ -139,16 +139,16 @@ def reused(call: KernelCall) -> dict[int, tuple[int, int]]:
 
 def saved_bytes(call: KernelCall) -> int:
     """Shared memory :func:`reused` saves."""
-    _, outs = lowering._operands(call)
+    _, outs = schedule._operands(call)
     return sum(block_bytes(outs[j].ref_shape, outs[j].dtype) for j in reused(call))
 
 
 def lower_body(state: Any, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any],
                barrier_before: set[int]) -> list[Any]:
-    """Emits the kernel body ``jaxpr`` like :func:`lowering.lower_jaxpr`, with a warpgroup
-    barrier before each top-level equation whose index is in ``barrier_before``."""
+    """Emits the kernel body ``jaxpr`` like :func:`pallas_mosaic_gpu.rules.lower_jaxpr`, with a
+    warpgroup barrier before each top-level equation whose index is in ``barrier_before``."""
     if not barrier_before:
-        return lowering.lower_jaxpr(state, jaxpr, consts, args)
+        return rules.lower_jaxpr(state, jaxpr, consts, args)
     marked = {id(jaxpr.eqns[i]) for i in barrier_before if i < len(jaxpr.eqns)}
 
     def fenced(fn: Any) -> Any:
@@ -158,5 +158,5 @@ def lower_body(state: Any, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any
             return fn(st, eqn, *vals)
         return rule
 
-    rules = mlir_lowering.Rules({p: fenced(fn) for p, fn in lowering.RULES.items()})
-    return mlir_lowering.lower_jaxpr(state, rules, jaxpr, consts, args, lowering.literal)
+    table = mlir_lowering.Rules({p: fenced(fn) for p, fn in rules.RULES.items()})
+    return mlir_lowering.lower_jaxpr(state, table, jaxpr, consts, args, values.literal)

@@ -1,7 +1,7 @@
 """Views of tiled SMEM buffers whose two minor dimensions are sliced along whole tiles.
 
 A tiled buffer of logical shape ``(..., R, C)`` is held as ``(..., R // 8, C // e, 8, e)``
-(``e`` elements of 128 bytes, see :func:`pallas_mosaic_gpu.lowering.tile_shape`). A slice of
+(``e`` elements of 128 bytes, see :func:`pallas_mosaic_gpu.values.tile_shape`). A slice of
 its minor dimensions that starts and ends on tile boundaries (``b_smem.at[:, pl.ds(w * 128,
 128)]``, as JAX's hopper_matmul gives each warpgroup its half of B) is a slice of the tile
 grid: the view stays tiled and swizzled, so ``wgmma``, TMA copies and tiled loads and stores
@@ -20,7 +20,7 @@ from jax.experimental.mosaic import gpu as mgpu
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith
 
-from pallas_core import backend as _jax
+from pallas_core import backend as plb
 
 
 def _index(v: Any) -> ir.Value:
@@ -33,7 +33,7 @@ def minor_tile_index(i: Any, dim: int, tile: int, value: Callable[[Any], Any],
                      fail: Callable[[str], Exception]) -> Any:
     """The indexer of the tile-grid dimension for the indexer ``i`` of a minor dimension of
     ``dim`` elements tiled by ``tile`` (``value`` turns a traced start into an MLIR value)."""
-    if not isinstance(i, _jax.Slice):
+    if not isinstance(i, plb.Slice):
         raise fail("an integer index into the two minor dimensions of a tiled SMEM buffer "
                    "(slice them instead, on whole tiles)")
     if not isinstance(i.stride, int) or i.stride != 1:

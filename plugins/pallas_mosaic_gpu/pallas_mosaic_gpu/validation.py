@@ -9,8 +9,8 @@ import numpy as np
 from pallas_core.errors import BlockSpecError, UnsupportedError
 from pallas_core.request import KernelCall
 from pallas_mosaic_gpu import tma
-from pallas_mosaic_gpu.lowering import is_tileable
 from pallas_mosaic_gpu.params import ACC_SPACE, GMEM, TMEM, BarrierSpace, GPUCompilerParams
+from pallas_mosaic_gpu.values import is_tileable
 
 SMEM_BYTES = 227 * 1024
 """Shared memory one thread block may use on Hopper (sm_90)."""
@@ -67,7 +67,7 @@ def check(call: KernelCall) -> None:
 def smem_bytes(call: KernelCall) -> int:
     """The shared memory ``call`` needs with a buffer of its own for every block: blocks
     (inputs times ``max_concurrent_steps``), scratch and ``pl.run_scoped`` allocations, each
-    buffer rounded up to its 1024-byte alignment (``lowering.SMEM_ALIGNMENT``)."""
+    buffer rounded up to its 1024-byte alignment (``values.SMEM_ALIGNMENT``)."""
     gm = call.grid_mapping
     params = call.compiler_params if isinstance(call.compiler_params, GPUCompilerParams) else \
         GPUCompilerParams()
@@ -88,7 +88,7 @@ def smem_bytes(call: KernelCall) -> int:
         size = math.prod(a.inner_aval.shape) * np.dtype(a.inner_aval.dtype).itemsize
         used += (8 * a.inner_aval.shape[0] if isinstance(a.memory_space, BarrierSpace)
                  else _aligned(size))
-    from pallas_mosaic_gpu.lowering import scoped_allocations
+    from pallas_mosaic_gpu.schedule import scoped_allocations
     for _, allocs in scoped_allocations(call):
         for kind, shape, dtype, _arrivals in allocs:
             if kind in ("smem", "smem_plain"):

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 from jax import lax
 
 import pallas_core as pl
-from pallas_core import backend as _jax
+from pallas_core import backend as plb
 from pallas_core import semantics
 from pallas_core.errors import PallasError, UnsupportedError
 from pallas_mosaic_gpu import primitives as gp
@@ -47,12 +47,12 @@ from pallas_mosaic_gpu.pipeline import _block_dims, _check_layout, _window
 
 # --- primitives ----------------------------------------------------------------------------
 
-set_max_registers_p = _jax.Primitive("gpu_set_max_registers")
+set_max_registers_p = plb.Primitive("gpu_set_max_registers")
 set_max_registers_p.multiple_results = True
 set_max_registers_p.def_effectful_abstract_eval(lambda *, n, action: ([], {gp.GPU_SYNC}))
 
-concurrent_p = _jax.Primitive("gpu_warpgroups_run_concurrently")
-concurrent_p.def_abstract_eval(lambda: _jax.ShapedArray((), jnp.bool_))
+concurrent_p = plb.Primitive("gpu_warpgroups_run_concurrently")
+concurrent_p.def_abstract_eval(lambda: plb.ShapedArray((), jnp.bool_))
 
 
 def set_max_registers(n: int, *, action: str) -> None:
@@ -342,7 +342,7 @@ def _split(tree: Any) -> tuple[list[Any], Callable[[Any], Any]]:
     """The carry's array leaves, and the function rebuilding the carry from new ones (Refs
     in the carry, such as a ``plgpu.ACC``, are not carried through loops: they stay)."""
     leaves, treedef = jax.tree_util.tree_flatten(tree)
-    is_ref = [isinstance(_jax.typeof(x), _jax.AbstractRef) for x in leaves]
+    is_ref = [isinstance(plb.typeof(x), plb.AbstractRef) for x in leaves]
 
     def rebuild(values: Any) -> Any:
         it = iter(values)

@@ -1,0 +1,207 @@
+"""The lowering rules of the Mosaic GPU backend: the table :data:`RULES`, filled by
+:func:`rule`, and the control-flow rules.
+
+Every entry of :data:`RULES` has the one rule signature all MLIR backends share,
+``pallas_core.backend.Rule``: ``rule(state, eqn, *in_values)``, with ``state`` the
+:class:`~pallas_mosaic_gpu.values.GPULowering` of the kernel, ``eqn`` the equation and
+``in_values`` its operands' values (:mod:`pallas_mosaic_gpu.values`); it returns the output's
+value, or a list of them. :func:`rule` adapts a rule body, which also takes the equation's
+parameters as keywords, to that signature.
+
+The rules live in this module (calls, ``cond``, loops, ``run_scoped``, program and axis
+indices), :mod:`~pallas_mosaic_gpu.rules_arrays` (register arrays: elementwise ops,
+broadcasts, reshapes, reductions; scalars through the shared rules of
+``pallas_core.mlir_rules``), :mod:`~pallas_mosaic_gpu.rules_memory` (Ref reads and writes,
+atomics, ``jnp.dot`` as wgmma, TMA copies, barriers, ``plgpu.wgmma``),
+:mod:`~pallas_mosaic_gpu.warp_specialized_lowering` and :mod:`~pallas_mosaic_gpu.blackwell`.
+This module imports all of them at its end, so the table is full once it is imported,
+whichever of them is imported first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+from jax import lax
+from jax.experimental.mosaic import gpu as mgpu
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import arith, scf
+
+from pallas_core import backend as plb
+from pallas_core import mlir_lowering
+from pallas_core import primitives as prims
+from pallas_core.errors import PallasError
+from pallas_core.mlir_lowering import element_type
+from pallas_mosaic_gpu.params import ACC_SPACE
+from pallas_mosaic_gpu.values import FA, GPULowering, Ref, emit_for, i32, literal
+
+RULES = mlir_lowering.Rules()
+_LAZY_OK: set[Any] = set()
+
+
+def rule(*primitives: Any, lazy: bool = False) -> Callable[[Any], Any]:
+    """Registers ``fn(state, eqn, *in_values, **eqn.params)`` in :data:`RULES` for each of
+    ``primitives``, as a callable of the shared signature ``pallas_core.backend.Rule``
+    (``rule(state, eqn, *in_values)``); unless ``lazy``, reads of whole SMEM Refs
+    (:class:`~pallas_mosaic_gpu.values.Loaded`) reach it as arrays."""
+    def register(fn: Any) -> Any:
+        def lazy_rule(state: GPULowering, eqn: Any, *args: Any) -> Any:
+            return fn(state, eqn, *args, **eqn.params)
+
+        def materialized(state: GPULowering, eqn: Any, *args: Any) -> Any:
+            return fn(state, eqn, *[state.value(a) for a in args], **eqn.params)
+        for p in primitives:
+            RULES[p] = lazy_rule if lazy else materialized
+            if lazy:
+                _LAZY_OK.add(p)
+        return fn
+    return register
+
+
+def lower_jaxpr(state: GPULowering, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]
+                ) -> list[Any]:
+    return mlir_lowering.lower_jaxpr(state, RULES, jaxpr, consts, args, literal)
+
+
+# --- control flow ----------------------------------------------------------------------------
+
+
+@rule(prims.program_id_p)
+def _program_id(state: GPULowering, eqn: Any, *, axis: int, **_: Any) -> Any:
+    return state.program_ids[axis]
+
+
+@rule(plb.axis_index_p)
+def _axis_index(state: GPULowering, eqn: Any, *, axis_name: Any, **_: Any) -> Any:
+    name = axis_name[0] if isinstance(axis_name, tuple) and len(axis_name) == 1 else axis_name
+    if name not in state.axes:
+        raise state.fail(f"jax.lax.axis_index({name!r}) (the kernel's axes are "
+                         f"{sorted(state.axes)})")
+    return state.axes[name]
+
+
+@rule(*mlir_lowering.CALL_PRIMITIVES, lazy=True)
+def _call(state: GPULowering, eqn: Any, *args: Any, **_: Any) -> Any:
+    jaxpr, consts = mlir_lowering.called_jaxpr(eqn)
+    return lower_jaxpr(state, jaxpr, consts, args)
+
+
+@rule(plb.cond_p, lazy=True)
+def _cond(state: GPULowering, eqn: Any, pred: Any, *args: Any, branches: Any, **_: Any) -> Any:
+    pred = state.value(pred)
+    if isinstance(pred, FA):
+        raise state.fail("a branch on an array")
+    taken = warp_specialized_lowering.static_predicate(pred)
+    if taken is not None:  # a branch known here (warpgroups_run_concurrently): only it
+        branch = branches[min(max(taken, 0), len(branches) - 1)]
+        return lower_jaxpr(state, branch.jaxpr, branch.consts, args)
+    if len(branches) != 2:
+        raise state.fail("lax.switch with more than two branches")
+    if eqn.outvars:
+        out_avals = [v.aval for v in eqn.outvars]
+        if any(a.shape for a in out_avals):
+            raise state.fail("a conditional returning arrays (write them to Refs instead)")
+    cond = arith.cmpi(arith.CmpIPredicate.ne, i32(pred) if not isinstance(pred.type,
+                      ir.IntegerType) or ir.IntegerType(pred.type).width != 1 else
+                      arith.extui(ir.IntegerType.get_signless(32), pred), i32(0))
+    keys = sorted(state.accs)
+    result_types = [element_type(v.aval.dtype) for v in eqn.outvars]
+    before = {k: state.accs[k] for k in keys}
+    acc_leaves, acc_tree = jax.tree_util.tree_flatten([before[k] for k in keys])
+    leaves_types = [leaf.type for leaf in acc_leaves]
+    op = scf.IfOp(cond, result_types + leaves_types, has_else=True)
+    for block, branch in ((op.then_block, branches[1]), (op.else_block, branches[0])):
+        with ir.InsertionPoint(block):
+            for k in keys:
+                state.accs[k] = before[k]
+            outs = lower_jaxpr(state, branch.jaxpr, branch.consts, args)
+            outs = [state.value(o) for o in outs]
+            leaves = jax.tree_util.tree_flatten([state.accs[k] for k in keys])[0]
+            scf.YieldOp([*outs, *leaves])
+    results = list(op.results)
+    n = len(result_types)
+    done = jax.tree_util.tree_unflatten(acc_tree, results[n:])
+    for k, v in zip(keys, done):
+        state.accs[k] = v
+    return results[:n]
+
+
+@rule(plb.scan_p, lazy=True)
+def _scan(state: GPULowering, eqn: Any, *args: Any, jaxpr: Any, length: int,
+          reverse: bool, **_: Any) -> Any:
+    consts, carry, xs, split_out = plb.scan_parts(eqn.params, args)
+    if xs or reverse:
+        raise state.fail("lax.scan over arrays or reversed (use lax.fori_loop)")
+    carry = [state.value(c) for c in carry]
+
+    def body(i: ir.Value, vals: list[Any]) -> list[Any]:
+        outs, ys = split_out(lower_jaxpr(state, jaxpr.jaxpr, jaxpr.consts, [*consts, *vals]))
+        if ys:
+            raise state.fail("lax.scan with stacked outputs")
+        return outs
+
+    return emit_for(state, length, carry, body)
+
+
+@rule(plb.while_p, lazy=True)
+def _while(state: GPULowering, eqn: Any, *args: Any, cond_jaxpr: Any, body_jaxpr: Any,
+           cond_nconsts: int, body_nconsts: int, **_: Any) -> Any:
+    cconsts = args[:cond_nconsts]
+    bconsts = args[cond_nconsts:cond_nconsts + body_nconsts]
+    init = [state.value(a) for a in args[cond_nconsts + body_nconsts:]]
+    # fori_loop(lo, hi, f, x) with dynamic bounds: (i, hi, x) carried, i < hi tested.
+    cj = cond_jaxpr.jaxpr
+    fori = (len(cj.eqns) == 1 and cj.eqns[0].primitive is lax.lt_p and not cconsts
+            and cj.eqns[0].invars[0] is cj.invars[0] and cj.eqns[0].invars[1] is cj.invars[1])
+    if not fori:
+        raise state.fail("a while loop (use lax.fori_loop)")
+    lo, hi, rest = init[0], init[1], init[2:]
+
+    def body(i: ir.Value, vals: list[Any]) -> list[Any]:
+        outs = lower_jaxpr(state, body_jaxpr.jaxpr, body_jaxpr.consts,
+                           [*bconsts, i, hi, *vals])
+        return outs[2:]
+
+    n = arith.maxsi(arith.subi(i32(hi), i32(lo)), i32(0))
+    outs = emit_for(state, n, rest, body, start=lo)
+    return [arith.maxsi(i32(hi), i32(lo)), hi, *outs]
+
+
+@rule(prims.run_scoped_p, lazy=True)
+def _run_scoped(state: GPULowering, eqn: Any, *consts: Any, jaxpr: Any, scoped: Any,
+                **_: Any) -> Any:
+    warp_specialized_lowering.enter_run_scoped(state, eqn)
+    refs = []
+    allocated = state.scoped.get(id(eqn))
+    if allocated is None:
+        raise PallasError("internal: a pl.run_scoped the shared-memory plan did not see")
+    for n, mref in enumerate(scoped):
+        if mref.memory_space is ACC_SPACE:
+            key = id(eqn) * 100 + n
+            state.accs[key] = mgpu.WGMMAAccumulator.zero(*mref.shape,
+                                                         element_type(mref.dtype))
+            refs.append(Ref("acc", tuple(mref.shape), mref.dtype, acc_key=key))
+        else:
+            refs.append(allocated[n])
+    outs = lower_jaxpr(state, jaxpr.jaxpr, jaxpr.consts, [*consts, *refs])
+    for r in refs:
+        state.accs.pop(r.acc_key, None)
+    return outs
+
+
+@rule(prims.multiple_of_p)
+def _multiple_of(state: GPULowering, eqn: Any, x: Any, **_: Any) -> Any:
+    return x
+
+
+# The modules below register their rules into RULES; importing them here makes the table full
+# whichever module is imported first (they import this one, which is then already defined).
+from pallas_mosaic_gpu import (  # noqa: E402, F401 - they register their rules
+    blackwell,
+    layout_rules,
+    rules_arrays,
+    rules_memory,
+    warp_specialized_lowering,
+)

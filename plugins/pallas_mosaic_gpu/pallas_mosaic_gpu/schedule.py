@@ -1,0 +1,546 @@
+"""The schedule of the Mosaic GPU lowering: how a traced kernel (a
+:class:`pallas_core.KernelCall`) becomes one Mosaic GPU kernel launch, its pipeline over the
+grid and its shared memory.
+
+The kernel is built with JAX's Mosaic GPU library (``jax.experimental.mosaic.gpu``) in lane
+semantics: each warpgroup (128 threads) holds arrays as ``FragmentedArray`` registers spread
+over its lanes (:mod:`pallas_mosaic_gpu.values`). ``mgpu.as_gpu_kernel`` wraps the body in a
+``gpu.launch`` and the result is emitted as the ``mosaic_gpu_v2`` custom call that JAX's CUDA
+runtime executes; the body's equations are lowered by the rules of
+:mod:`pallas_mosaic_gpu.rules`.
+
+How a ``pallas_call`` runs (see docs/backends/mosaic_gpu.md):
+
+* parallel grid axes are folded into the CUDA grid's x dimension (one thread block each);
+  sequential axes (trailing) are one loop inside the block (:func:`plan`);
+* every windowed input has ``max_concurrent_steps`` SMEM buffers filled by TMA copies, each
+  with its mbarrier; the copy for step ``t + max_concurrent_steps`` is issued once step ``t``
+  (or, with ``delay_release=d``, step ``t - d``) no longer needs the buffer;
+* every windowed output has one SMEM buffer, copied out by TMA when its block index is about
+  to change (or after the last step);
+* ``plgpu.ACC`` accumulators live in registers and are carried through loops;
+* scratch buffers and every ``pl.run_scoped`` allocation (:func:`scoped_allocations`) get
+  shared memory of their own, laid out by :func:`aligned_smem`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.experimental.mosaic import gpu as mgpu
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import arith, gpu, nvvm
+
+from pallas_core import backend as plb
+from pallas_core import primitives as prims
+from pallas_core import reference
+from pallas_core.errors import PallasError, UnsupportedError
+from pallas_core.grid_mapping import BlockMapping
+from pallas_core.mlir_lowering import element_type
+from pallas_core.request import KernelCall
+from pallas_mosaic_gpu import smem_layout, tma
+from pallas_mosaic_gpu.params import (
+    ACC_SPACE,
+    GMEM,
+    PARALLEL,
+    SEQUENTIAL,
+    TMEM,
+    BarrierSpace,
+    GPUCompilerParams,
+)
+from pallas_mosaic_gpu.rules import lower_jaxpr
+from pallas_mosaic_gpu.values import (
+    SMEM_ALIGNMENT,
+    SWIZZLE,
+    WARPGROUP,
+    GPULowering,
+    Ref,
+    emit_for,
+    i32,
+    index,
+    is_tileable,
+    tile_shape,
+    tile_transform,
+)
+
+# --- the kernel ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Plan:
+    """How a call is launched."""
+
+    grid: tuple[int, int, int]
+    cluster: tuple[int, int, int]
+    block: tuple[int, int, int]
+    parallel_axes: tuple[int, ...]
+    """Grid axes folded into the CUDA grid (pallas_call) or mapped to it (plgpu.kernel)."""
+    sequential_axes: tuple[int, ...]
+    mesh: Any = None
+
+
+def _depends_on(jaxpr: Any, n_inputs: int) -> set[int]:
+    """Which of the first ``n_inputs`` inputs of ``jaxpr`` its outputs depend on."""
+    deps: dict[Any, set[int]] = {v: {i} for i, v in enumerate(jaxpr.invars[:n_inputs])}
+    for eqn in jaxpr.eqns:
+        d: set[int] = set()
+        for v in eqn.invars:
+            if not isinstance(v, plb.Literal):
+                d |= deps.get(v, set())
+        for o in eqn.outvars:
+            deps[o] = d
+    out: set[int] = set()
+    for v in jaxpr.outvars:
+        if not isinstance(v, plb.Literal):
+            out |= deps.get(v, set())
+    return out
+
+
+def plan(call: KernelCall) -> Plan:
+    gm = call.grid_mapping
+    params = call.compiler_params if isinstance(call.compiler_params, GPUCompilerParams) else \
+        GPUCompilerParams()
+    grid = tuple(gm.grid)
+    if params.mesh is not None:
+        mesh = params.mesh
+        cluster = tuple(mesh.cluster) + (1,) * (3 - len(mesh.cluster))
+        dims = tuple(g * c for g, c in zip(tuple(mesh.grid) + (1,) * (3 - len(mesh.grid)),
+                                           cluster))
+        threads = mesh.num_threads or 1
+        return Plan(dims, cluster, (WARPGROUP * threads, 1, 1),  # type: ignore[arg-type]
+                    tuple(range(len(grid))), (), mesh)
+    nb = gm.num_batch_axes
+    user = list(params.dimension_semantics or ())
+    if user and len(user) != len(gm.user_grid):
+        raise PallasError(
+            f"plgpu.CompilerParams(dimension_semantics={tuple(user)}) names "
+            f"{len(user)} axes but kernel {call.name!r} has grid {gm.user_grid}. Fix: one "
+            "entry per grid axis.")
+    if not user:
+        revisited: set[int] = set()
+        for bm in gm.block_mappings[len(call.jaxpr.jaxpr.invars) - len(gm.scratch_avals)
+                                    - len(call.out_avals):][:len(call.out_avals)]:
+            if bm.is_whole_array or bm.memory_space is GMEM:
+                continue
+            used = _depends_on(bm.index_map.jaxpr, len(grid))
+            revisited |= {a for a in range(nb, len(grid)) if a not in used}
+        first = min(revisited) if revisited else len(grid)
+        user = [PARALLEL if nb + a < first else SEQUENTIAL for a in range(len(gm.user_grid))]
+    sem = [PARALLEL] * nb + list(user)
+    seq = tuple(a for a, s in enumerate(sem) if s == SEQUENTIAL)
+    if seq and seq != tuple(range(seq[0], len(grid))):
+        raise PallasError(
+            f"kernel {call.name!r}: sequential grid axes must come last (found semantics "
+            f"{tuple(user)}). Fix: reorder the grid so the sequential axes are trailing.")
+    par = tuple(a for a in range(len(grid)) if a not in seq)
+    blocks = math.prod(grid[a] for a in par)
+    if blocks >= 2**31:
+        raise PallasError(f"kernel {call.name!r}: {blocks} thread blocks exceed the CUDA grid.")
+    return Plan((blocks, 1, 1), (1, 1, 1), (WARPGROUP, 1, 1), par, seq)
+
+
+def _operands(call: KernelCall) -> tuple[list[BlockMapping], list[BlockMapping]]:
+    gm = call.grid_mapping
+    n_out = len(call.out_avals)
+    bms = list(gm.block_mappings)
+    return bms[:len(bms) - n_out], bms[len(bms) - n_out:]
+
+
+def _windowed(bm: BlockMapping) -> bool:
+    return not (bm.is_whole_array or bm.memory_space is GMEM)
+
+
+def _check_spaces(call: KernelCall) -> tuple[int, int]:
+    """The architecture to build ``call`` for (:mod:`targets`); a kernel using TMEM or tcgen05
+    is refused for Hopper."""
+    from pallas_mosaic_gpu import blackwell, targets
+
+    uses = blackwell.uses_blackwell(call)
+    arch, why = targets.choose(uses)
+    if uses and arch < targets.BLACKWELL:
+        raise UnsupportedError(
+            f"kernel {call.name!r} uses TMEM or tcgen05, which only Blackwell (sm_100a) GPUs "
+            f"have, but it is built for {targets.name(arch)} ({why}). Fix: use SMEM or "
+            "registers (plgpu.ACC, plgpu.wgmma) on Hopper, or target sm_100a.")
+    return arch
+
+
+def scoped_allocations(call: KernelCall
+                       ) -> list[tuple[int, list[tuple[str, tuple[int, ...], Any, int]]]]:
+    """The shared memory every ``pl.run_scoped`` of the kernel allocates, one region per
+    ``run_scoped`` (keyed by its equation): ``(kind, shape, dtype, num_arrivals)`` with kind
+    ``"smem"``, ``"smem_plain"`` (a buffer left untiled because the kernel slices its minor
+    dimensions, see :mod:`smem_layout`), ``"barrier"`` or ``"acc"`` (registers)."""
+    found: list[tuple[int, list[tuple[str, tuple[int, ...], Any, int]]]] = []
+    seen: set[int] = set()
+    for eqn in reference.all_eqns(call.jaxpr.jaxpr):
+        if eqn.primitive is not prims.run_scoped_p or id(eqn) in seen:
+            continue
+        seen.add(id(eqn))
+        allocs = []
+        for mref in eqn.params["scoped"]:
+            space = mref.memory_space
+            if space is ACC_SPACE:
+                allocs.append(("acc", tuple(mref.shape), mref.dtype, 0))
+            elif isinstance(space, BarrierSpace):
+                allocs.append(("barrier", tuple(mref.shape), mref.dtype, space.num_arrivals))
+            elif space is TMEM:
+                raise UnsupportedError(
+                    f"kernel {call.name!r}: pl.run_scoped allocates TMEM, which the "
+                    "mosaic_gpu backend does not support (TMEM is allocated for the whole "
+                    "kernel). Fix: allocate it in scratch_shapes, plgpu.TMEM((M, N), dtype).")
+            elif space is GMEM:
+                raise UnsupportedError(
+                    f"kernel {call.name!r}: pl.run_scoped allocates GMEM; the mosaic_gpu "
+                    "backend allocates scratch in shared memory only. Fix: allocate "
+                    "plgpu.SMEM, or pass the global buffer as an operand.")
+            else:
+                shape = tuple(mref.shape)
+                body = eqn.params["jaxpr"].jaxpr
+                var = body.invars[len(body.invars) - len(eqn.params["scoped"]) + len(allocs)]
+                plain = is_tileable(shape, mref.dtype) and \
+                    smem_layout.minor_sliced(body, var, shape) and \
+                    not smem_layout.read_by_wgmma(body, var)
+                allocs.append(("smem_plain" if plain else "smem", shape, mref.dtype, 0))
+        found.append((id(eqn), allocs))
+    return found
+
+
+def _nbytes(buf: jax.ShapeDtypeStruct) -> int:
+    dt = np.dtype(buf.dtype)
+    bits = (np.iinfo(dt).bits if np.issubdtype(dt, np.integer) else
+            np.finfo(dt).bits if np.issubdtype(dt, np.floating) else dt.itemsize * 8)
+    return math.prod(buf.shape) * bits // 8
+
+
+def aligned_smem(entries: Sequence[Any]) -> tuple[tuple[Any, ...], list[int]]:
+    """The shared-memory tree ``mgpu.as_gpu_kernel`` lays out (in order, without gaps) for
+    ``entries`` (buffers and barriers): every buffer first, each starting at a multiple of
+    :data:`SMEM_ALIGNMENT` bytes, then the barriers (8 bytes each), with ``uint8`` padding
+    between them. Returns the tree and, for each entry, its index in the tree."""
+    barrier_types = (mgpu.Barrier, mgpu.TMABarrier, mgpu.ClusterBarrier)
+    tree: list[Any] = []
+    positions = [0] * len(entries)
+    offset = 0
+
+    def pad(to: int) -> None:
+        nonlocal offset
+        if offset % to:
+            tree.append(jax.ShapeDtypeStruct((-offset % to,), np.uint8))
+            offset += -offset % to
+
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, (*barrier_types, mgpu.TMEM)):
+            pad(SMEM_ALIGNMENT)
+            positions[i] = len(tree)
+            tree.append(entry)
+            offset += _nbytes(entry)
+    for i, entry in enumerate(entries):
+        if isinstance(entry, barrier_types):
+            pad(8)
+            positions[i] = len(tree)
+            tree.append(entry)
+            offset += 8 * entry.num_barriers
+    for i, entry in enumerate(entries):
+        if isinstance(entry, mgpu.TMEM):  # the TMEM address, 4 bytes, after the barriers
+            positions[i] = len(tree)
+            tree.append(entry)
+            offset += 4
+    return tuple(tree), positions
+
+
+def build(call: KernelCall) -> Callable[..., Any]:
+    """The Mosaic GPU kernel of ``call`` as a function of its operands (``mgpu.as_gpu_kernel``);
+    it must be called inside an MLIR context (see :func:`kernel_fn`)."""
+    arch = _check_spaces(call)
+    gm = call.grid_mapping
+    pl_ = plan(call)
+    params = call.compiler_params if isinstance(call.compiler_params, GPUCompilerParams) else \
+        GPUCompilerParams()
+    ins, outs = _operands(call)
+    slots = params.max_concurrent_steps
+    seq_sizes = [gm.grid[a] for a in pl_.sequential_axes]
+    steps = math.prod(seq_sizes)
+    if steps <= 1:
+        slots = 1
+    slots = min(slots, max(steps, 1))
+    smem: list[Any] = []
+    buffers: list[tuple[str, int, Any]] = []  # (kind, operand index, tiled)
+
+    def buf_shape(shape: Sequence[int], dtype: Any) -> tuple[int, ...]:
+        return tile_shape(shape, dtype) if is_tileable(shape, dtype) else tuple(shape)
+
+    for k, bm in enumerate(ins):
+        if _windowed(bm):
+            smem.append(jax.ShapeDtypeStruct((slots, *buf_shape(bm.ref_shape, bm.dtype)),
+                                             bm.dtype))
+            smem.append(mgpu.TMABarrier(slots))
+            buffers.append(("in", k, is_tileable(bm.ref_shape, bm.dtype)))
+    from pallas_mosaic_gpu import smem_reuse
+    reuse = smem_reuse.reused(call)  # outputs staged in an input's buffer
+    for k, bm in enumerate(outs):
+        if _windowed(bm) and k not in reuse:
+            smem.append(jax.ShapeDtypeStruct(buf_shape(bm.ref_shape, bm.dtype), bm.dtype))
+            buffers.append(("out", k, is_tileable(bm.ref_shape, bm.dtype)))
+    scratch_refs: list[Any] = []
+    for a in gm.scratch_avals:
+        shape, dtype, space = a.inner_aval.shape, a.inner_aval.dtype, a.memory_space
+        if isinstance(space, BarrierSpace):
+            smem.append(mgpu.Barrier(space.num_arrivals, num_barriers=shape[0]))
+            scratch_refs.append(("barrier", shape, dtype))
+        elif space is ACC_SPACE:
+            scratch_refs.append(("acc", shape, dtype))
+        elif space is TMEM:
+            smem.append(mgpu.TMEM(tuple(shape), dtype))
+            scratch_refs.append(("tmem", shape, dtype))
+        else:
+            smem.append(jax.ShapeDtypeStruct(buf_shape(shape, dtype), dtype))
+            scratch_refs.append(("smem", shape, dtype))
+    n_main = len(smem)
+    scoped = scoped_allocations(call)
+    for _, allocs in scoped:
+        for kind, shape, dtype, arrivals in allocs:
+            if kind == "barrier":
+                smem.append(mgpu.Barrier(arrivals, num_barriers=shape[0]))
+            elif kind == "smem":
+                smem.append(jax.ShapeDtypeStruct(buf_shape(shape, dtype), dtype))
+            elif kind == "smem_plain":
+                smem.append(jax.ShapeDtypeStruct(tuple(shape), dtype))
+    smem_tree, smem_positions = aligned_smem(smem)
+
+    # Aliased inputs are the library's in-out operands: passed after the other inputs, their
+    # buffers written in place and returned after the other outputs.
+    aliases = dict(call.input_output_aliases)
+    plain_in = [i for i in range(len(ins)) if i not in aliases]
+    alias_in = sorted(aliases)
+    plain_out = [j for j in range(len(outs)) if j not in aliases.values()]
+
+    def body(launch: Any, *args: Any) -> None:
+        refs = list(args[:-1])
+        gmem_in: list[Any] = [None] * len(ins)
+        for i, r in zip(plain_in + alias_in, refs):
+            gmem_in[i] = r
+        gmem_out: list[Any] = [None] * len(outs)
+        for j, r in zip(plain_out, refs[len(ins):]):
+            gmem_out[j] = r
+        for i in alias_in:
+            gmem_out[aliases[i]] = gmem_in[i]
+        gmem = gmem_in + gmem_out
+        smem_refs = [args[-1][p] for p in smem_positions]
+        state = GPULowering(call, "mosaic_gpu", launch=launch, approx=params.approx_math)
+        rest = iter(smem_refs[n_main:])
+        for key, allocs in scoped:
+            state.scoped[key] = [
+                Ref(kind, tuple(shape), dtype, barrier=next(rest)) if kind == "barrier" else
+                Ref("smem", tuple(shape), dtype, memref=next(rest),
+                    tiled=kind == "smem" and is_tileable(shape, dtype))
+                if kind in ("smem", "smem_plain") else None
+                for kind, shape, dtype, _ in allocs]
+        _emit(state, pl_, gmem, smem_refs[:n_main], buffers, scratch_refs, slots, steps,
+              params.delay_release, reuse)
+
+    in_shapes = tuple(jax.ShapeDtypeStruct(ins[i].array_shape, ins[i].dtype) for i in plain_in)
+    inout_shapes = tuple(jax.ShapeDtypeStruct(ins[i].array_shape, ins[i].dtype)
+                         for i in alias_in)
+    out_shapes = tuple(jax.ShapeDtypeStruct(call.out_avals[j].shape, call.out_avals[j].dtype)
+                       for j in plain_out)
+    name = "".join(c if c.isalnum() or c == "_" else "_" for c in call.name) or "kernel"
+    from pallas_mosaic_gpu import targets
+    try:
+        with targets.assume(arch):
+            kernel = mgpu.as_gpu_kernel(body, pl_.grid, pl_.block, in_shapes, out_shapes,
+                                        smem_tree, cluster=pl_.cluster, module_name=name,
+                                        kernel_name=name, inout_shape=inout_shapes)
+    except (ValueError, NotImplementedError, TypeError, IndexError) as e:
+        if isinstance(e, PallasError):
+            raise
+        raise UnsupportedError(
+            f"kernel {call.name!r} could not be lowered by the mosaic_gpu backend: "
+            f"{type(e).__name__}: {e}. Fix: see docs/backends/mosaic_gpu.md for what the "
+            "backend supports, or run with backend='interpret'.") from e
+
+    def run(*operands: Any) -> list[Any]:
+        res = list(kernel(*[operands[i] for i in plain_in + alias_in]))
+        out: list[Any] = [None] * len(outs)
+        for j, r in zip(plain_out, res):
+            out[j] = r
+        for i, r in zip(alias_in, res[len(plain_out):]):
+            out[aliases[i]] = r
+        return out
+
+    return run
+
+
+def _emit(state: GPULowering, pl_: Plan, gmem: list[Any], smem: list[Any],
+          buffers: list[tuple[str, int, Any]], scratch: list[Any], slots: int, steps: int,
+          delay: int, reuse: dict[int, tuple[int, int]]) -> None:
+    call = state.call
+    gm = call.grid_mapping
+    ins, outs = _operands(call)
+    smem_it = iter(smem)
+    in_bufs: dict[int, tuple[Any, Any, bool]] = {}
+    out_bufs: dict[int, tuple[Any, bool]] = {}
+    for kind, k, tiled in buffers:
+        if kind == "in":
+            in_bufs[k] = (next(smem_it), next(smem_it), tiled)
+        else:
+            out_bufs[k] = (next(smem_it), tiled)
+    for j, (k, _) in reuse.items():  # one step per block (smem_reuse): slot 0
+        out_bufs[j] = (mgpu.memref_slice(in_bufs[k][0], index(0)), in_bufs[k][2])
+    scratch_vals: list[Ref] = []
+    for n, (kind, shape, dtype) in enumerate(scratch):
+        if kind == "acc":
+            key = 1000 + n
+            state.accs[key] = mgpu.WGMMAAccumulator.zero(
+                *shape, element_type(dtype))
+            scratch_vals.append(Ref("acc", tuple(shape), dtype, acc_key=key))
+        elif kind == "barrier":
+            scratch_vals.append(Ref("barrier", tuple(shape), dtype, barrier=next(smem_it)))
+        elif kind == "tmem":
+            scratch_vals.append(Ref("tmem", tuple(shape), dtype, memref=next(smem_it)))
+        else:
+            scratch_vals.append(Ref("smem", tuple(shape), dtype, memref=next(smem_it),
+                                    tiled=is_tileable(shape, dtype)))
+    # Grid indices of the parallel axes.
+    ids: dict[int, ir.Value] = {}
+    if pl_.mesh is not None:
+        mesh = pl_.mesh
+        dims = (gpu.Dimension.x, gpu.Dimension.y, gpu.Dimension.z)
+        names = list(call.grid_mapping.grid_names or ())
+        for d in range(max(len(mesh.grid), len(mesh.cluster))):
+            block = i32(gpu.block_id(dims[d]))
+            c = mesh.cluster[d] if d < len(mesh.cluster) else 1
+            ids[d] = arith.divui(block, i32(c)) if c > 1 else block
+        n_grid = max(len(mesh.grid), len(mesh.cluster) and 1)
+        for j in range(len(mesh.cluster)):
+            ids[n_grid + j] = i32(gpu.cluster_block_id(dims[j]))
+        if mesh.num_threads is not None:
+            ids[len(names) - 1] = i32(mgpu.warpgroup_idx(sync=True))
+        if not mesh.grid and mesh.num_threads is None:
+            ids[0] = i32(0)
+    else:
+        linear = i32(gpu.block_id(gpu.Dimension.x))
+        for a in reversed(pl_.parallel_axes):
+            size = gm.grid[a]
+            ids[a] = arith.remui(linear, i32(size)) if size > 1 else i32(0)
+            linear = arith.divui(linear, i32(size)) if size > 1 else linear
+    n_in = len(ins)
+
+    def grid_indices(step: Any) -> list[ir.Value]:
+        idx = dict(ids)
+        s = i32(step)
+        for a in reversed(pl_.sequential_axes):
+            size = gm.grid[a]
+            idx[a] = arith.remui(s, i32(size)) if size > 1 else i32(0)
+            s = arith.divui(s, i32(size)) if size > 1 else s
+        return [idx[a] for a in range(len(gm.grid))]
+
+    def window(bm: BlockMapping, step: Any) -> tuple[Any, ...]:
+        sub = GPULowering(call, "mosaic_gpu", launch=state.launch)
+        blocks = lower_jaxpr(sub, bm.index_map.jaxpr, bm.index_map.consts, grid_indices(step))
+        sl: list[Any] = []
+        for b, size in zip(blocks, bm.block_shape):
+            b = i32(b) if isinstance(b, (int, np.integer)) else b
+            if size is None:
+                sl.append(index(b))
+            else:
+                sl.append(mgpu.ds(index(arith.muli(b, i32(size))), size))
+        return tuple(sl)
+
+    def fetch(k: int, step: Any, slot: Any) -> None:
+        buf, bars, tiled = in_bufs[k]
+        bm = ins[k]
+        dst = mgpu.memref_slice(buf, index(slot))
+        tma.copy(state.launch, gmem=gmem[k], smem=dst, window=window(bm, step), to_smem=True,
+                 barrier=bars[index(slot)], aligned=True, kernel=state.call.name,
+                 tiling=tile_transform(bm.dtype) if tiled else None,
+                 swizzle=SWIZZLE if tiled else None)
+
+    def store_out(k: int, step: Any) -> None:
+        buf, tiled = out_bufs[k]
+        bm = outs[k]
+        tma.copy(state.launch, gmem=gmem[n_in + k], smem=buf, window=window(bm, step),
+                 to_smem=False, aligned=True, kernel=state.call.name,
+                 tiling=tile_transform(bm.dtype) if tiled else None,
+                 swizzle=SWIZZLE if tiled else None)
+
+    for j in range(min(slots, steps)):
+        for k in in_bufs:
+            fetch(k, j, j)
+
+    def step_body(step: Any) -> None:
+        slot = arith.remui(i32(step), i32(slots)) if slots > 1 else i32(0)
+        block_refs: list[Any] = []
+        for k, bm in enumerate(ins):
+            if k in in_bufs:
+                buf, bars, tiled = in_bufs[k]
+                bars[index(slot)].wait()
+                block_refs.append(Ref("smem", bm.ref_shape, bm.dtype,
+                                      mgpu.memref_slice(buf, index(slot)), tiled=tiled))
+            else:
+                block_refs.append(Ref("gmem", bm.array_shape, bm.dtype, gmem[k]))
+        for k, bm in enumerate(outs):
+            if k in out_bufs:
+                buf, tiled = out_bufs[k]
+                block_refs.append(Ref("smem", bm.ref_shape, bm.dtype, buf, tiled=tiled))
+            else:
+                block_refs.append(Ref("gmem", bm.array_shape, bm.dtype, gmem[n_in + k]))
+        names = call.grid_mapping.grid_names
+        full = grid_indices(step)
+        state.program_ids = full[gm.num_batch_axes:]
+        state.axes = dict(zip(names, full)) if names else {}
+        from pallas_mosaic_gpu import smem_reuse
+        smem_reuse.lower_body(state, call.jaxpr.jaxpr, call.jaxpr.consts,
+                              [*block_refs, *scratch_vals], {at for _, at in reuse.values()})
+        if in_bufs and steps > slots:
+            # Refill the buffer step `step - delay` used with step `step - delay + slots`.
+            nvvm.wgmma_wait_group_sync_aligned(delay)
+            mgpu.warpgroup_barrier()
+            old = arith.subi(i32(step), i32(delay))
+            nxt = arith.addi(old, i32(slots))
+            ok = arith.andi(arith.cmpi(arith.CmpIPredicate.sge, old, i32(0)),
+                            arith.cmpi(arith.CmpIPredicate.slt, nxt, i32(steps)))
+            with mgpu.when(ok):
+                for k in in_bufs:
+                    fetch(k, nxt, arith.remui(old, i32(slots)) if slots > 1 else i32(0))
+        if out_bufs:
+            last = arith.cmpi(arith.CmpIPredicate.eq, i32(step), i32(steps - 1))
+            for k in out_bufs:
+                if steps == 1:
+                    changes = last
+                else:
+                    here = window(outs[k], step)
+                    nxt_step = arith.minui(arith.addi(i32(step), i32(1)), i32(steps - 1))
+                    there = window(outs[k], nxt_step)
+                    changes = last
+                    for a, b in zip(here, there):
+                        x = a.base if isinstance(a, mgpu.DynamicSlice) else a
+                        y = b.base if isinstance(b, mgpu.DynamicSlice) else b
+                        changes = arith.ori(changes, arith.cmpi(
+                            arith.CmpIPredicate.ne, index(x), index(y)))
+                mgpu.commit_shared()
+                with mgpu.when(changes):
+                    store_out(k, step)
+                state.launch.await_async_copy(0, await_read_only=True)
+
+    if steps == 1:
+        step_body(0)
+    else:
+        def loop_body(i: ir.Value, vals: list[Any]) -> list[Any]:
+            step_body(i)
+            return []
+
+        emit_for(state, steps, [], loop_body)
+    if out_bufs:
+        state.launch.await_async_copy(0)
+
+
+def kernel_fn(call: KernelCall) -> Callable[..., Any]:
+    """:func:`build` in a context of its own (the module is carried as bytes from there)."""
+    with plb.make_ir_context(), ir.Location.unknown():
+        return build(call)

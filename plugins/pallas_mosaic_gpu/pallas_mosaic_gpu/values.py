@@ -1,0 +1,373 @@
+"""The value model of the Mosaic GPU lowering: what a jaxpr variable holds while a kernel is
+lowered, and the state the rules (:mod:`pallas_mosaic_gpu.rules`) share.
+
+* :class:`Ref`: a Ref of the kernel: a memref in GMEM or SMEM (tiled and swizzled for wgmma
+  when :func:`is_tileable`), a register accumulator (``plgpu.ACC``), barriers, TMEM; the views
+  Ref accesses take of it (:func:`_view`, :func:`_transpose_view`, :func:`_untransposed`,
+  :func:`_transposed`);
+* register arrays: JAX's Mosaic GPU ``FragmentedArray`` (:data:`FA`), each warpgroup
+  holding its part in its lanes; :class:`Expanded` (an array with unit dimensions added, kept
+  unbroadcast), :class:`Loaded` (a read of an SMEM Ref not yet in registers: wgmma reads SMEM)
+  and :class:`Unavailable` (a value this backend does not produce);
+* :class:`GPULowering`: the state of lowering one kernel (axis indices, accumulators,
+  ``run_scoped`` allocations, the launch context); :func:`load`, :func:`store` and
+  :func:`literal`; :func:`emit_for`, the ``scf.for`` that carries values and accumulators.
+
+Layouts are chosen here, not by the user: SMEM buffers whose two minor dimensions are
+multiples of 64 in a 16-bit dtype are tiled (8, 64) with a 128-byte swizzle, as ``wgmma``
+reads them; 2-D arrays whose shape is a multiple of (64, 8) use the wgmma register layout
+(row reductions give its row layout), other arrays a strided layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.experimental.mosaic import gpu as mgpu
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import arith, scf
+
+from pallas_core import backend as plb
+from pallas_core.errors import PallasError, UnsupportedError
+from pallas_core.mlir_lowering import LoweringState, element_type, is_float, is_unsigned
+from pallas_mosaic_gpu import tiled_slices
+
+FA = mgpu.FragmentedArray
+WGMMA = mgpu.WGMMA_LAYOUT
+SWIZZLE = 128
+"""Bytes of the swizzle of tiled SMEM buffers (the widest; what wgmma reads best)."""
+WARPGROUP = 128
+SMEM_ALIGNMENT = 1024
+"""Where every shared-memory buffer starts (a multiple of this many bytes): TMA copies need
+128-byte aligned buffers, and a 128-byte swizzle repeats every 1024 bytes, which the swizzled
+TMA copies and the wgmma descriptors (base offset 0) assume of a buffer's start."""
+
+
+# --- values ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Ref:
+    """A Ref in the kernel: a memref in GMEM or SMEM (maybe tiled), an accumulator, barriers."""
+
+    kind: str  # "gmem", "smem", "acc", "barrier", "value" (memref holds a value)
+    shape: tuple[int, ...]
+    dtype: Any
+    memref: Any = None
+    tiled: bool = False
+    """An SMEM buffer whose two minor dimensions are tiled (8, 128 // itemsize), swizzled."""
+    barrier: Any = None
+    acc_key: int = -1
+    transposed: bool = False
+    """A tiled SMEM buffer seen with its two minor dimensions swapped (``transpose_ref``):
+    only wgmma reads it (as a transposed operand)."""
+
+
+@dataclasses.dataclass
+class Loaded:
+    """A read of an SMEM Ref, not yet in registers (``wgmma`` reads SMEM); ``transposed``
+    after ``.T``."""
+
+    ref: Ref
+    transposed: bool = False
+
+
+@dataclasses.dataclass
+class Expanded:
+    """An array with unit dimensions added (``x[:, None]``): kept as the array itself until
+    it is broadcast to a full shape."""
+
+    array: Any
+    shape: tuple[int, ...]
+    dims: tuple[int, ...]
+    """Where the array's dimensions sit in ``shape``."""
+
+
+def is_tileable(shape: Sequence[int], dtype: Any) -> bool:
+    """Whether an SMEM buffer of this shape is tiled and swizzled for wgmma."""
+    dt = np.dtype(dtype)
+    elems = SWIZZLE // dt.itemsize
+    return (len(shape) >= 2 and dt.itemsize == 2 and shape[-2] % 64 == 0
+            and shape[-1] % elems == 0)
+
+
+def tile_shape(shape: Sequence[int], dtype: Any) -> tuple[int, ...]:
+    """The memref shape of a tiled SMEM buffer."""
+    elems = SWIZZLE // np.dtype(dtype).itemsize
+    *lead, r, c = shape
+    return (*lead, r // 8, c // elems, 8, elems)
+
+
+def tile_transform(dtype: Any) -> Any:
+    return mgpu.TileTransform((8, SWIZZLE // np.dtype(dtype).itemsize))
+
+
+def layout_for(shape: Sequence[int]) -> Any:
+    """The register layout of fresh arrays of ``shape``."""
+    if len(shape) == 2 and shape[0] % 64 == 0 and shape[1] % 8 == 0:
+        return WGMMA
+    return mgpu.WGStridedFragLayout.from_shaped_type(
+        ir.VectorType.get(list(shape), ir.F32Type.get()))
+
+
+def signed(dtype: Any) -> bool | None:
+    return None if is_float(dtype) else not is_unsigned(dtype)
+
+
+def index(v: Any) -> ir.Value:
+    """An ``index`` value of an int or an integer scalar."""
+    if isinstance(v, (int, np.integer)):
+        return arith.constant(ir.IndexType.get(), int(v))
+    if isinstance(v.type, ir.IndexType):
+        return v
+    return arith.index_cast(ir.IndexType.get(), v)
+
+
+def i32(v: Any) -> ir.Value:
+    t = ir.IntegerType.get_signless(32)
+    if isinstance(v, (int, np.integer)):
+        return arith.constant(t, int(v))
+    return v if not isinstance(v.type, ir.IndexType) else arith.index_cast(t, v)
+
+
+def scalar_constant(value: Any, dtype: Any) -> ir.Value:
+    t = element_type(dtype)
+    if is_float(dtype):
+        return arith.constant(t, float(value))
+    return arith.constant(t, int(value))
+
+
+def splat(value: ir.Value, shape: Sequence[int], dtype: Any, layout: Any = None) -> Any:
+    return FA.splat(value, tuple(shape), layout, is_signed=signed(dtype))
+
+
+def relayout(arr: Any, layout: Any) -> Any:
+    """``arr`` in ``layout`` (splats are re-splatted; others converted by the library)."""
+    if arr.layout == layout:
+        return arr
+    if isinstance(arr.layout, mgpu.WGSplatFragLayout):
+        return FA.splat(arr.registers.flat[0], arr.shape, layout, is_signed=arr.is_signed)
+    try:
+        return arr.to_layout(layout)
+    except (NotImplementedError, ValueError) as e:
+        raise UnsupportedError(f"an array of shape {arr.shape} in layout {arr.layout} used "
+                               f"where {layout} is needed ({e})") from None
+
+
+# --- the lowering state ----------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class GPULowering(LoweringState):
+    """State of lowering one kernel: axis indices, accumulators, the launch context."""
+
+    launch: Any = None
+    axes: dict[str, ir.Value] = dataclasses.field(default_factory=dict)
+    accs: dict[int, Any] = dataclasses.field(default_factory=dict)
+    scoped: dict[int, list[Any]] = dataclasses.field(default_factory=dict)
+    """The Refs each ``pl.run_scoped`` (by equation) allocated in shared memory."""
+    approx: bool = False
+
+    def value(self, v: Any) -> Any:
+        """``v`` as something arithmetic applies to (reads of SMEM Refs are done here)."""
+        if isinstance(v, Unavailable):
+            raise self.fail(v.what)
+        if isinstance(v, Loaded):
+            if v.transposed:
+                raise self.fail("transposing an SMEM block other than as a dot operand")
+            return load(v.ref)
+        return v
+
+
+def load(ref: Ref) -> Any:
+    if ref.kind == "acc":
+        raise PallasError("internal: accumulator read without state")
+    is_signed = signed(ref.dtype)
+    if ref.tiled:
+        return FA.load_tiled(ref.memref, swizzle=SWIZZLE, is_signed=is_signed)
+    if ref.shape == ():
+        from jaxlib.mlir.dialects import memref
+        return memref.load(ref.memref, [])
+    layout = layout_for(ref.shape)
+    if layout == WGMMA:
+        return FA.load_untiled(ref.memref, layout=WGMMA, is_signed=is_signed, optimized=False)
+    return FA.load_strided(ref.memref, is_signed=is_signed)
+
+
+def store(ref: Ref, value: Any) -> None:
+    if ref.shape == ():
+        from jaxlib.mlir.dialects import memref
+        memref.store(value, ref.memref, [])
+        return
+    if not isinstance(value, FA):
+        value = splat(value, ref.shape, ref.dtype)
+    if ref.tiled:
+        # Arrays read from TMEM (one row per thread) are stored in their own layout.
+        keep = value.layout in (mgpu.tcgen05.LAYOUT, mgpu.tcgen05.TMEM_NATIVE_LAYOUT)
+        (value if keep else relayout(value, WGMMA)).store_tiled(ref.memref, swizzle=SWIZZLE)
+        return
+    layout = layout_for(ref.shape)
+    value = relayout(value, layout) if isinstance(value.layout, mgpu.WGSplatFragLayout) else value
+    if value.layout == WGMMA or (ref.kind == "gmem" and value.layout in (
+            mgpu.tcgen05.LAYOUT, mgpu.tcgen05.TMEM_NATIVE_LAYOUT)):
+        value.store_untiled(ref.memref, optimized=False)
+    else:
+        value.store_untiled(ref.memref)
+
+
+def literal(value: Any, aval: Any) -> Any:
+    arr = np.asarray(value)
+    if arr.ndim == 0:
+        return scalar_constant(arr, aval.dtype)
+    if arr.size and not (arr == arr.reshape(-1)[0]).all():
+        raise UnsupportedError("a non-uniform array constant in a mosaic_gpu kernel")
+    return splat(scalar_constant(arr.reshape(-1)[0] if arr.size else 0, aval.dtype),
+                 aval.shape, aval.dtype)
+
+
+# --- loops -----------------------------------------------------------------------------------
+
+
+def emit_for(state: GPULowering, n: Any, init: list[Any],
+             body: Callable[[ir.Value, list[Any]], list[Any]], start: Any = 0) -> list[Any]:
+    """An ``scf.for`` over ``[start, start + n)`` carrying ``init`` and every accumulator.
+
+    Carried splats take the layout the body gives them (the body is emitted again if so)."""
+    keys = sorted(state.accs)
+    for _attempt in range(3):
+        carried = [state.accs[k] for k in keys] + list(init)
+        leaves, tree = jax.tree_util.tree_flatten(carried)
+        lo = index(start)
+        hi = arith.addi(lo, index(n))
+        op = scf.ForOp(lo, hi, index(1), leaves)
+        with ir.InsertionPoint(op.body):
+            inner = jax.tree_util.tree_unflatten(tree, list(op.inner_iter_args))
+            for k, v in zip(keys, inner[:len(keys)]):
+                state.accs[k] = v
+            outs = body(i32(op.induction_variable), list(inner[len(keys):]))
+            result = [state.accs[k] for k in keys] + [state.value(o) for o in outs]
+            out_leaves, out_tree = jax.tree_util.tree_flatten(result)
+            same = bool(out_tree == tree)  # type: ignore[operator]
+            if same:
+                scf.YieldOp(out_leaves)
+        if same:
+            done = jax.tree_util.tree_unflatten(tree, list(op.results))
+            for k, v in zip(keys, done[:len(keys)]):
+                state.accs[k] = v
+            return list(done[len(keys):])
+        op.operation.erase()
+        # Give splat carries the layout the body produced, then emit again.
+        new_init = []
+        for old, new in zip(init, result[len(keys):]):
+            if isinstance(old, FA) and isinstance(new, FA) and old.layout != new.layout:
+                old = relayout(old, new.layout)
+            new_init.append(old)
+        init = new_init
+    raise UnsupportedError(
+        f"a loop whose carried values change layout in kernel {state.call.name!r} "
+        f"(at {state.location})")
+
+
+# --- views of Refs ---------------------------------------------------------------------------
+
+
+def _view(state: GPULowering, ref: Ref, transforms: Any) -> Ref:
+    """``ref`` after the indexers of a Ref access (slices and integer indices)."""
+    for t in transforms:
+        indices = getattr(t, "indices", None)
+        if type(t).__name__ == "TransposeTransform":
+            ref = _transpose_view(state, ref, tuple(t.permutation))
+            continue
+        if indices is None:
+            raise state.fail(f"the Ref transform {type(t).__name__}")
+        if ref.transposed:
+            raise state.fail("indexing a transposed SMEM Ref (index it, then transpose it)")
+        if ref.kind not in ("smem", "gmem"):
+            if ref.kind == "barrier" and len(indices) == 1:
+                i = indices[0]
+                if isinstance(i, plb.Slice):
+                    raise state.fail("a slice of barriers")
+                ref = dataclasses.replace(ref, barrier=ref.barrier[index(state.value(i))],
+                                          shape=())
+                continue
+            if all(_full(i, d) for i, d in zip(indices, ref.shape)):
+                continue
+            raise state.fail(f"indexing a {ref.kind} Ref")
+        idx: list[Any] = []
+        shape: list[int] = []
+        for i in indices:
+            if isinstance(i, plb.Slice):
+                if not isinstance(i.stride, int) or i.stride != 1:
+                    raise state.fail("a strided Ref slice")
+                start = i.start
+                if isinstance(start, (int, np.integer)):
+                    idx.append(slice(int(start), int(start) + i.size))
+                else:
+                    idx.append(mgpu.ds(index(start), i.size))
+                shape.append(int(i.size))
+            else:
+                v = state.value(i)
+                if isinstance(v, FA):
+                    raise state.fail("gathering from a Ref with an index array")
+                idx.append(index(v) if not isinstance(v, (int, np.integer)) else int(v))
+        n_lead = len(ref.shape) - 2
+        shape += list(ref.shape[len(indices):])
+        if ref.tiled:  # minor slices on whole tiles keep the view tiled (tiled_slices)
+            minor = [i for i, _ in list(zip(indices, ref.shape))[n_lead:]]
+            mem = tiled_slices.tiled_view(
+                ref.memref, idx[:n_lead], [] if all(
+                    _full(i, d) for i, d in zip(minor, ref.shape[n_lead:])) else minor,
+                ref.shape[n_lead:], (8, SWIZZLE // np.dtype(ref.dtype).itemsize),
+                state.value, state.fail)
+        else:
+            mem = mgpu.memref_slice(ref.memref, tuple(idx))
+        ref = dataclasses.replace(ref, memref=mem, shape=tuple(shape))
+    return ref
+
+
+def _transpose_view(state: GPULowering, ref: Ref, perm: tuple[int, ...]) -> Ref:
+    """``ref`` with its two minor dimensions swapped (the only transpose wgmma reads)."""
+    n = len(ref.shape)
+    if perm == tuple(range(n)):
+        return ref
+    if ref.kind != "smem" or not ref.tiled or n < 2 or \
+            perm != (*range(n - 2), n - 1, n - 2):
+        raise state.fail(f"transposing a {ref.kind} Ref by {perm} (only tiled SMEM buffers, "
+                         "their two minor dimensions swapped, as a wgmma operand)")
+    return dataclasses.replace(ref, shape=(*ref.shape[:-2], ref.shape[-1], ref.shape[-2]),
+                               transposed=not ref.transposed)
+
+
+def _untransposed(ref: Ref) -> tuple[Ref, bool]:
+    """The buffer under a transposed view of it (shape as allocated) and whether it was."""
+    if not ref.transposed:
+        return ref, False
+    shape = (*ref.shape[:-2], ref.shape[-1], ref.shape[-2])
+    return dataclasses.replace(ref, shape=shape, transposed=False), True
+
+
+def _full(i: Any, d: int) -> bool:
+    return bool(isinstance(i, plb.Slice) and isinstance(i.start, (int, np.integer))
+                and i.start == 0 and i.size == d)
+
+
+def _transforms(eqn: Any, args: Sequence[Any], n_before: int) -> Any:
+    tree = eqn.params["tree"]
+    return jax.tree_util.tree_unflatten(tree, list(args[n_before:n_before + tree.num_leaves]))
+
+
+@dataclasses.dataclass
+class Unavailable:
+    """A value this backend does not produce (the previous contents an atomic returns)."""
+
+    what: str
+
+
+def _transposed(ref: Ref) -> Any:
+    rank = len(tile_shape(ref.shape, ref.dtype))
+    perm = [*range(rank - 4), rank - 3, rank - 4, rank - 1, rank - 2]
+    return mgpu.memref_transpose(ref.memref, tuple(perm))
