@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import re
 import tomllib
 from pathlib import Path
@@ -45,13 +46,11 @@ def test_license_metadata_and_file(dist: str) -> None:
     assert "Apache License" in license_text and "Version 2.0, January 2004" in license_text
 
 
-@pytest.mark.parametrize("dist", sorted(PROJECTS))
-def test_version_has_one_source(dist: str) -> None:
-    """The version is written once, in the package (read statically by setuptools), and is
-    the ``__version__`` the package exports."""
-    directory, package = PROJECTS[dist]
+def _version(dist: str) -> str:
+    """The version of ``dist`` as its one source writes it (the literal that setuptools reads
+    statically through ``[tool.setuptools.dynamic] version = {attr = ...}``)."""
+    directory, _ = PROJECTS[dist]
     data = _pyproject(directory)
-    assert "version" not in data["project"] and data["project"]["dynamic"] == ["version"]
     attr = data["tool"]["setuptools"]["dynamic"]["version"]["attr"]
     module, _, name = attr.rpartition(".")
     source = directory / Path(*module.split("."))
@@ -60,8 +59,20 @@ def test_version_has_one_source(dist: str) -> None:
                 if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
                 and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)]
     assert len(literals) == 1, f"{source} must assign {name} a literal once"
-    assert importlib.import_module(package).__version__ == literals[0]
-    Version(literals[0])
+    return str(literals[0])
+
+
+@pytest.mark.parametrize("dist", sorted(PROJECTS))
+def test_version_has_one_source(dist: str) -> None:
+    """The version is written once, in the package (read statically by setuptools), and is
+    the ``__version__`` the package exports (where this environment has it installed)."""
+    directory, package = PROJECTS[dist]
+    project = _pyproject(directory)["project"]
+    assert "version" not in project and project["dynamic"] == ["version"]
+    version = _version(dist)
+    Version(version)
+    if importlib.util.find_spec(package) is not None:
+        assert importlib.import_module(package).__version__ == version
 
 
 @pytest.mark.parametrize("dist", sorted(set(PROJECTS) - {"pallas-core"}))
@@ -73,7 +84,7 @@ def test_plugins_accept_core_bugfix_releases(dist: str) -> None:
     ours = [r for r in requirements if r.name in PROJECTS]
     assert any(r.name == "pallas-core" for r in ours)
     for r in ours:
-        current = Version(importlib.import_module(PROJECTS[r.name][1]).__version__)
+        current = Version(_version(r.name))
         bugfix = Version(f"{current.major}.{current.minor}.{current.micro + 1}")
         assert "==" not in str(r.specifier) and current in r.specifier, r
         assert bugfix in r.specifier, r
