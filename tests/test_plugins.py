@@ -84,9 +84,11 @@ def test_main_lists_backends_with_versions_and_platforms():
     proc = subprocess.run([sys.executable, "-m", "pallas_core"], capture_output=True,
                           text=True, timeout=120)
     out = _check(proc)
-    assert "pallas-core" in out and f"jax {jax.__version__}" in out
+    import pallas_interpret
+
+    assert f"pallas-core {pl.__version__}" in out and f"jax {jax.__version__}" in out
     line = next(ln for ln in out.splitlines() if ln.split()[:1] == ["interpret"])
-    assert "0.1.0" in line and "pallas-interpret" in line
+    assert line.split()[1] == pallas_interpret.__version__ and "pallas-interpret" in line
     assert "platforms: cpu" in line and "default on cpu" in line
 
 

@@ -75,8 +75,10 @@ def compile_stages(ttir: str, target: str | None, num_warps: int,
         from triton.compiler.compiler import make_backend
     except ImportError as e:
         raise PallasError(
-            "compiling Triton IR to GPU code (PTX and cubin, or AMDGCN and hsaco) needs the "
-            "`triton` package. Fix: pip install triton") from e
+            f"compiling Triton IR for target {target!r} to GPU code (PTX and cubin, or AMDGCN "
+            "and hsaco) needs the `triton` package, an optional dependency that is not "
+            "installed (lowering for cuda and rocm does not need it). "
+            "Fix: pip install 'pallas-triton[compile]'") from e
     gpu_target = GPUTarget(gpu.backend, gpu.arch, gpu.warp_size)
     backend = make_backend(gpu_target)
     stages_count = default_num_stages(gpu.platform) if num_stages is None else num_stages
