@@ -175,6 +175,7 @@ PORT_DIFFERENCES: dict[str, dict[str, tuple[Any, Any]]] = {
     # The warp-specialised pipeline's buffers and barriers, the epilogue's buffer and the
     # launch are JAX's, buffer for buffer (test_hopper_matmul_port_shares_jax_smem_plan).
     "hopper_matmul_mgpu": {},
+    "hopper_mixed_type_matmul_mgpu": {},
     # Shared memory: the pipeline's two inputs x 2 slots of (64, 64) f16 (32768 bytes), then
     # the (64, 64) f16 output buffer of the store's pl.run_scoped (8192), then barriers. JAX
     # reuses the pipeline's region for the output buffer once the pipeline's scope has ended
