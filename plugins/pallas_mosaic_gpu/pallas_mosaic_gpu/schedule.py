@@ -65,6 +65,7 @@ from pallas_mosaic_gpu.values import (
     i32,
     index,
     is_tileable,
+    signed,
     tile_shape,
     tile_transform,
 )
@@ -412,7 +413,7 @@ def _emit(state: GPULowering, pl_: Plan, gmem: list[Any], smem: list[Any],
         if kind == "acc":
             key = 1000 + n
             state.accs[key] = mgpu.WGMMAAccumulator.zero(
-                *shape, element_type(dtype))
+                *shape, element_type(dtype), is_signed=signed(dtype))
             scratch_vals.append(Ref("acc", tuple(shape), dtype, acc_key=key))
         elif kind == "barrier":
             scratch_vals.append(Ref("barrier", tuple(shape), dtype, barrier=next(smem_it)))
