@@ -12,10 +12,11 @@ cluster, threads per block, dynamic shared memory) and target architecture.
   JAX's lowering is checked against the launch its parameters imply. The ported modules
   (``porting.ported``) are lowered too and compared with it: hopper_matmul's port (a
   warp-specialised pipeline) lowers exactly like JAX's, ragged_dot's and attention_mgpu's
-  (plain and causal, and its gradient's kernels) with pinned, explained differences; they
+  (plain and causal, and its gradient's kernels) with pinned, explained differences, the
+  mixed-type matmul's (int8 blocks tiled as its transforms ask) exactly; they
   run in the interpreter against ``jnp.dot`` / ``lax.ragged_dot`` / attention_mgpu's own
-  ``attention_reference`` (and its gradient). The ports
-  that do not lower yet (issue 17) are strict xfails naming what they lack.
+  ``attention_reference`` (and its gradient). A port that does not lower (issue 17) would
+  be a strict xfail naming what it lacks (``PORT_GAPS``, empty now).
 * This plugin's own kernels (``pallas_mosaic_gpu.kernels``), written again with JAX's
   ``plgpu``: the differences that remain are design choices, pinned exactly below.
 * Blackwell (sm_100a): JAX's blackwell_matmul and blackwell_ragged_dot as JAX lowers them on
@@ -161,13 +162,9 @@ LIBRARY_LAUNCH = {
 }
 
 # Why this project's port of a kernel does not lower yet (issue 17): what it lacks (plgpu
-# refuses the names it does not have with pl.UnsupportedError naming them).
-PORT_GAPS = {
-    "hopper_mixed_type_matmul_mgpu": "int8 SMEM blocks tiled (8, 128) with a 128-byte swizzle "
-                                     "(plgpu tiles only 16-bit buffers, and refuses the "
-                                     "BlockSpec's transforms) and 8-bit register arithmetic "
-                                     "(a_smem[...].astype(b.dtype) before the wgmma)",
-}
+# refuses the names it does not have with pl.UnsupportedError naming them). Every port of
+# the Hopper library lowers now.
+PORT_GAPS: dict[str, str] = {}
 
 # The ports that lower: the fields in which they differ from JAX's lowering, as (ours, JAX's),
 # and why.
@@ -175,6 +172,9 @@ PORT_DIFFERENCES: dict[str, dict[str, tuple[Any, Any]]] = {
     # The warp-specialised pipeline's buffers and barriers, the epilogue's buffer and the
     # launch are JAX's, buffer for buffer (test_hopper_matmul_port_shares_jax_smem_plan).
     "hopper_matmul_mgpu": {},
+    # Its int8 blocks tiled (8, 128) and swizzled by 128 bytes, as its transforms ask, beside
+    # the f16 blocks and output buffers: the warp-specialised pipeline's plan is JAX's.
+    "hopper_mixed_type_matmul_mgpu": {},
     # Shared memory: the pipeline's two inputs x 2 slots of (64, 64) f16 (32768 bytes), then
     # the (64, 64) f16 output buffer of the store's pl.run_scoped (8192), then barriers. JAX
     # reuses the pipeline's region for the output buffer once the pipeline's scope has ended
@@ -279,6 +279,35 @@ def test_hopper_matmul_port_runs_in_the_interpreter(wg_dimension: str, with_c: b
     inspection.assert_same_kernel(
         _one_kernel(_lower(fn, a, b, c)),
         _one_kernel(_lower(functools.partial(theirs.matmul, config=config(theirs)), a, b, c)))
+
+
+@pytest.mark.parametrize("wg_dimension", ["N", "M"])
+def test_mixed_type_matmul_port_runs_in_the_interpreter(wg_dimension: str) -> None:
+    """JAX's hopper_mixed_type_matmul (int8 A blocks tiled (8, 128) in SMEM, read into
+    registers and converted to float16 for a wgmma against the float16 B blocks), unchanged
+    but for its imports, run by the interpreter on random int8 / float16 inputs against
+    ``jnp.dot(a.astype(f16), b)``, with the warpgroups splitting N or M; the same
+    configuration lowers for cuda exactly as JAX's own lowering of it does."""
+    ours, theirs = (_library("hopper_mixed_type_matmul_mgpu", o) for o in (True, False))
+
+    def fn(lib: types.ModuleType) -> Any:
+        dim = lib.MatmulDimension[wg_dimension]
+        config = lib.TuningConfig(tile_m=64, tile_n=128, tile_k=128, max_concurrent_steps=2,
+                                  wg_dimension=dim, grid_minor_dim=lib.MatmulDimension.M,
+                                  grid_tile_width=2)
+        return functools.partial(lib.mixed_matmul_kernel, out_dtype=F16, config=config)
+
+    keys = jax.random.split(jax.random.key(14))
+    a = jax.random.randint(keys[0], (256, 512), -128, 128, jnp.int32).astype(jnp.int8)
+    b = (jax.random.normal(keys[1], (512, 512), F32) / 32).astype(F16)
+    with force_interpret_mode():
+        calls = list(kernel_calls(jax.make_jaxpr(fn(ours))(a, b).jaxpr))
+        got = fn(ours)(a, b)
+    assert [c.backend for c in calls] == ["interpret"]
+    expected = jnp.dot(a.astype(F16), b, preferred_element_type=F32)
+    np.testing.assert_allclose(got.astype(F32), expected, rtol=2e-2, atol=0.1)
+    inspection.assert_same_kernel(_one_kernel(_lower(fn(ours), a, b)),
+                                  _one_kernel(_lower(fn(theirs), a, b)))
 
 
 @pytest.mark.parametrize("block_q,block_kv,steps,head_dim,heads,causal,residuals", [

@@ -28,6 +28,7 @@ from pallas_mosaic_gpu.params import ACC_SPACE
 from pallas_mosaic_gpu.rules import lower_jaxpr, rule
 from pallas_mosaic_gpu.values import (
     FA,
+    SWIZZLE,
     WGMMA,
     Expanded,
     GPULowering,
@@ -40,10 +41,14 @@ from pallas_mosaic_gpu.values import (
 
 
 def _read_in(state: GPULowering, ref: Ref, layout: Any, optimized: bool) -> Any:
-    """An SMEM Ref read into ``layout``."""
-    if ref.tiled or not isinstance(layout, mgpu.TiledLayout):
+    """An SMEM Ref read into ``layout`` (a tiled buffer, such as an int8 block read for a
+    wgmma, straight into a tiled register layout such as ``WGMMA_8BIT``)."""
+    if not isinstance(layout, mgpu.TiledLayout):
         return relayout(load(ref), layout)
     try:
+        if ref.tiled:
+            return FA.load_tiled(ref.memref, swizzle=SWIZZLE, is_signed=signed(ref.dtype),
+                                 layout=layout, optimized=optimized)
         return FA.load_untiled(ref.memref, layout=layout, is_signed=signed(ref.dtype),
                                optimized=optimized)
     except (NotImplementedError, ValueError) as e:

@@ -32,9 +32,17 @@ class SharedMemorySpace(MemorySpace):
         from pallas_mosaic_gpu.transforms import check_transforms
 
         ref = super().__call__(shape, dtype)
-        check_transforms(tuple(transforms), ref.shape, ref.dtype,
-                         f"plgpu.SMEM({ref.shape}, {ref.dtype.name})")
+        if check_transforms(tuple(transforms), ref.shape, ref.dtype,
+                            f"plgpu.SMEM({ref.shape}, {ref.dtype.name})"):
+            return TiledSMEMRef(ref.shape, ref.dtype, ref.memory_space)
         return ref
+
+
+@dataclasses.dataclass(frozen=True)
+class TiledSMEMRef(MemoryRef):
+    """An SMEM scratch buffer of an 8-bit or 32-bit dtype whose ``transforms`` asked for the
+    tiled, 128-byte swizzled layout (``pallas_mosaic_gpu.transforms.asked_layout``); such
+    buffers are otherwise plain."""
 
 
 SMEM = SharedMemorySpace("SMEM", backend=NAME)

@@ -144,9 +144,11 @@ def emit_pipeline(body: Callable[..., Any], *, grid: Sequence[int],
             for k, (s, (_, shape), r) in enumerate(zip(specs, dims, refs_)):
                 _check_layout(s, shape, r.dtype, f"{kind}_specs[{k}]")
         delays = [_delay(s, slots, f"in_specs[{k}]") for k, s in enumerate(in_specs)]
-        types = ([SMEM((slots, *shape), r.dtype) for (_, shape), r in zip(in_dims, ins)]
+        types = ([SMEM((slots, *shape), r.dtype, transforms=getattr(s, "transforms", ()))
+                  for s, (_, shape), r in zip(in_specs, in_dims, ins)]
                  + [Barrier(num_arrivals=1, num_barriers=slots) for _ in ins]
-                 + [SMEM(tuple(shape), r.dtype) for (_, shape), r in zip(out_dims, outs)])
+                 + [SMEM(tuple(shape), r.dtype, transforms=getattr(s, "transforms", ()))
+                    for s, (_, shape), r in zip(out_specs, out_dims, outs)])
 
         def scoped(*scratch: Any) -> Any:
             n = len(ins)

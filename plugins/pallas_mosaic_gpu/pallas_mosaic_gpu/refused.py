@@ -29,7 +29,9 @@ _LAYOUTS = ("the backend chooses register layouts itself (2-D arrays whose shape
             "of (64, 8) use the wgmma layout, other arrays a strided one)", "drop it")
 _TRANSFORMS = ("the backend chooses SMEM tiling and swizzles itself (buffers whose two minor "
                "dimensions are multiples of 64 in a 16-bit dtype are tiled (8, 64) with a "
-               "128-byte swizzle, others left plain)", "drop the transforms")
+               "128-byte swizzle, 8-bit and 32-bit ones (8, 128 // itemsize) where "
+               "plgpu.SMEM's TilingTransform and SwizzleTransform ask, others left plain)",
+               "drop the transforms, or give plgpu.SMEM TilingTransform and SwizzleTransform")
 _CLUSTER = ("blocks of a cluster cannot reach each other's shared memory or barriers here",
             "exchange data through GMEM and synchronise with separate kernels")
 _WARPS = ("this backend runs code per warpgroup (lane semantics); warpgroups specialise "

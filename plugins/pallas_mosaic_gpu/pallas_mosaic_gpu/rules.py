@@ -35,7 +35,7 @@ from pallas_core import primitives as prims
 from pallas_core.errors import PallasError
 from pallas_core.mlir_lowering import element_type
 from pallas_mosaic_gpu.params import ACC_SPACE
-from pallas_mosaic_gpu.values import FA, GPULowering, Ref, emit_for, i32, literal
+from pallas_mosaic_gpu.values import FA, GPULowering, Ref, emit_for, i32, literal, signed
 
 RULES = mlir_lowering.Rules()
 _LAZY_OK: set[Any] = set()
@@ -181,7 +181,8 @@ def _run_scoped(state: GPULowering, eqn: Any, *consts: Any, jaxpr: Any, scoped: 
         if mref.memory_space is ACC_SPACE:
             key = id(eqn) * 100 + n
             state.accs[key] = mgpu.WGMMAAccumulator.zero(*mref.shape,
-                                                         element_type(mref.dtype))
+                                                         element_type(mref.dtype),
+                                                         is_signed=signed(mref.dtype))
             refs.append(Ref("acc", tuple(mref.shape), mref.dtype, acc_key=key))
         else:
             refs.append(allocated[n])

@@ -176,7 +176,8 @@ def _dot(state: GPULowering, eqn: Any, a: Any, b: Any, *, dimension_numbers: Any
     out_dtype = eqn.outvars[0].aval.dtype
     m, n = eqn.outvars[0].aval.shape
     acc_dtype = np.float32 if is_float(out_dtype) else np.int32
-    acc = mgpu.WGMMAAccumulator.zero(m, n, element_type(acc_dtype))
+    acc = mgpu.WGMMAAccumulator.zero(m, n, element_type(acc_dtype),
+                                     is_signed=signed(acc_dtype))
     acc = wgmma_into(state, acc, a, b, a_t, b_t)
     nvvm.wgmma_wait_group_sync_aligned(0)
     out = acc.value

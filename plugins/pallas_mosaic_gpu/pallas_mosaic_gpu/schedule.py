@@ -52,6 +52,7 @@ from pallas_mosaic_gpu.params import (
     TMEM,
     BarrierSpace,
     GPUCompilerParams,
+    TiledSMEMRef,
 )
 from pallas_mosaic_gpu.rules import lower_jaxpr
 from pallas_mosaic_gpu.values import (
@@ -64,6 +65,7 @@ from pallas_mosaic_gpu.values import (
     i32,
     index,
     is_tileable,
+    signed,
     tile_shape,
     tile_transform,
 )
@@ -175,7 +177,9 @@ def scoped_allocations(call: KernelCall
     """The shared memory every ``pl.run_scoped`` of the kernel allocates, one region per
     ``run_scoped`` (keyed by its equation): ``(kind, shape, dtype, num_arrivals)`` with kind
     ``"smem"``, ``"smem_plain"`` (a buffer left untiled because the kernel slices its minor
-    dimensions, see :mod:`smem_layout`), ``"barrier"`` or ``"acc"`` (registers)."""
+    dimensions, see :mod:`smem_layout`), ``"smem_tiled"`` (an 8-bit or 32-bit buffer tiled
+    because its ``transforms`` ask for it or wgmma reads it, see
+    :func:`pallas_mosaic_gpu.values.is_tileable`), ``"barrier"`` or ``"acc"`` (registers)."""
     found: list[tuple[int, list[tuple[str, tuple[int, ...], Any, int]]]] = []
     seen: set[int] = set()
     for eqn in reference.all_eqns(call.jaxpr.jaxpr):
@@ -203,12 +207,22 @@ def scoped_allocations(call: KernelCall
                 shape = tuple(mref.shape)
                 body = eqn.params["jaxpr"].jaxpr
                 var = body.invars[len(body.invars) - len(eqn.params["scoped"]) + len(allocs)]
-                plain = is_tileable(shape, mref.dtype) and \
-                    smem_layout.minor_sliced(body, var, shape) and \
-                    not smem_layout.read_by_wgmma(body, var)
-                allocs.append(("smem_plain" if plain else "smem", shape, mref.dtype, 0))
+                allocs.append((_scoped_kind(mref, body, var), shape, mref.dtype, 0))
         found.append((id(eqn), allocs))
     return found
+
+
+def _scoped_kind(mref: Any, body: Any, var: Any) -> str:
+    """How a ``pl.run_scoped`` SMEM buffer is laid out (see :func:`scoped_allocations`)."""
+    shape = tuple(mref.shape)
+    if is_tileable(shape, mref.dtype):
+        plain = smem_layout.minor_sliced(body, var, shape) and \
+            not smem_layout.read_by_wgmma(body, var)
+        return "smem_plain" if plain else "smem"
+    if is_tileable(shape, mref.dtype, asked=True) and (
+            isinstance(mref, TiledSMEMRef) or smem_layout.read_by_wgmma(body, var)):
+        return "smem_tiled"
+    return "smem"
 
 
 def _nbytes(buf: jax.ShapeDtypeStruct) -> int:
@@ -309,6 +323,8 @@ def build(call: KernelCall) -> Callable[..., Any]:
                 smem.append(mgpu.Barrier(arrivals, num_barriers=shape[0]))
             elif kind == "smem":
                 smem.append(jax.ShapeDtypeStruct(buf_shape(shape, dtype), dtype))
+            elif kind == "smem_tiled":
+                smem.append(jax.ShapeDtypeStruct(tile_shape(shape, dtype), dtype))
             elif kind == "smem_plain":
                 smem.append(jax.ShapeDtypeStruct(tuple(shape), dtype))
     smem_tree, smem_positions = aligned_smem(smem)
@@ -338,8 +354,8 @@ def build(call: KernelCall) -> Callable[..., Any]:
             state.scoped[key] = [
                 Ref(kind, tuple(shape), dtype, barrier=next(rest)) if kind == "barrier" else
                 Ref("smem", tuple(shape), dtype, memref=next(rest),
-                    tiled=kind == "smem" and is_tileable(shape, dtype))
-                if kind in ("smem", "smem_plain") else None
+                    tiled=kind == "smem_tiled" or (kind == "smem" and is_tileable(shape, dtype)))
+                if kind in ("smem", "smem_plain", "smem_tiled") else None
                 for kind, shape, dtype, _ in allocs]
         _emit(state, pl_, gmem, smem_refs[:n_main], buffers, scratch_refs, slots, steps,
               params.delay_release, reuse)
@@ -397,7 +413,7 @@ def _emit(state: GPULowering, pl_: Plan, gmem: list[Any], smem: list[Any],
         if kind == "acc":
             key = 1000 + n
             state.accs[key] = mgpu.WGMMAAccumulator.zero(
-                *shape, element_type(dtype))
+                *shape, element_type(dtype), is_signed=signed(dtype))
             scratch_vals.append(Ref("acc", tuple(shape), dtype, acc_key=key))
         elif kind == "barrier":
             scratch_vals.append(Ref("barrier", tuple(shape), dtype, barrier=next(smem_it)))

@@ -9,6 +9,12 @@ kernel may still name the transforms it expects, as JAX's kernels do: they are a
 they describe the layout chosen here, and refused with a :class:`PallasError` naming the
 transform and the layout the backend would use where they do not (a kernel whose meaning
 depended on a different layout would otherwise be silently re-laid out).
+
+Buffers of 8-bit and 32-bit dtypes are plain unless the kernel asks for tiling: transforms
+``TilingTransform((8, 128 // itemsize))`` and ``SwizzleTransform(128)`` (JAX's kernels spell
+them ``(8, swizzle * 8 // bits)``) tile them the same way, 128 bytes of a row per tile
+(:func:`asked_layout`); ``plgpu.SMEM`` then returns a
+:class:`pallas_mosaic_gpu.params.TiledSMEMRef` that says so.
 """
 
 from __future__ import annotations
@@ -73,11 +79,26 @@ def chosen_layout(shape: Sequence[int], dtype: Any) -> tuple[tuple[int, int], in
     return None
 
 
+def asked_layout(shape: Sequence[int], dtype: Any) -> tuple[tuple[int, int], int] | None:
+    """``(tiling, swizzle bytes)`` an SMEM buffer of an 8-bit or 32-bit dtype gets when the
+    kernel asks for a tiled layout (its transforms, or a wgmma reading it): rows of 8 by 128
+    bytes, swizzled by 128 bytes; ``None`` where its shape has no such tiles."""
+    dt = np.dtype(dtype)
+    if dt.itemsize not in (1, 4) or len(shape) < 2:
+        return None
+    elems = SWIZZLE // dt.itemsize
+    if shape[-2] % 8 or shape[-1] % elems:
+        return None
+    return (8, elems), SWIZZLE
+
+
 def check_transforms(transforms: Sequence[Any], shape: Sequence[int], dtype: Any,
-                     what: str) -> None:
+                     what: str) -> bool:
     """Raises a PallasError unless ``transforms`` (``TilingTransform`` and ``SwizzleTransform``
     entries) describe the layout this backend gives an SMEM buffer of ``shape`` and ``dtype``
-    (``what`` names the buffer in the message)."""
+    (``what`` names the buffer in the message). Returns whether they ask for a tiled layout
+    the backend would not choose by itself (an 8-bit or 32-bit buffer, see
+    :func:`asked_layout`)."""
     tiling = swizzle = None
     for t in transforms:
         if isinstance(t, TilingTransform) and tiling is None:
@@ -90,14 +111,18 @@ def check_transforms(transforms: Sequence[Any], shape: Sequence[int], dtype: Any
                               "SwizzleTransform, and checks them against the layout it "
                               "chooses). Fix: drop it.")
     if tiling is None and swizzle is None:
-        return
+        return False
     chosen = chosen_layout(shape, dtype)
+    asked = chosen is None
+    if asked:
+        chosen = asked_layout(shape, dtype)
     shape_s = f"{np.dtype(dtype).name}{list(shape)}"
     if chosen is None:
         raise PallasError(
             f"{what}: transforms {tuple(transforms)} ask for a tiled SMEM buffer, but "
             f"mosaic_gpu keeps a {shape_s} buffer plain (it tiles buffers whose two minor "
-            "dimensions are multiples of 64 in a 16-bit dtype). Fix: drop the transforms.")
+            "dimensions are multiples of 64 in a 16-bit dtype, or of 8 and 128 bytes in an "
+            "8-bit or 32-bit dtype). Fix: drop the transforms.")
     want_tiling, want_swizzle = chosen
     if (tiling is not None and tuple(tiling) != want_tiling) or \
             (swizzle is not None and swizzle != want_swizzle):
@@ -108,6 +133,7 @@ def check_transforms(transforms: Sequence[Any], shape: Sequence[int], dtype: Any
             f"mosaic_gpu gives a {shape_s} SMEM buffer: TilingTransform({want_tiling}) and "
             f"SwizzleTransform({want_swizzle}). Fix: use those, or drop the transforms (the "
             "backend chooses SMEM layouts itself).")
+    return asked
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,7 +15,8 @@ lowered, and the state the rules (:mod:`pallas_mosaic_gpu.rules`) share.
 
 Layouts are chosen here, not by the user: SMEM buffers whose two minor dimensions are
 multiples of 64 in a 16-bit dtype are tiled (8, 64) with a 128-byte swizzle, as ``wgmma``
-reads them; 2-D arrays whose shape is a multiple of (64, 8) use the wgmma register layout
+reads them (8-bit and 32-bit buffers (8, 128 // itemsize) where the kernel asks, see
+:func:`is_tileable`); 2-D arrays whose shape is a multiple of (64, 8) use the wgmma register layout
 (row reductions give its row layout), other arrays a strided layout.
 """
 
@@ -87,12 +88,18 @@ class Expanded:
     """Where the array's dimensions sit in ``shape``."""
 
 
-def is_tileable(shape: Sequence[int], dtype: Any) -> bool:
-    """Whether an SMEM buffer of this shape is tiled and swizzled for wgmma."""
+def is_tileable(shape: Sequence[int], dtype: Any, asked: bool = False) -> bool:
+    """Whether an SMEM buffer of this shape is tiled and swizzled for wgmma: 16-bit buffers
+    whose two minor dimensions are multiples of 64 always; with ``asked`` (the kernel's
+    transforms ask for it, or wgmma reads the buffer) also 8-bit and 32-bit buffers whose
+    minor dimensions are multiples of 8 rows and 128 bytes."""
     dt = np.dtype(dtype)
     elems = SWIZZLE // dt.itemsize
-    return (len(shape) >= 2 and dt.itemsize == 2 and shape[-2] % 64 == 0
-            and shape[-1] % elems == 0)
+    if len(shape) < 2 or shape[-1] % elems:
+        return False
+    if dt.itemsize == 2:
+        return shape[-2] % 64 == 0
+    return asked and dt.itemsize in (1, 4) and shape[-2] % 8 == 0
 
 
 def tile_shape(shape: Sequence[int], dtype: Any) -> tuple[int, ...]:

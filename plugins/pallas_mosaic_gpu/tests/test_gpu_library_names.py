@@ -127,6 +127,101 @@ def test_smem_transforms_are_checked_against_the_chosen_layout() -> None:
         plgpu.BlockSpec((64, 64), lambda k: (0, k), collective_axes=("x",))
 
 
+I8_SWIZZLED = (plgpu.TilingTransform((8, 128)), plgpu.SwizzleTransform(128))
+
+
+def test_8_and_32_bit_buffers_are_tiled_where_transforms_ask() -> None:
+    """16-bit buffers are tiled whether or not transforms ask; 8-bit and 32-bit ones only
+    where they do, (8, 128 // itemsize) with a 128-byte swizzle (as JAX tiles them)."""
+    from pallas_mosaic_gpu.params import TiledSMEMRef
+
+    assert not isinstance(plgpu.SMEM((64, 128), jnp.int8), TiledSMEMRef)
+    assert isinstance(plgpu.SMEM((2, 64, 128), jnp.int8, transforms=I8_SWIZZLED), TiledSMEMRef)
+    assert isinstance(plgpu.SMEM((8, 32), F32, transforms=(plgpu.TilingTransform((8, 32)),
+                                                            plgpu.SwizzleTransform(128))),
+                      TiledSMEMRef)
+    with pytest.raises(pl.PallasError, match=r"TilingTransform.*\(8, 128\)"):
+        plgpu.SMEM((64, 128), jnp.int8, transforms=(plgpu.TilingTransform((8, 64)),))
+    with pytest.raises(pl.PallasError, match="plain"):
+        plgpu.SMEM((60, 128), jnp.int8, transforms=I8_SWIZZLED)
+
+
+def _int8_to_f16(a: jax.Array, backend: str, transforms: Any, layout: Any = None
+                 ) -> jax.Array:
+    """``a.astype(f16) * 2`` through an SMEM buffer filled by TMA (``transforms`` asking
+    for its layout), read into registers (in ``layout`` with ``plgpu.load``)."""
+    @functools.partial(plgpu.kernel, out_shape=S(a.shape, F16), backend=backend)
+    def kernel(a_ref: Any, o_ref: Any) -> None:
+        def scope(buf: Any, bar: Any) -> None:
+            plgpu.copy_gmem_to_smem(a_ref, buf, bar)
+            plgpu.barrier_wait(bar)
+            if layout is None:
+                y = buf[...].astype(F16)
+            else:  # converted in the layout read, then moved into wgmma's
+                y = plgpu.layout_cast(plgpu.load(buf, (), layout=layout).astype(F16),
+                                      plgpu.Layout.WGMMA)
+            o_ref[...] = y * 2
+
+        pl.run_scoped(scope, plgpu.SMEM(a.shape, a.dtype, transforms=transforms),
+                      plgpu.Barrier(num_arrivals=1))
+
+    return kernel(a)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("transforms,layout,smem_type", [
+    ((), None, "memref<64x128xi8"),  # not asked: plain, as before
+    (I8_SWIZZLED, None, "memref<8x1x8x128xi8"),
+    (I8_SWIZZLED, "WGMMA_UPCAST_2X", "memref<8x1x8x128xi8"),
+    (I8_SWIZZLED, "WGMMA", "memref<8x1x8x128xi8")])
+def test_int8_buffer_read_and_converted(transforms: Any, layout: Any, smem_type: str) -> None:
+    a = jax.random.randint(jax.random.key(3), (64, 128), -128, 128, I32).astype(jnp.int8)
+    lay = None if layout is None else getattr(plgpu.Layout, layout)
+    expected = a.astype(F16) * 2
+    np.testing.assert_array_equal(_int8_to_f16(a, "interpret", transforms, lay), expected)
+    module = _module(functools.partial(_int8_to_f16, backend="mosaic_gpu",
+                                       transforms=transforms, layout=lay), a)
+    types = [ty for _, ty in inspection.smem_buffers(module)]
+    assert types[0].startswith(smem_type), types
+    text = str(module)
+    assert "arith.sitofp" in text
+
+
+def _int8_wgmma(a: jax.Array, b: jax.Array, backend: str) -> jax.Array:
+    """``a @ b.T`` of int8 blocks in an int32 accumulator, both operands in SMEM buffers of
+    a ``pl.run_scoped`` that name no transforms."""
+    @functools.partial(plgpu.kernel, out_shape=S((a.shape[0], b.shape[0]), I32),
+                       backend=backend, scratch_shapes=[plgpu.ACC((a.shape[0], b.shape[0]),
+                                                                  I32)])
+    def kernel(a_ref: Any, b_ref: Any, o_ref: Any, acc: Any) -> None:
+        def scope(a_smem: Any, b_smem: Any, bar: Any) -> None:
+            plgpu.copy_gmem_to_smem(a_ref, a_smem, bar)
+            plgpu.copy_gmem_to_smem(b_ref, b_smem, bar)
+            plgpu.barrier_wait(bar)
+            plgpu.wgmma(acc, a_smem, plgpu.transpose_ref(b_smem, (1, 0)))
+            plgpu.wgmma_wait(0)
+
+        pl.run_scoped(scope, plgpu.SMEM(a.shape, a.dtype), plgpu.SMEM(b.shape, b.dtype),
+                      plgpu.Barrier(num_arrivals=2))
+        o_ref[...] = acc[...]
+
+    return kernel(a, b)  # type: ignore[no-any-return]
+
+
+def test_int8_wgmma_operands_are_tiled() -> None:
+    """SMEM buffers that wgmma reads are tiled (8, 128) for int8 without transforms asking,
+    as JAX tiles them; the accumulator is a signed int32 one."""
+    keys = jax.random.split(jax.random.key(4))
+    a = jax.random.randint(keys[0], (64, 128), -128, 128, I32).astype(jnp.int8)
+    b = jax.random.randint(keys[1], (128, 128), -128, 128, I32).astype(jnp.int8)
+    np.testing.assert_array_equal(_int8_wgmma(a, b, "interpret"),
+                                  a.astype(I32) @ b.astype(I32).T)
+    module = _module(functools.partial(_int8_wgmma, backend="mosaic_gpu"), a, b)
+    types = [ty for _, ty in inspection.smem_buffers(module)]
+    assert types[0].startswith("memref<8x1x8x128xi8") and \
+        types[1].startswith("memref<16x1x8x128xi8"), types
+    assert "wgmma.mma_async" in str(module)
+
+
 # --- emit_pipeline with plgpu.BlockSpec, transpose_ref ---------------------------------------
 
 
