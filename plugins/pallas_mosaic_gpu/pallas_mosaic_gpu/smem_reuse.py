@@ -75,15 +75,6 @@ def last_read_before_first_use(jaxpr: Any, in_var: Any, out_var: Any) -> int | N
     return first_use if last_read < first_use else None
 
 
-def _aligned(nbytes: int) -> int:
-    return -(-nbytes // values.SMEM_ALIGNMENT) * values.SMEM_ALIGNMENT
-
-
-def block_bytes(shape: Sequence[int], dtype: Any) -> int:
-    """Bytes a block buffer takes, rounded up to the buffer alignment."""
-    return _aligned(math.prod(shape) * np.dtype(dtype).itemsize)
-
-
 def candidates(call: KernelCall) -> dict[int, tuple[int, int]]:
     """Output index -> (input index, first equation using the output) for every output whose
     block may be staged in an input block's buffer (see the module docstring); each input
@@ -133,14 +124,16 @@ def reused(call: KernelCall) -> dict[int, tuple[int, int]]:
         if needed <= validation.SMEM_BYTES:
             break
         chosen[j] = pair
-        needed -= block_bytes(outs[j].ref_shape, outs[j].dtype)
+        needed -= validation.buffer_bytes(outs[j].ref_shape, outs[j].dtype)
     return chosen
 
 
 def saved_bytes(call: KernelCall) -> int:
     """Shared memory :func:`reused` saves."""
+    from pallas_mosaic_gpu import validation
+
     _, outs = schedule._operands(call)
-    return sum(block_bytes(outs[j].ref_shape, outs[j].dtype) for j in reused(call))
+    return sum(validation.buffer_bytes(outs[j].ref_shape, outs[j].dtype) for j in reused(call))
 
 
 def lower_body(state: Any, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any],

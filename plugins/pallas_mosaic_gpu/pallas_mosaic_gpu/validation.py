@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -10,14 +12,17 @@ from pallas_core.errors import BlockSpecError, UnsupportedError
 from pallas_core.request import KernelCall
 from pallas_mosaic_gpu import tma
 from pallas_mosaic_gpu.params import ACC_SPACE, GMEM, TMEM, BarrierSpace, GPUCompilerParams
-from pallas_mosaic_gpu.values import is_tileable
+from pallas_mosaic_gpu.values import SMEM_ALIGNMENT, is_tileable
 
 SMEM_BYTES = 227 * 1024
 """Shared memory one thread block may use on Hopper (sm_90)."""
 
 
-def _aligned(nbytes: int) -> int:
-    return -(-nbytes // 1024) * 1024
+def buffer_bytes(shape: Sequence[int], dtype: Any) -> int:
+    """Bytes a shared-memory buffer of ``shape`` and ``dtype`` takes, rounded up to the
+    alignment every buffer starts at (``values.SMEM_ALIGNMENT``)."""
+    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+    return -(-nbytes // SMEM_ALIGNMENT) * SMEM_ALIGNMENT
 
 
 def check(call: KernelCall) -> None:
@@ -78,21 +83,20 @@ def smem_bytes(call: KernelCall) -> int:
         if bm.is_whole_array or bm.memory_space is GMEM:
             continue
         buffers = params.max_concurrent_steps if k < len(bms) - n_out else 1
-        used += buffers * _aligned(math.prod(bm.ref_shape) * np.dtype(bm.dtype).itemsize)
+        used += buffers * buffer_bytes(bm.ref_shape, bm.dtype)
     for a in gm.scratch_avals:
         if a.memory_space is GMEM or a.memory_space is ACC_SPACE:
             continue
         if a.memory_space is TMEM:
             used += 4  # TMEM itself is not shared memory; its address is kept there
             continue
-        size = math.prod(a.inner_aval.shape) * np.dtype(a.inner_aval.dtype).itemsize
         used += (8 * a.inner_aval.shape[0] if isinstance(a.memory_space, BarrierSpace)
-                 else _aligned(size))
+                 else buffer_bytes(a.inner_aval.shape, a.inner_aval.dtype))
     from pallas_mosaic_gpu.schedule import scoped_allocations
     for _, allocs in scoped_allocations(call):
         for kind, shape, dtype, _arrivals in allocs:
             if kind in ("smem", "smem_plain"):
-                used += _aligned(math.prod(shape) * np.dtype(dtype).itemsize)
+                used += buffer_bytes(shape, dtype)
             elif kind == "barrier":
                 used += 8 * shape[0]
     return used
