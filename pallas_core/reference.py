@@ -30,10 +30,19 @@ Rules = Mapping[Any, Callable[..., Any]]
 
 
 @functools.cache
+def _all_semantics() -> tuple[Any, ...]:
+    """Every :class:`PrimitiveSemantics` the loaded plugins (and the core) declare, in one
+    sequence: the tables below are each a view of it."""
+    return tuple(sem for group in manager.hook.pallas_primitives() for sem in group)
+
+
+manager.add_listener(_all_semantics.cache_clear)
+
+
+@functools.cache
 def registered_primitives() -> frozenset[Any]:
     """Every primitive to which a loaded plugin (or the core) gives reference semantics."""
-    return frozenset(sem.primitive for group in manager.hook.pallas_primitives()
-                     for sem in group)
+    return frozenset(sem.primitive for sem in _all_semantics())
 
 
 manager.add_listener(registered_primitives.cache_clear)
@@ -43,16 +52,15 @@ manager.add_listener(registered_primitives.cache_clear)
 def semantics_rules() -> Rules:
     """``evaluate`` rules of every loaded plugin's primitives; discharge rules go to JAX."""
     rules: dict[Any, Any] = {}
-    for group in manager.hook.pallas_primitives():
-        for sem in group:
-            if sem.evaluate is not None:
-                rules[sem.primitive] = sem.evaluate
-            elif sem.barrier is not None:
-                # Where the points of a mesh run in lockstep, a barrier is where one phase
-                # ends; where one point runs alone it has nothing to wait for.
-                rules[sem.primitive] = _no_op
-            else:
-                _jax.register_discharge_rule(sem.primitive)(sem.discharge)
+    for sem in _all_semantics():
+        if sem.evaluate is not None:
+            rules[sem.primitive] = sem.evaluate
+        elif sem.barrier is not None:
+            # Where the points of a mesh run in lockstep, a barrier is where one phase
+            # ends; where one point runs alone it has nothing to wait for.
+            rules[sem.primitive] = _no_op
+        else:
+            _jax.register_discharge_rule(sem.primitive)(sem.discharge)
     return rules
 
 
@@ -66,8 +74,7 @@ manager.add_listener(semantics_rules.cache_clear)
 @functools.cache
 def barrier_rules() -> Mapping[Any, Callable[..., Any]]:
     """Barrier primitive -> its ``barrier`` rule (params -> synchronised mesh axis names)."""
-    return {sem.primitive: sem.barrier for group in manager.hook.pallas_primitives()
-            for sem in group if sem.barrier is not None}
+    return {sem.primitive: sem.barrier for sem in _all_semantics() if sem.barrier is not None}
 
 
 manager.add_listener(barrier_rules.cache_clear)
@@ -77,8 +84,7 @@ manager.add_listener(barrier_rules.cache_clear)
 def phase_waits() -> frozenset[Any]:
     """The primitives that wait for another point's arrivals (``PrimitiveSemantics.
     phase_wait``: GPU mbarrier waits)."""
-    return frozenset(sem.primitive for group in manager.hook.pallas_primitives()
-                     for sem in group if sem.phase_wait)
+    return frozenset(sem.primitive for sem in _all_semantics() if sem.phase_wait)
 
 
 manager.add_listener(phase_waits.cache_clear)
