@@ -401,6 +401,12 @@ def def_eager_impl(prim: Primitive) -> None:
     prim.def_impl(lambda *args, **params: dispatch.apply_primitive(prim, *args, **params))
 
 
+def extend_axis_env(axis_sizes: Sequence[tuple[str, int]]) -> Any:
+    """A context in which the named axes ``axis_sizes`` are in scope while tracing (a backend's
+    mesh that runs its body inside the kernel being traced, such as a warp mesh)."""
+    return core.extend_axis_env_nd(list(axis_sizes))
+
+
 def trace_to_jaxpr(
     fun: Callable[..., Any],
     in_avals: Sequence[Any],

@@ -83,6 +83,7 @@ from pallas_core._jax import (
     discharge_state,
     ds,
     emit_custom_call,
+    extend_axis_env,
     get_p,
     internal_mutable_array_effect,
     is_ref_effect,
@@ -151,7 +152,8 @@ __all__ = [
     # kernel IR
     "ClosedJaxpr", "Jaxpr", "Literal", "Primitive", "ShapedArray", "Tracer", "axis_index_p",
     "cond_p", "is_var", "jaxpr_from_eqns", "scan_p", "scan_parts", "source_line", "stack_p",
-    "trace_to_jaxpr", "typeof", "unstack_p", "user_context", "while_p", "written_invars",
+    "extend_axis_env", "trace_to_jaxpr", "typeof", "unstack_p", "user_context", "while_p",
+    "written_invars",
     # Refs and effects
     "AbstractRef", "BitcastTransform", "Effect", "NDIndexer", "ReadEffect", "ReshapeTransform",
     "Slice", "WriteEffect", "addupdate_p", "broadcast_to_p", "discharge_rules_wrapped",

@@ -87,6 +87,15 @@ def core_map(
     their final contents are written back when the decorator returns.
     """
     del metadata
+    inside = getattr(mesh, "map_inside_kernel", None)
+    if inside is not None and not isinstance(mesh, Mesh):
+        # A backend's mesh over parts of the core running the kernel (Mosaic GPU's warps of a
+        # warpgroup): the body runs in place, inside the kernel being traced.
+        if jax.tree_util.tree_leaves(scratch_shapes) or compiler_params is not None:
+            raise UnsupportedError(
+                f"pl.core_map over {mesh!r} takes no scratch_shapes or compiler_params (it "
+                "runs inside the kernel). Fix: drop them; allocate with pl.run_scoped.")
+        return inside  # type: ignore[no-any-return]
     mesh = _check_mesh(mesh, "core_map")
     if jax.tree_util.tree_leaves(scratch_shapes):
         raise UnsupportedError(

@@ -58,6 +58,13 @@ from pallas_mosaic_gpu.primitives import (
     wgmma_wait,
 )
 from pallas_mosaic_gpu.refused import module_getattr as __getattr__  # noqa: F401 - refused names
+from pallas_mosaic_gpu.scheduling import (
+    TryClusterCancelResult,
+    WarpMesh,
+    dynamic_scheduling_loop,
+    query_cluster_cancel,
+    try_cluster_cancel,
+)
 from pallas_mosaic_gpu.transforms import (
     BlockSpec,
     SwizzleTransform,
@@ -82,3 +89,5 @@ __all__ += ["broadcasted_iota", "commit_smem_to_gmem_group", "Layout", "layout_c
 __all__ += ["emit_pipeline_warp_specialized", "set_max_registers", "WarpSpecializedPipeline"]
 __all__ += ["async_load_tmem", "async_store_tmem", "commit_tmem", "tcgen05_commit_arrive",
             "tcgen05_mma", "wait_load_tmem"]
+__all__ += ["dynamic_scheduling_loop", "query_cluster_cancel", "try_cluster_cancel",
+            "TryClusterCancelResult", "WarpMesh"]

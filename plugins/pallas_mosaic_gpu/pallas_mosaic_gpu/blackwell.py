@@ -211,7 +211,9 @@ def uses_blackwell(call: Any) -> bool:
     """Whether a kernel allocates TMEM or applies a tcgen05/TMEM primitive."""
     if any(a.memory_space is TMEM for a in call.grid_mapping.scratch_avals):
         return True
-    return reference.find_eqn(call.jaxpr.jaxpr, PRIMITIVES) is not None
+    from pallas_mosaic_gpu import scheduling  # cluster launch control is Blackwell's too
+    return reference.find_eqn(call.jaxpr.jaxpr,
+                              PRIMITIVES + scheduling.CLUSTER_LAUNCH_CONTROL) is not None
 
 
 # --- lowering ----------------------------------------------------------------------------------
@@ -255,8 +257,9 @@ def _role_views(state: Any, eqn: Any, args: Any) -> list[Any]:
     return views
 
 
-def _one_thread() -> Any:
-    return mgpu.single_thread_predicate(mgpu.ThreadSubset.WARPGROUP)
+def _one_thread(state: Any) -> Any:
+    from pallas_mosaic_gpu import scheduling
+    return scheduling.issuing_thread(state)
 
 
 def _smem_operand(state: Any, view: Any, what: str) -> Any:
@@ -278,7 +281,7 @@ def _mma_rule(state: Any, eqn: Any, *args: Any, arrive: bool, accumulate: bool |
     i1 = ir.IntegerType.get_signless(1)
     acc_flag = arith.constant(i1, int(accumulate)) if accumulate is not None else \
         state.value(args[-1])
-    with mgpu.when(_one_thread()):
+    with mgpu.when(_one_thread(state)):
         try:
             tcgen05.mma(views[0].memref, a, b, a_swizzle=values.SWIZZLE,
                         b_swizzle=values.SWIZZLE, accumulate=acc_flag)
@@ -292,7 +295,7 @@ def _mma_rule(state: Any, eqn: Any, *args: Any, arrive: bool, accumulate: bool |
 @rules.rule(tcgen05_commit_arrive_p, lazy=True)
 def _commit_arrive_rule(state: Any, eqn: Any, *args: Any, **_: Any) -> Any:
     (bar,) = _role_views(state, eqn, args)
-    with mgpu.when(_one_thread()):
+    with mgpu.when(_one_thread(state)):
         tcgen05.commit_arrive(bar.barrier, ctx=state.launch)
     return []
 

@@ -18,6 +18,7 @@ from pallas_mosaic_gpu import (
     primitives,
     rules,
     schedule,
+    scheduling,
     targets,
     validation,
     warp_specialized,
@@ -52,7 +53,7 @@ def pallas_memory_spaces() -> Any:
 @hookimpl
 def pallas_primitives() -> Any:
     return (primitives.SEMANTICS + layouts.SEMANTICS + warp_specialized.SEMANTICS
-            + blackwell.SEMANTICS)
+            + blackwell.SEMANTICS + scheduling.SEMANTICS)
 
 
 @hookimpl

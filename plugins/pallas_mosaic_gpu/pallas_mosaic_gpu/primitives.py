@@ -96,9 +96,21 @@ def _check_barrier(barrier: Any, fn: str) -> None:
                           f"Ref {aval.dtype}{list(aval.shape)} in {_space_name(ref)}.")
 
 
-def copy_gmem_to_smem(src: Any, dst: Any, barrier: Any) -> None:
+def copy_gmem_to_smem(src: Any, dst: Any, barrier: Any, *, collective_axes: Any = None,
+                      leader_tracked: Any = None, partitioned_axis: Any = None) -> None:
     """Starts a TMA copy of ``src`` (GMEM, a window of it with ``.at[...]``) into ``dst``
-    (SMEM); ``barrier_wait(barrier)`` returns once it has landed."""
+    (SMEM); ``barrier_wait(barrier)`` returns once it has landed. The collective forms
+    (``collective_axes``, ``leader_tracked``, ``partitioned_axis``: one copy shared by the
+    blocks of a cluster) are refused."""
+    given = {k: v for k, v in (("collective_axes", collective_axes),
+                               ("leader_tracked", leader_tracked),
+                               ("partitioned_axis", partitioned_axis)) if v is not None}
+    if given:
+        from pallas_core.errors import UnsupportedError
+        raise UnsupportedError(
+            f"plgpu.copy_gmem_to_smem({', '.join(f'{k}={v!r}' for k, v in given.items())}): "
+            "copies shared by the blocks of a cluster (multicast, plgpu.CopyPartition) are not "
+            "supported by the mosaic_gpu backend. Fix: drop them and copy each block's part.")
     _check_copy(src, dst, "copy_gmem_to_smem", "GMEM", "SMEM")
     _check_barrier(barrier, "copy_gmem_to_smem")
     bind_views(copy_gmem_to_smem_p, [src, dst, barrier], [], "copy_gmem_to_smem")

@@ -22,9 +22,6 @@ _BLACKWELL = ("the Blackwell (sm_100a) path here covers TMEM scratch, tcgen05_mm
 _DEVICES = ("this backend has no multi-device support (remote Refs, multicast, multimem, GPU "
             "semaphores)", "communicate outside the kernel with collectives (jax.lax.psum, "
                            "jax.lax.ppermute under shard_map)")
-_CLC = ("cluster launch control (dynamic scheduling of blocks, Blackwell's) is not part of "
-        "this backend's Blackwell (sm_100a) path",
-        "in a plgpu.kernel, loop with lax.fori_loop over a static share of the work")
 _LAYOUTS = ("the backend chooses register layouts itself (2-D arrays whose shape is a multiple "
             "of (64, 8) use the wgmma layout, other arrays a strided one)", "drop it")
 _TRANSFORMS = ("the backend chooses SMEM tiling and swizzles itself (buffers whose two minor "
@@ -68,7 +65,6 @@ REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
     "cluster_ref": ("a view of an SMEM buffer in another block of the cluster", _CLUSTER),
     "ClusterBarrier": ("an mbarrier shared by the blocks along cluster axes", _CLUSTER),
     "CopyPartition": ("how a collective copy is split among the blocks of a cluster", _CLUSTER),
-    "dynamic_scheduling_loop": ("a persistent loop claiming grid points at run time", _CLC),
     "format_tcgen05_sparse_metadata": ("orders sparsity metadata for tcgen05_mma", _BLACKWELL),
     "griddepcontrol_launch_dependents": ("lets the next kernel start early (programmatic "
                                          "dependent launch)", _HINT),
@@ -89,7 +85,6 @@ REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
     "PipelinePipeline": ("the stage of a warp-specialised pipeline", _WARPS),
     "print_layout": ("prints the layout chosen for an array or Ref",
                      (_LAYOUTS[0], "drop it; the rules are on docs/backends/mosaic_gpu_api.md")),
-    "query_cluster_cancel": ("decodes the grid point try_cluster_cancel claimed", _CLC),
     "RefType": ("marks an inline_mgpu argument as a Ref",
                 ("kernels cannot hold code written for jax.experimental.mosaic.gpu",
                  "write the operation with plgpu and jax.numpy")),
@@ -114,10 +109,7 @@ REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
                     "profile the whole kernel with jax.profiler")),
     "Transform": ("the base class of Ref transforms", _TRANSFORMS),
     "transform_ref": ("applies a Ref transform", _TRANSFORMS),
-    "try_cluster_cancel": ("claims the work of a block not yet launched", _CLC),
-    "TryClusterCancelResult": ("scratch for the answers of try_cluster_cancel", _CLC),
     "warp_map": ("runs a function once per warp of the warpgroup", _WARPS),
-    "WarpMesh": ("a mesh over the warps of a warpgroup", _WARPS),
     "wgmma_accumulator_load": (
         "reads an accumulator once at most n wgmma are pending",
         ("an accumulator is read after all pending wgmma here",

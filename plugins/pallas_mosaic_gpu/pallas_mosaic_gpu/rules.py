@@ -156,7 +156,7 @@ def _while(state: GPULowering, eqn: Any, *args: Any, cond_jaxpr: Any, body_jaxpr
     fori = (len(cj.eqns) == 1 and cj.eqns[0].primitive is lax.lt_p and not cconsts
             and cj.eqns[0].invars[0] is cj.invars[0] and cj.eqns[0].invars[1] is cj.invars[1])
     if not fori:
-        raise state.fail("a while loop (use lax.fori_loop)")
+        return _general_while(state, eqn, cconsts, bconsts, init, cond_jaxpr, body_jaxpr)
     lo, hi, rest = init[0], init[1], init[2:]
 
     def body(i: ir.Value, vals: list[Any]) -> list[Any]:
@@ -167,6 +167,35 @@ def _while(state: GPULowering, eqn: Any, *args: Any, cond_jaxpr: Any, body_jaxpr
     n = arith.maxsi(arith.subi(i32(hi), i32(lo)), i32(0))
     outs = emit_for(state, n, rest, body, start=lo)
     return [arith.maxsi(i32(hi), i32(lo)), hi, *outs]
+
+
+def _general_while(state: GPULowering, eqn: Any, cconsts: Sequence[Any],
+                   bconsts: Sequence[Any], init: list[Any], cond_jaxpr: Any,
+                   body_jaxpr: Any) -> list[Any]:
+    """A ``lax.while_loop`` of scalars as an ``scf.while`` (plgpu.dynamic_scheduling_loop's
+    loop over claimed grid points); accumulators cannot be carried through it."""
+    avals = [v.aval for v in eqn.outvars]
+    if any(a.shape for a in avals):
+        raise state.fail("a while loop carrying arrays (carry scalars, or use lax.fori_loop)")
+    before = dict(state.accs)
+    init = [v if isinstance(v, ir.Value) else literal(v, a) for v, a in zip(init, avals)]
+    types = [v.type for v in init]
+    op = scf.WhileOp(types, init)
+    head = op.before.blocks.append(*types)
+    with ir.InsertionPoint(head):
+        (go,) = lower_jaxpr(state, cond_jaxpr.jaxpr, cond_jaxpr.consts,
+                            [*cconsts, *head.arguments])
+        scf.ConditionOp(state.value(go), list(head.arguments))
+    loop = op.after.blocks.append(*types)
+    with ir.InsertionPoint(loop):
+        outs = lower_jaxpr(state, body_jaxpr.jaxpr, body_jaxpr.consts,
+                           [*bconsts, *loop.arguments])
+        outs = [v if isinstance(v, ir.Value) else literal(v, a)
+                for v, a in zip((state.value(o) for o in outs), avals)]
+        scf.YieldOp(outs)
+    if state.accs != before:
+        raise state.fail("a while loop (other than lax.fori_loop) using a plgpu.ACC accumulator")
+    return list(op.results)
 
 
 @rule(prims.run_scoped_p, lazy=True)
@@ -204,5 +233,6 @@ from pallas_mosaic_gpu import (  # noqa: E402, F401 - they register their rules
     layout_rules,
     rules_arrays,
     rules_memory,
+    scheduling,
     warp_specialized_lowering,
 )

@@ -252,7 +252,7 @@ def _copy_in(state: GPULowering, eqn: Any, *args: Any, **_: Any) -> Any:
     tma.copy(state.launch, gmem=src, smem=dst.memref, window=window, to_smem=True,
              barrier=bar.barrier, aligned=False, kernel=state.call.name,
              tiling=tile_transform(dst.dtype) if dst.tiled else None,
-             swizzle=SWIZZLE if dst.tiled else None)
+             swizzle=SWIZZLE if dst.tiled else None, predicate=_issuer(state))
     return []
 
 
@@ -264,8 +264,17 @@ def _copy_out(state: GPULowering, eqn: Any, *args: Any, commit_group: bool = Tru
     tma.copy(state.launch, gmem=dst, smem=src.memref, window=window, to_smem=False,
              aligned=False, kernel=state.call.name, commit=commit_group,
              tiling=tile_transform(src.dtype) if src.tiled else None,
-             swizzle=SWIZZLE if src.tiled else None)
+             swizzle=SWIZZLE if src.tiled else None, predicate=_issuer(state))
     return []
+
+
+def _issuer(state: GPULowering) -> Any:
+    """The thread issuing a copy inside a ``WarpMesh`` region (one of the warp), else ``None``
+    (the library's default: one of the warpgroup)."""
+    if state.warp_axis is None:
+        return None
+    from pallas_mosaic_gpu import scheduling
+    return scheduling.issuing_thread(state)
 
 
 @rule(gp.barrier_wait_p, lazy=True)
@@ -284,6 +293,11 @@ def _orders_tensor_core(eqn: Any) -> bool:
 @rule(gp.barrier_arrive_p, lazy=True)
 def _barrier_arrive(state: GPULowering, eqn: Any, *args: Any, **_: Any) -> Any:
     (bar,) = _views(state, eqn, args)
+    if state.warp_axis is not None:  # one arrival per warp inside a WarpMesh region
+        bar.barrier.arrive(orders_tensor_core=_orders_tensor_core(eqn),
+                           predicate=mgpu.single_thread_predicate(mgpu.ThreadSubset.WARP),
+                           scope=mgpu.ThreadSubset.WARP)
+        return []
     warp_specialized_lowering.arrive_once(bar.barrier, _orders_tensor_core(eqn))
     return []
 

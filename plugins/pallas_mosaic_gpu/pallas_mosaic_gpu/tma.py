@@ -105,19 +105,22 @@ def _chunks(shape: Sequence[int], big: int | None) -> list[tuple[tuple[int, int]
 
 def copy(launch: Any, *, gmem: ir.Value, smem: ir.Value, window: Sequence[Any], to_smem: bool,
          barrier: Any = None, tiling: Any = None, swizzle: int | None = None,
-         aligned: bool, kernel: str, commit: bool = True) -> None:
+         aligned: bool, kernel: str, commit: bool = True, predicate: Any = None) -> None:
     """A TMA copy between the GMEM ``window`` (``mgpu.ds`` slices and squeezed indices, one
     per GMEM dimension) and the whole SMEM ``smem``, in the direction ``to_smem`` says, split
     as the module docstring describes. ``tiling``/``swizzle``: the GMEM transform and swizzle of
     a tiled buffer (copied in one piece). ``aligned``: the window's minor start is known to be
     a multiple of its length (a pipeline's blocks); otherwise it must be a constant for a split
     minor dimension. ``commit``: a store closes its bulk group (otherwise
-    ``commit_smem_to_gmem_group`` does later). A copy that cannot be made raises
+    ``commit_smem_to_gmem_group`` does later). ``predicate``: the thread that issues the copy
+    (one of the warpgroup when ``None``). A copy that cannot be made raises
     ``UnsupportedError`` naming ``kernel``."""
     def fail(what: str) -> UnsupportedError:
         return UnsupportedError(f"kernel {kernel!r}: {what}.")
 
     pair = dict(src_ref=gmem, dst_ref=smem) if to_smem else dict(src_ref=smem, dst_ref=gmem)
+    if predicate is not None:
+        pair["predicate"] = predicate
     if to_smem:
         pair["barrier"] = barrier
     smem_shape = list(ir.MemRefType(smem.type).shape)
@@ -162,7 +165,8 @@ def copy(launch: Any, *, gmem: ir.Value, smem: ir.Value, window: Sequence[Any], 
     chunks = _chunks(smem_shape, big[0] if big else None)
     if to_smem and len(chunks) > 1:
         nbytes = math.prod(smem_shape) * itemsize
-        one = mgpu.single_thread_predicate(mgpu.ThreadSubset.WARPGROUP)
+        one = predicate if predicate is not None else \
+            mgpu.single_thread_predicate(mgpu.ThreadSubset.WARPGROUP)
         barrier.arrive_expect_tx(nbytes, predicate=one)
     for k, chunk in enumerate(chunks):
         sub_window = list(window)

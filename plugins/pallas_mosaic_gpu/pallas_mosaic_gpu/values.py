@@ -178,6 +178,9 @@ class GPULowering(LoweringState):
     scoped: dict[int, list[Any]] = dataclasses.field(default_factory=dict)
     """The Refs each ``pl.run_scoped`` (by equation) allocated in shared memory."""
     approx: bool = False
+    warp_axis: Any = None
+    """The axis of the ``WarpMesh`` region being lowered (single-thread work is then issued by
+    one thread of the warp), or ``None``."""
 
     def value(self, v: Any) -> Any:
         """``v`` as something arithmetic applies to (reads of SMEM Refs are done here)."""
