@@ -22,7 +22,9 @@ cluster, threads per block, dynamic shared memory) and target architecture.
 * Blackwell (sm_100a): JAX's blackwell_matmul and blackwell_ragged_dot as JAX lowers them on
   CPU (what they need, which architecture the module says), this plugin's Blackwell matmul
   against the same kernel written with JAX's ``plgpu`` (identical), and the port of
-  blackwell_matmul as a strict xfail naming what it lacks.
+  blackwell_matmul (cluster launch control, a TMA warp and an MMA warp) lowering like JAX's
+  with one pinned difference; its collective form (2-CTA) is a strict xfail naming what it
+  lacks.
 """
 
 from __future__ import annotations
@@ -713,19 +715,55 @@ def test_jax_blackwell_ragged_dot_needs_an_sm_count(monkeypatch: pytest.MonkeyPa
         lower(False)
 
 
-BLACKWELL_PORT_GAP = (
-    "plgpu lacks dynamic_scheduling_loop (cluster launch control) and pl.core_map over "
-    "plgpu.WarpMesh (a TMA warp and an MMA warp); the collective form also needs "
-    "ClusterBarrier, CopyPartition and collective TMEM/tcgen05_mma (2-CTA)")
+BLACKWELL_COLLECTIVE_GAP = (
+    "the collective form (a cluster of 2 blocks sharing a 2-CTA tcgen05_mma) needs "
+    "plgpu.ClusterBarrier, plgpu.CopyPartition (copy_gmem_to_smem(leader_tracked=..., "
+    "collective_axes=...)), plgpu.TMEM(collective=True) and tcgen05_mma/tcgen05_commit_arrive "
+    "(collective_axis=...), which the mosaic_gpu backend refuses")
+
+BLACKWELL_ANSWERS = 2 * 16
+"""dynamic_scheduling_loop's SMEM for the answers of try_cluster_cancel: 2 slots of 16 bytes."""
 
 
-@pytest.mark.xfail(strict=True, raises=pl.UnsupportedError, reason=BLACKWELL_PORT_GAP)
-@pytest.mark.parametrize("collective", [False, True])
-def test_blackwell_matmul_port_lowers_like_jax(collective: bool) -> None:
+def test_blackwell_matmul_port_lowers_like_jax() -> None:
+    """The port of blackwell_matmul (collective=False): a persistent kernel claiming its grid
+    points with cluster launch control (plgpu.dynamic_scheduling_loop), whose compute
+    warpgroup splits into a TMA warp and an MMA warp (pl.core_map over plgpu.WarpMesh) and
+    whose other warpgroup stores the TMEM accumulator. Same launch and call as JAX's lowering
+    for sm_100a; one pinned difference, the dynamic SMEM size: JAX rounds every SMEM
+    allocation up to 1024 bytes, so its 32 bytes of try_cluster_cancel answers take 1024
+    before the barriers, while this backend aligns where buffers start (the same rule as the
+    ragged_dot and attention differences above)."""
     from pallas_mosaic_gpu import targets
 
-    ours = _one_kernel(_blackwell_matmul(_library("blackwell_matmul_mgpu", True), collective))
+    ours = _one_kernel(_blackwell_matmul(_library("blackwell_matmul_mgpu", True), False))
     with targets.assume(targets.BLACKWELL):
         theirs = _one_kernel(_blackwell_matmul(_library("blackwell_matmul_mgpu", False),
-                                               collective))
+                                               False))
+    buffers = 3 * 2 * 128 * 64 * 2  # a_smem, b_smem, acc_smem: 2 slots of 128x64 float16
+    barriers = 6 * 2 * 8  # the kernel's 4 and the loop's 2, 2 barriers each
+    tmem_address = 4
+    inspection.assert_same_kernel(ours, theirs, {"smem_bytes": (
+        buffers + BLACKWELL_ANSWERS + barriers + tmem_address,
+        buffers + 1024 + barriers + tmem_address)})
+    assert inspection.launch(ours[1])["arch"] == (10, 0)
+    # The same buffers at the same offsets; the barriers and the TMEM address shifted by the
+    # rounding above.
+    shift = 1024 - BLACKWELL_ANSWERS
+    mine = inspection.smem_buffers(ours[1])
+    assert [(o if o < buffers + BLACKWELL_ANSWERS else o + shift, t) for o, t in mine] == \
+        inspection.smem_buffers(theirs[1])
+    body = str(ours[1])
+    for op in ("clusterlaunchcontrol.try_cancel", "clusterlaunchcontrol.query_cancel",
+               "tcgen05.mma", "tcgen05.commit"):
+        assert op in body, op
+
+
+@pytest.mark.xfail(strict=True, raises=pl.UnsupportedError, reason=BLACKWELL_COLLECTIVE_GAP)
+def test_blackwell_matmul_collective_port_lowers_like_jax() -> None:
+    from pallas_mosaic_gpu import targets
+
+    ours = _one_kernel(_blackwell_matmul(_library("blackwell_matmul_mgpu", True), True))
+    with targets.assume(targets.BLACKWELL):
+        theirs = _one_kernel(_blackwell_matmul(_library("blackwell_matmul_mgpu", False), True))
     inspection.assert_same_kernel(ours, theirs)
