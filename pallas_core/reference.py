@@ -90,6 +90,16 @@ def phase_waits() -> frozenset[Any]:
 manager.add_listener(phase_waits.cache_clear)
 
 
+@functools.cache
+def forks() -> Mapping[Any, Callable[..., tuple[Any, int, bool]]]:
+    """Marker primitive -> its ``fork`` rule (params -> (axis name, sub-points, begins)): where
+    a point splits into sub-points and joins again (``PrimitiveSemantics.fork``)."""
+    return {sem.primitive: sem.fork for sem in _all_semantics() if sem.fork is not None}
+
+
+manager.add_listener(forks.cache_clear)
+
+
 sub_jaxprs = _jax.sub_jaxprs
 """The jaxprs among an equation's parameters (e.g. the branches of a ``cond``)."""
 

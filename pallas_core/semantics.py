@@ -69,6 +69,13 @@ class PrimitiveSemantics:
     kernel whose points share memory along mesh axes (``pl.run_scoped(collective_axes=...)``),
     interpreters run those points each at its own pace, a wait holding its point until other
     points' arrivals complete the phase."""
+    fork: Callable[..., tuple[Any, int, bool]] | None = None
+    """For a marker (with ``evaluate``, its meaning where the marked region cannot run) where a
+    point splits into sub-points and joins again (a GPU warpgroup into its warps, ``pl.core_map``
+    over ``plgpu.WarpMesh``): given the equation's params, ``(axis name, number of sub-points,
+    begins)``. The equations between a marker that begins a region and the next that does not,
+    in the same jaxpr, run once per sub-point, ``lax.axis_index(axis name)`` telling which;
+    interpreters that run points each at its own pace run the sub-points so too."""
 
     def __post_init__(self) -> None:
         given = [r for r in (self.discharge, self.evaluate, self.barrier) if r is not None]

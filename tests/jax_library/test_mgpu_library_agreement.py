@@ -23,7 +23,7 @@ cluster, threads per block, dynamic shared memory) and target architecture.
   CPU (what they need, which architecture the module says), this plugin's Blackwell matmul
   against the same kernel written with JAX's ``plgpu`` (identical), and the port of
   blackwell_matmul (cluster launch control, a TMA warp and an MMA warp) lowering like JAX's
-  with one pinned difference; its collective form (2-CTA) is a strict xfail naming what it
+  with one pinned difference and running in the interpreter; its collective form (2-CTA) is a strict xfail naming what it
   lacks.
 """
 
@@ -757,6 +757,31 @@ def test_blackwell_matmul_port_lowers_like_jax() -> None:
     for op in ("clusterlaunchcontrol.try_cancel", "clusterlaunchcontrol.query_cancel",
                "tcgen05.mma", "tcgen05.commit"):
         assert op in body, op
+
+
+@pytest.mark.parametrize("minor", ["N", "M"])
+def test_blackwell_matmul_port_runs_in_the_interpreter(minor: str) -> None:
+    """The port's meaning (collective=False), run by this project's interpreter on random
+    inputs against ``jnp.dot``: the two warpgroups of a block and the TMA and MMA warps of the
+    first each run at their own pace (pallas_interpret.phases), sharing the block's SMEM, TMEM
+    and barriers; 8 K steps through 2 slots make the TMA warp wait for the MMA warp's
+    consumed barriers. Every block is resident in the interpreter, so no claim of cluster
+    launch control succeeds and each block computes its own tile (a schedule the hardware may
+    choose too)."""
+    lib = _library("blackwell_matmul_mgpu", ours=True)
+    config = lib.TuningConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2,
+                              collective=False, grid_minor_dim=lib.MatmulDimension[minor],
+                              grid_tile_width=2)
+    keys = jax.random.split(jax.random.key(17))
+    a = jax.random.normal(keys[0], (256, 512), F32).astype(F16)
+    b = jax.random.normal(keys[1], (512, 384), F32).astype(F16)
+    fn = functools.partial(lib.matmul_kernel, config=config)
+    with force_interpret_mode():
+        calls = list(kernel_calls(jax.make_jaxpr(fn)(a, b).jaxpr))
+        got = fn(a, b)
+    assert [c.backend for c in calls] == ["interpret"]
+    expected = jnp.dot(a.astype(F32), b.astype(F32))
+    np.testing.assert_allclose(got.astype(F32), expected, rtol=2e-2, atol=5e-2)
 
 
 @pytest.mark.xfail(strict=True, raises=pl.UnsupportedError, reason=BLACKWELL_COLLECTIVE_GAP)

@@ -48,6 +48,7 @@ def run(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
     shared = phases.group_axes(call)
     if shared is not None:  # GPU warpgroups sharing SMEM, waiting on each other's barriers
         return phases.run(call, args, rules, params, shared)
+    phases.check_no_fork(call)
     axes = lockstep.lockstep_axes(call)
     if axes is not None:
         if params.num_cores > 1 or params.grid_point_recorder is not None:

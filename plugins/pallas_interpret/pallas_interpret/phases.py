@@ -21,6 +21,20 @@ that signal each other's semaphores, each with a program counter of its own:
   gets a buffer per point, set to the value, read back at its end.
 
 Everything between waits runs with the reference semantics, as elsewhere in the interpreter.
+
+A point may split into sub-points for a region of its code (``PrimitiveSemantics.fork``: the
+4 warps of a warpgroup, ``pl.core_map`` over ``plgpu.WarpMesh``, where one warp issues TMA
+copies and another tensor-core matmuls, each waiting on barriers the other arrives on). Each
+point has 4 more members held for that, parked (finished) outside such regions. At a region's
+start the point hands the values the region reads to its sub-points, starts them at the
+region's first step and waits until all of them reach its end (where they park again); each
+sub-point runs at its own pace, counting its own barrier waits, with ``lax.axis_index`` of the
+region's axis giving its position. Buffers a region touches must be shared by the group (the
+block's memory), as the warps of a warpgroup share them.
+
+Kernel scratch (``scratch_shapes``) is one buffer for the group where its memory space is
+``shared`` (a GPU block's SMEM, TMEM and barriers), else one per point; each group starts with
+fresh scratch, as each thread block does.
 """
 
 from __future__ import annotations
@@ -35,10 +49,29 @@ from pallas_core import backend as plb
 from pallas_core import primitives as prims
 from pallas_core import reference
 from pallas_core.copies import RefViews
+from pallas_core.errors import PallasError, UnsupportedError
 from pallas_core.semantics import fresh_buffer
 from pallas_interpret import checks, handshake, lockstep
-from pallas_interpret.handshake import State, _Operand, _set_pc, _store, _Val
-from pallas_interpret.lockstep import _Slot
+from pallas_interpret.handshake import _Label, State, _Operand, _set_pc, _store, _Val
+from pallas_interpret.lockstep import _Slot, _Uniform
+
+
+def _fork_markers(jaxpr: Any) -> list[Any]:
+    forks = reference.forks()
+    return [e for e in reference.all_eqns(jaxpr) if e.primitive in forks]
+
+
+def check_no_fork(call: Any) -> None:
+    """Raises ``UnsupportedError`` if ``call`` splits points into sub-points (a warp region)
+    but is not run by this module (its points do not share memory and wait on barriers)."""
+    found = _fork_markers(call.jaxpr.jaxpr)
+    if found:
+        raise UnsupportedError(
+            f"kernel {call.name!r} splits a point into sub-points ({found[0].primitive.name}: "
+            "e.g. pl.core_map over plgpu.WarpMesh), which the interpreter runs only in kernels "
+            "whose points share memory and wait on barriers (pl.run_scoped(collective_axes=) "
+            "along the thread axis, e.g. plgpu.dynamic_scheduling_loop's). Fix: run the work "
+            "per warpgroup, or lower it for a GPU.")
 
 
 def group_axes(call: Any) -> tuple[int, ...] | None:
@@ -74,14 +107,198 @@ class _Runner(handshake._Runner):
         names = gm.grid_names or ()
         self.axis_names = {names[a - gm.num_batch_axes] for a in self.axes}
         self.seen: dict[int, _Val] = {}  # per counter slot: the waits of each point
+        # Sub-points (see the module docstring): point p's are base + p * width + (0..width-1).
+        self.forks = reference.forks()
+        sizes = {self.forks[e.primitive](**e.params)[1]
+                 for e in _fork_markers(self.call.jaxpr.jaxpr)}
+        if len(sizes) > 1:
+            raise UnsupportedError(f"kernel {self.call.name!r} splits points into sub-points "
+                                   f"of different counts {sorted(sizes)}.")
+        self.width = sizes.pop() if sizes else 0
+        self.base = self.members
+        self.members = self.base * (1 + self.width)
+        self.sub_axis: Any = None  # the axis of the region being compiled
+        self.finish = _Label()  # the end of the steps, where parked sub-points wait
+        self.fresh: lockstep.Slots = {}  # the kernel's scratch, as each group starts it
+
+    def fresh_buffer(self, shape: Sequence[int], dtype: Any, memory_space: Any
+                     ) -> tuple[int, Any]:
+        """Kernel scratch: each group (a GPU thread block) starts with its own, fresh (the
+        barriers with no arrivals)."""
+        slot, value = super().fresh_buffer(shape, dtype, memory_space)
+        self.fresh[slot] = value
+        return slot, value
+
+    def context(self, member: Any) -> Any:
+        # A sub-point is where its point is.
+        member = jnp.asarray(member, jnp.int32)
+        point = jnp.where(member < self.base, member,
+                          (member - self.base) // max(self.width, 1))
+        return super().context(point)
+
+    def order(self) -> Any:
+        if self.rng is None:
+            return None
+        return jnp.asarray(self.rng.permutation(self.members), jnp.int32)
 
     def call_jaxpr(self, closed: Any, ins: Sequence[Any], slots: lockstep.Slots
                    ) -> tuple[list[Any], lockstep.Slots]:
         self.seen = {}
-        return super().call_jaxpr(closed, ins, slots)
+        slots = {**slots, **self.fresh}
+        self.steps, self.avals, self.scoped = [], {}, {}
+        if self.width:  # sub-points start parked
+            base, finish = self.base, self.finish
+
+            def park_subs(state: State, q: Any) -> State:
+                return _set_pc(state, q, jnp.where(q >= base, finish.at, 1))
+
+            self.steps.append(park_subs)
+        outs = self.compile(closed, list(ins))
+        if outs:
+            raise UnsupportedError(f"kernel {self.call.name!r} returns values; a kernel "
+                                   "writes its outputs into Refs.")
+        return [], self.schedule(slots)
+
+    def holds(self, eqn: Any) -> bool:
+        if eqn.primitive in self.forks or self._sub_index(eqn):
+            return True
+        return super().holds(eqn) or any(
+            any(self._sub_index(e) or e.primitive in self.forks
+                for e in reference.all_eqns(sub))
+            for sub in reference.sub_jaxprs(eqn.params))
+
+    def _sub_index(self, eqn: Any) -> bool:
+        """Whether ``eqn`` is ``lax.axis_index`` of a sub-point axis."""
+        if eqn.primitive is not plb.axis_index_p or not self.width:
+            return False
+        name = eqn.params["axis_name"]
+        name = name[0] if isinstance(name, tuple) and len(name) == 1 else name
+        return any(self.forks[e.primitive](**e.params)[0] == name
+                   for e in _fork_markers(self.call.jaxpr.jaxpr))
+
+    def compile(self, closed: Any, ins: list[_Operand]) -> list[_Operand]:
+        """As the handshake runner compiles, with each region between fork markers run by the
+        sub-points (see the module docstring)."""
+        jaxpr, consts = (closed.jaxpr, closed.consts) if hasattr(closed, "consts") \
+            else (closed, ())
+        eqns = list(jaxpr.eqns)
+        begins = [i for i, e in enumerate(eqns)
+                  if e.primitive in self.forks and self.forks[e.primitive](**e.params)[2]]
+        if not begins:
+            return super().compile(closed, ins)
+        start = begins[0]
+        end = next((i for i in range(start + 1, len(eqns))
+                    if eqns[i].primitive in self.forks), None)
+        if end is None or self.forks[eqns[end].primitive](**eqns[end].params)[2]:
+            raise PallasError(f"kernel {self.call.name!r}: a sub-point region that does not "
+                              "end in the jaxpr it begins in.")
+        before, region, after = eqns[:start], eqns[start + 1:end], eqns[end + 1:]
+        inside = {v for e in region for v in e.outvars if plb.is_var(v)}
+        later = {v for e in after for v in e.invars if plb.is_var(v)} | \
+            {v for v in jaxpr.outvars if plb.is_var(v)}
+        if inside & later:
+            raise UnsupportedError(f"kernel {self.call.name!r}: a value computed inside a "
+                                   "pl.core_map over sub-points is used after it.")
+        # Compile the three parts as one jaxpr each, in order.
+        head_out = [v for v in {v for e in before for v in e.outvars if plb.is_var(v)}
+                    if v in {u for e in region + after for u in e.invars if plb.is_var(u)}
+                    or v in later]
+        env: dict[Any, _Operand] = {v: _Uniform(c) for v, c in zip(jaxpr.constvars, consts)}
+        env.update(zip(jaxpr.invars, ins))
+
+        def part(eqns_: list[Any], outs: list[Any]) -> list[_Operand]:
+            free: list[Any] = []
+            defined: set[Any] = set()
+            for e in eqns_:
+                for v in e.invars:
+                    if plb.is_var(v) and v not in defined and v not in free:
+                        free.append(v)
+                defined.update(v for v in e.outvars if plb.is_var(v))
+            free += [v for v in outs if v not in defined and v not in free]
+            sub = plb.jaxpr_from_eqns(free, outs, eqns_)
+            return self.compile(sub, [env[v] for v in free])
+
+        env.update(zip(head_out, part(before, head_out)))
+        self.region(eqns[start], part, region)
+        tail = part(after, [v for v in jaxpr.outvars if plb.is_var(v)])
+        it = iter(tail)
+        return [_Uniform(v.val) if isinstance(v, plb.Literal) else next(it)
+                for v in jaxpr.outvars]
+
+    def region(self, marker: Any, part: Any, eqns: list[Any]) -> None:
+        """The steps of a sub-point region: the point forks, its sub-points run ``eqns``, the
+        point joins them."""
+        axis, width, _ = self.forks[marker.primitive](**marker.params)
+        if self.sub_axis is not None:
+            raise UnsupportedError(f"kernel {self.call.name!r}: a sub-point region inside "
+                                   "another one.")
+        base = self.base
+        start, join = _Label(), _Label()
+        hand: list[_Val] = []  # the point's values the region reads
+
+        def fork(state: State, p: Any) -> State:
+            subs = base + p * width + jnp.arange(width, dtype=jnp.int32)
+            vals = dict(state["vals"])
+            for k in hand:
+                vals[k.key] = vals[k.key].at[subs].set(vals[k.key][p])
+            pc = state["pc"].at[subs].set(start.at).at[p].set(join.at)
+            return {**state, "vals": vals, "pc": pc}
+
+        self.steps.append(fork)
+        start.at = len(self.steps)
+        self.sub_axis = axis
+        n_vals = len(self.avals)
+        try:
+            part(eqns, [])
+        finally:
+            self.sub_axis = None
+        # Values made before the region that it reads are handed over at the fork.
+        hand.extend(_Val(k) for k in range(n_vals) if k not in self.seen_keys())
+        finish = self.finish
+
+        def park(state: State, q: Any) -> State:
+            return _set_pc(state, q, finish.at)
+
+        self.steps.append(park)
+        join.at = len(self.steps)
+
+        def wait(state: State, p: Any) -> State:
+            subs = base + p * width + jnp.arange(width, dtype=jnp.int32)
+            done = jnp.all(state["pc"][subs] >= finish.at)
+            return {**_set_pc(state, p, jnp.where(done, join.at + 1, join.at)),
+                    "blocked": jnp.logical_not(done)}
+
+        self.steps.append(wait)
+
+    def seen_keys(self) -> set[int]:
+        """The keys of the per-point wait counters (each sub-point keeps its own)."""
+        return {v.key for v in self.seen.values()}
+
+    def sub_index(self, eqn: Any) -> list[_Operand]:
+        """``lax.axis_index`` of the region's axis: the sub-point's position."""
+        base, width = self.base, self.width
+        out = self.new_val(plb.ShapedArray((), jnp.int32))
+
+        def step(state: State, q: Any) -> State:
+            return _store(state, q, [out], [jnp.where(q >= base, (q - base) % width, 0)])
+
+        self.emit(step)
+        return [out]
+
+    def schedule(self, slots: lockstep.Slots) -> lockstep.Slots:
+        self.finish.at = len(self.steps)
+        return super().schedule(slots)
 
     def structured(self, eqn: Any, ins: list[_Operand]) -> list[_Operand]:
         prim = eqn.primitive
+        if self._sub_index(eqn):
+            if self.sub_axis is None:
+                raise UnsupportedError(f"kernel {self.call.name!r}: lax.axis_index of a "
+                                       "sub-point axis outside its pl.core_map.")
+            return self.sub_index(eqn)
+        if prim in self.forks:
+            raise PallasError(f"kernel {self.call.name!r}: a sub-point region marker out of "
+                              "place.")
         if prim in self.waits:
             return self.phase_wait(eqn, ins)
         if prim is prims.run_scoped_p:

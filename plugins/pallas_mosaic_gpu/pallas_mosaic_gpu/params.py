@@ -45,7 +45,7 @@ class TiledSMEMRef(MemoryRef):
     buffers are otherwise plain."""
 
 
-SMEM = SharedMemorySpace("SMEM", backend=NAME)
+SMEM = SharedMemorySpace("SMEM", backend=NAME, shared=True)
 """Shared memory of one thread block: pipelined blocks and scratch buffers."""
 @dataclasses.dataclass(frozen=True)
 class TensorMemorySpace(MemorySpace):
@@ -72,7 +72,7 @@ class TensorMemorySpace(MemorySpace):
         return super().__call__(shape, dtype)
 
 
-TMEM = TensorMemorySpace("TMEM", backend=NAME)
+TMEM = TensorMemorySpace("TMEM", backend=NAME, shared=True)
 """Tensor memory (Blackwell, sm_100a): kernels that allocate it are built for sm_100a."""
 ACC_SPACE = MemorySpace("ACC", backend=NAME, zeroed=True)
 """Warpgroup-matmul accumulators held in registers (see :func:`ACC`)."""
@@ -85,6 +85,7 @@ class BarrierSpace(MemorySpace):
 
     num_arrivals: int = 1
     orders_tensor_core: bool = False
+    shared: bool = True  # one per block, for all its warpgroups
     """Waits and arrivals also order tcgen05 work (``tcgen05.fence``), as Blackwell needs of
     barriers that tcgen05 matmuls complete."""
 

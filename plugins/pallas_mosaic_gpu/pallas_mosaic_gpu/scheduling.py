@@ -227,7 +227,9 @@ SEMANTICS: tuple[semantics.PrimitiveSemantics, ...] = (
     semantics.PrimitiveSemantics(try_cluster_cancel_p, discharge=_try_cancel),
     semantics.PrimitiveSemantics(query_cluster_cancel_p, discharge=_query),
     semantics.PrimitiveSemantics(fence_p, evaluate=gp._no_op),
-    semantics.PrimitiveSemantics(warp_region_p, evaluate=_warp_region),
+    semantics.PrimitiveSemantics(
+        warp_region_p, evaluate=_warp_region,
+        fork=lambda *, axis_name, begin: (axis_name, WarpMesh.NUM_WARPS, begin)),
 )
 
 
