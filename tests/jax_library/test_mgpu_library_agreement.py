@@ -23,8 +23,8 @@ cluster, threads per block, dynamic shared memory) and target architecture.
   CPU (what they need, which architecture the module says), this plugin's Blackwell matmul
   against the same kernel written with JAX's ``plgpu`` (identical), and the port of
   blackwell_matmul (cluster launch control, a TMA warp and an MMA warp) lowering like JAX's
-  with one pinned difference and running in the interpreter; its collective form (2-CTA) is a strict xfail naming what it
-  lacks.
+  with one pinned difference and running in the interpreter; its collective form (2-CTA) is a
+  strict xfail naming what it lacks.
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ from pallas_core.copies import RefViews
 from pallas_core.errors import PallasError, UnsupportedError
 from pallas_core.semantics import fresh_buffer
 from pallas_interpret import checks, handshake, lockstep
-from pallas_interpret.handshake import _Label, State, _Operand, _set_pc, _store, _Val
+from pallas_interpret.handshake import State, _Label, _Operand, _set_pc, _store, _Val
 from pallas_interpret.lockstep import _Slot, _Uniform
 
 

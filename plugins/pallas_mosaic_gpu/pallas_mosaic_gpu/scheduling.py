@@ -43,7 +43,7 @@ from jaxlib.mlir.dialects import arith, gpu, llvm
 
 from pallas_core import backend as plb
 from pallas_core import primitives as prims
-from pallas_core import semantics
+from pallas_core import reference, semantics
 from pallas_core.copies import RefViews, bind_views
 from pallas_core.errors import PallasError, UnsupportedError
 from pallas_mosaic_gpu import primitives as gp
@@ -107,7 +107,7 @@ def query_cluster_cancel(result_ref: Any, grid_names: Sequence[Hashable]
     return tuple(idx), ok
 
 
-def TryClusterCancelResult(num_slots: int = 1) -> Any:  # noqa: N802 - JAX's spelling
+def TryClusterCancelResult(num_slots: int = 1) -> Any:
     """SMEM for ``num_slots`` answers of ``try_cluster_cancel`` (16 bytes each)."""
     return SMEM((num_slots, ANSWER_BYTES), jnp.uint8)
 
@@ -188,8 +188,27 @@ class WarpMesh:
 
     def map_inside_kernel(self, fn: Callable[[], Any]) -> None:
         """Runs the body of ``pl.core_map(self)`` in place (see the module docstring)."""
+        axes = [(self.axis_name, self.NUM_WARPS)]
+
+        def flat() -> list[Any]:
+            fn()
+            return []
+
+        # A dry run first: a warp holds scalars, not the warpgroup's arrays.
+        jaxpr, _, _ = plb.trace_to_jaxpr(flat, [], name="warp_mesh_body",
+                                         axis_sizes=axes)  # type: ignore[arg-type]
+        for eqn in reference.all_eqns(jaxpr):
+            arrays = [v.aval for v in eqn.outvars
+                      if not isinstance(v.aval, plb.AbstractRef)
+                      and tuple(getattr(v.aval, "shape", None) or ())]
+            if arrays:
+                raise UnsupportedError(
+                    f"pl.core_map over plgpu.WarpMesh: {eqn.primitive.name} makes an array "
+                    f"{arrays[0].str_short()} inside the body; a warp here holds scalars and "
+                    "Refs only (arrays are a warpgroup's). Fix: issue copies and tensor-core "
+                    "work from the warps, and compute on arrays outside the pl.core_map.")
         warp_region_p.bind(axis_name=self.axis_name, begin=True)
-        with plb.extend_axis_env([(self.axis_name, self.NUM_WARPS)]):
+        with plb.extend_axis_env(axes):  # type: ignore[arg-type]
             out = fn()
         if out is not None:
             raise PallasError("pl.core_map over plgpu.WarpMesh: the body returns nothing "
