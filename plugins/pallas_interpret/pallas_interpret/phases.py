@@ -56,6 +56,10 @@ from pallas_interpret.handshake import State, _Label, _Operand, _set_pc, _store,
 from pallas_interpret.lockstep import _Slot, _Uniform
 
 
+DISAGREE = -1
+"""A point's wait count on a barrier after sub-points that waited on it differently."""
+
+
 def _fork_markers(jaxpr: Any) -> list[Any]:
     forks = reference.forks()
     return [e for e in reference.all_eqns(jaxpr) if e.primitive in forks]
@@ -235,12 +239,17 @@ class _Runner(handshake._Runner):
         base = self.base
         start, join = _Label(), _Label()
         hand: list[_Val] = []  # the point's values the region reads
+        counters: list[_Val] = []  # the wait counts (see below)
 
         def fork(state: State, p: Any) -> State:
             subs = base + p * width + jnp.arange(width, dtype=jnp.int32)
             vals = dict(state["vals"])
             for k in hand:
                 vals[k.key] = vals[k.key].at[subs].set(vals[k.key][p])
+            for k in counters:  # what the whole point waited for, every sub-point did
+                mine, theirs = vals[k.key][p], vals[k.key][subs]
+                vals[k.key] = vals[k.key].at[subs].set(
+                    jnp.where(mine == DISAGREE, theirs, mine))
             pc = state["pc"].at[subs].set(start.at).at[p].set(join.at)
             return {**state, "vals": vals, "pc": pc}
 
@@ -252,7 +261,11 @@ class _Runner(handshake._Runner):
             part(eqns, [])
         finally:
             self.sub_axis = None
-        # Values made before the region that it reads are handed over at the fork.
+        # Values made before the region are handed over at the fork; wait counts are each
+        # sub-point's own (each GPU thread tracks the phases it waited for): at the join the
+        # point takes them where its sub-points agree, else DISAGREE, which a later wait of
+        # the whole point never gets past (a hang on the hardware, reported as a deadlock).
+        counters.extend(self.seen.values())
         hand.extend(_Val(k) for k in range(n_vals) if k not in self.seen_keys())
         finish = self.finish
 
@@ -265,7 +278,13 @@ class _Runner(handshake._Runner):
         def wait(state: State, p: Any) -> State:
             subs = base + p * width + jnp.arange(width, dtype=jnp.int32)
             done = jnp.all(state["pc"][subs] >= finish.at)
-            return {**_set_pc(state, p, jnp.where(done, join.at + 1, join.at)),
+            vals = dict(state["vals"])
+            for k in counters:
+                theirs = vals[k.key][subs]
+                agreed = jnp.where(jnp.all(theirs == theirs[0], axis=0), theirs[0], DISAGREE)
+                vals[k.key] = vals[k.key].at[p].set(jnp.where(done, agreed, vals[k.key][p]))
+            return {**_set_pc({**state, "vals": vals}, p,
+                              jnp.where(done, join.at + 1, join.at)),
                     "blocked": jnp.logical_not(done)}
 
         self.steps.append(wait)
@@ -355,7 +374,7 @@ class _Runner(handshake._Runner):
             views = RefViews([self.value(counter, state, p), *flat], tree, roles)
             mine = views.with_values([self.value(seen, state, p)])
             waited = mine.read(0)
-            ready = jnp.all(views.read(0) >= (waited + 1) * need)
+            ready = jnp.all((views.read(0) >= (waited + 1) * need) & (waited != DISAGREE))
             mine.write(0, jnp.where(ready, waited + 1, waited))
             state = _store(state, p, [seen], [mine.values[0]])
             return {**_set_pc(state, p, jnp.where(ready, here + 1, here)),

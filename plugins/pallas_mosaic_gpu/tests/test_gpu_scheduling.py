@@ -184,3 +184,37 @@ def test_a_while_loop_of_scalars_lowers() -> None:
     np.testing.assert_array_equal(run(n, "interpret"), [3])
     (_, module), = inspection.kernels(_lower(functools.partial(run, backend="mosaic_gpu"), n))
     assert "scf.while" in str(module)
+
+
+def test_a_warpgroup_wait_after_warps_waited_differently_is_a_deadlock() -> None:
+    """Warp 0 waits for the copy's phase, the other warps do not; a wait of the whole
+    warpgroup on that barrier afterwards has its threads disagree about the phase (a hang on
+    the hardware), reported as a deadlock."""
+    x = jax.random.normal(jax.random.key(3), (BLOCK, 64), F32)
+
+    def body(x_ref, o_ref, buf, full):
+        wg = lax.axis_index("wg")
+
+        @pl.when(wg == 1)
+        def _():
+            plgpu.copy_gmem_to_smem(x_ref, buf, full.at[0])
+
+        @pl.when(wg == 0)
+        def _():
+            @pl.core_map(plgpu.WarpMesh(axis_name="warp"))
+            def _():
+                @pl.when(lax.axis_index("warp") == 0)
+                def _():
+                    plgpu.barrier_wait(full.at[0])
+
+            plgpu.barrier_wait(full.at[0])
+            plgpu.copy_smem_to_gmem(buf, o_ref)
+            plgpu.wait_smem_to_gmem(0)
+
+    def kernel(x_ref, o_ref):
+        pl.run_scoped(functools.partial(body, x_ref, o_ref), plgpu.SMEM((BLOCK, 64), F32),
+                      plgpu.Barrier(num_barriers=1), collective_axes="wg")
+
+    with pytest.raises(pl.PallasError, match="deadlock"):
+        jax.block_until_ready(plgpu.kernel(kernel, out_type=S(x.shape, F32), num_threads=2,
+                                           thread_name="wg", backend="interpret")(x))
