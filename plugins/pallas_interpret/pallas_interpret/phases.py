@@ -55,7 +55,6 @@ from pallas_interpret import checks, handshake, lockstep
 from pallas_interpret.handshake import State, _Label, _Operand, _set_pc, _store, _Val
 from pallas_interpret.lockstep import _Slot, _Uniform
 
-
 DISAGREE = -1
 """A point's wait count on a barrier after sub-points that waited on it differently."""
 
