@@ -182,8 +182,8 @@ def test_tmem_options_refused(kwargs: dict[str, Any], match: str) -> None:
         plgpu.TMEM((128, 128), F16)
 
 
-@pytest.mark.parametrize("name", ["async_copy_smem_to_tmem", "TMEMLayout",
-                                  "dynamic_scheduling_loop", "format_tcgen05_sparse_metadata"])
+@pytest.mark.parametrize("name", ["async_copy_smem_to_tmem", "TMEMLayout", "ClusterBarrier",
+                                  "format_tcgen05_sparse_metadata"])
 def test_the_rest_of_blackwell_is_refused_by_name(name: str) -> None:
     with pytest.raises(pl.UnsupportedError, match=f"plgpu.{name}"):
         getattr(plgpu, name)()
