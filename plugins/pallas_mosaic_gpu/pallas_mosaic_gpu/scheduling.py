@@ -188,6 +188,10 @@ class WarpMesh:
 
     def map_inside_kernel(self, fn: Callable[[], Any]) -> None:
         """Runs the body of ``pl.core_map(self)`` in place (see the module docstring)."""
+        if prims.current_kernel_context() is None:
+            raise PallasError("pl.core_map over plgpu.WarpMesh runs inside a kernel body (a "
+                              "warpgroup's code), not outside one. Fix: call it in the body "
+                              "of a plgpu.kernel.")
         axes = [(self.axis_name, self.NUM_WARPS)]
 
         def flat() -> list[Any]:

@@ -58,6 +58,29 @@ def test_dynamic_scheduling_loop_lowers_and_runs() -> None:
     assert "clusterlaunchcontrol.try_cancel" in body and "scf.while" in body
 
 
+def test_dynamic_scheduling_loop_carries_and_takes_2d_grids() -> None:
+    x = jax.random.normal(jax.random.key(4), (4, 8, 128), F32)
+
+    def body(x_ref, o_ref, n_ref):
+        @plgpu.dynamic_scheduling_loop(grid_names=("i", "j"), init_carry=jnp.int32(0))
+        def steps(info, carry):
+            i, j = info.index
+            o_ref[i, pl.ds(j * 4, 4)] = x_ref[i, pl.ds(j * 4, 4)] + 1.0
+            return carry + 1
+
+        n_ref[lax.axis_index("i"), lax.axis_index("j")] = steps
+
+    def run(x: jax.Array, backend: str) -> tuple[jax.Array, jax.Array]:
+        return plgpu.kernel(body, out_type=(S(x.shape, F32), S((4, 2), jnp.int32)),
+                            grid=(4, 2), grid_names=("i", "j"), backend=backend)(x)
+
+    got, steps = run(x, "interpret")
+    np.testing.assert_allclose(got, x + 1.0, rtol=1e-6)
+    np.testing.assert_array_equal(steps, np.ones((4, 2), np.int32))  # each block: its point
+    (_, module), = inspection.kernels(_lower(functools.partial(run, backend="mosaic_gpu"), x))
+    assert inspection.launch(module)["grid"] == (4, 2, 1)
+
+
 def warp_copy(x: jax.Array, backend: str = "interpret", hand_back: bool = True) -> jax.Array:
     """``x`` copied through SLOTS SMEM slots by two warps of warpgroup 0: warp 0 fills a slot
     once warp 1 handed it back, warp 1 waits for it and copies it out."""
@@ -139,6 +162,11 @@ def test_warp_mesh_refusals() -> None:
 
     with pytest.raises(pl.UnsupportedError, match="sub-points"):
         plgpu.kernel(no_shared_memory, out_type=S(x.shape, F32), backend="interpret")(x)
+
+    with pytest.raises(pl.PallasError, match="inside a kernel body"):
+        @pl.core_map(plgpu.WarpMesh(axis_name="warp"))
+        def _outside() -> None:
+            pass
 
     with pytest.raises(pl.UnsupportedError, match="scratch_shapes"):
         pl.core_map(plgpu.WarpMesh(axis_name="warp"),
