@@ -91,6 +91,15 @@ manager.add_listener(phase_waits.cache_clear)
 
 
 @functools.cache
+def claims() -> frozenset[Any]:
+    """The primitives that decode a claimed grid point (``PrimitiveSemantics.claim``)."""
+    return frozenset(sem.primitive for sem in _all_semantics() if sem.claim)
+
+
+manager.add_listener(claims.cache_clear)
+
+
+@functools.cache
 def forks() -> Mapping[Any, Callable[..., tuple[Any, int, bool]]]:
     """Marker primitive -> its ``fork`` rule (params -> (axis name, sub-points, begins)): where
     a point splits into sub-points and joins again (``PrimitiveSemantics.fork``)."""

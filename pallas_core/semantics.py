@@ -77,6 +77,14 @@ class PrimitiveSemantics:
     in the same jaxpr, run once per sub-point, ``lax.axis_index(axis name)`` telling which;
     interpreters that run points each at its own pace run the sub-points so too."""
 
+    claim: bool = False
+    """Decodes a claim of another block's grid point (GPU cluster launch control:
+    ``plgpu.query_cluster_cancel``), with ``discharge`` (its meaning where every block runs on
+    its own: no claim succeeds). Params ``grid_names``; results: one int32 index per name, then
+    whether a point was claimed. Interpreters that run blocks one after another may instead let
+    the first block claim every other point of those axes in order, the others then never
+    running (cancelled before their launch)."""
+
     def __post_init__(self) -> None:
         given = [r for r in (self.discharge, self.evaluate, self.barrier) if r is not None]
         if len(given) != 1:

@@ -765,9 +765,10 @@ def test_blackwell_matmul_port_runs_in_the_interpreter(minor: str) -> None:
     inputs against ``jnp.dot``: the two warpgroups of a block and the TMA and MMA warps of the
     first each run at their own pace (pallas_interpret.phases), sharing the block's SMEM, TMEM
     and barriers; 8 K steps through 2 slots make the TMA warp wait for the MMA warp's
-    consumed barriers. Every block is resident in the interpreter, so no claim of cluster
-    launch control succeeds and each block computes its own tile (a schedule the hardware may
-    choose too)."""
+    consumed barriers. The interpreter runs blocks one after another, so the first block
+    claims every other tile through cluster launch control (the others are cancelled): its 6
+    tiles alternate the two TMEM accumulator slots, and from the third on the MMA warp waits
+    for the store warpgroup to have emptied the slot."""
     lib = _library("blackwell_matmul_mgpu", ours=True)
     config = lib.TuningConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2,
                               collective=False, grid_minor_dim=lib.MatmulDimension[minor],

@@ -105,7 +105,14 @@ class _Runner(handshake._Runner):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.waits = reference.phase_waits()
-        self.sync_ops = (*handshake._SEMAPHORE_OPS, *self.waits)
+        self.claims = reference.claims()
+        found = [e for e in reference.all_eqns(self.call.jaxpr.jaxpr)
+                 if e.primitive in self.claims]
+        self.claimed_axes = self._claim_axes(found)
+        if not self.claimed_axes:
+            self.claims = frozenset()  # claims keep their own meaning: none succeeds
+        self.sync_ops = (*handshake._SEMAPHORE_OPS, *self.waits, *self.claims)
+        self.claimed: _Val | None = None  # per point: how many points it claimed
         gm = self.call.grid_mapping
         names = gm.grid_names or ()
         self.axis_names = {names[a - gm.num_batch_axes] for a in self.axes}
@@ -144,16 +151,57 @@ class _Runner(handshake._Runner):
             return None
         return jnp.asarray(self.rng.permutation(self.members), jnp.int32)
 
+    def _claim_axes(self, found: list[Any]) -> tuple[int, ...]:
+        """The grid axes whose points the first block claims (``PrimitiveSemantics.claim``):
+        those its claims name, if they all name the same grid axes; else none."""
+        gm = self.call.grid_mapping
+        user = list(gm.grid_names or ())
+        named = {tuple(e.params["grid_names"]) for e in found}
+        if len(named) != 1 or not set(next(iter(named))) <= set(user):
+            return ()
+        return tuple(gm.num_batch_axes + user.index(n) for n in next(iter(named)))
+
+    def claim(self, eqn: Any) -> list[_Operand]:
+        """The next grid point the first block claims (the first, its own, is point 0), in
+        order along the claimed axes, until none is left."""
+        gm = self.call.grid_mapping
+        sizes = [gm.grid[a] for a in self.claimed_axes]
+        total = math.prod(sizes)
+        if self.claimed is None:
+            self.claimed = self.new_val(plb.ShapedArray((), jnp.int32))
+        made_key = self.claimed
+        outs = [self.new_val(v.aval) for v in eqn.outvars]
+
+        def step(state: State, p: Any) -> State:
+            made = self.value(made_key, state, p) + 1
+            index, rest = [], made
+            for size in reversed(sizes):
+                index.append(rest % size)
+                rest = rest // size
+            return _store(state, p, [made_key, *outs],
+                          [made, *reversed(index), made < total])
+
+        self.emit(step)
+        result: list[_Operand] = list(outs)
+        return result
+
     def call_jaxpr(self, closed: Any, ins: Sequence[Any], slots: lockstep.Slots
                    ) -> tuple[list[Any], lockstep.Slots]:
         self.seen = {}
+        self.claimed = None
         slots = {**slots, **self.fresh}
         self.steps, self.avals, self.scoped = [], {}, {}
-        if self.width:  # sub-points start parked
+        if self.width or self.claimed_axes:
+            # Sub-points start parked; so does every point of a block other than the first
+            # where the first claims all grid points (cancelled before its launch).
             base, finish = self.base, self.finish
+            ids = self.context(jnp.int32(0)).program_ids
+            cancelled = jnp.bool_(False)
+            for a in self.claimed_axes:
+                cancelled = cancelled | (ids[a] != 0)
 
             def park_subs(state: State, q: Any) -> State:
-                return _set_pc(state, q, jnp.where(q >= base, finish.at, 1))
+                return _set_pc(state, q, jnp.where((q >= base) | cancelled, finish.at, 1))
 
             self.steps.append(park_subs)
         outs = self.compile(closed, list(ins))
@@ -314,6 +362,8 @@ class _Runner(handshake._Runner):
                 raise UnsupportedError(f"kernel {self.call.name!r}: lax.axis_index of a "
                                        "sub-point axis outside its pl.core_map.")
             return self.sub_index(eqn)
+        if prim in self.claims:
+            return self.claim(eqn)
         if prim in self.forks:
             raise PallasError(f"kernel {self.call.name!r}: a sub-point region marker out of "
                               "place.")

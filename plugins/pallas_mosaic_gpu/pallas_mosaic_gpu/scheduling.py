@@ -22,10 +22,14 @@ Lowering (lane semantics, JAX's Mosaic GPU library): the loop is an ``scf.while`
 the grid point, the claim's success and the step; the warp region is the warpgroup's code
 between two warpgroup barriers, with the warp index ``warp_idx % 4``.
 
-Reference semantics (the interpreter): every block is taken to be resident from the start, so
-a claim never succeeds (a legal answer of the hardware: no block is left to cancel) and each
-block runs the body for its own grid point once. A ``WarpMesh`` region is refused there: its
-warps would need to run each at its own pace, which the interpreter does not do for warps.
+Reference semantics (the interpreter): ``query_cluster_cancel`` is a declared claim
+(``PrimitiveSemantics.claim``). Where the interpreter runs a block's warpgroups each at its own
+pace (``pallas_interpret.phases``: the loop's memory is shared by the thread axis), blocks run
+one after another, so the first block claims every other grid point in order and the other
+blocks, cancelled, never run. Elsewhere every block runs on its own and no claim succeeds (the
+hardware's answer when every block is resident), each block running its own grid point. The
+warps of a ``WarpMesh`` region run each at its own pace in the former case and are refused in
+the latter.
 """
 
 from __future__ import annotations
@@ -248,7 +252,7 @@ def _warp_region(ctx: Any, **params: Any) -> Any:
 
 SEMANTICS: tuple[semantics.PrimitiveSemantics, ...] = (
     semantics.PrimitiveSemantics(try_cluster_cancel_p, discharge=_try_cancel),
-    semantics.PrimitiveSemantics(query_cluster_cancel_p, discharge=_query),
+    semantics.PrimitiveSemantics(query_cluster_cancel_p, discharge=_query, claim=True),
     semantics.PrimitiveSemantics(fence_p, evaluate=gp._no_op),
     semantics.PrimitiveSemantics(
         warp_region_p, evaluate=_warp_region,

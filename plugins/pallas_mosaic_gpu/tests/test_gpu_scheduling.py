@@ -49,13 +49,39 @@ def test_dynamic_scheduling_loop_lowers_and_runs() -> None:
     x = jax.random.normal(jax.random.key(0), (64, 128), F32)
     got, steps = scaled_rows(x)
     np.testing.assert_allclose(got, x * 2.0, rtol=1e-6)
-    # Every block is resident in the interpreter: it runs its own grid point, first.
+    # Without warpgroups sharing memory, the interpreter runs each block on its own: no claim
+    # succeeds, each block runs its own grid point.
     np.testing.assert_array_equal(steps, np.zeros(8, np.int32))
     (_, module), = inspection.kernels(_lower(functools.partial(scaled_rows,
                                                                 backend="mosaic_gpu"), x))
     body = str(module)
     assert inspection.launch(module)["arch"] == (10, 0)  # cluster launch control: sm_100a
     assert "clusterlaunchcontrol.try_cancel" in body and "scf.while" in body
+
+
+def test_the_first_block_claims_the_grid() -> None:
+    """Warpgroups sharing the loop's memory run each at its own pace, blocks one after another
+    (pallas_interpret.phases): the first block claims every other grid point, in order, both
+    warpgroups getting the same answers; the other blocks never run."""
+    x = jax.random.normal(jax.random.key(5), (48, 128), F32)
+
+    def body(x_ref, o_ref, steps_ref):
+        @plgpu.dynamic_scheduling_loop(grid_names=("i",), thread_axis="wg")
+        def _(info):
+            (i,) = info.index
+            wg = lax.axis_index("wg")
+            rows = pl.ds(i * 8 + wg * 4, 4)
+            o_ref[rows] = x_ref[rows] * 2.0
+
+            @pl.when(wg == 0)
+            def _():
+                steps_ref[i] = info.local_index
+
+    got, steps = plgpu.kernel(body, out_type=(S(x.shape, F32), S((6,), jnp.int32)),
+                              grid=(6,), grid_names=("i",), num_threads=2, thread_name="wg",
+                              backend="interpret")(x)
+    np.testing.assert_allclose(got, x * 2.0, rtol=1e-6)
+    np.testing.assert_array_equal(steps, np.arange(6))
 
 
 def test_dynamic_scheduling_loop_carries_and_takes_2d_grids() -> None:
