@@ -32,9 +32,11 @@ _TRANSFORMS = ("the backend chooses SMEM tiling and swizzles itself (buffers who
 _CLUSTER = ("blocks of a cluster cannot reach each other's shared memory or barriers here",
             "exchange data through GMEM and synchronise with separate kernels")
 _WARPS = ("this backend runs code per warpgroup (lane semantics); warpgroups specialise "
-          "(plgpu.emit_pipeline_warp_specialized) but warps do not",
-          "branch on lax.axis_index of the thread axis for per-warpgroup work, or use "
-          "plgpu.emit_pipeline_warp_specialized")
+          "(plgpu.emit_pipeline_warp_specialized), and warps only inside "
+          "pl.core_map(plgpu.WarpMesh(axis_name=...))",
+          "branch on lax.axis_index of the thread axis for per-warpgroup work, use "
+          "plgpu.emit_pipeline_warp_specialized, or pl.core_map over plgpu.WarpMesh for "
+          "per-warp work")
 _HINT = ("only timing depends on it, and this backend does not emit it", "drop the call")
 
 _CORE = "this backend takes the core's name (import pallas_core as pl)"
