@@ -717,9 +717,12 @@ def test_jax_blackwell_ragged_dot_needs_an_sm_count(monkeypatch: pytest.MonkeyPa
 
 BLACKWELL_COLLECTIVE_GAP = (
     "the collective form (a cluster of 2 blocks sharing a 2-CTA tcgen05_mma) needs "
-    "plgpu.ClusterBarrier, plgpu.CopyPartition (copy_gmem_to_smem(leader_tracked=..., "
-    "collective_axes=...)), plgpu.TMEM(collective=True) and tcgen05_mma/tcgen05_commit_arrive "
-    "(collective_axis=...), which the mosaic_gpu backend refuses")
+    "plgpu.ClusterBarrier (refused first), plgpu.CopyPartition (copy_gmem_to_smem("
+    "leader_tracked=..., collective_axes=...)), plgpu.TMEM(collective=True) and "
+    "tcgen05_mma/tcgen05_commit_arrive(collective_axis=...), which the mosaic_gpu backend "
+    "refuses; running it in the interpreter would also need the 2 blocks of a cluster to run "
+    "each at its own pace, each with its own SMEM that the other's copies and tensor-core "
+    "work reach")
 
 BLACKWELL_ANSWERS = 2 * 16
 """dynamic_scheduling_loop's SMEM for the answers of try_cluster_cancel: 2 slots of 16 bytes."""
