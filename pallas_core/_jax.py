@@ -308,6 +308,25 @@ def manual_axes(ctx: Any) -> tuple[tuple[str, int], ...]:
 
 
 @contextlib.contextmanager
+def shard_map_device_mesh(ctx: Any) -> Iterator[None]:
+    """Within the block the device mesh of the ``shard_map`` a lowering runs under (its
+    ``ctx``) is the current concrete mesh, for libraries that read it while they build a
+    kernel (Mosaic GPU sizes its cross-device metadata by it); nothing changes elsewhere."""
+    from jax._src import mesh as mesh_lib
+
+    mesh = getattr(ctx.module_context.axis_context, "mesh", None)
+    if not isinstance(mesh, mesh_lib.Mesh) or not manual_axes(ctx):
+        yield
+        return
+    devices = getattr(_config, "device_context", None) or mesh_lib.device_context  # type: ignore[attr-defined]
+    prev = devices.swap_local(mesh)
+    try:
+        yield
+    finally:
+        devices.set_local(prev)
+
+
+@contextlib.contextmanager
 def no_mesh() -> Iterator[None]:
     """Within the block no mesh is current, neither a device mesh nor an abstract one, so
     values computed eagerly there (constants folded while a kernel is evaluated) live on one

@@ -259,6 +259,12 @@ def _require_devices(what: str) -> tuple[tuple[str, int], ...]:
     return axes
 
 
+def devices(what: str) -> tuple[tuple[str, int], ...]:
+    """``(name, size)`` of the ``shard_map`` mesh axes cross-device primitives exchange data
+    over (row-major); an ``UnsupportedError`` naming ``what`` outside ``shard_map``."""
+    return _require_devices(what)
+
+
 def my_device_index() -> Any:
     """This device's logical index (row-major over the ``shard_map`` mesh axes)."""
     axes = _require_devices("a cross-device primitive")

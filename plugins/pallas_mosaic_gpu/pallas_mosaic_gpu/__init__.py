@@ -34,6 +34,7 @@ from pallas_mosaic_gpu.params import (
     GPUCompilerParams,
     LoweringSemantics,
     Mesh,
+    SemaphoreType,
     ShapeDtypeStruct,
     kernel,
 )
@@ -45,6 +46,11 @@ from pallas_mosaic_gpu.pipeline import (
     atomic_or,
     atomic_xor,
     emit_pipeline,
+)
+from pallas_mosaic_gpu.multidevice import (
+    multimem_load_reduce,
+    multimem_store,
+    semaphore_signal_multicast,
 )
 from pallas_mosaic_gpu.plugin import __version__
 from pallas_mosaic_gpu.primitives import (
@@ -82,3 +88,5 @@ __all__ += ["broadcasted_iota", "commit_smem_to_gmem_group", "Layout", "layout_c
 __all__ += ["emit_pipeline_warp_specialized", "set_max_registers", "WarpSpecializedPipeline"]
 __all__ += ["async_load_tmem", "async_store_tmem", "commit_tmem", "tcgen05_commit_arrive",
             "tcgen05_mma", "wait_load_tmem"]
+__all__ += ["multimem_load_reduce", "multimem_store", "SemaphoreType",
+            "semaphore_signal_multicast"]

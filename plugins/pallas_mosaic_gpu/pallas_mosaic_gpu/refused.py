@@ -19,9 +19,12 @@ _BLACKWELL = ("the Blackwell (sm_100a) path here covers TMEM scratch, tcgen05_mm
               "operands, tcgen05_commit_arrive and TMEM loads and stores; SMEM-to-TMEM copies, "
               "block scaling, sparsity and explicit TMEM layouts are not supported",
               "keep operands in SMEM and accumulate in a float32 plgpu.TMEM buffer")
-_DEVICES = ("this backend has no multi-device support (remote Refs, multicast, multimem, GPU "
-            "semaphores)", "communicate outside the kernel with collectives (jax.lax.psum, "
-                           "jax.lax.ppermute under shard_map)")
+_DEVICES = ("this backend's multi-GPU support is multimem stores and reductions, "
+            "plgpu.SemaphoreType.REGULAR semaphores (pl.semaphore_signal, pl.semaphore_wait) "
+            "and semaphore_signal_multicast; remote and multicast Refs are not part of it",
+            "use plgpu.multimem_store / multimem_load_reduce and pl.semaphore_signal / "
+            "pl.semaphore_wait, or communicate outside the kernel with collectives "
+            "(jax.lax.all_gather, jax.lax.psum_scatter under shard_map)")
 _CLC = ("cluster launch control (dynamic scheduling of blocks, Blackwell's) is not part of "
         "this backend's Blackwell (sm_100a) path",
         "in a plgpu.kernel, loop with lax.fori_loop over a static share of the work")
@@ -80,8 +83,6 @@ REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
     "mma": ("acc + a @ b with pre-Hopper MMA instructions",
             ("this backend targets Hopper's wgmma", "write jnp.dot or plgpu.wgmma")),
     "multicast_ref": ("a Ref whose writes reach every device along mesh axes", _DEVICES),
-    "multimem_load_reduce": ("reads and reduces a buffer over devices", _DEVICES),
-    "multimem_store": ("stores an array to a buffer on every device", _DEVICES),
     "OOBFillMode": ("what out-of-bounds elements of a TMA load become",
                     ("out-of-bounds elements of a TMA load are zeros here; no mode can be "
                      "chosen", "drop oob_mode=")),
@@ -102,11 +103,9 @@ REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
     "remote_ref": ("the same symmetric buffer on another device", _DEVICES),
     "Replicated": ("a replicated dimension of a register layout", _LAYOUTS),
     "semaphore_signal": ("increments a GPU semaphore", _DEVICES),
-    "semaphore_signal_multicast": ("signals a semaphore on every device along axes", _DEVICES),
     "semaphore_signal_parallel": ("issues several semaphore signals", _DEVICES),
     "semaphore_wait": ("waits for a GPU semaphore", _DEVICES),
     "SemaphoreSignal": ("one signal for semaphore_signal_parallel", _DEVICES),
-    "SemaphoreType": ("the kinds of GPU semaphores", _DEVICES),
     "Tiling": ("a tiling expression of a register layout", _LAYOUTS),
     "TMEMLayout": ("layouts of TMEM buffers", _BLACKWELL),
     "TraceScope": ("what the in-kernel profiler records",

@@ -57,7 +57,28 @@ def _get(state: GPULowering, eqn: Any, ref: Ref, *flat: Any, **_: Any) -> Any:
         return state.accs[view.acc_key].value
     if view.kind == "smem" and len(view.shape) >= 1:
         return Loaded(*_untransposed(view))
+    if view.kind == "gmem" and len(view.shape) >= 1 and id(eqn) in _cast_reads(state):
+        return Loaded(view)  # read by the plgpu.layout_cast right after, in its layout
     return load(view)
+
+
+def _cast_reads(state: GPULowering) -> set[int]:
+    """The Ref reads of the kernel (by equation) that the very next equation gives to
+    ``plgpu.layout_cast``: JAX's kernels read GMEM straight into the layout the cast names
+    (``layout_cast(x_ref[idx], Layout.WG_STRIDED(shape, vec_size=8))``), which is what the
+    lowering does for them; nothing runs in between, so the read is not moved past a write."""
+    from pallas_core import reference
+
+    from pallas_mosaic_gpu import layouts
+
+    found = getattr(state, "_cast_reads", None)
+    if found is None:
+        eqns = list(reference.all_eqns(state.call.jaxpr.jaxpr))
+        found = {id(a) for a, b in zip(eqns, eqns[1:])
+                 if a.primitive is plb.get_p and b.primitive is layouts.layout_cast_p
+                 and b.invars[0] is a.outvars[0]}
+        state._cast_reads = found  # type: ignore[attr-defined]
+    return found
 
 
 @rule(plb.swap_p, lazy=True)

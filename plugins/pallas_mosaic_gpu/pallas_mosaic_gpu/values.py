@@ -178,11 +178,16 @@ class GPULowering(LoweringState):
     scoped: dict[int, list[Any]] = dataclasses.field(default_factory=dict)
     """The Refs each ``pl.run_scoped`` (by equation) allocated in shared memory."""
     approx: bool = False
+    devices: tuple[tuple[str, int], ...] = ()
+    """``(name, size)`` of the ``shard_map`` mesh axes the kernel runs under (else empty)."""
 
     def value(self, v: Any) -> Any:
         """``v`` as something arithmetic applies to (reads of SMEM Refs are done here)."""
         if isinstance(v, Unavailable):
             raise self.fail(v.what)
+        if type(v).__name__ == "PendingReduce":  # rules_devices: a layout is still to come
+            raise self.fail("plgpu.multimem_load_reduce whose result is not given a layout "
+                            "right away by plgpu.layout_cast")
         if isinstance(v, Loaded):
             if v.transposed:
                 raise self.fail("transposing an SMEM block other than as a dot operand")
@@ -288,6 +293,15 @@ def _view(state: GPULowering, ref: Ref, transforms: Any) -> Ref:
         indices = getattr(t, "indices", None)
         if type(t).__name__ == "TransposeTransform":
             ref = _transpose_view(state, ref, tuple(t.permutation))
+            continue
+        if type(t).__name__ == "ReshapeTransform" and ref.kind in ("gmem", "smem") and \
+                not ref.tiled and not ref.transposed:
+            try:
+                mem = mgpu.memref_reshape(ref.memref, tuple(t.shape))
+            except (NotImplementedError, ValueError) as e:
+                raise state.fail(f"reshaping a {ref.kind} Ref {list(ref.shape)} to "
+                                 f"{list(t.shape)} ({e})") from None
+            ref = dataclasses.replace(ref, memref=mem, shape=tuple(t.shape))
             continue
         if indices is None:
             raise state.fail(f"the Ref transform {type(t).__name__}")
