@@ -129,6 +129,22 @@ def register_discharge_rule(prim: Primitive) -> Callable[[Callable[..., Any]], A
         return rule
     return register
 
+
+@register_discharge_rule(state_primitives.swap_p)
+def _swap_discharge(in_avals: Any, out_avals: Any, x: Any, val: Any, *idx: Any,
+                    tree: Any) -> Any:
+    """JAX's discharge of ``ref[...] = val`` (``transform_swap_array``), also for views that
+    reshape the Ref before indexing it (``ref.reshape(...).at[...]``), which JAX 0.10's
+    ``transform_swap_array`` indexes in the Ref's own shape: the leading reshapes are applied
+    here, and the written array reshaped back."""
+    transforms = list(jax.tree_util.tree_unflatten(tree, idx))
+    y = x
+    while len(transforms) > 1 and isinstance(transforms[0], ReshapeTransform):
+        y = y.reshape(tuple(transforms.pop(0).shape))
+    old, y_new = state_discharge.transform_swap_array(y, transforms, val)
+    return (y_new.reshape(x.shape), None) + (None,) * len(idx), old
+
+
 # --- structured primitives the reference evaluator walks into (imported above) -----------
 closed_call_p = core.closed_call_p
 remat_p = _ad_checkpoint.remat_p

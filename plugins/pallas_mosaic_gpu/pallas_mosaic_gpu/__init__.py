@@ -24,6 +24,11 @@ from pallas_mosaic_gpu.layouts import (
     load,
 )
 from pallas_mosaic_gpu.loops import NDLoopInfo, nd_loop, planar_snake
+from pallas_mosaic_gpu.multidevice import (
+    multimem_load_reduce,
+    multimem_store,
+    semaphore_signal_multicast,
+)
 from pallas_mosaic_gpu.params import (
     ACC,
     GMEM,
@@ -46,11 +51,6 @@ from pallas_mosaic_gpu.pipeline import (
     atomic_or,
     atomic_xor,
     emit_pipeline,
-)
-from pallas_mosaic_gpu.multidevice import (
-    multimem_load_reduce,
-    multimem_store,
-    semaphore_signal_multicast,
 )
 from pallas_mosaic_gpu.plugin import __version__
 from pallas_mosaic_gpu.primitives import (

@@ -68,8 +68,9 @@ def _read_in(state: GPULowering, ref: Ref, layout: Any, optimized: bool) -> Any:
 def _layout_cast(state: GPULowering, eqn: Any, x: Any, *, new_layout: Any,
                  optimized: bool) -> Any:
     layout = new_layout.to_mgpu()
-    if isinstance(x, Loaded) and not x.transposed:
-        return _read_in(state, x.ref, layout, optimized)
+    if isinstance(x, Loaded) and not x.transposed and (
+            x.ref.kind != "gmem" or isinstance(layout, mgpu.WGStridedFragLayout)):
+        return _read_in(state, x.ref, layout, optimized)  # GMEM: only the strided read
     if type(x).__name__ == "PendingReduce":  # plgpu.multimem_load_reduce, issued in layout
         return x.into(state, layout)
     x = state.value(x)

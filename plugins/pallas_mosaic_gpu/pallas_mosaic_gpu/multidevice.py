@@ -26,7 +26,7 @@ a count the other blocks of its own device would reach later is reported as a de
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import jax
@@ -136,6 +136,22 @@ def _devices(collective_axes: tuple[Any, ...], what: str) -> int:
     return n
 
 
+def _rmw(x: Any, flat: list[Any], tree: Any, update: Any) -> tuple[Any, Any]:
+    """``semantics.read_modify_write`` for views that may start with reshapes
+    (``ref.reshape(...).at[...]``), which it does not apply itself."""
+    transforms = list(jax.tree_util.tree_unflatten(tree, flat))
+    y = x
+    while transforms and isinstance(transforms[0], plb.ReshapeTransform):
+        y = y.reshape(tuple(transforms.pop(0).shape))
+    if any(isinstance(t, plb.ReshapeTransform) for t in transforms):
+        raise PallasError("the interpreter reads and writes multicast views that reshape the "
+                          "Ref before indexing it (ref.reshape(...).at[...]), not after. Fix: "
+                          "reshape first.")
+    rest, rest_tree = jax.tree_util.tree_flatten(transforms)
+    old, new = semantics.read_modify_write(y, rest, rest_tree, update)
+    return old, new.reshape(x.shape)
+
+
 def _store_discharge(in_avals: Any, out_avals: Any, ref: Any, *args: Any, tree: Any,
                      collective_axes: tuple[Any, ...]) -> Any:
     n = _devices(collective_axes, "plgpu.multimem_store")
@@ -144,21 +160,22 @@ def _store_discharge(in_avals: Any, out_avals: Any, ref: Any, *args: Any, tree: 
 
     def one(d: Any, x: Any) -> Any:
         v, f = jax.tree_util.tree_map(lambda a: a[d], sent)
-        return semantics.read_modify_write(x, f, tree, lambda old: v.astype(old.dtype))[1]
+        return _rmw(x, f, tree, lambda old: v.astype(old.dtype))[1]
 
     new = lax.fori_loop(0, n, one, ref)
     return (new,) + (None,) * len(args), []
 
 
-_COMBINE = {"add": lambda a, b: a + b, "min": jnp.minimum, "max": jnp.maximum,
-            "and": jnp.bitwise_and, "or": jnp.bitwise_or, "xor": jnp.bitwise_xor}
+_COMBINE: dict[str, Callable[[Any, Any], Any]] = {
+    "add": lambda a, b: a + b, "min": jnp.minimum, "max": jnp.maximum, "and": jnp.bitwise_and,
+    "or": jnp.bitwise_or, "xor": jnp.bitwise_xor}
 
 
 def _load_reduce_discharge(in_avals: Any, out_avals: Any, ref: Any, *flat: Any, tree: Any,
                            collective_axes: tuple[Any, ...], reduction_op: str) -> Any:
     n = _devices(collective_axes, "plgpu.multimem_load_reduce")
     everyone = semantics.gather_devices(ref)
-    views = [semantics.read_modify_write(everyone[d], list(flat), tree, lambda old: old)[0]
+    views = [_rmw(everyone[d], list(flat), tree, lambda old: old)[0]
              for d in range(n)]
     acc = views[0]
     if jnp.issubdtype(acc.dtype, jnp.floating) and reduction_op == "add":
@@ -170,7 +187,7 @@ def _load_reduce_discharge(in_avals: Any, out_avals: Any, ref: Any, *flat: Any, 
         for v in views[1:]:
             acc = _COMBINE[reduction_op](acc, v)
         out = acc
-    return (None,) * (1 + len(flat)), [out]
+    return (None,) * (1 + len(flat)), out
 
 
 def _signal_discharge(in_avals: Any, out_avals: Any, sem: Any, *args: Any, tree: Any,
@@ -181,7 +198,7 @@ def _signal_discharge(in_avals: Any, out_avals: Any, sem: Any, *args: Any, tree:
 
     def one(d: Any, x: Any) -> Any:
         v, f = jax.tree_util.tree_map(lambda a: a[d], sent)
-        return semantics.read_modify_write(x, f, tree, lambda old: old + v)[1]
+        return _rmw(x, f, tree, lambda old: old + v)[1]
 
     new = lax.fori_loop(0, n, one, sem)
     return (new,) + (None,) * len(args), []

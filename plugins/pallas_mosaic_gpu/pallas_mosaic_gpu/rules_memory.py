@@ -7,6 +7,7 @@ primitives: TMA copies, barriers, ``commit_smem``, ``wait_smem_to_gmem``, ``plgp
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -68,13 +69,12 @@ def _cast_reads(state: GPULowering) -> set[int]:
     (``layout_cast(x_ref[idx], Layout.WG_STRIDED(shape, vec_size=8))``), which is what the
     lowering does for them; nothing runs in between, so the read is not moved past a write."""
     from pallas_core import reference
-
     from pallas_mosaic_gpu import layouts
 
     found = getattr(state, "_cast_reads", None)
     if found is None:
         eqns = list(reference.all_eqns(state.call.jaxpr.jaxpr))
-        found = {id(a) for a, b in zip(eqns, eqns[1:])
+        found = {id(a) for a, b in itertools.pairwise(eqns)
                  if a.primitive is plb.get_p and b.primitive is layouts.layout_cast_p
                  and b.invars[0] is a.outvars[0]}
         state._cast_reads = found  # type: ignore[attr-defined]

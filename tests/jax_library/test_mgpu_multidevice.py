@@ -1,0 +1,196 @@
+"""JAX's multi-GPU Mosaic GPU kernels (``all_gather_mgpu``, ``reduce_scatter_mgpu``,
+``collective_matmul_mgpu``), ported (``porting.ported``: only the Pallas imports rewritten),
+under ``jax.shard_map`` on the fake CPU devices (``XLA_FLAGS=--xla_force_host_platform_device_
+count=8``).
+
+* Lowering for ``cuda``: the port and JAX's own module are lowered for the same call, and
+  ``pallas_mosaic_gpu.inspection`` compares what the runtime acts on (launch, shared memory,
+  the custom call's config: collective metadata, replica ids, multicast operands, operand and
+  result types, the aliased semaphore operand) and the module's multi-GPU instructions
+  (multimem stores and reductions, the multicast semaphore signal, the semaphore wait),
+  with the differences pinned exactly (``DIFFERENCES``).
+* Meaning: the ports run in this project's interpreter on every device of the mesh, against
+  ``lax.all_gather(tiled=True)`` and ``lax.psum_scatter(tiled=True)`` on random inputs.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import importlib
+import types
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import pallas_core as pl
+from pallas_core.call import force_interpret_mode
+from pallas_core.mlir_lowering import walk
+from tests.jax_library import porting
+
+plgpu = pytest.importorskip("pallas_mosaic_gpu")  # the mosaic_gpu environment runs this file
+from jaxlib.mlir import ir  # noqa: E402
+from pallas_mosaic_gpu import inspection  # noqa: E402
+
+P = jax.sharding.PartitionSpec
+BF16, F32 = jnp.bfloat16, jnp.float32
+NUM_BLOCKS = 4  # the kernels default to the device's SM count, which a CPU device lacks
+
+pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (fake CPU) devices: "
+                                "XLA_FLAGS=--xla_force_host_platform_device_count=8")
+
+
+def _library(name: str, ours: bool) -> types.ModuleType:
+    if ours:
+        module = porting.ported(f"gpu.{name}")
+        assert module.plgpu is plgpu and module.pl is pl, "the port still runs JAX's Pallas"
+        return module
+    return importlib.import_module(f"jax.experimental.pallas.ops.gpu.{name}")
+
+
+# (module, function, keyword arguments, global shape, dtype, sharded dimension, devices)
+CASES: dict[str, tuple[str, str, dict[str, Any], tuple[int, ...], Any, int, int]] = {
+    "all_gather_bf16": ("all_gather_mgpu", "all_gather", {}, (512, 256), BF16, 0, 4),
+    "all_gather_f32_dim1": ("all_gather_mgpu", "all_gather", {"gather_dimension": 1},
+                            (64, 1024), F32, 1, 8),
+    "reduce_scatter_bf16": ("reduce_scatter_mgpu", "reduce_scatter", {}, (512, 256), BF16, 0,
+                            4),
+    "reduce_scatter_bf16_max_dim1": ("reduce_scatter_mgpu", "reduce_scatter",
+                                     {"scatter_dimension": 1, "reduction": "max"},
+                                     (64, 2048), BF16, 1, 8),
+    "reduce_scatter_f32_dim1": ("reduce_scatter_mgpu", "reduce_scatter",
+                                {"scatter_dimension": 1}, (32, 4096), F32, 1, 8),
+    "reduce_scatter_i32_xor": ("reduce_scatter_mgpu", "reduce_scatter", {"reduction": "xor"},
+                               (1024, 128), jnp.int32, 0, 4),
+}
+
+
+def _sharded(case: str, ours: bool) -> tuple[Any, Any]:
+    """The case's kernel under ``shard_map`` (jitted), and its mesh."""
+    module, fn, kwargs, _, _, dim, n = CASES[case]
+    mesh = jax.make_mesh((n,), ("x",), devices=jax.devices()[:n])
+    spec = P(*(["x" if d == dim else None for d in range(2)]))
+    kernel = functools.partial(getattr(_library(module, ours), fn), axis_name="x",
+                               num_blocks=NUM_BLOCKS, **kwargs)
+    return jax.jit(jax.shard_map(kernel, mesh=mesh, in_specs=spec, out_specs=spec,
+                                 check_vma=False)), (mesh, spec)
+
+
+def _lower(case: str, ours: bool) -> tuple[dict[str, Any], Any]:
+    fn, (mesh, spec) = _sharded(case, ours)
+    _, _, _, shape, dtype, _, _ = CASES[case]
+    arg = jax.ShapeDtypeStruct(shape, dtype, sharding=jax.sharding.NamedSharding(mesh, spec))
+    text = fn.trace(arg).lower(lowering_platforms=("cuda",)).as_text()
+    (found,) = inspection.kernels(text)  # hash checked, module parsed back and verified
+    return found
+
+
+def _instructions(module: Any) -> collections.Counter[str]:
+    """The PTX the module holds inline (multimem, semaphore atomics, barriers), counted."""
+    found: collections.Counter[str] = collections.Counter()
+    for op in walk(module.operation):
+        if op.operation.name == "llvm.inline_asm":
+            asm = ir.StringAttr(op.operation.attributes["asm_string"]).value
+            found[" ".join(asm.split())] += 1
+    return found
+
+
+def _multicast(ours_or_theirs: Any) -> bytes:
+    return ours_or_theirs[0]["multimem_parameters"]  # type: ignore[no-any-return]
+
+
+# The one difference in the custom call: which of the call's parameters (operands, then
+# results) are multicast buffers. The semaphores are one int32 array, an operand aliased to a
+# result (zeroed before the call). This backend passes it as Mosaic GPU's in-out operand, so
+# the module addresses it (and marks it multicast) as parameter 1, the operand; JAX's
+# lowering addresses the same buffer as the result it is aliased to, the last parameter. The
+# data are parameter 2 (all_gather's output) or 0 (reduce_scatter's input) in both.
+DIFFERENCES = {
+    "all_gather": (b"0,1,1,0", b"0,0,1,1"),
+    "reduce_scatter": (b"1,1,0,0", b"1,0,0,1"),
+}
+
+# Warpgroup barriers (bar.sync): JAX's lowering puts one before and one after every store of
+# registers to memory (its automatic barriers); this backend only where the warpgroup's
+# threads must see each other's memory: after a multimem store, and before a semaphore
+# signal (so the warpgroup's writes precede it), as JAX does too, and at the semaphore wait.
+# Between a read and a store of the same thread's elements no barrier is needed: all_gather
+# lacks the one before its multimem stores, reduce_scatter those around its store of the
+# reduced tile.
+BARRIERS = {"all_gather": (3, 4), "reduce_scatter": (2, 4)}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_jax_lowers_its_multidevice_kernel(case: str) -> None:
+    """What JAX's own lowering of the kernel asks of the runtime: XLA's collective metadata
+    (device ids, peer addresses), the replica ids of the mesh, multicast operands."""
+    config, module = _lower(case, ours=False)
+    n = CASES[case][6]
+    assert config["uses_xla_collective_metadata"] is True
+    assert config["xla_replica_ids"] == ",".join(map(str, range(n))).encode()
+    assert inspection.launch(module) == {"grid": (NUM_BLOCKS, 1, 1), "cluster": (1, 1, 1),
+                                         "block": (128, 1, 1), "smem_bytes": 0,
+                                         "arch": (9, 0)}
+    assert config["call"]["operand_types"][1] == f"tensor<{NUM_BLOCKS}xi32>"  # semaphores
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_port_lowers_like_jax(case: str) -> None:
+    ours, theirs = _lower(case, ours=True), _lower(case, ours=False)
+    kind = CASES[case][1]
+    inspection.assert_same_kernel(ours, theirs, {"multimem_parameters": DIFFERENCES[kind]})
+    a, b = _instructions(ours[1]), _instructions(theirs[1])
+    barrier = "bar.sync $0, 128;"
+    assert (a.pop(barrier), b.pop(barrier)) == BARRIERS[kind]
+    assert a == b  # multimem st / ld_reduce, the multicast signal, the wait's load and fence
+    assert any("multimem.st" in k or "multimem.ld_reduce" in k for k in a)
+    assert any("multimem.red.release.sys.global.add.u32" in k for k in a)
+    # The module records that it reads the collective metadata and uses multicast memory.
+    attrs = ours[1].operation.attributes
+    assert "mosaic_gpu.collective_metadata_used" in attrs and "mosaic_gpu.multimem_used" in attrs
+
+
+def _expected(case: str) -> Any:
+    _, fn, kwargs, _, dtype, dim, _ = CASES[case]
+    if fn == "all_gather":
+        return lambda v: lax.all_gather(v, "x", axis=dim, tiled=True)
+    op = kwargs.get("reduction", "add")
+    if op == "add":
+        return lambda v: lax.psum_scatter(v.astype(F32), "x", scatter_dimension=dim,
+                                          tiled=True).astype(dtype)
+    combine = {"max": jnp.maximum, "xor": jnp.bitwise_xor}[op]
+
+    def reduce_scatter(v: Any) -> Any:  # this device's share of the reduction over devices
+        total = functools.reduce(combine, list(lax.all_gather(v, "x")))
+        size = v.shape[dim] // lax.axis_size("x")
+        return lax.dynamic_slice_in_dim(total, lax.axis_index("x") * size, size, dim)
+    return reduce_scatter
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_port_runs_in_the_interpreter(case: str) -> None:
+    """The port's meaning: run by the interpreter on every device of the mesh (the kernels'
+    multimem stores and reductions and multicast signals are collectives of the devices
+    there), against JAX's collectives on random inputs."""
+    _, _, _, shape, dtype, _, _ = CASES[case]
+    fn, (mesh, spec) = _sharded(case, ours=True)
+    key = jax.random.key(list(CASES).index(case))
+    if jnp.issubdtype(dtype, jnp.integer):
+        x = jax.random.randint(key, shape, -2**20, 2**20, dtype)
+    else:
+        x = jax.random.normal(key, shape, F32).astype(dtype)
+    x = jax.device_put(x, jax.sharding.NamedSharding(mesh, spec))
+    with force_interpret_mode():
+        got = fn(x)
+    want = jax.jit(jax.shard_map(_expected(case), mesh=mesh, in_specs=spec, out_specs=spec,
+                                 check_vma=False))(x)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    if jnp.issubdtype(dtype, jnp.integer) or CASES[case][1] == "all_gather":
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    else:
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                                   rtol=2e-2, atol=2e-2)
