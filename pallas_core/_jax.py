@@ -9,6 +9,7 @@ import this module: the names they need are re-exported by the public plugin API
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib
 import inspect
@@ -143,6 +144,43 @@ def _swap_discharge(in_avals: Any, out_avals: Any, x: Any, val: Any, *idx: Any,
         y = y.reshape(tuple(transforms.pop(0).shape))
     old, y_new = state_discharge.transform_swap_array(y, transforms, val)
     return (y_new.reshape(x.shape), None) + (None,) * len(idx), old
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class PeerRefTransform(state_types.Transform):  # type: ignore[misc]
+    """The view of a Ref as the same (symmetric) buffer on another device of the
+    ``shard_map`` mesh: ``device_id`` (int32 scalars: mesh coordinates, or one logical index
+    when ``mesh_coordinates`` is False). It keeps the shape and dtype; indexers applied after
+    it index the peer's buffer alike."""
+
+    device_id: tuple[Any, ...]
+    mesh_coordinates: bool = dataclasses.field(default=True, metadata=dict(static=True))
+
+    def transform_type(self, x: Any) -> Any:
+        return x
+
+    def transform_shape(self, shape: Any) -> Any:
+        return shape
+
+    def transform_dtype(self, dtype: Any) -> Any:
+        return dtype
+
+    def undo(self, x: Any) -> Any:
+        raise NotImplementedError("a peer view cannot be undone")
+
+    def commute_ndindexer(self, _: Any, indexer: Any) -> tuple[Any, Any]:
+        return indexer, self
+
+
+def peer_view(ref: Any, device_id: Sequence[Any], mesh_coordinates: bool) -> Any:
+    """``ref`` (a Ref or a view of one) as the same buffer on another device."""
+    if isinstance(ref, state_types.TransformedRef):
+        base, transforms = ref.ref, tuple(ref.transforms)
+    else:
+        base, transforms = ref, ()
+    return state_types.TransformedRef(
+        base, (*transforms, PeerRefTransform(tuple(device_id), mesh_coordinates)))
 
 
 # --- structured primitives the reference evaluator walks into (imported above) -----------

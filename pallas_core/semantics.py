@@ -458,6 +458,15 @@ def _run_scoped_discharge(in_avals: Any, out_avals: Any, *args: Any, jaxpr: Any,
     return new_args, outs
 
 
+def _get_global_discharge(in_avals: Any, out_avals: Any, *, what: Any) -> Any:
+    raise UnsupportedError(
+        "pl.get_global (a Ref every block of the kernel shares) is not supported by the "
+        "interpreter: it runs a kernel's blocks one after another, so blocks that wait for "
+        "each other's signals on a shared semaphore would wait for signals not yet sent. "
+        "Fix: lower the kernel for its hardware, or give each block its own semaphores "
+        "(scratch_shapes).")
+
+
 CORE_SEMANTICS: tuple[PrimitiveSemantics, ...] = (
     PrimitiveSemantics(prims.program_id_p, evaluate=_program_id),
     PrimitiveSemantics(prims.num_programs_p, evaluate=_num_programs),
@@ -475,5 +484,6 @@ CORE_SEMANTICS: tuple[PrimitiveSemantics, ...] = (
     PrimitiveSemantics(prims.semaphore_signal_p, discharge=_semaphore_signal_discharge),
     PrimitiveSemantics(prims.semaphore_wait_p, discharge=_semaphore_wait_discharge),
     PrimitiveSemantics(prims.semaphore_read_p, discharge=_semaphore_read_discharge),
+    PrimitiveSemantics(prims.get_global_p, discharge=_get_global_discharge),
 )
 """Reference semantics of the core's own primitives (the core registers them like a plugin)."""

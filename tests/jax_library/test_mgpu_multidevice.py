@@ -194,3 +194,150 @@ def test_port_runs_in_the_interpreter(case: str) -> None:
     else:
         np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
                                    rtol=2e-2, atol=2e-2)
+
+
+# --- collective_matmul_mgpu: all-gather of the LHS fused into a warp-specialised matmul --------
+
+CM_DEVICES, CM_SMS = 8, 4  # the kernel asks jax.devices()[0].core_count for its SM count
+
+
+class _JaxWithSMs(types.ModuleType):
+    """``jax`` as collective_matmul sees it: ``jax.devices()`` answers with an SM count."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(jax, name)
+
+    def devices(self, *_: Any) -> list[Any]:
+        return [types.SimpleNamespace(core_count=CM_SMS)]
+
+
+def _collective_matmul(ours: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any, Any]:
+    """The kernel under ``shard_map`` over 8 devices (the LHS sharded along M, the RHS along
+    N; each device computes its N columns for all of M), its mesh and specs."""
+    lib = _library("collective_matmul_mgpu", ours)
+    monkeypatch.setattr(lib, "jax", _JaxWithSMs("jax"))
+    hm = lib.hopper_matmul_mgpu
+    config = hm.TuningConfig(tile_m=64, tile_n=128, tile_k=64, max_concurrent_steps=2)
+    mesh = jax.make_mesh((CM_DEVICES,), ("x",))
+    specs = (P("x", None), P(None, "x"))
+    fn = jax.shard_map(lambda a, b: lib.all_gather_lhs_matmul(a, b, "x", config=config,
+                                                             dtype=jnp.float16),
+                       mesh=mesh, in_specs=specs, out_specs=P(None, "x"), check_vma=False)
+    return jax.jit(fn), mesh, specs
+
+
+CM_SHAPES = ((CM_DEVICES * 128, 256), (256, CM_DEVICES * 256))
+
+
+def _lower_cm(ours: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, Any], Any]:
+    fn, mesh, specs = _collective_matmul(ours, monkeypatch)
+    args = [jax.ShapeDtypeStruct(s, jnp.float16, sharding=jax.sharding.NamedSharding(mesh, p))
+            for s, p in zip(CM_SHAPES, specs)]
+    (found,) = inspection.kernels(fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text())
+    return found
+
+
+# Shared memory: the kernel runs hopper_matmul's warp-specialised pipeline once per device
+# step, the first step peeled out of the loop over the others: two pl.run_scoped regions
+# (A and B slots, the epilogue's buffer, barriers: 114720 bytes each). JAX reuses one region
+# for both, as the first ends before the second starts; here every pl.run_scoped has a
+# region of its own (as pinned for ragged_dot in test_mgpu_library_agreement.py).
+CM_DIFFERENCES = {"smem_bytes": (2 * 114720, 114720)}
+# Warpgroup barriers: JAX's automatic ones around every store of registers to memory (see
+# BARRIERS). Bulk-copy groups: JAX's warp-specialised pipeline closes a group at the end of
+# every compute step (commit_smem_to_gmem_group), an empty one when the step stored nothing;
+# this backend closes only groups that hold copies, so the sends' wait_smem_to_gmem(1) sees
+# one group fewer; in both it returns once the previous step's send is done. mbarrier
+# arrivals: the same 2, from one thread selected by a predicate here, inside a branch to one
+# thread in JAX's lowering.
+CM_INSTRUCTIONS = {"bar.sync $0, 128;": (23, 41)}
+
+
+def _cm_instructions(module: Any) -> collections.Counter[str]:
+    found = _instructions(module)
+    for op in walk(module.operation):
+        name = op.operation.name
+        if name.startswith("nvvm.cp.async.bulk") or name == "nvvm.setmaxregister":
+            found[name] += 1
+    return found
+
+
+def test_collective_matmul_port_lowers_like_jax(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pl.get_global's semaphore (one for the whole launch: a (1,) int32 operand aliased to
+    a result), plgpu.remote_ref's TMA stores into the next device's scratch (through XLA's
+    collective metadata), pl.semaphore_signal(device_id=) and pl.semaphore_wait, inside
+    hopper_matmul's warp-specialised pipeline: the same call, launch and instructions as
+    JAX's lowering, but for the pinned differences."""
+    ours, theirs = _lower_cm(True, monkeypatch), _lower_cm(False, monkeypatch)
+    inspection.assert_same_kernel(ours, theirs, CM_DIFFERENCES)
+    assert ours[0]["uses_xla_collective_metadata"] is True
+    assert ours[0]["call"]["operand_types"][2] == "tensor<1xi32>"  # the global semaphore
+    a, b = _cm_instructions(ours[1]), _cm_instructions(theirs[1])
+    for k, pinned in CM_INSTRUCTIONS.items():
+        assert (a.pop(k), b.pop(k)) == pinned
+    assert (a.pop("nvvm.cp.async.bulk.commit.group"),
+            b.pop("nvvm.cp.async.bulk.commit.group")) == (6, 8)
+    arrive = "mbarrier.arrive.release.cta.shared::cta.b64 $0, [$1], 1;"
+    assert (a.pop("@$2 " + arrive), b.pop(arrive)) == (2, 2)
+    assert a == b  # TMA loads and stores (6, the remote sends among them), wgmma, signals, waits
+    assert a["@$2 red.release.sys.global.add.u32 [$0], $1;"] == 2  # signal to the next device
+    assert "mosaic_gpu.collective_metadata_used" in ours[1].operation.attributes
+
+
+def test_collective_matmul_port_is_refused_by_the_interpreter(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its blocks share one semaphore (pl.get_global) and wait for every block of the
+    sending device; the interpreter runs blocks one after another, so it refuses the kernel
+    by name rather than run it wrongly."""
+    fn, mesh, specs = _collective_matmul(True, monkeypatch)
+    args = [jax.device_put(jnp.ones(s, jnp.float16), jax.sharding.NamedSharding(mesh, p))
+            for s, p in zip(CM_SHAPES, specs)]
+    with force_interpret_mode(), pytest.raises(pl.UnsupportedError, match=r"pl\.get_global"):
+        fn(*args)
+
+
+# --- refusals ----------------------------------------------------------------------------------
+
+
+def _one_block(body: Any, backend: str, out: Any = None, **kw: Any) -> Any:
+    return plgpu.kernel(body, out_type=out or jax.ShapeDtypeStruct((128,), F32),
+                        backend=backend, **kw)
+
+
+def test_multimem_outside_shard_map_is_refused() -> None:
+    def body(x_ref, o_ref):
+        plgpu.multimem_store(x_ref[...], o_ref, "x")
+
+    x = jnp.zeros((128,), F32)
+    with pytest.raises(pl.UnsupportedError, match=r"outside jax\.shard_map"):
+        jax.jit(_one_block(body, "mosaic_gpu")).trace(x).lower(lowering_platforms=("cuda",))
+    with pytest.raises(pl.PallasError, match="does not run under shard_map"):
+        _one_block(body, "interpret")(x)
+
+
+def test_multicast_over_part_of_the_mesh_is_refused() -> None:
+    mesh = jax.make_mesh((2, 4), ("a", "b"))
+
+    def body(x_ref, o_ref):
+        plgpu.multimem_store(x_ref[...], o_ref, "b")
+
+    fn = jax.jit(jax.shard_map(_one_block(body, "mosaic_gpu"), mesh=mesh, in_specs=P("b"),
+                               out_specs=P("b"), check_vma=False))
+    arg = jax.ShapeDtypeStruct((512,), F32, sharding=jax.sharding.NamedSharding(mesh, P("b")))
+    with pytest.raises(pl.UnsupportedError, match=r"collective_axes=\('b',\)"):
+        fn.trace(arg).lower(lowering_platforms=("cuda",))
+
+
+def test_get_global_is_refused_where_unsupported() -> None:
+    """pl.get_global is the core's; backends that do not lower it refuse it by name."""
+    def body(o_ref):
+        sem = pl.get_global(plgpu.SemaphoreType.REGULAR)
+        pl.semaphore_signal(sem)
+        o_ref[...] = jnp.zeros_like(o_ref)
+
+    with pytest.raises(pl.UnsupportedError, match=r"pl\.get_global"):
+        _one_block(body, "interpret")()
+    with pytest.raises(pl.PallasError, match="get_global"):
+        pl.get_global(plgpu.SemaphoreType.REGULAR)  # outside a kernel
+    with pytest.raises(pl.UnsupportedError, match=r"SemaphoreType\.BARRIER"):
+        plgpu.SemaphoreType.BARRIER(())

@@ -27,6 +27,7 @@ from pallas_mosaic_gpu.loops import NDLoopInfo, nd_loop, planar_snake
 from pallas_mosaic_gpu.multidevice import (
     multimem_load_reduce,
     multimem_store,
+    remote_ref,
     semaphore_signal_multicast,
 )
 from pallas_mosaic_gpu.params import (
@@ -88,5 +89,5 @@ __all__ += ["broadcasted_iota", "commit_smem_to_gmem_group", "Layout", "layout_c
 __all__ += ["emit_pipeline_warp_specialized", "set_max_registers", "WarpSpecializedPipeline"]
 __all__ += ["async_load_tmem", "async_store_tmem", "commit_tmem", "tcgen05_commit_arrive",
             "tcgen05_mma", "wait_load_tmem"]
-__all__ += ["multimem_load_reduce", "multimem_store", "SemaphoreType",
+__all__ += ["multimem_load_reduce", "multimem_store", "remote_ref", "SemaphoreType",
             "semaphore_signal_multicast"]

@@ -121,6 +121,16 @@ def semaphore_signal_multicast(semaphore: Any, value: Any = 1, *,
                                       collective_axes=_axes(collective_axes))
 
 
+def remote_ref(ref: Any, device_id: Any, device_id_type: Any = None) -> Any:
+    """``ref`` (a GMEM Ref or a view of one) as the same symmetric buffer on device
+    ``device_id`` of the ``shard_map`` mesh (mesh coordinates, or one index with
+    ``device_id_type=pl.DeviceIdType.LOGICAL``): TMA copies and semaphore signals through it
+    reach that device's memory. The interpreter refuses copies through it."""
+    from pallas_core.primitives import DeviceIdType
+
+    return plb.remote_view(ref, device_id, device_id_type or DeviceIdType.MESH)
+
+
 # --- reference semantics ---------------------------------------------------------------------
 
 

@@ -20,11 +20,12 @@ _BLACKWELL = ("the Blackwell (sm_100a) path here covers TMEM scratch, tcgen05_mm
               "block scaling, sparsity and explicit TMEM layouts are not supported",
               "keep operands in SMEM and accumulate in a float32 plgpu.TMEM buffer")
 _DEVICES = ("this backend's multi-GPU support is multimem stores and reductions, "
-            "plgpu.SemaphoreType.REGULAR semaphores (pl.semaphore_signal, pl.semaphore_wait) "
-            "and semaphore_signal_multicast; remote and multicast Refs are not part of it",
-            "use plgpu.multimem_store / multimem_load_reduce and pl.semaphore_signal / "
-            "pl.semaphore_wait, or communicate outside the kernel with collectives "
-            "(jax.lax.all_gather, jax.lax.psum_scatter under shard_map)")
+            "plgpu.SemaphoreType.REGULAR semaphores (pl.semaphore_signal, pl.semaphore_wait, "
+            "pl.get_global), semaphore_signal_multicast and plgpu.remote_ref; multicast Refs "
+            "and parallel signals are not part of it",
+            "use plgpu.remote_ref, plgpu.multimem_store / multimem_load_reduce and "
+            "pl.semaphore_signal / pl.semaphore_wait, or communicate outside the kernel with "
+            "collectives (jax.lax.all_gather, jax.lax.psum_scatter under shard_map)")
 _CLC = ("cluster launch control (dynamic scheduling of blocks, Blackwell's) is not part of "
         "this backend's Blackwell (sm_100a) path",
         "in a plgpu.kernel, loop with lax.fori_loop over a static share of the work")
@@ -86,7 +87,9 @@ REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
     "OOBFillMode": ("what out-of-bounds elements of a TMA load become",
                     ("out-of-bounds elements of a TMA load are zeros here; no mode can be "
                      "chosen", "drop oob_mode=")),
-    "PeerMemRef": ("the buffer of remote_ref on another device", _DEVICES),
+    "PeerMemRef": ("JAX's class of the transform remote_ref applies",
+                   ("plgpu.remote_ref makes the core's peer view here "
+                    "(pallas_core.backend.PeerRefTransform)", "call plgpu.remote_ref")),
     "PipelinePipeline": ("the stage of a warp-specialised pipeline", _WARPS),
     "print_layout": ("prints the layout chosen for an array or Ref",
                      (_LAYOUTS[0], "drop it; the rules are on docs/backends/mosaic_gpu_api.md")),
@@ -100,7 +103,6 @@ REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
     "REGS": ("the register memory space",
              ("arrays are plain values here and accumulators are allocated with plgpu.ACC",
               "use plgpu.ACC((M, N), dtype) for a wgmma accumulator")),
-    "remote_ref": ("the same symmetric buffer on another device", _DEVICES),
     "Replicated": ("a replicated dimension of a register layout", _LAYOUTS),
     "semaphore_signal": ("increments a GPU semaphore", _DEVICES),
     "semaphore_signal_parallel": ("issues several semaphore signals", _DEVICES),

@@ -76,6 +76,13 @@ def _logical_device(state: GPULowering, ids: list[Any], mesh_coordinates: bool) 
     return out
 
 
+def peer_index(state: GPULowering, t: Any) -> Any:
+    """The logical index of the device a ``plgpu.remote_ref`` view names."""
+    if not state.devices:
+        raise state.fail("plgpu.remote_ref outside jax.shard_map (there are no other devices)")
+    return _logical_device(state, list(t.device_id), t.mesh_coordinates)
+
+
 @rule(prims.semaphore_signal_p, lazy=True)
 def _signal(state: GPULowering, eqn: Any, *args: Any, tree: Any, has_device_id: bool,
             device_id_type: Any, has_core_index: bool = False) -> Any:
@@ -176,3 +183,11 @@ def _multimem_load_reduce(state: GPULowering, eqn: Any, *args: Any, tree: Any,
     view, _ = _gmem_view(state, eqn, args, "plgpu.multimem_load_reduce")
     return PendingReduce(state.launch.to_remote_multicast(view.memref), view.shape,
                          view.dtype, reduction_op)
+
+
+@rule(prims.get_global_p)
+def _get_global(state: GPULowering, eqn: Any, *, what: Any) -> Any:
+    mem = state.global_sems.get(id(eqn))
+    if mem is None:
+        raise state.fail("pl.get_global outside the kernel's body")
+    return Ref("gmem", tuple(what.shape), what.dtype, memref=mem)

@@ -238,6 +238,8 @@ def _gmem_window(state: GPULowering, eqn: Any, args: Sequence[Any], role: int
     # successive indexers (``ref.at[g].at[rows]``) apply to the dimensions still there.
     dims: list[tuple[Any, int | None]] = [(0, d) for d in ref.shape]
     for t in transforms[role]:
+        if isinstance(t, plb.PeerRefTransform):
+            continue  # the copy's peer (_gmem_peer)
         indices = getattr(t, "indices", None)
         if indices is None:
             raise state.fail("this view of a GMEM Ref in a copy (slices and ints only)")
@@ -257,6 +259,22 @@ def _gmem_window(state: GPULowering, eqn: Any, args: Sequence[Any], role: int
     return ref.memref, window
 
 
+def _gmem_peer(state: GPULowering, eqn: Any, args: Sequence[Any], role: int) -> Any:
+    """The device (logical index) whose GMEM a copy's view ``role`` names
+    (``plgpu.remote_ref``), or ``None`` for this device's."""
+    from pallas_mosaic_gpu.rules_devices import peer_index
+
+    roles, tree = eqn.params["roles"], eqn.params["tree"]
+    n_refs = max(roles) + 1
+    transforms = jax.tree_util.tree_unflatten(tree, list(args[n_refs:n_refs + tree.num_leaves]))
+    peers = [t for t in transforms[role] if isinstance(t, plb.PeerRefTransform)]
+    if not peers:
+        return None
+    if len(peers) > 1:
+        raise state.fail("a view naming two devices (remote_ref of a remote_ref)")
+    return peer_index(state, peers[0])
+
+
 def _add_index(a: Any, b: Any) -> Any:
     """``a + b`` of two ints or index-like scalars (an int when both are ints)."""
     if isinstance(a, (int, np.integer)) and isinstance(b, (int, np.integer)):
@@ -271,6 +289,7 @@ def _copy_in(state: GPULowering, eqn: Any, *args: Any, **_: Any) -> Any:
     _src_view, dst, bar = _views(state, eqn, args)
     src, window = _gmem_window(state, eqn, args, 0)
     tma.copy(state.launch, gmem=src, smem=dst.memref, window=window, to_smem=True,
+             peer=_gmem_peer(state, eqn, args, 0),
              barrier=bar.barrier, aligned=False, kernel=state.call.name,
              tiling=tile_transform(dst.dtype) if dst.tiled else None,
              swizzle=SWIZZLE if dst.tiled else None)
@@ -284,6 +303,7 @@ def _copy_out(state: GPULowering, eqn: Any, *args: Any, commit_group: bool = Tru
     dst, window = _gmem_window(state, eqn, args, 1)
     tma.copy(state.launch, gmem=dst, smem=src.memref, window=window, to_smem=False,
              aligned=False, kernel=state.call.name, commit=commit_group,
+             peer=_gmem_peer(state, eqn, args, 1),
              tiling=tile_transform(src.dtype) if src.tiled else None,
              swizzle=SWIZZLE if src.tiled else None)
     return []

@@ -346,8 +346,15 @@ def build(call: KernelCall, devices: tuple[tuple[str, int], ...] = ()
     plain_out = [j for j in range(len(outs)) if j not in aliases.values()]
 
     n_sems = sum(math.prod(shape) for kind, shape, _ in scratch_refs if kind == "sem")
+    global_sems = _global_semaphores(call)
+    n_global = sum(math.prod(shape) for _, shape in global_sems.values())
+    if n_sems and n_global:
+        raise UnsupportedError(
+            f"kernel {call.name!r} has both semaphores of its own per block (scratch_types) "
+            "and semaphores all blocks share (pl.get_global); the mosaic_gpu backend passes "
+            "one semaphore array. Fix: use one kind.")
     sem_shapes = (jax.ShapeDtypeStruct((math.prod(pl_.grid) * n_sems,), np.int32),) \
-        if n_sems else ()
+        if n_sems else (jax.ShapeDtypeStruct((n_global,), np.int32),) if n_global else ()
 
     def body(launch: Any, *args: Any) -> None:
         refs = list(args[:-1])
@@ -364,6 +371,9 @@ def build(call: KernelCall, devices: tuple[tuple[str, int], ...] = ()
         smem_refs = [args[-1][p] for p in smem_positions]
         state = GPULowering(call, "mosaic_gpu", launch=launch, approx=params.approx_math,
                             devices=tuple(devices))
+        for key, (start, shape) in global_sems.items():  # pl.get_global: shared by all
+            state.global_sems[key] = mgpu.memref_reshape(
+                mgpu.memref_slice(sems, mgpu.ds(index(start), math.prod(shape))), shape)
         rest = iter(smem_refs[n_main:])
         for key, allocs in scoped:
             state.scoped[key] = [
@@ -407,6 +417,25 @@ def build(call: KernelCall, devices: tuple[tuple[str, int], ...] = ()
         return out
 
     return run
+
+
+def _global_semaphores(call: KernelCall) -> dict[int, tuple[int, tuple[int, ...]]]:
+    """Where the semaphores of each ``pl.get_global`` of the kernel (by equation) start in
+    the kernel's semaphore array, and their shape."""
+    found: dict[int, tuple[int, tuple[int, ...]]] = {}
+    start = 0
+    for eqn in reference.all_eqns(call.jaxpr.jaxpr):
+        if eqn.primitive is not prims.get_global_p or id(eqn) in found:
+            continue
+        what = eqn.params["what"]
+        if what.memory_space is not SEMAPHORE:
+            raise UnsupportedError(
+                f"kernel {call.name!r}: pl.get_global of {what} (the mosaic_gpu backend gives "
+                "global semaphores only). Fix: pl.get_global(plgpu.SemaphoreType.REGULAR).")
+        shape = tuple(what.shape)
+        found[id(eqn)] = (start, shape)
+        start += math.prod(shape)
+    return found
 
 
 def _emit(state: GPULowering, pl_: Plan, gmem: list[Any], smem: list[Any],

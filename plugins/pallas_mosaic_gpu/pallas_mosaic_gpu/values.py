@@ -179,6 +179,8 @@ class GPULowering(LoweringState):
     """The Refs each ``pl.run_scoped`` (by equation) allocated in shared memory."""
     approx: bool = False
     devices: tuple[tuple[str, int], ...] = ()
+    global_sems: dict[int, Any] = dataclasses.field(default_factory=dict)
+    """The semaphores each ``pl.get_global`` returns (by equation), in GMEM."""
     """``(name, size)`` of the ``shard_map`` mesh axes the kernel runs under (else empty)."""
 
     def value(self, v: Any) -> Any:
@@ -288,11 +290,28 @@ def emit_for(state: GPULowering, n: Any, init: list[Any],
 
 
 def _view(state: GPULowering, ref: Ref, transforms: Any) -> Ref:
-    """``ref`` after the indexers of a Ref access (slices and integer indices)."""
+    """``ref`` after the indexers of a Ref access (slices and integer indices); a peer
+    (``plgpu.remote_ref``) is applied last, as the view of the peer's buffer."""
+    remote: list[Any] = []
+    ref = _view_local(state, ref, transforms, remote)
+    if remote:
+        ref = dataclasses.replace(ref, memref=state.launch.to_remote(ref.memref, remote[-1]))
+    return ref
+
+
+def _view_local(state: GPULowering, ref: Ref, transforms: Any, remote: list[Any]) -> Ref:
     for t in transforms:
         indices = getattr(t, "indices", None)
         if type(t).__name__ == "TransposeTransform":
             ref = _transpose_view(state, ref, tuple(t.permutation))
+            continue
+        if isinstance(t, plb.PeerRefTransform):
+            if ref.kind != "gmem":
+                raise state.fail(f"plgpu.remote_ref of a {ref.kind} Ref (peers' GMEM only)")
+            from pallas_mosaic_gpu.rules_devices import peer_index
+
+            peer = peer_index(state, t)
+            remote.append(peer)
             continue
         if type(t).__name__ == "ReshapeTransform" and ref.kind in ("gmem", "smem") and \
                 not ref.tiled and not ref.transposed:
