@@ -341,3 +341,33 @@ def test_get_global_is_refused_where_unsupported() -> None:
         pl.get_global(plgpu.SemaphoreType.REGULAR)  # outside a kernel
     with pytest.raises(pl.UnsupportedError, match=r"SemaphoreType\.BARRIER"):
         plgpu.SemaphoreType.BARRIER(())
+
+
+def test_semaphores_are_per_block_and_multicast_signals_count_devices() -> None:
+    """In the interpreter each block has its own semaphores, zero when it starts (as on the
+    GPU), a multicast signal adds one per device of the mesh, and in checked mode a wait for
+    more than every device sends is reported as a deadlock."""
+    import pallas_interpret
+
+    mesh = jax.make_mesh((4,), ("x",), devices=jax.devices()[:4])
+
+    def run(wait_for: int) -> Any:
+        def body(x_ref, o_ref, sem):
+            plgpu.semaphore_signal_multicast(sem, collective_axes="x")
+            pl.semaphore_wait(sem, wait_for, decrement=False)
+            o_ref[pl.ds(lax.axis_index("b") * 128, 128)] = (
+                x_ref[pl.ds(lax.axis_index("b") * 128, 128)]
+                + pl.semaphore_read(sem).astype(F32))
+
+        k = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((256,), F32), grid=(2,),
+                         grid_names=("b",), scratch_types=[plgpu.SemaphoreType.REGULAR])
+        fn = jax.jit(jax.shard_map(k, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
+                                   check_vma=False))
+        x = jax.device_put(jnp.arange(1024, dtype=F32), jax.sharding.NamedSharding(mesh, P("x")))
+        with force_interpret_mode(pallas_interpret.InterpretParams(checked=True)):
+            return np.asarray(fn(x))
+
+    np.testing.assert_array_equal(run(4), np.arange(1024) + 4)  # 4 devices, each block's own
+    # The report reaches the caller as the runtime's error under jit (checked mode's callback).
+    with pytest.raises((pl.PallasError, jax.errors.JaxRuntimeError), match="deadlock"):
+        run(5)

@@ -114,6 +114,8 @@ def run_exact(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
         first = sched.first_of_core(k)
         if sched.num_cores > 1 and scratch:
             scratch = lax.cond(first, lambda: list(scratch0), lambda: list(scratch))
+        scratch = [s0 if getattr(a.memory_space, "per_point", False) else s  # fresh each point
+                   for s, s0, a in zip(scratch, scratch0, gm.scratch_avals)]
         if params.grid_point_recorder is not None:
             point = ids[gm.num_batch_axes:]
             token = io_callback(params.grid_point_recorder, jax.ShapeDtypeStruct((), jnp.int32),

@@ -78,7 +78,7 @@ ACC_SPACE = MemorySpace("ACC", backend=NAME, zeroed=True)
 """Warpgroup-matmul accumulators held in registers (see :func:`ACC`)."""
 
 
-SEMAPHORE = MemorySpace("GMEM_SEMAPHORE", backend=NAME, zeroed=True)
+SEMAPHORE = MemorySpace("GMEM_SEMAPHORE", backend=NAME, zeroed=True, per_point=True)
 """GPU semaphores: int32 counters in global memory, zero when the kernel starts, that other
 blocks and devices signal (``plgpu.SemaphoreType.REGULAR``)."""
 
