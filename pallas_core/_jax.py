@@ -131,19 +131,37 @@ def register_discharge_rule(prim: Primitive) -> Callable[[Callable[..., Any]], A
     return register
 
 
-@register_discharge_rule(state_primitives.swap_p)
-def _swap_discharge(in_avals: Any, out_avals: Any, x: Any, val: Any, *idx: Any,
-                    tree: Any) -> Any:
-    """JAX's discharge of ``ref[...] = val`` (``transform_swap_array``), also for views that
-    reshape the Ref before indexing it (``ref.reshape(...).at[...]``), which JAX 0.10's
-    ``transform_swap_array`` indexes in the Ref's own shape: the leading reshapes are applied
-    here, and the written array reshaped back."""
+_JAX_SWAP_DISCHARGE = state_discharge._discharge_rules[state_primitives.swap_p]
+_JAX_GET_DISCHARGE = state_discharge._discharge_rules[state_primitives.get_p]
+
+
+def _swap_discharge(*args: Any, tree: Any) -> Any:
+    """JAX's discharge of ``ref[...] = val`` (its rule, whichever its signature), also for
+    views that reshape the Ref before indexing it (``ref.reshape(...).at[...]``), which JAX
+    0.10's ``transform_swap_array`` indexes in the Ref's own shape: the leading reshapes are
+    applied here, and the written array reshaped back. Remote views are refused."""
+    n = tree.num_leaves
+    x, val, idx = args[-n - 2], args[-n - 1], args[len(args) - n:]
     transforms = list(jax.tree_util.tree_unflatten(tree, idx))
+    _refuse_peer_views(transforms)
+    if not (len(transforms) > 1 and isinstance(transforms[0], ReshapeTransform)):
+        return _JAX_SWAP_DISCHARGE(*args, tree=tree)
     y = x
     while len(transforms) > 1 and isinstance(transforms[0], ReshapeTransform):
         y = y.reshape(tuple(transforms.pop(0).shape))
     old, y_new = state_discharge.transform_swap_array(y, transforms, val)
-    return (y_new.reshape(x.shape), None) + (None,) * len(idx), old
+    return (y_new.reshape(x.shape), None) + (None,) * n, old
+
+
+def _get_discharge(*args: Any, tree: Any) -> Any:
+    """JAX's discharge of ``ref[...]`` (its rule), refusing remote views."""
+    n = tree.num_leaves
+    _refuse_peer_views(jax.tree_util.tree_unflatten(tree, args[len(args) - n:]))
+    return _JAX_GET_DISCHARGE(*args, tree=tree)
+
+
+state_discharge.register_discharge_rule(state_primitives.swap_p)(_swap_discharge)
+state_discharge.register_discharge_rule(state_primitives.get_p)(_get_discharge)
 
 
 @jax.tree_util.register_dataclass
@@ -181,6 +199,17 @@ def peer_view(ref: Any, device_id: Sequence[Any], mesh_coordinates: bool) -> Any
         base, transforms = ref, ()
     return state_types.TransformedRef(
         base, (*transforms, PeerRefTransform(tuple(device_id), mesh_coordinates)))
+
+
+def _refuse_peer_views(transforms: Sequence[Any]) -> None:
+    if any(isinstance(t, PeerRefTransform) for t in transforms):
+        from pallas_core.errors import UnsupportedError
+
+        raise UnsupportedError(
+            "reading or writing another device's memory through a remote view "
+            "(plgpu.remote_ref) is not supported by the interpreter. Fix: lower the kernel for "
+            "its hardware, or exchange the data with collectives (jax.lax.all_gather under "
+            "shard_map).")
 
 
 # --- structured primitives the reference evaluator walks into (imported above) -----------

@@ -371,3 +371,33 @@ def test_semaphores_are_per_block_and_multicast_signals_count_devices() -> None:
     # The report reaches the caller as the runtime's error under jit (checked mode's callback).
     with pytest.raises((pl.PallasError, jax.errors.JaxRuntimeError), match="deadlock"):
         run(5)
+
+
+@pytest.mark.parametrize("how", ["read", "copy"])
+def test_remote_refs_are_refused_by_the_interpreter(how: str) -> None:
+    """Another device's memory through plgpu.remote_ref lowers for cuda; the interpreter
+    refuses reads and copies through it by name."""
+    mesh = jax.make_mesh((4,), ("x",), devices=jax.devices()[:4])
+
+    def body(x_ref, o_ref, buf, bar):
+        peer = plgpu.remote_ref(x_ref, lax.rem(lax.axis_index("x") + 1, 4))
+        if how == "read":
+            o_ref[...] = peer[...]
+        else:
+            plgpu.copy_gmem_to_smem(peer, buf, bar)
+            plgpu.barrier_wait(bar)
+            o_ref[...] = buf[...]
+
+    def run(backend: str) -> Any:
+        k = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((128,), F32), backend=backend,
+                         scratch_types=[plgpu.SMEM((128,), F32), plgpu.Barrier()])
+        return jax.jit(jax.shard_map(k, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
+                                     check_vma=False))
+
+    arg = jax.ShapeDtypeStruct((512,), F32, sharding=jax.sharding.NamedSharding(mesh, P("x")))
+    (config, _), = inspection.kernels(run("mosaic_gpu").trace(arg).lower(
+        lowering_platforms=("cuda",)).as_text())
+    assert config["uses_xla_collective_metadata"] is True
+    x = jax.device_put(jnp.zeros((512,), F32), jax.sharding.NamedSharding(mesh, P("x")))
+    with pytest.raises(pl.UnsupportedError, match=r"remote_ref"):
+        run("interpret")(x)
