@@ -8,7 +8,9 @@ interpreter (under ``jax.shard_map``, every device running the kernel).
   ``collective_axes`` (``multimem.ld_reduce``); give its result a layout right away with
   ``plgpu.layout_cast`` (as JAX asks);
 * ``semaphore_signal_multicast(sem, value=1, collective_axes=)``: adds ``value`` to ``sem`` on
-  every device along ``collective_axes``.
+  every device along ``collective_axes``;
+* ``remote_ref(ref, device_id)``: the same GMEM buffer on another device (the core's peer
+  view), for TMA copies, reads, writes and semaphore signals; the interpreter refuses it.
 
 ``collective_axes`` must name every axis of the ``shard_map`` mesh, as JAX's lowering asks.
 Semaphores (``plgpu.SemaphoreType.REGULAR``) live in global memory, one set per thread block,
@@ -125,7 +127,8 @@ def remote_ref(ref: Any, device_id: Any, device_id_type: Any = None) -> Any:
     """``ref`` (a GMEM Ref or a view of one) as the same symmetric buffer on device
     ``device_id`` of the ``shard_map`` mesh (mesh coordinates, or one index with
     ``device_id_type=pl.DeviceIdType.LOGICAL``): TMA copies and semaphore signals through it
-    reach that device's memory. The interpreter refuses copies through it."""
+    reach that device's memory. The interpreter refuses reads, writes and copies through
+    it."""
     from pallas_core.primitives import DeviceIdType
 
     return plb.remote_view(ref, device_id, device_id_type or DeviceIdType.MESH)
