@@ -29,6 +29,7 @@ from jax import lax
 
 import pallas_core as pl
 from pallas_core.call import force_interpret_mode
+from pallas_core.errors import reraising_reports
 from pallas_core.mlir_lowering import walk
 from tests.jax_library import porting
 
@@ -173,9 +174,9 @@ def _expected(case: str) -> Any:
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_port_runs_in_the_interpreter(case: str) -> None:
-    """The port's meaning: run by the interpreter on every device of the mesh (the kernels'
-    multimem stores and reductions and multicast signals are collectives of the devices
-    there), against JAX's collectives on random inputs."""
+    """The port's meaning: run by the interpreter (checked mode) on every device of the mesh
+    (the kernels' multimem stores and reductions and multicast signals are collectives of the
+    devices there), against JAX's collectives on random inputs."""
     _, _, _, shape, dtype, _, _ = CASES[case]
     fn, (mesh, spec) = _sharded(case, ours=True)
     key = jax.random.key(list(CASES).index(case))
@@ -184,7 +185,10 @@ def test_port_runs_in_the_interpreter(case: str) -> None:
     else:
         x = jax.random.normal(key, shape, F32).astype(dtype)
     x = jax.device_put(x, jax.sharding.NamedSharding(mesh, spec))
-    with force_interpret_mode():
+    import pallas_interpret  # checked mode: each semaphore_wait must be met by the signals
+
+    with force_interpret_mode(pallas_interpret.InterpretParams(checked=True)), \
+            reraising_reports():
         got = fn(x)
     want = jax.jit(jax.shard_map(_expected(case), mesh=mesh, in_specs=spec, out_specs=spec,
                                  check_vma=False))(x)
@@ -364,12 +368,15 @@ def test_semaphores_are_per_block_and_multicast_signals_count_devices() -> None:
         fn = jax.jit(jax.shard_map(k, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
                                    check_vma=False))
         x = jax.device_put(jnp.arange(1024, dtype=F32), jax.sharding.NamedSharding(mesh, P("x")))
-        with force_interpret_mode(pallas_interpret.InterpretParams(checked=True)):
+        # Checked mode reports from a host callback: reraising_reports raises the report in
+        # place of the runtime's error and settles JAX's failed tokens, as pl.kernel's own
+        # function does when called outside jit.
+        with force_interpret_mode(pallas_interpret.InterpretParams(checked=True)), \
+                reraising_reports():
             return np.asarray(fn(x))
 
     np.testing.assert_array_equal(run(4), np.arange(1024) + 4)  # 4 devices, each block's own
-    # The report reaches the caller as the runtime's error under jit (checked mode's callback).
-    with pytest.raises((pl.PallasError, jax.errors.JaxRuntimeError), match="deadlock"):
+    with pytest.raises(pl.PallasError, match="deadlock: pl.semaphore_wait waits for 5"):
         run(5)
 
 
