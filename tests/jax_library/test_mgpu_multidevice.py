@@ -376,7 +376,7 @@ def test_semaphores_are_per_block_and_multicast_signals_count_devices() -> None:
             return np.asarray(fn(x))
 
     np.testing.assert_array_equal(run(4), np.arange(1024) + 4)  # 4 devices, each block's own
-    with pytest.raises(pl.PallasError, match="deadlock: pl.semaphore_wait waits for 5"):
+    with pytest.raises(pl.PallasError, match=r"deadlock: pl\.semaphore_wait waits for 5"):
         run(5)
 
 
