@@ -9,6 +9,7 @@ import this module: the names they need are re-exported by the public plugin API
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib
 import inspect
@@ -128,6 +129,88 @@ def register_discharge_rule(prim: Primitive) -> Callable[[Callable[..., Any]], A
             state_discharge.register_discharge_rule(prim)(rule)
         return rule
     return register
+
+
+_JAX_SWAP_DISCHARGE = state_discharge._discharge_rules[state_primitives.swap_p]
+_JAX_GET_DISCHARGE = state_discharge._discharge_rules[state_primitives.get_p]
+
+
+def _swap_discharge(*args: Any, tree: Any) -> Any:
+    """JAX's discharge of ``ref[...] = val`` (its rule, whichever its signature), also for
+    views that reshape the Ref before indexing it (``ref.reshape(...).at[...]``), which JAX
+    0.10's ``transform_swap_array`` indexes in the Ref's own shape: the leading reshapes are
+    applied here, and the written array reshaped back. Remote views are refused."""
+    n = tree.num_leaves
+    x, val, idx = args[-n - 2], args[-n - 1], args[len(args) - n:]
+    transforms = list(jax.tree_util.tree_unflatten(tree, idx))
+    _refuse_peer_views(transforms)
+    if not (len(transforms) > 1 and isinstance(transforms[0], ReshapeTransform)):
+        return _JAX_SWAP_DISCHARGE(*args, tree=tree)
+    y = x
+    while len(transforms) > 1 and isinstance(transforms[0], ReshapeTransform):
+        y = y.reshape(tuple(transforms.pop(0).shape))
+    old, y_new = state_discharge.transform_swap_array(y, transforms, val)
+    return (y_new.reshape(x.shape), None) + (None,) * n, old
+
+
+def _get_discharge(*args: Any, tree: Any) -> Any:
+    """JAX's discharge of ``ref[...]`` (its rule), refusing remote views."""
+    n = tree.num_leaves
+    _refuse_peer_views(jax.tree_util.tree_unflatten(tree, args[len(args) - n:]))
+    return _JAX_GET_DISCHARGE(*args, tree=tree)
+
+
+state_discharge.register_discharge_rule(state_primitives.swap_p)(_swap_discharge)
+state_discharge.register_discharge_rule(state_primitives.get_p)(_get_discharge)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class PeerRefTransform(state_types.Transform):  # type: ignore[misc]
+    """The view of a Ref as the same (symmetric) buffer on another device of the
+    ``shard_map`` mesh: ``device_id`` (int32 scalars: mesh coordinates, or one logical index
+    when ``mesh_coordinates`` is False). It keeps the shape and dtype; indexers applied after
+    it index the peer's buffer alike."""
+
+    device_id: tuple[Any, ...]
+    mesh_coordinates: bool = dataclasses.field(default=True, metadata=dict(static=True))
+
+    def transform_type(self, x: Any) -> Any:
+        return x
+
+    def transform_shape(self, shape: Any) -> Any:
+        return shape
+
+    def transform_dtype(self, dtype: Any) -> Any:
+        return dtype
+
+    def undo(self, x: Any) -> Any:
+        raise NotImplementedError("a peer view cannot be undone")
+
+    def commute_ndindexer(self, _: Any, indexer: Any) -> tuple[Any, Any]:
+        return indexer, self
+
+
+def peer_view(ref: Any, device_id: Sequence[Any], mesh_coordinates: bool) -> Any:
+    """``ref`` (a Ref or a view of one) as the same buffer on another device."""
+    if isinstance(ref, state_types.TransformedRef):
+        base, transforms = ref.ref, tuple(ref.transforms)
+    else:
+        base, transforms = ref, ()
+    return state_types.TransformedRef(
+        base, (*transforms, PeerRefTransform(tuple(device_id), mesh_coordinates)))
+
+
+def _refuse_peer_views(transforms: Sequence[Any]) -> None:
+    if any(isinstance(t, PeerRefTransform) for t in transforms):
+        from pallas_core.errors import UnsupportedError
+
+        raise UnsupportedError(
+            "reading or writing another device's memory through a remote view "
+            "(plgpu.remote_ref) is not supported by the interpreter. Fix: lower the kernel for "
+            "its hardware, or exchange the data with collectives (jax.lax.all_gather under "
+            "shard_map).")
+
 
 # --- structured primitives the reference evaluator walks into (imported above) -----------
 closed_call_p = core.closed_call_p
@@ -305,6 +388,25 @@ def manual_axes(ctx: Any) -> tuple[tuple[str, int], ...]:
     if not manual or mesh is None:
         return ()
     return tuple((n, int(mesh.shape[n])) for n in mesh.axis_names if n in manual)
+
+
+@contextlib.contextmanager
+def shard_map_device_mesh(ctx: Any) -> Iterator[None]:
+    """Within the block the device mesh of the ``shard_map`` a lowering runs under (its
+    ``ctx``) is the current concrete mesh, for libraries that read it while they build a
+    kernel (Mosaic GPU sizes its cross-device metadata by it); nothing changes elsewhere."""
+    from jax._src import mesh as mesh_lib
+
+    mesh = getattr(ctx.module_context.axis_context, "mesh", None)
+    if not isinstance(mesh, mesh_lib.Mesh) or not manual_axes(ctx):
+        yield
+        return
+    devices = getattr(_config, "device_context", None) or mesh_lib.device_context  # type: ignore[attr-defined]
+    prev = devices.swap_local(mesh)
+    try:
+        yield
+    finally:
+        devices.set_local(prev)
 
 
 @contextlib.contextmanager

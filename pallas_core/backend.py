@@ -58,6 +58,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from pallas_core import _jax
 from pallas_core import primitives as _primitives
 from pallas_core._jax import (
     AbstractRef,
@@ -67,6 +68,7 @@ from pallas_core._jax import (
     Jaxpr,
     Literal,
     NDIndexer,
+    PeerRefTransform,
     Primitive,
     ReadEffect,
     ReshapeTransform,
@@ -139,6 +141,20 @@ def ref_and_transforms(ref: Any, idx: Any, fn: str) -> tuple[Any, tuple[Any, ...
     return _primitives._ref_and_transforms(ref, idx, fn)
 
 
+def remote_view(ref: Any, device_id: Any,
+                device_id_type: _primitives.DeviceIdType = _primitives.DeviceIdType.MESH) -> Any:
+    """``ref`` (a Ref or a view of one) as the same symmetric buffer on device ``device_id``
+    of the ``shard_map`` mesh (forms as for ``pl.semaphore_signal``): a view whose last
+    transform is a :class:`PeerRefTransform`, for backends that address other devices'
+    memory (``plgpu.remote_ref``). Reads, writes and copies through it are the backend's to
+    lower, or to refuse."""
+    ids, core = _primitives.device_id_operands(device_id, device_id_type, "remote_ref")
+    if core is not None or not ids:
+        raise PallasError("remote_ref: device_id names a core of the kernel's mesh, not a "
+                          "device. Fix: name a device of the shard_map mesh.")
+    return _jax.peer_view(ref, ids, device_id_type is _primitives.DeviceIdType.MESH)
+
+
 __all__ = [
     # the contract
     "Backend", "BackendInfo", "BlockMapping", "CompilerParams", "EmulatedCall", "GridMapping",
@@ -155,7 +171,8 @@ __all__ = [
     "extend_axis_env", "trace_to_jaxpr", "typeof", "unstack_p", "user_context", "while_p",
     "written_invars",
     # Refs and effects
-    "AbstractRef", "BitcastTransform", "Effect", "NDIndexer", "ReadEffect", "ReshapeTransform",
+    "AbstractRef", "BitcastTransform", "Effect", "NDIndexer", "PeerRefTransform",
+    "ReadEffect", "ReshapeTransform", "remote_view",
     "Slice", "WriteEffect", "addupdate_p", "broadcast_to_p", "discharge_rules_wrapped",
     "discharge_state", "ds", "get_p", "internal_mutable_array_effect", "is_ref_effect",
     "make_ref_aval", "ref_and_transforms", "ref_type_of", "register_initial_ref",

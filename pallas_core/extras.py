@@ -221,9 +221,6 @@ NOT_PROVIDED: dict[str, str] = {
         "a new mutable Ref (jax.new_ref) shaped like a ShapeDtypeStruct or MemoryRef, for "
         "kernels that write their arguments in place. Fix: jax.new_ref(pl.empty_like(x)) "
         "with pl.core_map, or return results as outputs."),
-    "get_global": (
-        "a Ref that persists across all invocations of a kernel. Fix: pass the buffer as an "
-        "operand aliased to an output (input_output_aliases) and thread it through calls."),
     "select_ref": (
         "one of several Refs chosen by a traced index, for DMAs. Fix: branch with pl.when "
         "(or lax.cond) and start the copy from each Ref in its own branch."),

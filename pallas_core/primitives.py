@@ -579,6 +579,28 @@ def scratch_aval(ty: Any) -> Any:
     )
 
 
+get_global_p = _jax.Primitive("get_global")
+# A primitive whose result is a Ref it allocates (JAX's tracing and discharge treat it so).
+get_global_p.ref_primitive = True  # type: ignore[attr-defined]
+get_global_p.ref_allocating = True  # type: ignore[attr-defined]
+
+
+@get_global_p.def_effectful_abstract_eval
+def _get_global_abstract_eval(*, what: Any) -> Any:
+    return what, {_jax.internal_mutable_array_effect}
+
+
+def get_global(what: Any) -> Any:
+    """A Ref that the whole launch of the kernel shares (every block and every grid point see
+    the same one), zero when the kernel starts, as JAX's ``pl.get_global``: ``what`` is a
+    backend's scratch type, e.g. ``plgpu.SemaphoreType.REGULAR``. Each call returns a Ref of
+    its own. Backends that do not support it refuse it when lowering (Mosaic GPU supports
+    semaphores); the interpreter refuses it (its blocks run one after another, so blocks
+    that wait for each other's signals on it would hang or see too few)."""
+    _current_grid("get_global")
+    return get_global_p.bind(what=scratch_aval(what))
+
+
 def _as_memory_ref(ty: Any) -> MemoryRef:
     if callable(getattr(ty, "memory_ref", None)):
         ty = ty.memory_ref()

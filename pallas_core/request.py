@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -55,6 +56,12 @@ class LoweringRequest:
     def device_axes(self) -> tuple[tuple[str, int], ...]:
         """``(name, size)`` of the ``shard_map`` mesh axes the kernel runs under (else empty)."""
         return _jax.manual_axes(self.ctx)
+
+    def device_mesh(self) -> contextlib.AbstractContextManager[None]:
+        """A context in which the ``shard_map``'s device mesh (if the kernel runs under one) is
+        JAX's current concrete mesh, for kernel libraries that read it while building a kernel
+        (e.g. to size the metadata devices exchange); it changes nothing elsewhere."""
+        return _jax.shard_map_device_mesh(self.ctx)
 
     def lower_jax(self, fn: Callable[..., Sequence[Any]]) -> Sequence[Any]:
         """Inlines ``fn(*inputs) -> outputs`` (plain JAX) into the program being lowered.

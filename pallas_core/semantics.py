@@ -274,6 +274,12 @@ def _require_devices(what: str) -> tuple[tuple[str, int], ...]:
     return axes
 
 
+def devices(what: str) -> tuple[tuple[str, int], ...]:
+    """``(name, size)`` of the ``shard_map`` mesh axes cross-device primitives exchange data
+    over (row-major); an ``UnsupportedError`` naming ``what`` outside ``shard_map``."""
+    return _require_devices(what)
+
+
 def my_device_index() -> Any:
     """This device's logical index (row-major over the ``shard_map`` mesh axes)."""
     axes = _require_devices("a cross-device primitive")
@@ -467,6 +473,15 @@ def _run_scoped_discharge(in_avals: Any, out_avals: Any, *args: Any, jaxpr: Any,
     return new_args, outs
 
 
+def _get_global_discharge(in_avals: Any, out_avals: Any, *, what: Any) -> Any:
+    raise UnsupportedError(
+        "pl.get_global (a Ref every block of the kernel shares) is not supported by the "
+        "interpreter: it runs a kernel's blocks one after another, so blocks that wait for "
+        "each other's signals on a shared semaphore would wait for signals not yet sent. "
+        "Fix: lower the kernel for its hardware, or give each block its own semaphores "
+        "(scratch_shapes).")
+
+
 CORE_SEMANTICS: tuple[PrimitiveSemantics, ...] = (
     PrimitiveSemantics(prims.program_id_p, evaluate=_program_id),
     PrimitiveSemantics(prims.num_programs_p, evaluate=_num_programs),
@@ -484,5 +499,6 @@ CORE_SEMANTICS: tuple[PrimitiveSemantics, ...] = (
     PrimitiveSemantics(prims.semaphore_signal_p, discharge=_semaphore_signal_discharge),
     PrimitiveSemantics(prims.semaphore_wait_p, discharge=_semaphore_wait_discharge),
     PrimitiveSemantics(prims.semaphore_read_p, discharge=_semaphore_read_discharge),
+    PrimitiveSemantics(prims.get_global_p, discharge=_get_global_discharge),
 )
 """Reference semantics of the core's own primitives (the core registers them like a plugin)."""

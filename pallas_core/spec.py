@@ -36,6 +36,10 @@ class MemorySpace:
     shared: bool = False
     """One buffer serves all the points of a mesh that a barrier synchronises (SparseCore's
     shared VMEM: one per core, for all its subcores); otherwise each point has its own."""
+    per_point: bool = False
+    """Each grid point starts with a fresh buffer of its own (GPU semaphores: one set per
+    thread block, zero when it starts), where scratch otherwise persists across the steps
+    one core runs."""
 
     ANY: ClassVar[MemorySpace]
 

@@ -18,6 +18,7 @@ from jax import lax
 from jax.experimental import io_callback
 
 from pallas_core import backend as plb
+from pallas_core import primitives as prims
 from pallas_core import reference
 from pallas_core.errors import UnsupportedError
 from pallas_core.request import KernelCall
@@ -32,6 +33,13 @@ def run(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
     of dynamic grid axes): batched where that is proven safe and allowed by ``params``, else
     step by step."""
     params = params or InterpretParams()
+    if reference.find_eqn(call.jaxpr.jaxpr, {prims.get_global_p}) is not None:
+        raise UnsupportedError(
+            f"kernel {call.name!r} uses pl.get_global (a Ref every block of the kernel "
+            "shares), which the interpreter does not support: it runs a kernel's blocks one "
+            "after another, so blocks waiting for each other's signals on a shared semaphore "
+            "would wait for signals not yet sent. Fix: lower the kernel for its hardware, or "
+            "give each block its own semaphores (scratch_shapes).")
     # parallel_axes naming an axis the grid lacks is an error, whichever runner runs.
     params.resolved_parallel_axes(call.grid_mapping.user_grid, call.compiler_params, call.name)
     if params.skip_floating_point_ops:
@@ -107,6 +115,8 @@ def run_exact(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
         first = sched.first_of_core(k)
         if sched.num_cores > 1 and scratch:
             scratch = lax.cond(first, lambda: list(scratch0), lambda: list(scratch))
+        scratch = [s0 if getattr(a.memory_space, "per_point", False) else s  # fresh each point
+                   for s, s0, a in zip(scratch, scratch0, gm.scratch_avals)]
         if params.grid_point_recorder is not None:
             point = ids[gm.num_batch_axes:]
             token = io_callback(params.grid_point_recorder, jax.ShapeDtypeStruct((), jnp.int32),

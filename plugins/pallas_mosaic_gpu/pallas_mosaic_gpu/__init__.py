@@ -24,6 +24,12 @@ from pallas_mosaic_gpu.layouts import (
     load,
 )
 from pallas_mosaic_gpu.loops import NDLoopInfo, nd_loop, planar_snake
+from pallas_mosaic_gpu.multidevice import (
+    multimem_load_reduce,
+    multimem_store,
+    remote_ref,
+    semaphore_signal_multicast,
+)
 from pallas_mosaic_gpu.params import (
     ACC,
     GMEM,
@@ -34,6 +40,7 @@ from pallas_mosaic_gpu.params import (
     GPUCompilerParams,
     LoweringSemantics,
     Mesh,
+    SemaphoreType,
     ShapeDtypeStruct,
     kernel,
 )
@@ -91,3 +98,5 @@ __all__ += ["async_load_tmem", "async_store_tmem", "commit_tmem", "tcgen05_commi
             "tcgen05_mma", "wait_load_tmem"]
 __all__ += ["dynamic_scheduling_loop", "query_cluster_cancel", "try_cluster_cancel",
             "TryClusterCancelResult", "WarpMesh"]
+__all__ += ["multimem_load_reduce", "multimem_store", "remote_ref", "SemaphoreType",
+            "semaphore_signal_multicast"]

@@ -43,6 +43,14 @@ from pallas_mosaic_gpu.values import (
 def _read_in(state: GPULowering, ref: Ref, layout: Any, optimized: bool) -> Any:
     """An SMEM Ref read into ``layout`` (a tiled buffer, such as an int8 block read for a
     wgmma, straight into a tiled register layout such as ``WGMMA_8BIT``)."""
+    if isinstance(layout, mgpu.WGStridedFragLayout) and not ref.tiled and \
+            tuple(layout.shape) == tuple(ref.shape):
+        try:  # read straight in the asked vector width
+            return FA.load_strided(ref.memref, is_signed=signed(ref.dtype),
+                                   vec_size=layout.vec_size)
+        except (NotImplementedError, ValueError) as e:
+            raise state.fail(f"plgpu.load of {ref.dtype}{list(ref.shape)} into {layout}: "
+                             f"{e}") from None
     if not isinstance(layout, mgpu.TiledLayout):
         return relayout(load(ref), layout)
     try:
@@ -60,8 +68,11 @@ def _read_in(state: GPULowering, ref: Ref, layout: Any, optimized: bool) -> Any:
 def _layout_cast(state: GPULowering, eqn: Any, x: Any, *, new_layout: Any,
                  optimized: bool) -> Any:
     layout = new_layout.to_mgpu()
-    if isinstance(x, Loaded) and not x.transposed:
-        return _read_in(state, x.ref, layout, optimized)
+    if isinstance(x, Loaded) and not x.transposed and (
+            x.ref.kind != "gmem" or isinstance(layout, mgpu.WGStridedFragLayout)):
+        return _read_in(state, x.ref, layout, optimized)  # GMEM: only the strided read
+    if type(x).__name__ == "PendingReduce":  # plgpu.multimem_load_reduce, issued in layout
+        return x.into(state, layout)
     x = state.value(x)
     if isinstance(x, Expanded):
         raise state.fail(f"plgpu.layout_cast of an array with unit dimensions {x.shape}")

@@ -78,6 +78,36 @@ ACC_SPACE = MemorySpace("ACC", backend=NAME, zeroed=True)
 """Warpgroup-matmul accumulators held in registers (see :func:`ACC`)."""
 
 
+SEMAPHORE = MemorySpace("GMEM_SEMAPHORE", backend=NAME, zeroed=True, per_point=True)
+"""GPU semaphores: int32 counters in global memory, zero when the kernel starts, that other
+blocks and devices signal (``plgpu.SemaphoreType.REGULAR``)."""
+
+
+class SemaphoreType(enum.Enum):
+    """Semaphore scratch: ``SemaphoreType.REGULAR`` (one), ``SemaphoreType.REGULAR((4,))``
+    (an array). Each thread block of a ``plgpu.kernel`` has its own; they live in global
+    memory (an operand of the kernel's call, zeroed before it), so that other devices can
+    signal them (``plgpu.semaphore_signal_multicast``, ``pl.semaphore_signal(device_id=)``).
+    JAX's ``BARRIER`` kind is refused."""
+
+    REGULAR = "regular"
+    BARRIER = "barrier"
+
+    def __call__(self, shape: Sequence[int] = ()) -> MemoryRef:
+        if self is SemaphoreType.BARRIER:
+            from pallas_core.errors import UnsupportedError
+
+            raise UnsupportedError(
+                "plgpu.SemaphoreType.BARRIER (the barrier semaphore of JAX's Mosaic GPU "
+                "backend) is not supported by the mosaic_gpu backend. Fix: use "
+                "plgpu.SemaphoreType.REGULAR and signal it yourself.")
+        return SEMAPHORE(tuple(int(d) for d in shape), np.int32)
+
+    def memory_ref(self) -> MemoryRef:
+        """One semaphore (what ``scratch_types`` and ``pl.run_scoped`` allocate)."""
+        return self(())
+
+
 @dataclasses.dataclass(frozen=True)
 class BarrierSpace(MemorySpace):
     """Where mbarriers live (shared memory); each barrier completes a phase after

@@ -15,6 +15,7 @@ from pallas_mosaic_gpu import (
     blackwell,
     inspection,
     layouts,
+    multidevice,
     primitives,
     rules,
     schedule,
@@ -53,7 +54,7 @@ def pallas_memory_spaces() -> Any:
 @hookimpl
 def pallas_primitives() -> Any:
     return (primitives.SEMANTICS + layouts.SEMANTICS + warp_specialized.SEMANTICS
-            + blackwell.SEMANTICS + scheduling.SEMANTICS)
+            + blackwell.SEMANTICS + scheduling.SEMANTICS + multidevice.SEMANTICS)
 
 
 @hookimpl
@@ -63,7 +64,8 @@ def pallas_validate(call: KernelCall) -> None:
 
 @hookimpl
 def pallas_lower(request: LoweringRequest) -> Any:
-    fn = schedule.kernel_fn(request.call)
+    with request.device_mesh():  # Mosaic GPU sizes its cross-device metadata by the mesh
+        fn = schedule.kernel_fn(request.call, request.device_axes)
     return request.lower_jax(fn)
 
 

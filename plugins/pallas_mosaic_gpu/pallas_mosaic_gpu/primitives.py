@@ -27,7 +27,7 @@ from pallas_core import backend as plb
 from pallas_core import semantics
 from pallas_core.backend import ref_and_transforms as _ref_and_transforms
 from pallas_core.copies import RefViews, bind_views
-from pallas_core.errors import PallasError
+from pallas_core.errors import PallasError, UnsupportedError
 
 
 class GPUSyncEffect(plb.Effect):
@@ -221,6 +221,11 @@ def _window(transforms: Any) -> tuple[Any, ...]:
     addresses it (one box of the whole array): ``ref.at[pl.ds(s, k)].at[pl.ds(i, 64)]`` reads
     rows ``s + i`` on, even where the outer window alone would run past the array's end
     (transposed_ragged_dot's groups), which the interpreter would otherwise clamp."""
+    if any(isinstance(t, plb.PeerRefTransform) for t in transforms):
+        raise UnsupportedError("a TMA copy to or from another device's memory (plgpu.remote_ref) "
+                          "is not supported by the interpreter; the mosaic_gpu backend lowers "
+                          "it. Fix: lower the kernel for cuda, or exchange the data with "
+                          "collectives (jax.lax.all_gather under shard_map).")
     out: list[Any] = []
     for t in transforms:
         if out and _simple_indexer(out[-1]) and _simple_indexer(t):

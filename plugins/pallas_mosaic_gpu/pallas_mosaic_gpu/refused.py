@@ -19,9 +19,13 @@ _BLACKWELL = ("the Blackwell (sm_100a) path here covers TMEM scratch, tcgen05_mm
               "operands, tcgen05_commit_arrive and TMEM loads and stores; SMEM-to-TMEM copies, "
               "block scaling, sparsity and explicit TMEM layouts are not supported",
               "keep operands in SMEM and accumulate in a float32 plgpu.TMEM buffer")
-_DEVICES = ("this backend has no multi-device support (remote Refs, multicast, multimem, GPU "
-            "semaphores)", "communicate outside the kernel with collectives (jax.lax.psum, "
-                           "jax.lax.ppermute under shard_map)")
+_DEVICES = ("this backend's multi-GPU support is multimem stores and reductions, "
+            "plgpu.SemaphoreType.REGULAR semaphores (pl.semaphore_signal, pl.semaphore_wait, "
+            "pl.get_global), semaphore_signal_multicast and plgpu.remote_ref; multicast Refs "
+            "and parallel signals are not part of it",
+            "use plgpu.remote_ref, plgpu.multimem_store / multimem_load_reduce and "
+            "pl.semaphore_signal / pl.semaphore_wait, or communicate outside the kernel with "
+            "collectives (jax.lax.all_gather, jax.lax.psum_scatter under shard_map)")
 _LAYOUTS = ("the backend chooses register layouts itself (2-D arrays whose shape is a multiple "
             "of (64, 8) use the wgmma layout, other arrays a strided one)", "drop it")
 _TRANSFORMS = ("the backend chooses SMEM tiling and swizzles itself (buffers whose two minor "
@@ -78,12 +82,12 @@ REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
     "mma": ("acc + a @ b with pre-Hopper MMA instructions",
             ("this backend targets Hopper's wgmma", "write jnp.dot or plgpu.wgmma")),
     "multicast_ref": ("a Ref whose writes reach every device along mesh axes", _DEVICES),
-    "multimem_load_reduce": ("reads and reduces a buffer over devices", _DEVICES),
-    "multimem_store": ("stores an array to a buffer on every device", _DEVICES),
     "OOBFillMode": ("what out-of-bounds elements of a TMA load become",
                     ("out-of-bounds elements of a TMA load are zeros here; no mode can be "
                      "chosen", "drop oob_mode=")),
-    "PeerMemRef": ("the buffer of remote_ref on another device", _DEVICES),
+    "PeerMemRef": ("JAX's class of the transform remote_ref applies",
+                   ("plgpu.remote_ref makes the core's peer view here "
+                    "(pallas_core.backend.PeerRefTransform)", "call plgpu.remote_ref")),
     "PipelinePipeline": ("the stage of a warp-specialised pipeline", _WARPS),
     "print_layout": ("prints the layout chosen for an array or Ref",
                      (_LAYOUTS[0], "drop it; the rules are on docs/backends/mosaic_gpu_api.md")),
@@ -96,14 +100,11 @@ REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
     "REGS": ("the register memory space",
              ("arrays are plain values here and accumulators are allocated with plgpu.ACC",
               "use plgpu.ACC((M, N), dtype) for a wgmma accumulator")),
-    "remote_ref": ("the same symmetric buffer on another device", _DEVICES),
     "Replicated": ("a replicated dimension of a register layout", _LAYOUTS),
     "semaphore_signal": ("increments a GPU semaphore", _DEVICES),
-    "semaphore_signal_multicast": ("signals a semaphore on every device along axes", _DEVICES),
     "semaphore_signal_parallel": ("issues several semaphore signals", _DEVICES),
     "semaphore_wait": ("waits for a GPU semaphore", _DEVICES),
     "SemaphoreSignal": ("one signal for semaphore_signal_parallel", _DEVICES),
-    "SemaphoreType": ("the kinds of GPU semaphores", _DEVICES),
     "Tiling": ("a tiling expression of a register layout", _LAYOUTS),
     "TMEMLayout": ("layouts of TMEM buffers", _BLACKWELL),
     "TraceScope": ("what the in-kernel profiler records",

@@ -76,6 +76,9 @@ def _program_id(state: GPULowering, eqn: Any, *, axis: int, **_: Any) -> Any:
 @rule(plb.axis_index_p)
 def _axis_index(state: GPULowering, eqn: Any, *, axis_name: Any, **_: Any) -> Any:
     name = axis_name[0] if isinstance(axis_name, tuple) and len(axis_name) == 1 else axis_name
+    if name not in state.axes and name in dict(state.devices):
+        from pallas_mosaic_gpu.rules_devices import device_index
+        return device_index(state, name)  # a shard_map axis: this device's coordinate
     if name not in state.axes:
         raise state.fail(f"jax.lax.axis_index({name!r}) (the kernel's axes are "
                          f"{sorted(state.axes)})")
@@ -232,6 +235,7 @@ from pallas_mosaic_gpu import (  # noqa: E402, F401 - they register their rules
     blackwell,
     layout_rules,
     rules_arrays,
+    rules_devices,
     rules_memory,
     scheduling,
     warp_specialized_lowering,

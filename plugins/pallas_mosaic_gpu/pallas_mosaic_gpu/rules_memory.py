@@ -7,6 +7,7 @@ primitives: TMA copies, barriers, ``commit_smem``, ``wait_smem_to_gmem``, ``plgp
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -57,7 +58,27 @@ def _get(state: GPULowering, eqn: Any, ref: Ref, *flat: Any, **_: Any) -> Any:
         return state.accs[view.acc_key].value
     if view.kind == "smem" and len(view.shape) >= 1:
         return Loaded(*_untransposed(view))
+    if view.kind == "gmem" and len(view.shape) >= 1 and id(eqn) in _cast_reads(state):
+        return Loaded(view)  # read by the plgpu.layout_cast right after, in its layout
     return load(view)
+
+
+def _cast_reads(state: GPULowering) -> set[int]:
+    """The Ref reads of the kernel (by equation) that the very next equation gives to
+    ``plgpu.layout_cast``: JAX's kernels read GMEM straight into the layout the cast names
+    (``layout_cast(x_ref[idx], Layout.WG_STRIDED(shape, vec_size=8))``), which is what the
+    lowering does for them; nothing runs in between, so the read is not moved past a write."""
+    from pallas_core import reference
+    from pallas_mosaic_gpu import layouts
+
+    found = getattr(state, "_cast_reads", None)
+    if found is None:
+        eqns = list(reference.all_eqns(state.call.jaxpr.jaxpr))
+        found = {id(a) for a, b in itertools.pairwise(eqns)
+                 if a.primitive is plb.get_p and b.primitive is layouts.layout_cast_p
+                 and b.invars[0] is a.outvars[0]}
+        state._cast_reads = found  # type: ignore[attr-defined]
+    return found
 
 
 @rule(plb.swap_p, lazy=True)
@@ -217,6 +238,8 @@ def _gmem_window(state: GPULowering, eqn: Any, args: Sequence[Any], role: int
     # successive indexers (``ref.at[g].at[rows]``) apply to the dimensions still there.
     dims: list[tuple[Any, int | None]] = [(0, d) for d in ref.shape]
     for t in transforms[role]:
+        if isinstance(t, plb.PeerRefTransform):
+            continue  # the copy's peer (_gmem_peer)
         indices = getattr(t, "indices", None)
         if indices is None:
             raise state.fail("this view of a GMEM Ref in a copy (slices and ints only)")
@@ -236,6 +259,22 @@ def _gmem_window(state: GPULowering, eqn: Any, args: Sequence[Any], role: int
     return ref.memref, window
 
 
+def _gmem_peer(state: GPULowering, eqn: Any, args: Sequence[Any], role: int) -> Any:
+    """The device (logical index) whose GMEM a copy's view ``role`` names
+    (``plgpu.remote_ref``), or ``None`` for this device's."""
+    from pallas_mosaic_gpu.rules_devices import peer_index
+
+    roles, tree = eqn.params["roles"], eqn.params["tree"]
+    n_refs = max(roles) + 1
+    transforms = jax.tree_util.tree_unflatten(tree, list(args[n_refs:n_refs + tree.num_leaves]))
+    peers = [t for t in transforms[role] if isinstance(t, plb.PeerRefTransform)]
+    if not peers:
+        return None
+    if len(peers) > 1:
+        raise state.fail("a view naming two devices (remote_ref of a remote_ref)")
+    return peer_index(state, peers[0])
+
+
 def _add_index(a: Any, b: Any) -> Any:
     """``a + b`` of two ints or index-like scalars (an int when both are ints)."""
     if isinstance(a, (int, np.integer)) and isinstance(b, (int, np.integer)):
@@ -250,6 +289,7 @@ def _copy_in(state: GPULowering, eqn: Any, *args: Any, **_: Any) -> Any:
     _src_view, dst, bar = _views(state, eqn, args)
     src, window = _gmem_window(state, eqn, args, 0)
     tma.copy(state.launch, gmem=src, smem=dst.memref, window=window, to_smem=True,
+             peer=_gmem_peer(state, eqn, args, 0),
              barrier=bar.barrier, aligned=False, kernel=state.call.name,
              tiling=tile_transform(dst.dtype) if dst.tiled else None,
              swizzle=SWIZZLE if dst.tiled else None, predicate=_issuer(state))
@@ -263,6 +303,7 @@ def _copy_out(state: GPULowering, eqn: Any, *args: Any, commit_group: bool = Tru
     dst, window = _gmem_window(state, eqn, args, 1)
     tma.copy(state.launch, gmem=dst, smem=src.memref, window=window, to_smem=False,
              aligned=False, kernel=state.call.name, commit=commit_group,
+             peer=_gmem_peer(state, eqn, args, 1),
              tiling=tile_transform(src.dtype) if src.tiled else None,
              swizzle=SWIZZLE if src.tiled else None, predicate=_issuer(state))
     return []

@@ -48,6 +48,7 @@ from pallas_mosaic_gpu.params import (
     ACC_SPACE,
     GMEM,
     PARALLEL,
+    SEMAPHORE,
     SEQUENTIAL,
     TMEM,
     BarrierSpace,
@@ -268,9 +269,15 @@ def aligned_smem(entries: Sequence[Any]) -> tuple[tuple[Any, ...], list[int]]:
     return tuple(tree), positions
 
 
-def build(call: KernelCall) -> Callable[..., Any]:
+def build(call: KernelCall, devices: tuple[tuple[str, int], ...] = ()
+          ) -> Callable[..., Any]:
     """The Mosaic GPU kernel of ``call`` as a function of its operands (``mgpu.as_gpu_kernel``);
-    it must be called inside an MLIR context (see :func:`kernel_fn`)."""
+    it must be called inside an MLIR context (see :func:`kernel_fn`). ``devices``: the
+    ``shard_map`` mesh axes it runs under (``lax.axis_index`` of them reads the device id).
+
+    Semaphore scratch (``plgpu.SemaphoreType.REGULAR``) is one int32 array in global memory,
+    each thread block's semaphores side by side (block-major), zeroed before the call and
+    passed as an in-out operand of it (its result is dropped), as JAX's lowering does."""
     arch = _check_spaces(call)
     gm = call.grid_mapping
     pl_ = plan(call)
@@ -312,6 +319,8 @@ def build(call: KernelCall) -> Callable[..., Any]:
         elif space is TMEM:
             smem.append(mgpu.TMEM(tuple(shape), dtype))
             scratch_refs.append(("tmem", shape, dtype))
+        elif space is SEMAPHORE:
+            scratch_refs.append(("sem", shape, dtype))
         else:
             smem.append(jax.ShapeDtypeStruct(buf_shape(shape, dtype), dtype))
             scratch_refs.append(("smem", shape, dtype))
@@ -336,19 +345,35 @@ def build(call: KernelCall) -> Callable[..., Any]:
     alias_in = sorted(aliases)
     plain_out = [j for j in range(len(outs)) if j not in aliases.values()]
 
+    n_sems = sum(math.prod(shape) for kind, shape, _ in scratch_refs if kind == "sem")
+    global_sems = _global_semaphores(call)
+    n_global = sum(math.prod(shape) for _, shape in global_sems.values())
+    if n_sems and n_global:
+        raise UnsupportedError(
+            f"kernel {call.name!r} has both semaphores of its own per block (scratch_types) "
+            "and semaphores all blocks share (pl.get_global); the mosaic_gpu backend passes "
+            "one semaphore array. Fix: use one kind.")
+    sem_shapes = (jax.ShapeDtypeStruct((math.prod(pl_.grid) * n_sems,), np.int32),) \
+        if n_sems else (jax.ShapeDtypeStruct((n_global,), np.int32),) if n_global else ()
+
     def body(launch: Any, *args: Any) -> None:
         refs = list(args[:-1])
         gmem_in: list[Any] = [None] * len(ins)
         for i, r in zip(plain_in + alias_in, refs):
             gmem_in[i] = r
+        sems = refs[len(ins)] if sem_shapes else None
         gmem_out: list[Any] = [None] * len(outs)
-        for j, r in zip(plain_out, refs[len(ins):]):
+        for j, r in zip(plain_out, refs[len(ins) + len(sem_shapes):]):
             gmem_out[j] = r
         for i in alias_in:
             gmem_out[aliases[i]] = gmem_in[i]
         gmem = gmem_in + gmem_out
         smem_refs = [args[-1][p] for p in smem_positions]
-        state = GPULowering(call, "mosaic_gpu", launch=launch, approx=params.approx_math)
+        state = GPULowering(call, "mosaic_gpu", launch=launch, approx=params.approx_math,
+                            devices=tuple(devices))
+        for key, (start, shape) in global_sems.items():  # pl.get_global: shared by all
+            state.global_sems[key] = mgpu.memref_reshape(
+                mgpu.memref_slice(sems, mgpu.ds(index(start), math.prod(shape))), shape)
         rest = iter(smem_refs[n_main:])
         for key, allocs in scoped:
             state.scoped[key] = [
@@ -358,11 +383,11 @@ def build(call: KernelCall) -> Callable[..., Any]:
                 if kind in ("smem", "smem_plain", "smem_tiled") else None
                 for kind, shape, dtype, _ in allocs]
         _emit(state, pl_, gmem, smem_refs[:n_main], buffers, scratch_refs, slots, steps,
-              params.delay_release, reuse)
+              params.delay_release, reuse, (sems, n_sems))
 
     in_shapes = tuple(jax.ShapeDtypeStruct(ins[i].array_shape, ins[i].dtype) for i in plain_in)
     inout_shapes = tuple(jax.ShapeDtypeStruct(ins[i].array_shape, ins[i].dtype)
-                         for i in alias_in)
+                         for i in alias_in) + sem_shapes
     out_shapes = tuple(jax.ShapeDtypeStruct(call.out_avals[j].shape, call.out_avals[j].dtype)
                        for j in plain_out)
     name = "".join(c if c.isalnum() or c == "_" else "_" for c in call.name) or "kernel"
@@ -381,7 +406,9 @@ def build(call: KernelCall) -> Callable[..., Any]:
             "backend supports, or run with backend='interpret'.") from e
 
     def run(*operands: Any) -> list[Any]:
-        res = list(kernel(*[operands[i] for i in plain_in + alias_in]))
+        zeros = [jax.numpy.zeros(s.shape, s.dtype) for s in sem_shapes]
+        res = list(kernel(*[operands[i] for i in plain_in + alias_in], *zeros))
+        res = res[:len(res) - len(sem_shapes)]  # the semaphores' final counts
         out: list[Any] = [None] * len(outs)
         for j, r in zip(plain_out, res):
             out[j] = r
@@ -392,9 +419,29 @@ def build(call: KernelCall) -> Callable[..., Any]:
     return run
 
 
+def _global_semaphores(call: KernelCall) -> dict[int, tuple[int, tuple[int, ...]]]:
+    """Where the semaphores of each ``pl.get_global`` of the kernel (by equation) start in
+    the kernel's semaphore array, and their shape."""
+    found: dict[int, tuple[int, tuple[int, ...]]] = {}
+    start = 0
+    for eqn in reference.all_eqns(call.jaxpr.jaxpr):
+        if eqn.primitive is not prims.get_global_p or id(eqn) in found:
+            continue
+        what = eqn.params["what"]
+        if what.memory_space is not SEMAPHORE:
+            raise UnsupportedError(
+                f"kernel {call.name!r}: pl.get_global of {what} (the mosaic_gpu backend gives "
+                "global semaphores only). Fix: pl.get_global(plgpu.SemaphoreType.REGULAR).")
+        shape = tuple(what.shape)
+        found[id(eqn)] = (start, shape)
+        start += math.prod(shape)
+    return found
+
+
 def _emit(state: GPULowering, pl_: Plan, gmem: list[Any], smem: list[Any],
           buffers: list[tuple[str, int, Any]], scratch: list[Any], slots: int, steps: int,
-          delay: int, reuse: dict[int, tuple[int, int]]) -> None:
+          delay: int, reuse: dict[int, tuple[int, int]],
+          sems: tuple[Any, int] = (None, 0)) -> None:
     call = state.call
     gm = call.grid_mapping
     ins, outs = _operands(call)
@@ -409,8 +456,18 @@ def _emit(state: GPULowering, pl_: Plan, gmem: list[Any], smem: list[Any],
     for j, (k, _) in reuse.items():  # one step per block (smem_reuse): slot 0
         out_bufs[j] = (mgpu.memref_slice(in_bufs[k][0], index(0)), in_bufs[k][2])
     scratch_vals: list[Ref] = []
+    sem_buf, n_sems = sems
+    sem_used = 0
     for n, (kind, shape, dtype) in enumerate(scratch):
-        if kind == "acc":
+        if kind == "sem":  # this block's semaphores, after those of the blocks before it
+            size = math.prod(shape)
+            start = arith.addi(arith.muli(index(mgpu.utils.block_idx()), index(n_sems)),
+                               index(sem_used))
+            mem = mgpu.memref_reshape(mgpu.memref_slice(sem_buf, mgpu.ds(start, size)),
+                                      tuple(shape))
+            sem_used += size
+            scratch_vals.append(Ref("gmem", tuple(shape), dtype, memref=mem))
+        elif kind == "acc":
             key = 1000 + n
             state.accs[key] = mgpu.WGMMAAccumulator.zero(
                 *shape, element_type(dtype), is_signed=signed(dtype))
@@ -556,7 +613,8 @@ def _emit(state: GPULowering, pl_: Plan, gmem: list[Any], smem: list[Any],
         state.launch.await_async_copy(0)
 
 
-def kernel_fn(call: KernelCall) -> Callable[..., Any]:
+def kernel_fn(call: KernelCall, devices: tuple[tuple[str, int], ...] = ()
+              ) -> Callable[..., Any]:
     """:func:`build` in a context of its own (the module is carried as bytes from there)."""
     with plb.make_ir_context(), ir.Location.unknown():
-        return build(call)
+        return build(call, devices)

@@ -105,7 +105,8 @@ def _chunks(shape: Sequence[int], big: int | None) -> list[tuple[tuple[int, int]
 
 def copy(launch: Any, *, gmem: ir.Value, smem: ir.Value, window: Sequence[Any], to_smem: bool,
          barrier: Any = None, tiling: Any = None, swizzle: int | None = None,
-         aligned: bool, kernel: str, commit: bool = True, predicate: Any = None) -> None:
+         aligned: bool, kernel: str, commit: bool = True, predicate: Any = None,
+         peer: Any = None) -> None:
     """A TMA copy between the GMEM ``window`` (``mgpu.ds`` slices and squeezed indices, one
     per GMEM dimension) and the whole SMEM ``smem``, in the direction ``to_smem`` says, split
     as the module docstring describes. ``tiling``/``swizzle``: the GMEM transform and swizzle of
@@ -115,6 +116,7 @@ def copy(launch: Any, *, gmem: ir.Value, smem: ir.Value, window: Sequence[Any], 
     ``commit_smem_to_gmem_group`` does later). ``predicate``: the thread that issues the copy
     (one of the warpgroup when ``None``). A copy that cannot be made raises
     ``UnsupportedError`` naming ``kernel``."""
+    peer_arg = {} if peer is None else {"gmem_peer_id": peer}  # another device's GMEM
     def fail(what: str) -> UnsupportedError:
         return UnsupportedError(f"kernel {kernel!r}: {what}.")
 
@@ -125,7 +127,7 @@ def copy(launch: Any, *, gmem: ir.Value, smem: ir.Value, window: Sequence[Any], 
         pair["barrier"] = barrier
     smem_shape = list(ir.MemRefType(smem.type).shape)
     if tiling is not None or all(n <= MAX_BOX for n in smem_shape):
-        launch.async_copy(**pair, gmem_slice=tuple(window),
+        launch.async_copy(**pair, gmem_slice=tuple(window), **peer_arg,
                           gmem_transform=(tiling,) if tiling is not None else (),
                           swizzle=swizzle, arrive=True if to_smem else commit)
         return
@@ -176,5 +178,6 @@ def copy(launch: Any, *, gmem: ir.Value, smem: ir.Value, window: Sequence[Any], 
         part = mgpu.memref_slice(smem, tuple(mgpu.ds(s, n) for s, n in chunk))
         pair["src_ref" if not to_smem else "dst_ref"] = part
         launch.async_copy(**pair, gmem_slice=tuple(sub_window), gmem_transform=transform,
+                          **peer_arg,
                           arrive=(to_smem and len(chunks) == 1)
                           or (not to_smem and commit and k == len(chunks) - 1))

@@ -181,11 +181,18 @@ class GPULowering(LoweringState):
     warp_axis: Any = None
     """The axis of the ``WarpMesh`` region being lowered (single-thread work is then issued by
     one thread of the warp), or ``None``."""
+    devices: tuple[tuple[str, int], ...] = ()
+    """``(name, size)`` of the ``shard_map`` mesh axes the kernel runs under (else empty)."""
+    global_sems: dict[int, Any] = dataclasses.field(default_factory=dict)
+    """The semaphores each ``pl.get_global`` returns (by equation), in GMEM."""
 
     def value(self, v: Any) -> Any:
         """``v`` as something arithmetic applies to (reads of SMEM Refs are done here)."""
         if isinstance(v, Unavailable):
             raise self.fail(v.what)
+        if type(v).__name__ == "PendingReduce":  # rules_devices: a layout is still to come
+            raise self.fail("plgpu.multimem_load_reduce whose result is not given a layout "
+                            "right away by plgpu.layout_cast")
         if isinstance(v, Loaded):
             if v.transposed:
                 raise self.fail("transposing an SMEM block other than as a dot operand")
@@ -286,11 +293,37 @@ def emit_for(state: GPULowering, n: Any, init: list[Any],
 
 
 def _view(state: GPULowering, ref: Ref, transforms: Any) -> Ref:
-    """``ref`` after the indexers of a Ref access (slices and integer indices)."""
+    """``ref`` after the indexers of a Ref access (slices and integer indices); a peer
+    (``plgpu.remote_ref``) is applied last, as the view of the peer's buffer."""
+    remote: list[Any] = []
+    ref = _view_local(state, ref, transforms, remote)
+    if remote:
+        ref = dataclasses.replace(ref, memref=state.launch.to_remote(ref.memref, remote[-1]))
+    return ref
+
+
+def _view_local(state: GPULowering, ref: Ref, transforms: Any, remote: list[Any]) -> Ref:
     for t in transforms:
         indices = getattr(t, "indices", None)
         if type(t).__name__ == "TransposeTransform":
             ref = _transpose_view(state, ref, tuple(t.permutation))
+            continue
+        if isinstance(t, plb.PeerRefTransform):
+            if ref.kind != "gmem":
+                raise state.fail(f"plgpu.remote_ref of a {ref.kind} Ref (peers' GMEM only)")
+            from pallas_mosaic_gpu.rules_devices import peer_index
+
+            peer = peer_index(state, t)
+            remote.append(peer)
+            continue
+        if type(t).__name__ == "ReshapeTransform" and ref.kind in ("gmem", "smem") and \
+                not ref.tiled and not ref.transposed:
+            try:
+                mem = mgpu.memref_reshape(ref.memref, tuple(t.shape))
+            except (NotImplementedError, ValueError) as e:
+                raise state.fail(f"reshaping a {ref.kind} Ref {list(ref.shape)} to "
+                                 f"{list(t.shape)} ({e})") from None
+            ref = dataclasses.replace(ref, memref=mem, shape=tuple(t.shape))
             continue
         if indices is None:
             raise state.fail(f"the Ref transform {type(t).__name__}")

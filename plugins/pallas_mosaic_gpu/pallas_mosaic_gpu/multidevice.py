@@ -1,0 +1,224 @@
+"""Multi-GPU primitives of the Mosaic GPU backend, each with reference semantics for the
+interpreter (under ``jax.shard_map``, every device running the kernel).
+
+* ``multimem_store(source, ref, collective_axes)``: stores ``source`` into ``ref`` on every
+  device along ``collective_axes`` (NVLink multicast, ``multimem.st``);
+* ``multimem_load_reduce(ref, collective_axes=, reduction_op=)``: the elementwise reduction
+  (``add``, ``min``, ``max``, ``and``, ``or``, ``xor``) of ``ref`` over every device along
+  ``collective_axes`` (``multimem.ld_reduce``); give its result a layout right away with
+  ``plgpu.layout_cast`` (as JAX asks);
+* ``semaphore_signal_multicast(sem, value=1, collective_axes=)``: adds ``value`` to ``sem`` on
+  every device along ``collective_axes``;
+* ``remote_ref(ref, device_id)``: the same GMEM buffer on another device (the core's peer
+  view), for TMA copies, reads, writes and semaphore signals; the interpreter refuses it.
+
+``collective_axes`` must name every axis of the ``shard_map`` mesh, as JAX's lowering asks.
+Semaphores (``plgpu.SemaphoreType.REGULAR``) live in global memory, one set per thread block,
+zero when the kernel starts.
+
+Reference semantics: each is a collective of the devices (``pallas_core.semantics``:
+``gather_devices``): a store lands on every device, in the order of the devices' indices; a
+reduction reads every device's buffer at the view the reading device names; a multicast
+signal adds every device's value to the semaphore its view names on every device. So every
+device must reach them in the same order and equally often, as the SPMD kernels that use
+them do. A kernel's blocks run one after another in the interpreter, so a block waiting for
+a count the other blocks of its own device would reach later is reported as a deadlock
+(checked mode) rather than run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from pallas_core import backend as plb
+from pallas_core import semantics
+from pallas_core.errors import PallasError
+
+REDUCTIONS = ("add", "min", "max", "and", "or", "xor")
+
+
+def _axes(collective_axes: Hashable | tuple[Hashable, ...]) -> tuple[Any, ...]:
+    return tuple(collective_axes) if isinstance(collective_axes, (tuple, list)) else \
+        (collective_axes,)
+
+
+def _primitive(name: str, results: bool) -> Any:
+    p = plb.Primitive(name)
+    p.multiple_results = not results
+    return p
+
+
+multimem_store_p = _primitive("gpu_multimem_store", results=False)
+multimem_load_reduce_p = _primitive("gpu_multimem_load_reduce", results=True)
+semaphore_signal_multicast_p = _primitive("gpu_semaphore_signal_multicast", results=False)
+
+
+def _write_effects(*avals: Any, **_: Any) -> Any:
+    return [], {plb.ReadEffect(0), plb.WriteEffect(0)}
+
+
+multimem_store_p.def_effectful_abstract_eval(_write_effects)
+semaphore_signal_multicast_p.def_effectful_abstract_eval(_write_effects)
+
+
+@multimem_load_reduce_p.def_effectful_abstract_eval
+def _load_reduce_abstract_eval(ref: Any, *flat: Any, tree: Any, **_: Any) -> Any:
+    transforms = jax.tree_util.tree_unflatten(tree, flat)
+    aval = plb.shape_after_transforms(ref, transforms)
+    return plb.ShapedArray(aval.shape, aval.dtype), {plb.ReadEffect(0)}
+
+
+def _view(ref: Any, fn: str) -> tuple[Any, list[Any], Any, Any]:
+    base, transforms = plb.ref_and_transforms(ref, None, fn)
+    flat, tree = jax.tree_util.tree_flatten(transforms)
+    aval = plb.shape_after_transforms(plb.ref_type_of(base), transforms)
+    return base, flat, tree, aval
+
+
+def multimem_store(source: Any, ref: Any, collective_axes: Hashable | tuple[Hashable, ...]
+                   ) -> None:
+    """Stores ``source`` into ``ref`` (a GMEM Ref, or a view of one) on every device along
+    ``collective_axes`` (all axes of the ``shard_map`` mesh)."""
+    base, flat, tree, aval = _view(ref, "multimem_store")
+    source = jnp.asarray(source)
+    if source.shape != tuple(aval.shape) or source.dtype != aval.dtype:
+        raise PallasError(f"plgpu.multimem_store: the source {source.dtype}"
+                          f"{list(source.shape)} does not fit the Ref's view "
+                          f"{aval.dtype}{list(aval.shape)}. Fix: slice the Ref to match.")
+    multimem_store_p.bind(base, *flat, source, tree=tree,
+                          collective_axes=_axes(collective_axes))
+
+
+def multimem_load_reduce(ref: Any, *, collective_axes: Hashable | tuple[Hashable, ...],
+                         reduction_op: str) -> jax.Array:
+    """The ``reduction_op`` (one of :data:`REDUCTIONS`) of ``ref`` (a GMEM Ref or a view of
+    one) over every device along ``collective_axes``; apply ``plgpu.layout_cast`` to it
+    at once."""
+    if reduction_op not in REDUCTIONS:
+        raise PallasError(f"plgpu.multimem_load_reduce(reduction_op={reduction_op!r}): expected "
+                          f"one of {REDUCTIONS}.")
+    base, flat, tree, aval = _view(ref, "multimem_load_reduce")
+    if reduction_op in ("and", "or", "xor") and not jnp.issubdtype(aval.dtype, jnp.integer):
+        raise PallasError(f"plgpu.multimem_load_reduce: reduction {reduction_op!r} needs an "
+                          f"integer Ref, found {aval.dtype}.")
+    return multimem_load_reduce_p.bind(  # type: ignore[no-any-return]
+        base, *flat, tree=tree, collective_axes=_axes(collective_axes),
+        reduction_op=reduction_op)
+
+
+def semaphore_signal_multicast(semaphore: Any, value: Any = 1, *,
+                               collective_axes: Hashable | tuple[Hashable, ...]) -> None:
+    """Adds ``value`` to ``semaphore`` on every device along ``collective_axes``."""
+    base, flat, tree, aval = _view(semaphore, "semaphore_signal_multicast")
+    if aval.shape != () or aval.dtype != jnp.int32:
+        raise PallasError("plgpu.semaphore_signal_multicast needs one semaphore (an int32 Ref "
+                          f"of shape (); index an array of them with .at[i]), found "
+                          f"{aval.dtype}{list(aval.shape)}.")
+    semaphore_signal_multicast_p.bind(base, *flat, jnp.asarray(value, jnp.int32), tree=tree,
+                                      collective_axes=_axes(collective_axes))
+
+
+def remote_ref(ref: Any, device_id: Any, device_id_type: Any = None) -> Any:
+    """``ref`` (a GMEM Ref or a view of one) as the same symmetric buffer on device
+    ``device_id`` of the ``shard_map`` mesh (mesh coordinates, or one index with
+    ``device_id_type=pl.DeviceIdType.LOGICAL``): TMA copies and semaphore signals through it
+    reach that device's memory. The interpreter refuses reads, writes and copies through
+    it."""
+    from pallas_core.primitives import DeviceIdType
+
+    return plb.remote_view(ref, device_id, device_id_type or DeviceIdType.MESH)
+
+
+# --- reference semantics ---------------------------------------------------------------------
+
+
+def _devices(collective_axes: tuple[Any, ...], what: str) -> int:
+    axes = semantics.devices(what)
+    if set(collective_axes) != {n for n, _ in axes}:
+        raise PallasError(f"{what}(collective_axes={collective_axes}) must name every axis of "
+                          f"the shard_map mesh {tuple(n for n, _ in axes)}, as Mosaic GPU's "
+                          "multicast reaches every device of it.")
+    n = 1
+    for _, size in axes:
+        n *= size
+    return n
+
+
+def _rmw(x: Any, flat: list[Any], tree: Any, update: Any) -> tuple[Any, Any]:
+    """``semantics.read_modify_write`` for views that may start with reshapes
+    (``ref.reshape(...).at[...]``), which it does not apply itself."""
+    transforms = list(jax.tree_util.tree_unflatten(tree, flat))
+    y = x
+    while transforms and isinstance(transforms[0], plb.ReshapeTransform):
+        y = y.reshape(tuple(transforms.pop(0).shape))
+    if any(isinstance(t, plb.ReshapeTransform) for t in transforms):
+        raise PallasError("the interpreter reads and writes multicast views that reshape the "
+                          "Ref before indexing it (ref.reshape(...).at[...]), not after. Fix: "
+                          "reshape first.")
+    rest, rest_tree = jax.tree_util.tree_flatten(transforms)
+    old, new = semantics.read_modify_write(y, rest, rest_tree, update)
+    return old, new.reshape(x.shape)
+
+
+def _store_discharge(in_avals: Any, out_avals: Any, ref: Any, *args: Any, tree: Any,
+                     collective_axes: tuple[Any, ...]) -> Any:
+    n = _devices(collective_axes, "plgpu.multimem_store")
+    flat, value = list(args[:tree.num_leaves]), args[tree.num_leaves]
+    sent = semantics.gather_devices((value, flat))
+
+    def one(d: Any, x: Any) -> Any:
+        v, f = jax.tree_util.tree_map(lambda a: a[d], sent)
+        return _rmw(x, f, tree, lambda old: v.astype(old.dtype))[1]
+
+    new = lax.fori_loop(0, n, one, ref)
+    return (new,) + (None,) * len(args), []
+
+
+_COMBINE: dict[str, Callable[[Any, Any], Any]] = {
+    "add": lambda a, b: a + b, "min": jnp.minimum, "max": jnp.maximum, "and": jnp.bitwise_and,
+    "or": jnp.bitwise_or, "xor": jnp.bitwise_xor}
+
+
+def _load_reduce_discharge(in_avals: Any, out_avals: Any, ref: Any, *flat: Any, tree: Any,
+                           collective_axes: tuple[Any, ...], reduction_op: str) -> Any:
+    n = _devices(collective_axes, "plgpu.multimem_load_reduce")
+    everyone = semantics.gather_devices(ref)
+    views = [_rmw(everyone[d], list(flat), tree, lambda old: old)[0]
+             for d in range(n)]
+    acc = views[0]
+    if jnp.issubdtype(acc.dtype, jnp.floating) and reduction_op == "add":
+        total = views[0].astype(jnp.float32)
+        for v in views[1:]:
+            total = total + v.astype(jnp.float32)
+        out = total.astype(acc.dtype)
+    else:
+        for v in views[1:]:
+            acc = _COMBINE[reduction_op](acc, v)
+        out = acc
+    return (None,) * (1 + len(flat)), out
+
+
+def _signal_discharge(in_avals: Any, out_avals: Any, sem: Any, *args: Any, tree: Any,
+                      collective_axes: tuple[Any, ...]) -> Any:
+    n = _devices(collective_axes, "plgpu.semaphore_signal_multicast")
+    flat, value = list(args[:tree.num_leaves]), args[tree.num_leaves]
+    sent = semantics.gather_devices((value, flat))
+
+    def one(d: Any, x: Any) -> Any:
+        v, f = jax.tree_util.tree_map(lambda a: a[d], sent)
+        return _rmw(x, f, tree, lambda old: old + v)[1]
+
+    new = lax.fori_loop(0, n, one, sem)
+    return (new,) + (None,) * len(args), []
+
+
+SEMANTICS: tuple[semantics.PrimitiveSemantics, ...] = (
+    semantics.PrimitiveSemantics(multimem_store_p, discharge=_store_discharge),
+    semantics.PrimitiveSemantics(multimem_load_reduce_p, discharge=_load_reduce_discharge),
+    semantics.PrimitiveSemantics(semaphore_signal_multicast_p, discharge=_signal_discharge),
+)
