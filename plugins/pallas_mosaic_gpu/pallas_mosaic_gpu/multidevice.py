@@ -28,7 +28,7 @@ a count the other blocks of its own device would reach later is reported as a de
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import jax
@@ -165,18 +165,26 @@ def _rmw(x: Any, flat: list[Any], tree: Any, update: Any) -> tuple[Any, Any]:
     return old, new.reshape(x.shape)
 
 
-def _store_discharge(in_avals: Any, out_avals: Any, ref: Any, *args: Any, tree: Any,
-                     collective_axes: tuple[Any, ...]) -> Any:
-    n = _devices(collective_axes, "plgpu.multimem_store")
+def _from_every_device(ref: Any, args: Sequence[Any], tree: Any, n: int,
+                       update: Callable[[Any, Any], Any]) -> Any:
+    """The discharge of a write every device sends to this one (``args``: the view's flat
+    indexers, then the value): each of the ``n`` devices' ``(value, view)``, in the order of
+    their indices, updates ``ref`` at its view by ``update(old, value)``."""
     flat, value = list(args[:tree.num_leaves]), args[tree.num_leaves]
     sent = semantics.gather_devices((value, flat))
 
     def one(d: Any, x: Any) -> Any:
         v, f = jax.tree_util.tree_map(lambda a: a[d], sent)
-        return _rmw(x, f, tree, lambda old: v.astype(old.dtype))[1]
+        return _rmw(x, f, tree, lambda old: update(old, v))[1]
 
     new = lax.fori_loop(0, n, one, ref)
     return (new,) + (None,) * len(args), []
+
+
+def _store_discharge(in_avals: Any, out_avals: Any, ref: Any, *args: Any, tree: Any,
+                     collective_axes: tuple[Any, ...]) -> Any:
+    n = _devices(collective_axes, "plgpu.multimem_store")
+    return _from_every_device(ref, args, tree, n, lambda old, v: v.astype(old.dtype))
 
 
 _COMBINE: dict[str, Callable[[Any, Any], Any]] = {
@@ -206,15 +214,7 @@ def _load_reduce_discharge(in_avals: Any, out_avals: Any, ref: Any, *flat: Any, 
 def _signal_discharge(in_avals: Any, out_avals: Any, sem: Any, *args: Any, tree: Any,
                       collective_axes: tuple[Any, ...]) -> Any:
     n = _devices(collective_axes, "plgpu.semaphore_signal_multicast")
-    flat, value = list(args[:tree.num_leaves]), args[tree.num_leaves]
-    sent = semantics.gather_devices((value, flat))
-
-    def one(d: Any, x: Any) -> Any:
-        v, f = jax.tree_util.tree_map(lambda a: a[d], sent)
-        return _rmw(x, f, tree, lambda old: old + v)[1]
-
-    new = lax.fori_loop(0, n, one, sem)
-    return (new,) + (None,) * len(args), []
+    return _from_every_device(sem, args, tree, n, lambda old, v: old + v)
 
 
 SEMANTICS: tuple[semantics.PrimitiveSemantics, ...] = (
