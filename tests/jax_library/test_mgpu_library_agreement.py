@@ -23,8 +23,8 @@ cluster, threads per block, dynamic shared memory) and target architecture.
   CPU (what they need, which architecture the module says), this plugin's Blackwell matmul
   against the same kernel written with JAX's ``plgpu`` (identical), and the port of
   blackwell_matmul (cluster launch control, a TMA warp and an MMA warp) lowering like JAX's
-  with one pinned difference and running in the interpreter; its collective form (2-CTA) is a
-  strict xfail naming what it lacks.
+  with one pinned difference and running in the interpreter; its collective form (2-CTA,
+  clusters of 2 blocks) lowering like JAX's, the collective instructions counted alike.
 """
 
 from __future__ import annotations
@@ -715,15 +715,6 @@ def test_jax_blackwell_ragged_dot_needs_an_sm_count(monkeypatch: pytest.MonkeyPa
         lower(False)
 
 
-BLACKWELL_COLLECTIVE_GAP = (
-    "the collective form (a cluster of 2 blocks sharing a 2-CTA tcgen05_mma) needs "
-    "plgpu.ClusterBarrier (refused first), plgpu.CopyPartition (copy_gmem_to_smem("
-    "leader_tracked=..., collective_axes=...)), plgpu.TMEM(collective=True) and "
-    "tcgen05_mma/tcgen05_commit_arrive(collective_axis=...), which the mosaic_gpu backend "
-    "refuses; running it in the interpreter would also need the 2 blocks of a cluster to run "
-    "each at its own pace, each with its own SMEM that the other's copies and tensor-core "
-    "work reach")
-
 BLACKWELL_ANSWERS = 2 * 16
 """dynamic_scheduling_loop's SMEM for the answers of try_cluster_cancel: 2 slots of 16 bytes."""
 
@@ -788,11 +779,51 @@ def test_blackwell_matmul_port_runs_in_the_interpreter(minor: str) -> None:
     np.testing.assert_allclose(got.astype(F32), expected, rtol=2e-2, atol=5e-2)
 
 
-@pytest.mark.xfail(strict=True, raises=pl.UnsupportedError, reason=BLACKWELL_COLLECTIVE_GAP)
+# What makes the collective form collective, counted in a module's text: TMA copies into
+# one block's part tracked by the first block's barrier, arrivals on every block's barrier
+# (ClusterBarrier), 2-CTA matmuls and commits multicast to both blocks, TMEM allocated by both
+# blocks, and the cluster meeting after the barriers are made and before TMEM is freed.
+COLLECTIVE_MARKS = (
+    "bulk.tensor.4d.shared::cta.global.tile.mbarrier::complete_tx::bytes.cta_group::2",
+    "mbarrier.arrive.shared::cluster.b64", "tcgen05.mma.cta_group::2",
+    "tcgen05.mma.cta_group::1", "multicast_mask = %c3_i16 {group = #nvvm.cta_group<cta_2>}",
+    "nvvm.tcgen05.alloc", "cta_group<cta_2>", "nvvm.cluster.arrive.relaxed",
+    "nvvm.cluster.wait", "clusterlaunchcontrol.try_cancel", "%c272695312")
+
+
+def _marks(module: Any) -> dict[str, int]:
+    text = str(module)
+    return {m: text.count(m) for m in COLLECTIVE_MARKS}
+
+
 def test_blackwell_matmul_collective_port_lowers_like_jax() -> None:
+    """The port's collective form (``collective=True``): a cluster of 2 blocks computing
+    256x256 tiles together. Each block's TMA warp loads its half of the A rows and of the B
+    columns (``copy_gmem_to_smem(collective_axes="x", leader_tracked=PARTITIONED(d))``), the
+    first block's barrier tracking both; the first block's MMA warp issues 2-CTA matmuls
+    (``tcgen05_mma(collective_axis="x")``, instruction descriptor M=256) into TMEM both blocks
+    allocated (``TMEM(collective=True)``), and each block's store warpgroup hands its TMEM slot
+    back to the first block through a ``ClusterBarrier``. Same launch (grid of 8 blocks in
+    clusters of 2) and call as JAX's lowering for sm_100a, the same SMEM difference as the
+    non-collective form, and the same count of every collective instruction."""
     from pallas_mosaic_gpu import targets
 
     ours = _one_kernel(_blackwell_matmul(_library("blackwell_matmul_mgpu", True), True))
     with targets.assume(targets.BLACKWELL):
         theirs = _one_kernel(_blackwell_matmul(_library("blackwell_matmul_mgpu", False), True))
-    inspection.assert_same_kernel(ours, theirs)
+    buffers = 3 * 2 * 128 * 64 * 2
+    barriers, tmem_address = 6 * 2 * 8, 4
+    inspection.assert_same_kernel(ours, theirs, {"smem_bytes": (
+        buffers + BLACKWELL_ANSWERS + barriers + tmem_address,
+        buffers + 1024 + barriers + tmem_address)})
+    launch = inspection.launch(ours[1])
+    assert (launch["grid"], launch["cluster"], launch["arch"]) == ((8, 1, 1), (2, 1, 1), (10, 0))
+    mine, jax_marks = _marks(ours[1]), _marks(theirs[1])
+    assert mine == jax_marks
+    assert mine["tcgen05.mma.cta_group::2"] == 4 and mine["tcgen05.mma.cta_group::1"] == 0
+    assert mine[COLLECTIVE_MARKS[0]] == 2 and mine["nvvm.cluster.wait"] == 2
+    # The non-collective form has none of it.
+    single = _marks(_one_kernel(_blackwell_matmul(_library("blackwell_matmul_mgpu", True),
+                                                  False))[1])
+    assert single[COLLECTIVE_MARKS[0]] == single["cta_group<cta_2>"] == 0
+    assert single["tcgen05.mma.cta_group::1"] == 4

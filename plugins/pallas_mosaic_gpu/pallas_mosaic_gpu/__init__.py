@@ -36,6 +36,7 @@ from pallas_mosaic_gpu.params import (
     SMEM,
     TMEM,
     Barrier,
+    ClusterBarrier,
     CompilerParams,
     GPUCompilerParams,
     LoweringSemantics,
@@ -55,6 +56,7 @@ from pallas_mosaic_gpu.pipeline import (
 )
 from pallas_mosaic_gpu.plugin import __version__
 from pallas_mosaic_gpu.primitives import (
+    CopyPartition,
     barrier_arrive,
     barrier_wait,
     commit_smem,
@@ -100,3 +102,4 @@ __all__ += ["dynamic_scheduling_loop", "query_cluster_cancel", "try_cluster_canc
             "TryClusterCancelResult", "WarpMesh"]
 __all__ += ["multimem_load_reduce", "multimem_store", "remote_ref", "SemaphoreType",
             "semaphore_signal_multicast"]
+__all__ += ["ClusterBarrier", "CopyPartition"]

@@ -38,9 +38,9 @@ from pallas_core import backend as plb
 from pallas_core import reference, semantics
 from pallas_core.copies import RefViews, bind_views
 from pallas_core.errors import PallasError, UnsupportedError
+from pallas_mosaic_gpu import cluster, rules, values
 from pallas_mosaic_gpu import primitives as gp
-from pallas_mosaic_gpu import rules, values
-from pallas_mosaic_gpu.params import TMEM
+from pallas_mosaic_gpu.params import TensorMemorySpace
 
 tcgen05_mma_p = gp._primitive("gpu_tcgen05_mma")
 tcgen05_commit_arrive_p = gp._primitive("gpu_tcgen05_commit_arrive")
@@ -72,14 +72,6 @@ def _tmem_aval(ref: Any, fn: str) -> Any:
     return aval
 
 
-def _no_collective(collective_axis: Any, fn: str) -> None:
-    if collective_axis is not None:
-        raise UnsupportedError(
-            f"plgpu.{fn}(collective_axis={collective_axis!r}): collective (2-CTA) tcgen05 work "
-            "is not supported by the mosaic_gpu backend (blocks of a cluster do not share "
-            "SMEM or barriers here). Fix: drop collective_axis and give each block its tile.")
-
-
 def _check_tc_barrier(barrier: Any, fn: str) -> None:
     gp._check_barrier(barrier, fn)
     space = plb.ref_type_of(plb.ref_and_transforms(barrier, None, fn)[0]).memory_space
@@ -96,9 +88,14 @@ def tcgen05_mma(acc: Any, a: Any, b: Any, barrier: Any = None, *, a_scale: Any =
     ``acc`` is a TMEM Ref (M, N) of float32; ``a`` (M, K) and ``b`` (K, N) are SMEM Refs of
     one 16-bit float dtype (``plgpu.transpose_ref`` views allowed), tiled as the backend
     tiles such buffers (both dimensions multiples of 64). ``barrier`` (ordering the tensor
-    core) completes a phase when the matmul is done; ``accumulate`` may be traced."""
+    core) completes a phase when the matmul is done; ``accumulate`` may be traced.
+
+    ``collective_axis`` (a cluster axis of 2 blocks, the first one): one matmul of both
+    blocks (``cta_group::2``), issued by the first. Each block holds its half of the rows of
+    ``a`` (M, K) and of ``acc``, and its half of the columns of ``b`` (K, N), so ``acc`` is
+    (M, 2N); ``acc`` is a ``plgpu.TMEM(..., collective=True)`` buffer and ``barrier`` completes
+    a phase in both blocks."""
     fn = "tcgen05_mma"
-    _no_collective(collective_axis, fn)
     if a_scale is not None or b_scale is not None or a_sparse_metadata is not None:
         raise UnsupportedError(
             "plgpu.tcgen05_mma with a_scale/b_scale/a_sparse_metadata (block-scaled or sparse "
@@ -107,10 +104,13 @@ def tcgen05_mma(acc: Any, a: Any, b: Any, barrier: Any = None, *, a_scale: Any =
     acc_aval = _tmem_aval(acc, fn)
     a_aval, b_aval = gp._aval(a, fn)[0], gp._aval(b, fn)[0]
     (m, k), (k2, n) = a_aval.shape, b_aval.shape
-    if k != k2 or acc_aval.shape != (m, n) or a_aval.dtype != b_aval.dtype:
+    n_acc = n if collective_axis is None else 2 * n
+    if k != k2 or acc_aval.shape != (m, n_acc) or a_aval.dtype != b_aval.dtype:
+        expected = "acc (M, N)" if collective_axis is None else \
+            "acc (M, 2 N) (collective: b holds this block's half of the columns)"
         raise PallasError(f"plgpu.tcgen05_mma: acc {list(acc_aval.shape)} += a {a_aval.dtype}"
                           f"{list(a_aval.shape)} @ b {b_aval.dtype}{list(b_aval.shape)} does "
-                          "not fit: expected acc (M, N), a (M, K), b (K, N), a and b of one "
+                          f"not fit: expected {expected}, a (M, K), b (K, N), a and b of one "
                           "dtype.")
     if np.dtype(acc_aval.dtype) != np.float32:
         raise UnsupportedError(f"plgpu.tcgen05_mma into a {np.dtype(acc_aval.dtype)} "
@@ -121,14 +121,16 @@ def tcgen05_mma(acc: Any, a: Any, b: Any, barrier: Any = None, *, a_scale: Any =
     static = isinstance(accumulate, (bool, np.bool_))
     extra = [] if static else [jnp.asarray(accumulate, jnp.bool_)]
     bind_views(tcgen05_mma_p, views, extra, fn, arrive=barrier is not None,
-               accumulate=bool(accumulate) if static else None)
+               accumulate=bool(accumulate) if static else None, collective_axis=collective_axis)
 
 
 def tcgen05_commit_arrive(barrier: Any, collective_axis: Any = None) -> None:
-    """``barrier`` completes a phase once the tcgen05 work issued before is done."""
-    _no_collective(collective_axis, "tcgen05_commit_arrive")
+    """``barrier`` completes a phase once the tcgen05 work issued before is done;
+    ``collective_axis``: the work of a collective ``tcgen05_mma``, issued by the first block
+    of the cluster, completing ``barrier`` in both blocks."""
     _check_tc_barrier(barrier, "tcgen05_commit_arrive")
-    bind_views(tcgen05_commit_arrive_p, [barrier], [], "tcgen05_commit_arrive")
+    bind_views(tcgen05_commit_arrive_p, [barrier], [], "tcgen05_commit_arrive",
+               collective_axis=collective_axis)
 
 
 def async_load_tmem(src: Any, *, layout: Any = None) -> jax.Array:
@@ -168,7 +170,10 @@ def commit_tmem() -> None:
 
 
 def _mma(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any, arrive: bool,
-         accumulate: bool | None) -> Any:
+         accumulate: bool | None, collective_axis: Any = None) -> Any:
+    if collective_axis is not None:
+        raise cluster.refused_in_interpreter(
+            f"plgpu.tcgen05_mma(collective_axis={collective_axis!r})")
     state = RefViews(args, tree, roles)
     acc = state.read(0)
     prod = lax.dot(gp._read_operand(state, 1), gp._read_operand(state, 2),
@@ -180,7 +185,11 @@ def _mma(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any, arriv
     return state.new_values(), []
 
 
-def _commit_arrive(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any) -> Any:
+def _commit_arrive(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any,
+                   collective_axis: Any = None) -> Any:
+    if collective_axis is not None:
+        raise cluster.refused_in_interpreter(
+            f"plgpu.tcgen05_commit_arrive(collective_axis={collective_axis!r})")
     state = RefViews(args, tree, roles)
     state.write(0, state.read(0) + 1)
     return state.new_values(), []
@@ -208,12 +217,17 @@ SEMANTICS: tuple[semantics.PrimitiveSemantics, ...] = (
 
 
 def uses_blackwell(call: Any) -> bool:
-    """Whether a kernel allocates TMEM or applies a tcgen05/TMEM primitive."""
-    if any(a.memory_space is TMEM for a in call.grid_mapping.scratch_avals):
+    """Whether a kernel allocates TMEM, applies a tcgen05/TMEM primitive, claims work with
+    cluster launch control or makes a leader-tracked copy."""
+    if any(isinstance(a.memory_space, TensorMemorySpace) for a in call.grid_mapping.scratch_avals):
         return True
     from pallas_mosaic_gpu import scheduling  # cluster launch control is Blackwell's too
-    return reference.find_eqn(call.jaxpr.jaxpr,
-                              PRIMITIVES + scheduling.CLUSTER_LAUNCH_CONTROL) is not None
+    if reference.find_eqn(call.jaxpr.jaxpr,
+                          PRIMITIVES + scheduling.CLUSTER_LAUNCH_CONTROL) is not None:
+        return True
+    # So are leader-tracked copies (cta_group::2).
+    return any(e.primitive is gp.copy_gmem_to_smem_p and e.params.get("leader_tracked")
+               is not None for e in reference.all_eqns(call.jaxpr.jaxpr))
 
 
 # --- lowering ----------------------------------------------------------------------------------
@@ -270,33 +284,53 @@ def _smem_operand(state: Any, view: Any, what: str) -> Any:
     return values._transposed(ref) if transposed else ref.memref
 
 
+def _issuer(state: Any, eqn: Any, collective_axis: Any, fn: str) -> Any:
+    """The thread issuing tcgen05 work: one of the warpgroup (or warp), and with
+    ``collective_axis`` only in the first block of the cluster along it."""
+    one = _one_thread(state)
+    if collective_axis is None:
+        return one
+    what = f"plgpu.{fn}(collective_axis={collective_axis!r})"
+    mesh = getattr(state.call.compiler_params, "mesh", None)
+    (dim,) = cluster.cluster_dims(mesh, (collective_axis,), what, state.fail)
+    if dim != cluster.DIMS[0] or cluster.cluster_size(mesh, (dim,)) != 2:
+        raise state.fail(f"{what} along other than the first cluster axis, of 2 blocks")
+    return arith.andi(one, cluster.is_first_block(dim))
+
+
 @rules.rule(tcgen05_mma_p, lazy=True)
 def _mma_rule(state: Any, eqn: Any, *args: Any, arrive: bool, accumulate: bool | None,
-              **_: Any) -> Any:
+              collective_axis: Any = None, **_: Any) -> Any:
     views = _role_views(state, eqn, args)
     if views[0].kind != "tmem":
         raise state.fail("plgpu.tcgen05_mma into something other than TMEM")
+    collective = collective_axis is not None
+    if collective and not getattr(eqn.invars[0].aval.memory_space, "collective", False):
+        raise state.fail("a collective plgpu.tcgen05_mma into a TMEM buffer allocated without "
+                         "collective=True")
     a = _smem_operand(state, views[1], "left")
     b = _smem_operand(state, views[2], "right")
     i1 = ir.IntegerType.get_signless(1)
     acc_flag = arith.constant(i1, int(accumulate)) if accumulate is not None else \
         state.value(args[-1])
-    with mgpu.when(_one_thread(state)):
+    with mgpu.when(_issuer(state, eqn, collective_axis, "tcgen05_mma")):
         try:
             tcgen05.mma(views[0].memref, a, b, a_swizzle=values.SWIZZLE,
-                        b_swizzle=values.SWIZZLE, accumulate=acc_flag)
+                        b_swizzle=values.SWIZZLE, accumulate=acc_flag, collective=collective)
         except (NotImplementedError, ValueError) as e:
             raise state.fail(f"this tcgen05_mma ({e})") from None
         if arrive:
-            tcgen05.commit_arrive(views[3].barrier, ctx=state.launch)
+            tcgen05.commit_arrive(views[3].barrier, collective=collective, ctx=state.launch)
     return []
 
 
 @rules.rule(tcgen05_commit_arrive_p, lazy=True)
-def _commit_arrive_rule(state: Any, eqn: Any, *args: Any, **_: Any) -> Any:
+def _commit_arrive_rule(state: Any, eqn: Any, *args: Any, collective_axis: Any = None,
+                        **_: Any) -> Any:
     (bar,) = _role_views(state, eqn, args)
-    with mgpu.when(_one_thread(state)):
-        tcgen05.commit_arrive(bar.barrier, ctx=state.launch)
+    with mgpu.when(_issuer(state, eqn, collective_axis, "tcgen05_commit_arrive")):
+        tcgen05.commit_arrive(bar.barrier, collective=collective_axis is not None,
+                              ctx=state.launch)
     return []
 
 

@@ -51,29 +51,37 @@ SMEM = SharedMemorySpace("SMEM", backend=NAME, shared=True)
 class TensorMemorySpace(MemorySpace):
     """Tensor memory (``plgpu.TMEM``); its scratch buffers take JAX's keyword arguments."""
 
+    collective: bool = False
+    """Allocated by the two blocks of a cluster together (``cta_group::2``), as the
+    accumulator of collective ``tcgen05_mma`` needs; each block still sees its own rows."""
+
     def __call__(self, shape: Sequence[int], dtype: Any, *, transforms: Sequence[Any] = (),
                  packed: bool | None = None, collective: bool | None = None,
                  layout: Any = None) -> MemoryRef:
-        """A TMEM buffer of ``shape`` (rows, columns) and a 32-bit ``dtype``. Collective
-        (2-CTA) buffers, packed 16-bit buffers and explicit layouts are refused."""
+        """A TMEM buffer of ``shape`` (rows, columns) and a 32-bit ``dtype``; ``collective``:
+        allocated by the two blocks of a cluster together, for collective ``tcgen05_mma``.
+        Packed 16-bit buffers and explicit layouts are refused."""
         from pallas_core.errors import UnsupportedError
 
         what = f"plgpu.TMEM({tuple(shape)}, {np.dtype(dtype).name})"
         if transforms:
             raise PallasError(f"{what}: TMEM buffers take no transforms. Fix: drop them.")
-        if collective or packed or layout is not None:
+        if packed or layout is not None:
             raise UnsupportedError(
-                f"{what} with collective=, packed= or layout= is not supported by the "
-                "mosaic_gpu backend (one block's TMEM of 32-bit elements, in the library's "
-                "default layout). Fix: drop them and use a float32 or int32 buffer.")
+                f"{what} with packed= or layout= is not supported by the mosaic_gpu backend "
+                "(TMEM of 32-bit elements, in the library's default layout). Fix: drop them "
+                "and use a float32 or int32 buffer.")
         if np.dtype(dtype).itemsize != 4 or len(tuple(shape)) != 2:
             raise UnsupportedError(f"{what}: TMEM buffers here are 2-D and 32-bit. Fix: e.g. "
                                    "plgpu.TMEM((128, 128), jnp.float32).")
-        return super().__call__(shape, dtype)
+        space = TMEM_COLLECTIVE if collective else TMEM
+        return MemorySpace.__call__(space, shape, dtype)
 
 
 TMEM = TensorMemorySpace("TMEM", backend=NAME, shared=True)
 """Tensor memory (Blackwell, sm_100a): kernels that allocate it are built for sm_100a."""
+TMEM_COLLECTIVE = TensorMemorySpace("TMEM", backend=NAME, shared=True, collective=True)
+"""TMEM allocated by the two blocks of a cluster together (``plgpu.TMEM(collective=True)``)."""
 ACC_SPACE = MemorySpace("ACC", backend=NAME, zeroed=True)
 """Warpgroup-matmul accumulators held in registers (see :func:`ACC`)."""
 
@@ -115,9 +123,15 @@ class BarrierSpace(MemorySpace):
 
     num_arrivals: int = 1
     orders_tensor_core: bool = False
-    shared: bool = True  # one per block, for all its warpgroups
     """Waits and arrivals also order tcgen05 work (``tcgen05.fence``), as Blackwell needs of
     barriers that tcgen05 matmuls complete."""
+    shared: bool = True  # one per block, for all its warpgroups
+    collective_axes: tuple[str, ...] = ()
+    """Cluster axes of a ``plgpu.ClusterBarrier``: an arrival reaches the barrier of every
+    block of the cluster along them, and a phase completes after ``num_arrivals`` arrivals
+    from each of those blocks."""
+    leader_tracked: bool = False
+    """A ``ClusterBarrier(leader_tracked=True)``: arrivals reach the first block's only."""
 
 
 LANE = "lane"
@@ -349,6 +363,48 @@ class Barrier:
         space = BarrierSpace("BARRIER", backend=NAME, zeroed=True,
                              num_arrivals=self.num_arrivals,
                              orders_tensor_core=bool(self.orders_tensor_core))
+        return space((self.num_barriers,), np.int32)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ClusterBarrier:
+    """``num_barriers`` mbarriers shared by the blocks of a cluster along ``collective_axes``
+    (cluster axes of the ``plgpu.kernel``): each block has its own, and an arrival
+    (``plgpu.barrier_arrive``, once per warpgroup) reaches the barrier of every block along
+    those axes, so a phase completes once each of them has arrived ``num_arrivals`` times.
+    ``leader_tracked=True``: arrivals reach only the first block's barrier along the (one)
+    axis. ``orders_tensor_core`` as for :class:`Barrier`. Lowering only: the interpreter runs
+    the blocks of a cluster one after another and refuses it by name."""
+
+    collective_axes: tuple[str, ...]
+    num_barriers: int = 1
+    num_arrivals: int = 1
+    orders_tensor_core: bool = False
+    leader_tracked: bool = False
+
+    def __post_init__(self) -> None:
+        axes = self.collective_axes
+        axes = (axes,) if isinstance(axes, str) else tuple(axes)
+        if not axes or not all(isinstance(a, str) for a in axes):
+            raise PallasError(f"plgpu.ClusterBarrier(collective_axes={self.collective_axes!r}):"
+                              " expected one or more cluster axis names (str). Fix: e.g. "
+                              "collective_axes=('x',) for plgpu.kernel(cluster_names=('x',)).")
+        if self.leader_tracked and len(axes) != 1:
+            raise PallasError(f"plgpu.ClusterBarrier(collective_axes={axes}, leader_tracked="
+                              "True): a leader-tracked barrier has one collective axis.")
+        object.__setattr__(self, "collective_axes", axes)
+        for field in ("num_arrivals", "num_barriers"):
+            v = getattr(self, field)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise PallasError(f"plgpu.ClusterBarrier({field}={v!r}): expected an int >= 1.")
+
+    def memory_ref(self) -> MemoryRef:
+        """The scratch description (``scratch_shapes`` takes it)."""
+        space = BarrierSpace("BARRIER", backend=NAME, zeroed=True,
+                             num_arrivals=self.num_arrivals,
+                             orders_tensor_core=bool(self.orders_tensor_core),
+                             collective_axes=self.collective_axes,
+                             leader_tracked=bool(self.leader_tracked))
         return space((self.num_barriers,), np.int32)
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.experimental.mosaic.gpu import CopyPartition
 
 from pallas_core import backend as plb
 from pallas_core import semantics
@@ -74,11 +75,25 @@ def _space_name(ref: Any) -> str:
     return getattr(space, "name", str(space))
 
 
-def _check_copy(src: Any, dst: Any, fn: str, src_space: str, dst_space: str) -> None:
+def _check_copy(src: Any, dst: Any, fn: str, src_space: str, dst_space: str,
+                partitioned: int | None = None) -> None:
+    """Checks that ``src`` and ``dst`` match and live where ``fn`` copies from and to;
+    ``partitioned``: ``dst`` is one block's part of ``src`` along that dimension (a
+    multiple of it; the lowering checks the multiple is the cluster's size)."""
     (s, s_ref), (d, d_ref) = _aval(src, fn), _aval(dst, fn)
-    if s.shape != d.shape or s.dtype != d.dtype:
+    fits = s.shape == d.shape
+    if partitioned is not None:
+        if not 0 <= partitioned < len(s.shape):
+            raise PallasError(f"plgpu.{fn}: CopyPartition.PARTITIONED({partitioned}) of a "
+                              f"{len(s.shape)}-D window. Fix: name one of its dimensions.")
+        fits = len(s.shape) == len(d.shape) and all(
+            a == b or (i == partitioned and b and a % b == 0)
+            for i, (a, b) in enumerate(zip(s.shape, d.shape)))
+    if not fits or s.dtype != d.dtype:
+        part = "" if partitioned is None else \
+            f" (the source split along dimension {partitioned} among the cluster's blocks)"
         raise PallasError(f"plgpu.{fn}: source {s.dtype}{list(s.shape)} and destination "
-                          f"{d.dtype}{list(d.shape)} differ. Fix: slice them to match "
+                          f"{d.dtype}{list(d.shape)} differ{part}. Fix: slice them to match "
                           "(ref.at[...]).")
     for ref, want, what in ((s_ref, src_space, "source"), (d_ref, dst_space, "destination")):
         found = _space_name(ref)
@@ -99,21 +114,45 @@ def _check_barrier(barrier: Any, fn: str) -> None:
 def copy_gmem_to_smem(src: Any, dst: Any, barrier: Any, *, collective_axes: Any = None,
                       leader_tracked: Any = None, partitioned_axis: Any = None) -> None:
     """Starts a TMA copy of ``src`` (GMEM, a window of it with ``.at[...]``) into ``dst``
-    (SMEM); ``barrier_wait(barrier)`` returns once it has landed. The collective forms
-    (``collective_axes``, ``leader_tracked``, ``partitioned_axis``: one copy shared by the
-    blocks of a cluster) are refused."""
-    given = {k: v for k, v in (("collective_axes", collective_axes),
-                               ("leader_tracked", leader_tracked),
-                               ("partitioned_axis", partitioned_axis)) if v is not None}
-    if given:
-        from pallas_core.errors import UnsupportedError
-        raise UnsupportedError(
-            f"plgpu.copy_gmem_to_smem({', '.join(f'{k}={v!r}' for k, v in given.items())}): "
-            "copies shared by the blocks of a cluster (multicast, plgpu.CopyPartition) are not "
-            "supported by the mosaic_gpu backend. Fix: drop them and copy each block's part.")
-    _check_copy(src, dst, "copy_gmem_to_smem", "GMEM", "SMEM")
-    _check_barrier(barrier, "copy_gmem_to_smem")
-    bind_views(copy_gmem_to_smem_p, [src, dst, barrier], [], "copy_gmem_to_smem")
+    (SMEM); ``barrier_wait(barrier)`` returns once it has landed.
+
+    ``collective_axes`` (cluster axes): every block of the cluster along them issues this
+    same copy. Without ``leader_tracked`` each of them receives all of it (multicast) and
+    its own barrier tracks it. With ``leader_tracked=CopyPartition.PARTITIONED(d)`` the
+    window is split along its dimension ``d`` among the blocks (one axis of 2 blocks), each
+    receiving its part into ``dst`` (so ``src`` is twice ``dst`` along ``d``), and only the
+    first block's barrier tracks the whole transfer; ``CopyPartition.REPLICATED``: each
+    receives all of it, tracked by the first block. ``partitioned_axis=d`` is JAX's older
+    spelling of ``leader_tracked=CopyPartition.PARTITIONED(d)``. See
+    :mod:`pallas_mosaic_gpu.cluster`."""
+    fn = "copy_gmem_to_smem"
+    if partitioned_axis is not None:
+        if leader_tracked is not None:
+            raise PallasError(f"plgpu.{fn}: partitioned_axis={partitioned_axis!r} and "
+                              f"leader_tracked={leader_tracked!r} say the same thing twice. "
+                              "Fix: pass only leader_tracked=plgpu.CopyPartition.PARTITIONED("
+                              f"{partitioned_axis!r}).")
+        leader_tracked = CopyPartition.PARTITIONED(int(partitioned_axis))
+    axes = None
+    if collective_axes is not None:
+        from pallas_mosaic_gpu.cluster import axes_tuple
+        axes = axes_tuple(collective_axes)
+    if leader_tracked is not None:
+        if axes is None:
+            raise PallasError(f"plgpu.{fn}(leader_tracked={leader_tracked!r}): a leader-"
+                              "tracked copy is shared by the blocks of a cluster. Fix: name "
+                              "the cluster axis too, collective_axes='x'.")
+        if not isinstance(leader_tracked, CopyPartition):
+            raise PallasError(f"plgpu.{fn}(leader_tracked={leader_tracked!r}): expected "
+                              "plgpu.CopyPartition.PARTITIONED(axis) or "
+                              "plgpu.CopyPartition.REPLICATED.")
+        if len(axes) != 1:
+            raise PallasError(f"plgpu.{fn}(collective_axes={axes}, leader_tracked=...): a "
+                              "leader-tracked copy is shared along one cluster axis.")
+    _check_copy(src, dst, fn, "GMEM", "SMEM", partitioned=getattr(leader_tracked, "axis", None))
+    _check_barrier(barrier, fn)
+    bind_views(copy_gmem_to_smem_p, [src, dst, barrier], [], fn, collective_axes=axes,
+               leader_tracked=leader_tracked)
 
 
 def copy_smem_to_gmem(src: Any, dst: Any, *, commit_group: bool = True) -> None:
@@ -235,7 +274,13 @@ def _window(transforms: Any) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def _copy_in(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any) -> Any:
+def _copy_in(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any,
+             collective_axes: Any = None, leader_tracked: Any = None) -> Any:
+    if leader_tracked is not None:
+        from pallas_mosaic_gpu.cluster import refused_in_interpreter
+        raise refused_in_interpreter(f"plgpu.copy_gmem_to_smem(leader_tracked="
+                                     f"{leader_tracked!r})")
+    # A multicast copy (collective_axes alone) gives each block what a copy of its own would.
     state = RefViews(args, tree, roles)
     state.write(_DST, state.read(_SRC, _window(state.transforms[_SRC])))
     state.write(_BARRIER, state.read(_BARRIER) + 1)
@@ -250,6 +295,9 @@ def _copy_out(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any,
 
 
 def _arrive(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any) -> Any:
+    if getattr(getattr(in_avals[0], "memory_space", None), "collective_axes", ()):
+        from pallas_mosaic_gpu.cluster import refused_in_interpreter
+        raise refused_in_interpreter("plgpu.barrier_arrive on a plgpu.ClusterBarrier")
     state = RefViews(args, tree, roles)
     state.write(0, state.read(0) + 1)
     return state.new_values(), []

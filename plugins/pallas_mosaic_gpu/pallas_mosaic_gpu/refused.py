@@ -69,8 +69,6 @@ REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
     "barrier_test": ("tests a barrier's phase without blocking",
                      ("barriers here are only waited for", "use plgpu.barrier_wait")),
     "cluster_ref": ("a view of an SMEM buffer in another block of the cluster", _CLUSTER),
-    "ClusterBarrier": ("an mbarrier shared by the blocks along cluster axes", _CLUSTER),
-    "CopyPartition": ("how a collective copy is split among the blocks of a cluster", _CLUSTER),
     "format_tcgen05_sparse_metadata": ("orders sparsity metadata for tcgen05_mma", _BLACKWELL),
     "griddepcontrol_launch_dependents": ("lets the next kernel start early (programmatic "
                                          "dependent launch)", _HINT),

@@ -20,8 +20,8 @@ from jaxlib.mlir.dialects import arith, nvvm
 from pallas_core import backend as plb
 from pallas_core import primitives as prims
 from pallas_core.mlir_lowering import element_type, is_float
+from pallas_mosaic_gpu import cluster, tma, warp_specialized_lowering
 from pallas_mosaic_gpu import primitives as gp
-from pallas_mosaic_gpu import tma, warp_specialized_lowering
 from pallas_mosaic_gpu.rules import rule
 from pallas_mosaic_gpu.values import (
     FA,
@@ -285,14 +285,24 @@ def _add_index(a: Any, b: Any) -> Any:
 
 
 @rule(gp.copy_gmem_to_smem_p, lazy=True)
-def _copy_in(state: GPULowering, eqn: Any, *args: Any, **_: Any) -> Any:
+def _copy_in(state: GPULowering, eqn: Any, *args: Any, collective_axes: Any = None,
+             leader_tracked: Any = None, **_: Any) -> Any:
     _src_view, dst, bar = _views(state, eqn, args)
     src, window = _gmem_window(state, eqn, args, 0)
+    shared = {}
+    if collective_axes is not None:  # a copy the blocks of a cluster share (cluster.py)
+        dims = cluster.cluster_dims(state.call.compiler_params.mesh, collective_axes,
+                                    "plgpu.copy_gmem_to_smem(collective_axes=...)", state.fail)
+        if leader_tracked is not None and \
+                cluster.cluster_size(state.call.compiler_params.mesh, dims) != 2:
+            raise state.fail("a leader-tracked plgpu.copy_gmem_to_smem along cluster axes of "
+                             "other than 2 blocks")
+        shared = dict(collective=dims, leader_tracked=leader_tracked)
     tma.copy(state.launch, gmem=src, smem=dst.memref, window=window, to_smem=True,
              peer=_gmem_peer(state, eqn, args, 0),
              barrier=bar.barrier, aligned=False, kernel=state.call.name,
              tiling=tile_transform(dst.dtype) if dst.tiled else None,
-             swizzle=SWIZZLE if dst.tiled else None, predicate=_issuer(state))
+             swizzle=SWIZZLE if dst.tiled else None, predicate=_issuer(state), **shared)
     return []
 
 
@@ -334,6 +344,14 @@ def _orders_tensor_core(eqn: Any) -> bool:
 @rule(gp.barrier_arrive_p, lazy=True)
 def _barrier_arrive(state: GPULowering, eqn: Any, *args: Any, **_: Any) -> Any:
     (bar,) = _views(state, eqn, args)
+    if isinstance(bar.barrier, mgpu.CollectiveBarrierRef):  # a plgpu.ClusterBarrier
+        if state.warp_axis is not None:
+            raise state.fail("plgpu.barrier_arrive on a plgpu.ClusterBarrier inside a "
+                             "pl.core_map(plgpu.WarpMesh) region (a warpgroup arrives on it)")
+        if not _orders_tensor_core(eqn):
+            mgpu.warpgroup_barrier()  # as arrive_once: no thread still reads what it releases
+        bar.barrier.arrive(orders_tensor_core=_orders_tensor_core(eqn))
+        return []
     if state.warp_axis is not None:  # one arrival per warp inside a WarpMesh region
         bar.barrier.arrive(orders_tensor_core=_orders_tensor_core(eqn),
                            predicate=mgpu.single_thread_predicate(mgpu.ThreadSubset.WARP),

@@ -43,16 +43,16 @@ from pallas_core.errors import PallasError, UnsupportedError
 from pallas_core.grid_mapping import BlockMapping
 from pallas_core.mlir_lowering import element_type
 from pallas_core.request import KernelCall
-from pallas_mosaic_gpu import smem_layout, tma
+from pallas_mosaic_gpu import cluster, smem_layout, tma
 from pallas_mosaic_gpu.params import (
     ACC_SPACE,
     GMEM,
     PARALLEL,
     SEMAPHORE,
     SEQUENTIAL,
-    TMEM,
     BarrierSpace,
     GPUCompilerParams,
+    TensorMemorySpace,
     TiledSMEMRef,
 )
 from pallas_mosaic_gpu.rules import lower_jaxpr
@@ -174,14 +174,14 @@ def _check_spaces(call: KernelCall) -> tuple[int, int]:
 
 
 def scoped_allocations(call: KernelCall
-                       ) -> list[tuple[int, list[tuple[str, tuple[int, ...], Any, int]]]]:
+                       ) -> list[tuple[int, list[tuple[str, tuple[int, ...], Any, Any]]]]:
     """The shared memory every ``pl.run_scoped`` of the kernel allocates, one region per
-    ``run_scoped`` (keyed by its equation): ``(kind, shape, dtype, num_arrivals)`` with kind
+    ``run_scoped`` (keyed by its equation): ``(kind, shape, dtype, space)`` with kind
     ``"smem"``, ``"smem_plain"`` (a buffer left untiled because the kernel slices its minor
     dimensions, see :mod:`smem_layout`), ``"smem_tiled"`` (an 8-bit or 32-bit buffer tiled
     because its ``transforms`` ask for it or wgmma reads it, see
     :func:`pallas_mosaic_gpu.values.is_tileable`), ``"barrier"`` or ``"acc"`` (registers)."""
-    found: list[tuple[int, list[tuple[str, tuple[int, ...], Any, int]]]] = []
+    found: list[tuple[int, list[tuple[str, tuple[int, ...], Any, Any]]]] = []
     seen: set[int] = set()
     for eqn in reference.all_eqns(call.jaxpr.jaxpr):
         if eqn.primitive is not prims.run_scoped_p or id(eqn) in seen:
@@ -191,10 +191,10 @@ def scoped_allocations(call: KernelCall
         for mref in eqn.params["scoped"]:
             space = mref.memory_space
             if space is ACC_SPACE:
-                allocs.append(("acc", tuple(mref.shape), mref.dtype, 0))
+                allocs.append(("acc", tuple(mref.shape), mref.dtype, space))
             elif isinstance(space, BarrierSpace):
-                allocs.append(("barrier", tuple(mref.shape), mref.dtype, space.num_arrivals))
-            elif space is TMEM:
+                allocs.append(("barrier", tuple(mref.shape), mref.dtype, space))
+            elif isinstance(space, TensorMemorySpace):
                 raise UnsupportedError(
                     f"kernel {call.name!r}: pl.run_scoped allocates TMEM, which the "
                     "mosaic_gpu backend does not support (TMEM is allocated for the whole "
@@ -208,7 +208,7 @@ def scoped_allocations(call: KernelCall
                 shape = tuple(mref.shape)
                 body = eqn.params["jaxpr"].jaxpr
                 var = body.invars[len(body.invars) - len(eqn.params["scoped"]) + len(allocs)]
-                allocs.append((_scoped_kind(mref, body, var), shape, mref.dtype, 0))
+                allocs.append((_scoped_kind(mref, body, var), shape, mref.dtype, space))
         found.append((id(eqn), allocs))
     return found
 
@@ -231,6 +231,19 @@ def _nbytes(buf: jax.ShapeDtypeStruct) -> int:
     bits = (np.iinfo(dt).bits if np.issubdtype(dt, np.integer) else
             np.finfo(dt).bits if np.issubdtype(dt, np.floating) else dt.itemsize * 8)
     return math.prod(buf.shape) * bits // 8
+
+
+def _barriers(call: KernelCall, mesh: Any, space: BarrierSpace, n: int) -> Any:
+    """What the library allocates for ``n`` barriers of ``space``: a ``plgpu.ClusterBarrier``
+    (the library initialises it for the cluster, which meets before the kernel body) or a
+    ``plgpu.Barrier``."""
+    if not space.collective_axes:
+        return mgpu.Barrier(space.num_arrivals, num_barriers=n)
+    dims = cluster.cluster_dims(mesh, space.collective_axes, "plgpu.ClusterBarrier",
+                                lambda m: UnsupportedError(f"kernel {call.name!r}: {m}."))
+    return mgpu.ClusterBarrier(dims, space.num_arrivals, n,
+                               orders_tensor_core=space.orders_tensor_core,
+                               leader_tracked=space.leader_tracked)
 
 
 def aligned_smem(entries: Sequence[Any]) -> tuple[tuple[Any, ...], list[int]]:
@@ -312,12 +325,12 @@ def build(call: KernelCall, devices: tuple[tuple[str, int], ...] = ()
     for a in gm.scratch_avals:
         shape, dtype, space = a.inner_aval.shape, a.inner_aval.dtype, a.memory_space
         if isinstance(space, BarrierSpace):
-            smem.append(mgpu.Barrier(space.num_arrivals, num_barriers=shape[0]))
+            smem.append(_barriers(call, pl_.mesh, space, shape[0]))
             scratch_refs.append(("barrier", shape, dtype))
         elif space is ACC_SPACE:
             scratch_refs.append(("acc", shape, dtype))
-        elif space is TMEM:
-            smem.append(mgpu.TMEM(tuple(shape), dtype))
+        elif isinstance(space, TensorMemorySpace):
+            smem.append(mgpu.TMEM(tuple(shape), dtype, collective=space.collective))
             scratch_refs.append(("tmem", shape, dtype))
         elif space is SEMAPHORE:
             scratch_refs.append(("sem", shape, dtype))
@@ -327,9 +340,9 @@ def build(call: KernelCall, devices: tuple[tuple[str, int], ...] = ()
     n_main = len(smem)
     scoped = scoped_allocations(call)
     for _, allocs in scoped:
-        for kind, shape, dtype, arrivals in allocs:
+        for kind, shape, dtype, space in allocs:
             if kind == "barrier":
-                smem.append(mgpu.Barrier(arrivals, num_barriers=shape[0]))
+                smem.append(_barriers(call, pl_.mesh, space, shape[0]))
             elif kind == "smem":
                 smem.append(jax.ShapeDtypeStruct(buf_shape(shape, dtype), dtype))
             elif kind == "smem_tiled":

@@ -1,6 +1,7 @@
 """Blackwell (sm_100a) work scheduling: cluster launch control and warps of a warpgroup.
 
-* ``dynamic_scheduling_loop(grid_names, *, thread_axis=None)``: a decorator; its body
+* ``dynamic_scheduling_loop(grid_names, *, thread_axis=None, cluster_axes=())``: a
+  decorator; its body
   (``body(info: plgpu.NDLoopInfo)``) runs first for the grid point the block was launched for,
   then for each grid point the block claims from blocks not launched yet (cluster launch
   control, ``clusterlaunchcontrol.try_cancel``), until none is left. ``info.index`` is the grid
@@ -8,7 +9,9 @@
   below, inside a ``pl.run_scoped`` that every warpgroup of the block shares (its
   ``collective_axes`` is the thread axis): a 2-slot answer buffer (16 bytes a slot) and two
   2-slot barriers, one completed when a claim is answered, one when every warpgroup read the
-  answer (so that the slot can be reused).
+  answer (so that the slot can be reused). A claim is made for a whole cluster and answered
+  in every block of it; with ``cluster_axes`` (every cluster axis) the second barrier is a
+  ``plgpu.ClusterBarrier``, completed once every warpgroup of the cluster read the answer.
 * ``try_cluster_cancel(result_ref, barrier)``: asks for the launch of another block; the
   answer lands in ``result_ref`` (16 bytes of SMEM) and completes ``barrier`` (each warpgroup
   arrives on it once). ``query_cluster_cancel(result_ref, grid_names=...)``: the grid point an
@@ -53,7 +56,7 @@ from pallas_core.errors import PallasError, UnsupportedError
 from pallas_mosaic_gpu import primitives as gp
 from pallas_mosaic_gpu import rules, values
 from pallas_mosaic_gpu.loops import NDLoopInfo
-from pallas_mosaic_gpu.params import SMEM, Barrier
+from pallas_mosaic_gpu.params import SMEM, Barrier, ClusterBarrier
 
 try_cluster_cancel_p = gp._primitive("gpu_try_cluster_cancel")
 query_cluster_cancel_p = plb.Primitive("gpu_query_cluster_cancel")
@@ -124,13 +127,12 @@ def dynamic_scheduling_loop(grid_names: Sequence[Hashable], *,
     of its body; with ``init_carry``, ``body(info, carry=...)`` returns the next carry and the
     decorator returns the last one."""
     grid_names = tuple(grid_names)
-    if cluster_axes:
-        raise UnsupportedError(
-            f"plgpu.dynamic_scheduling_loop(cluster_axes={tuple(cluster_axes)!r}): claiming "
-            "work for a cluster of several blocks needs a barrier shared by the cluster "
-            "(plgpu.ClusterBarrier), which the mosaic_gpu backend does not support. Fix: "
-            "launch without a cluster.")
     threads = 1 if thread_axis is None else lax.axis_size(thread_axis)
+    # The answer to a claim lands in every block of the cluster; with cluster_axes (all of
+    # them) a slot is reused once every warpgroup of every block of the cluster read it.
+    read = ClusterBarrier(collective_axes=tuple(cluster_axes), num_arrivals=threads,
+                          num_barriers=SLOTS) if cluster_axes else \
+        Barrier(num_arrivals=threads, num_barriers=SLOTS)
 
     def decorate(body: Callable[..., Any]) -> Any:
         def scoped(answers: Any, answered: Any, read: Any) -> Any:
@@ -171,8 +173,7 @@ def dynamic_scheduling_loop(grid_names: Sequence[Hashable], *,
 
         return prims.run_scoped(
             scoped, TryClusterCancelResult(SLOTS),
-            Barrier(num_arrivals=threads, num_barriers=SLOTS),
-            Barrier(num_arrivals=threads, num_barriers=SLOTS),
+            Barrier(num_arrivals=threads, num_barriers=SLOTS), read,
             collective_axes=() if thread_axis is None else thread_axis)
 
     return decorate

@@ -106,7 +106,7 @@ def _chunks(shape: Sequence[int], big: int | None) -> list[tuple[tuple[int, int]
 def copy(launch: Any, *, gmem: ir.Value, smem: ir.Value, window: Sequence[Any], to_smem: bool,
          barrier: Any = None, tiling: Any = None, swizzle: int | None = None,
          aligned: bool, kernel: str, commit: bool = True, predicate: Any = None,
-         peer: Any = None) -> None:
+         peer: Any = None, collective: Sequence[Any] = (), leader_tracked: Any = None) -> None:
     """A TMA copy between the GMEM ``window`` (``mgpu.ds`` slices and squeezed indices, one
     per GMEM dimension) and the whole SMEM ``smem``, in the direction ``to_smem`` says, split
     as the module docstring describes. ``tiling``/``swizzle``: the GMEM transform and swizzle of
@@ -114,8 +114,9 @@ def copy(launch: Any, *, gmem: ir.Value, smem: ir.Value, window: Sequence[Any], 
     a multiple of its length (a pipeline's blocks); otherwise it must be a constant for a split
     minor dimension. ``commit``: a store closes its bulk group (otherwise
     ``commit_smem_to_gmem_group`` does later). ``predicate``: the thread that issues the copy
-    (one of the warpgroup when ``None``). A copy that cannot be made raises
-    ``UnsupportedError`` naming ``kernel``."""
+    (one of the warpgroup when ``None``). ``collective``, ``leader_tracked``: a copy into
+    SMEM shared by the blocks of a cluster (:mod:`pallas_mosaic_gpu.cluster`), made in one
+    piece. A copy that cannot be made raises ``UnsupportedError`` naming ``kernel``."""
     peer_arg = {} if peer is None else {"gmem_peer_id": peer}  # another device's GMEM
     def fail(what: str) -> UnsupportedError:
         return UnsupportedError(f"kernel {kernel!r}: {what}.")
@@ -126,6 +127,12 @@ def copy(launch: Any, *, gmem: ir.Value, smem: ir.Value, window: Sequence[Any], 
     if to_smem:
         pair["barrier"] = barrier
     smem_shape = list(ir.MemRefType(smem.type).shape)
+    if collective:
+        pair.update(collective=tuple(collective), leader_tracked=leader_tracked)
+        if tiling is None and any(n > MAX_BOX for n in smem_shape):
+            raise fail(f"a TMA copy of a {tuple(smem_shape)} block shared by the blocks of a "
+                       f"cluster has a dimension above {MAX_BOX}, and shared copies are not "
+                       f"split here. Fix: copy blocks of at most {MAX_BOX} per dimension")
     if tiling is not None or all(n <= MAX_BOX for n in smem_shape):
         launch.async_copy(**pair, gmem_slice=tuple(window), **peer_arg,
                           gmem_transform=(tiling,) if tiling is not None else (),

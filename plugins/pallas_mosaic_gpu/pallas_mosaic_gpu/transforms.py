@@ -174,8 +174,8 @@ class BlockSpec(pl.BlockSpec):
 
 def transpose_ref(ref: Any, permutation: tuple[int, ...]) -> Any:
     """A view of the SMEM Ref ``ref`` with its dimensions permuted (``ref.transpose``)."""
-    from pallas_mosaic_gpu.params import TMEM
+    from pallas_mosaic_gpu.params import TensorMemorySpace
 
-    if getattr(getattr(ref, "aval", None), "memory_space", None) is TMEM:
+    if isinstance(getattr(getattr(ref, "aval", None), "memory_space", None), TensorMemorySpace):
         raise PallasError("plgpu.transpose_ref: a TMEM Ref cannot be transposed.")
     return ref.transpose(tuple(permutation))

@@ -11,7 +11,13 @@ import numpy as np
 from pallas_core.errors import BlockSpecError, UnsupportedError
 from pallas_core.request import KernelCall
 from pallas_mosaic_gpu import tma
-from pallas_mosaic_gpu.params import ACC_SPACE, GMEM, TMEM, BarrierSpace, GPUCompilerParams
+from pallas_mosaic_gpu.params import (
+    ACC_SPACE,
+    GMEM,
+    BarrierSpace,
+    GPUCompilerParams,
+    TensorMemorySpace,
+)
 from pallas_mosaic_gpu.values import SMEM_ALIGNMENT, is_tileable
 
 SMEM_BYTES = 227 * 1024
@@ -87,7 +93,7 @@ def smem_bytes(call: KernelCall) -> int:
     for a in gm.scratch_avals:
         if a.memory_space is GMEM or a.memory_space is ACC_SPACE:
             continue
-        if a.memory_space is TMEM:
+        if isinstance(a.memory_space, TensorMemorySpace):
             used += 4  # TMEM itself is not shared memory; its address is kept there
             continue
         used += (8 * a.inner_aval.shape[0] if isinstance(a.memory_space, BarrierSpace)

@@ -199,29 +199,6 @@ def test_warp_mesh_refusals() -> None:
                     scratch_shapes=[plgpu.SMEM((8,), F32)])
 
 
-def test_collective_forms_are_refused() -> None:
-    x = jnp.zeros((BLOCK, 64), F32)
-
-    def cluster_loop(x_ref, o_ref):
-        @plgpu.dynamic_scheduling_loop(grid_names=("i",), cluster_axes=("x",))
-        def _(info):
-            pass
-
-    with pytest.raises(pl.UnsupportedError, match="ClusterBarrier"):
-        plgpu.kernel(cluster_loop, out_type=S(x.shape, F32), grid=(2,), grid_names=("i",),
-                     cluster=(2,), cluster_names=("x",), backend="mosaic_gpu")(x)
-
-    def multicast(x_ref, o_ref, buf, bar):
-        plgpu.copy_gmem_to_smem(x_ref, buf, bar.at[0], collective_axes="x")
-
-    with pytest.raises(pl.UnsupportedError, match="collective_axes"):
-        plgpu.kernel(multicast, out_type=S(x.shape, F32), backend="mosaic_gpu",
-                     scratch_types=[plgpu.SMEM(x.shape, F32), plgpu.Barrier()])(x)
-    for name in ("ClusterBarrier", "CopyPartition"):
-        with pytest.raises(pl.UnsupportedError, match=f"plgpu.{name}"):
-            getattr(plgpu, name)()
-
-
 def test_a_while_loop_of_scalars_lowers() -> None:
     """A lax.while_loop other than a fori_loop (here: halving until odd) lowers as scf.while."""
     def body(n_ref, o_ref):

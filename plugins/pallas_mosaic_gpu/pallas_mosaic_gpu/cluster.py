@@ -1,0 +1,83 @@
+"""Work shared by the blocks of a cluster (``plgpu.kernel(cluster=..., cluster_names=...)``).
+
+The blocks of a cluster run at once on neighbouring SMs and can reach each other's shared
+memory. Kernels use that through:
+
+* ``plgpu.ClusterBarrier(collective_axes=...)``: an arrival reaches the barrier of every
+  block along those cluster axes (:class:`pallas_mosaic_gpu.params.ClusterBarrier`);
+* ``copy_gmem_to_smem(..., collective_axes=...)``: one TMA copy issued by every block along
+  the axes, multicast to all of them, or with ``leader_tracked=CopyPartition.PARTITIONED(d)``
+  split along dimension ``d`` so that each block receives its part, the first block's
+  barrier tracking the whole transfer (``CopyPartition.REPLICATED``: each receives all of it,
+  tracked by the first);
+* ``plgpu.TMEM(..., collective=True)``, ``tcgen05_mma(..., collective_axis=...)`` and
+  ``tcgen05_commit_arrive(..., collective_axis=...)``: a matmul of the two blocks of a
+  cluster (``cta_group::2``), issued by the first, whose operands and accumulator are split
+  between them by rows (:mod:`pallas_mosaic_gpu.blackwell`).
+
+Lowering uses JAX's Mosaic GPU library (``CollectiveBarrierRef``, ``async_copy(collective=,
+leader_tracked=)``, ``tcgen05.mma(collective=True)``). Reference semantics: the interpreter
+runs the blocks of a cluster one after another, so a block cannot see what the others write
+into its shared memory, barriers or TMEM; it refuses these forms by name
+(:func:`refused_in_interpreter`), except a multicast copy without ``leader_tracked``, which
+gives each block what a copy of its own would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from jax.experimental.mosaic import gpu as mgpu
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import arith, gpu
+
+from pallas_core.errors import PallasError, UnsupportedError
+
+DIMS = (gpu.Dimension.x, gpu.Dimension.y, gpu.Dimension.z)
+
+
+def axes_tuple(axes: Any) -> tuple[Any, ...]:
+    """``axes`` (one name or several) as a tuple."""
+    return tuple(axes) if isinstance(axes, (tuple, list)) else (axes,)
+
+
+def cluster_dims(mesh: Any, axes: Sequence[Any], what: str,
+                 fail: Callable[[str], Exception] | None = None) -> tuple[Any, ...]:
+    """The CUDA cluster dimensions (``gpu.Dimension``) of the cluster axes named ``axes`` of
+    the ``plgpu.kernel`` launch ``mesh``; ``fail`` makes the error for a name that is not one
+    (a ``PallasError`` by default)."""
+    names = tuple(getattr(mesh, "cluster_names", ()) or ())
+    dims = []
+    for axis in axes:
+        if axis not in names:
+            message = (f"{what} names the cluster axis {axis!r}, but the kernel's cluster axes "
+                       f"are {names}. Fix: launch with plgpu.kernel(cluster=(2,), "
+                       f"cluster_names=({axis!r},)) or name one of {names}")
+            raise fail(message) if fail is not None else PallasError(message + ".")
+        dims.append(DIMS[names.index(axis)])
+    return tuple(dims)
+
+
+def cluster_size(mesh: Any, dims: Sequence[Any]) -> int:
+    """How many blocks of a cluster lie along ``dims``."""
+    size = 1
+    for d in dims:
+        i = DIMS.index(d)
+        size *= mesh.cluster[i] if i < len(mesh.cluster) else 1
+    return size
+
+
+def is_first_block(dim: Any) -> Any:
+    """Whether this block is the first of its cluster along ``dim`` (an ``i1`` value)."""
+    return arith.cmpi(arith.CmpIPredicate.eq, mgpu.utils.cluster_idx(dim),
+                      arith.constant(ir.IndexType.get(), 0))
+
+
+def refused_in_interpreter(what: str) -> UnsupportedError:
+    """The interpreter's refusal of a form that shares work between the blocks of a cluster."""
+    return UnsupportedError(
+        f"{what} is not supported by the interpreter: it runs the blocks of a cluster one "
+        "after another, so a block cannot see what the others of its cluster write into its "
+        "shared memory, barriers or TMEM. Fix: run it with backend='mosaic_gpu' on a GPU, or "
+        "test the kernel's non-collective form (one block per tile) in the interpreter.")

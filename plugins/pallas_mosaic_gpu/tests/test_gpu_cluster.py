@@ -1,0 +1,258 @@
+"""Work shared by the blocks of a cluster (pallas_mosaic_gpu.cluster): ClusterBarrier,
+collective copies (multicast, CopyPartition), collective TMEM and tcgen05, and claiming work
+for a cluster. Each kernel is written once against a ``plgpu`` module and lowered both with
+this backend and with JAX's ``jax.experimental.pallas.mosaic_gpu`` for CUDA on this CPU
+machine: the launches must agree, and so must the counts of the instructions that make the
+work collective. The multicast copy also runs in the interpreter against ``jax.numpy``; the
+forms whose meaning crosses blocks are refused there by name."""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import pallas_core as pl
+from pallas_core.call import force_interpret_mode
+
+plgpu = pytest.importorskip("pallas_mosaic_gpu")
+jgpu = pytest.importorskip("jax.experimental.pallas.mosaic_gpu")
+from jax.experimental import pallas as jpl  # noqa: E402
+from pallas_mosaic_gpu import inspection, targets  # noqa: E402
+
+S = jax.ShapeDtypeStruct
+F32, F16 = jnp.float32, jnp.float16
+ROWS = 64
+OURS, THEIRS = (plgpu, pl), (jgpu, jpl)
+
+
+def _kernels(fn: Any, *args: Any, blackwell: bool = False) -> tuple[Any, Any]:
+    """(ours, theirs): the one Mosaic GPU kernel of ``fn(OURS)`` and of ``fn(THEIRS)``."""
+    def lower(which: Any) -> Any:
+        text = jax.jit(fn(which)).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+        (found,) = inspection.kernels(text)
+        return found
+
+    ours = lower(OURS)
+    if blackwell:
+        with targets.assume(targets.BLACKWELL):
+            return ours, lower(THEIRS)
+    return ours, lower(THEIRS)
+
+
+def _count(module: Any, *marks: str) -> tuple[int, ...]:
+    text = str(module)
+    return tuple(text.count(m) for m in marks)
+
+
+def _same_launch(ours: Any, theirs: Any) -> dict[str, Any]:
+    a, b = inspection.launch(ours[1]), inspection.launch(theirs[1])
+    for k in ("grid", "cluster", "block", "arch"):
+        assert a[k] == b[k], (k, a[k], b[k])
+    assert ours[0]["call"] == theirs[0]["call"]
+    return a
+
+
+# --- a multicast copy: every block of the cluster receives the whole window -----------------
+
+
+def multicast(which: Any, groups: int = 2) -> Any:
+    """Block (i, c) of each cluster of 2 multicast-copies rows [i*64, (i+1)*64) of x into its
+    SMEM, then writes them to output rows [(2i+c)*64, ...): each window appears twice."""
+    gpu, pl_ = which
+
+    def body(x_ref: Any, o_ref: Any, buf: Any, bar: Any) -> None:
+        i, c = lax.axis_index("i"), lax.axis_index("x")
+        gpu.copy_gmem_to_smem(x_ref.at[pl_.ds(i * ROWS, ROWS)], buf, bar.at[0],
+                              collective_axes="x")
+        gpu.barrier_wait(bar.at[0])
+        gpu.copy_smem_to_gmem(buf, o_ref.at[pl_.ds((2 * i + c) * ROWS, ROWS)])
+        gpu.wait_smem_to_gmem(0)
+
+    return gpu.kernel(body, out_shape=S((2 * groups * ROWS, 64), F32), grid=(groups,),
+                      grid_names=("i",), cluster=(2,), cluster_names=("x",),
+                      scratch_shapes=[gpu.SMEM((ROWS, 64), F32), gpu.Barrier()])
+
+
+def test_a_multicast_copy_lowers_like_jax() -> None:
+    x = S((2 * ROWS, 64), F32)
+    ours, theirs = _kernels(multicast, x)
+    launch = _same_launch(ours, theirs)
+    assert (launch["grid"], launch["cluster"]) == ((4, 1, 1), (2, 1, 1))
+    # One copy multicast to the cluster (a mask of its 2 blocks): each issues half the rows.
+    mark = "multicast_mask"
+    assert _count(ours[1], mark) == _count(theirs[1], mark) == (1,)
+    assert "cta_group::2" not in str(ours[1])
+
+
+def test_a_multicast_copy_runs_in_the_interpreter() -> None:
+    x = jax.random.normal(jax.random.key(3), (2 * ROWS, 64), F32)
+    with force_interpret_mode():
+        got = multicast(OURS)(x)
+    np.testing.assert_array_equal(got, jnp.repeat(x.reshape(2, 1, ROWS, 64), 2, axis=1)
+                                  .reshape(4 * ROWS, 64))
+
+
+# --- a ClusterBarrier: an arrival reaches every block of the cluster --------------------------
+
+
+def cluster_meeting(which: Any) -> Any:
+    """Each warpgroup of each block arrives on the ClusterBarrier, then waits for the phase
+    that needs all of them (2 warpgroups x 2 blocks)."""
+    gpu, _ = which
+
+    def body(x_ref: Any, o_ref: Any, bar: Any) -> None:
+        gpu.barrier_arrive(bar.at[0])
+        gpu.barrier_wait(bar.at[0])
+
+    return gpu.kernel(body, out_shape=S((8,), F32), grid=(2,), grid_names=("i",),
+                      cluster=(2,), cluster_names=("x",), num_threads=2, thread_name="wg",
+                      scratch_shapes=[gpu.ClusterBarrier(collective_axes=("x",),
+                                                         num_arrivals=2)])
+
+
+def test_a_cluster_barrier_lowers_like_jax() -> None:
+    ours, theirs = _kernels(cluster_meeting, S((8,), F32))
+    _same_launch(ours, theirs)
+    marks = ("mbarrier.arrive.shared::cluster.b64", "nvvm.cluster.arrive",
+             "nvvm.cluster.wait")
+    # The arrival on both blocks' barriers; the cluster meets after making the barriers.
+    assert _count(ours[1], *marks) == _count(theirs[1], *marks) == (1, 1, 1)
+    # Made to complete a phase after 4 arrivals: 2 warpgroups in each of the 2 blocks.
+    init = r"nvvm\.mbarrier\.init %\w+, %c4_i32"
+    assert len(re.findall(init, str(ours[1]))) == len(re.findall(init, str(theirs[1]))) == 1
+
+
+def test_the_interpreter_refuses_a_cluster_barrier_by_name() -> None:
+    with pytest.raises(pl.UnsupportedError, match="ClusterBarrier is not supported by the "
+                       "interpreter"), force_interpret_mode():
+        jax.block_until_ready(cluster_meeting(OURS)(jnp.zeros((8,), F32)))
+
+
+# --- a partitioned copy: each block receives its half, the first block tracks both ----------
+
+
+def partitioned(which: Any, dim: int) -> Any:
+    gpu, pl_ = which
+    shape = (2 * ROWS, 64) if dim == 0 else (ROWS, 128)
+
+    def body(x_ref: Any, o_ref: Any, buf: Any, bar: Any) -> None:
+        gpu.copy_gmem_to_smem(x_ref, buf, bar.at[0], collective_axes="x",
+                              leader_tracked=gpu.CopyPartition.PARTITIONED(dim))
+
+        @pl_.when(lax.axis_index("x") == 0)
+        def _():
+            gpu.barrier_wait(bar.at[0])
+
+    return gpu.kernel(body, out_shape=S((8,), F32), grid=(1,), grid_names=("i",),
+                      cluster=(2,), cluster_names=("x",),
+                      scratch_shapes=[gpu.SMEM((ROWS, 64), F16), gpu.Barrier()]), shape
+
+
+@pytest.mark.parametrize("dim", [0, 1])
+def test_a_partitioned_copy_lowers_like_jax(dim: int) -> None:
+    shape = partitioned(OURS, dim)[1]
+    ours, theirs = _kernels(lambda w: partitioned(w, dim)[0], S(shape, F16), blackwell=True)
+    launch = _same_launch(ours, theirs)
+    assert launch["arch"] == (10, 0)  # cta_group::2 is Blackwell's
+    marks = ("global.tile.mbarrier::complete_tx::bytes.cta_group::2",
+             "mapa.shared::cluster.u32 mapped_addr, $3, 0")
+    assert _count(ours[1], *marks) == _count(theirs[1], *marks) == (1, 1)
+
+
+def test_partitioned_copy_errors() -> None:
+    x = jnp.zeros((2 * ROWS, 64), F16)
+    with pytest.raises(pl.UnsupportedError, match=r"leader_tracked.*not supported by the "
+                       r"interpreter"), force_interpret_mode():
+        jax.block_until_ready(partitioned(OURS, 0)[0](x))
+
+    def body(x_ref: Any, o_ref: Any, buf: Any, bar: Any, *, kw: dict[str, Any]) -> None:
+        plgpu.copy_gmem_to_smem(x_ref, buf, bar.at[0], **kw)
+
+    def run(kw: dict[str, Any], backend: str = "interpret", **launch: Any) -> Any:
+        return plgpu.kernel(functools.partial(body, kw=kw), out_shape=S((8,), F32),
+                            scratch_shapes=[plgpu.SMEM((ROWS, 64), F16), plgpu.Barrier()],
+                            backend=backend, **launch)(x)
+
+    part = plgpu.CopyPartition.PARTITIONED(0)
+    with pytest.raises(pl.PallasError, match="name the cluster axis too"):
+        run(dict(leader_tracked=part))
+    with pytest.raises(pl.PallasError, match="split along dimension 1"):
+        run(dict(collective_axes="x", leader_tracked=plgpu.CopyPartition.PARTITIONED(1)))
+    with pytest.raises(pl.PallasError, match="say the same thing twice"):
+        run(dict(collective_axes="x", leader_tracked=part, partitioned_axis=0))
+    cluster = dict(backend="mosaic_gpu", grid=(1,), grid_names=("i",), cluster=(2,),
+                   cluster_names=("x",))
+
+    def stage(kw: dict[str, Any]) -> str:
+        with targets.assume(targets.BLACKWELL):
+            (st,) = pl.stages(lambda x: run(kw, **cluster), x, backend="mosaic_gpu")
+        return str(st["mosaic_gpu"])
+
+    with pytest.raises(pl.UnsupportedError, match=r"cluster axis 'y'.*cluster axes are \('x',\)"):
+        stage(dict(collective_axes="y", leader_tracked=part))
+    # JAX's older spelling means the same copy.
+    assert "cta_group::2" in stage(dict(collective_axes="x", partitioned_axis=0))
+
+
+# --- claiming work for a cluster --------------------------------------------------------------
+
+
+def claiming(which: Any) -> Any:
+    gpu, _ = which
+
+    def body(x_ref: Any, o_ref: Any) -> None:
+        @gpu.dynamic_scheduling_loop(grid_names=("i",), thread_axis="wg", cluster_axes=("x",))
+        def _(info: Any) -> None:
+            pass
+
+    return gpu.kernel(body, out_shape=S((8,), F32), grid=(4,), grid_names=("i",),
+                      cluster=(2,), cluster_names=("x",), num_threads=2, thread_name="wg")
+
+
+def test_claiming_work_for_a_cluster_lowers_like_jax() -> None:
+    ours, theirs = _kernels(claiming, S((8,), F32), blackwell=True)
+    _same_launch(ours, theirs)
+    marks = ("clusterlaunchcontrol.try_cancel.async.shared::cta.mbarrier::complete_tx::bytes"
+             ".multicast::cluster::all", "mbarrier.arrive.shared::cluster.b64",
+             "nvvm.cluster.wait")
+    assert _count(ours[1], *marks) == _count(theirs[1], *marks) == (1, 1, 1)
+
+
+# --- collective TMEM and tcgen05 --------------------------------------------------------------
+
+
+def test_collective_tmem_and_tcgen05_checks() -> None:
+    space = plgpu.TMEM((128, 256), F32, collective=True).memory_space
+    assert space.collective and space != plgpu.TMEM and space.name == "TMEM"
+    with pytest.raises(pl.UnsupportedError, match="packed="):
+        plgpu.TMEM((128, 128), F32, packed=True)
+
+    def body(x_ref: Any, o_ref: Any, acc: Any, s: Any, bar: Any) -> None:
+        plgpu.tcgen05_mma(acc, s, s, collective_axis="x")
+
+    def run(acc_cols: int, backend: str = "interpret") -> Any:
+        return plgpu.kernel(body, out_shape=S((8,), F32), backend=backend, grid=(1,),
+                            grid_names=("i",), cluster=(2,), cluster_names=("x",),
+                            scratch_shapes=[plgpu.TMEM((128, acc_cols), F32, collective=True),
+                                            plgpu.SMEM((128, 128), F16),
+                                            plgpu.Barrier(orders_tensor_core=True)])(
+                                                jnp.zeros((8,), F32))
+
+    with pytest.raises(pl.PallasError, match=r"acc \(M, 2 N\)"):
+        run(128)
+    with pytest.raises(pl.UnsupportedError, match=r"tcgen05_mma\(collective_axis='x'\) is not "
+                       "supported by the interpreter"):
+        jax.block_until_ready(run(256))
+    for name in ("ClusterBarrier", "CopyPartition"):
+        assert getattr(plgpu, name) is not None
+    with pytest.raises(pl.PallasError, match="cluster axis names"):
+        plgpu.ClusterBarrier(collective_axes=())
+    with pytest.raises(pl.PallasError, match="num_arrivals=0"):
+        plgpu.ClusterBarrier(collective_axes=("x",), num_arrivals=0)
