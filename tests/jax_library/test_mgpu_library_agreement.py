@@ -827,3 +827,44 @@ def test_blackwell_matmul_collective_port_lowers_like_jax() -> None:
                                                   False))[1])
     assert single[COLLECTIVE_MARKS[0]] == single["cta_group<cta_2>"] == 0
     assert single["tcgen05.mma.cta_group::1"] == 4
+
+
+def test_blackwell_ragged_dot_collective_port_lowers_like_jax(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The port of blackwell_ragged_dot, collective (the form JAX itself lowers), given an SM
+    count: a persistent kernel over the SMs (pl.nd_loop) in clusters of 2 whose TMEM
+    accumulator is a pl.run_scoped allocation shared by the warpgroups, read with
+    plgpu.Layout.TCGEN05 and stored into a plain SMEM buffer in rows of varying count.
+    Identical launch (148 / 2 clusters of 2), call and dynamic SMEM size, the same buffers at
+    the same offsets (JAX views its plain (128, 64) buffer as (128, 1, 1, 64)), and the same
+    counts of every collective instruction."""
+    from pallas_mosaic_gpu import targets
+
+    monkeypatch.setattr(jax, "local_devices",
+                        lambda *a, **k: [types.SimpleNamespace(core_count=BLACKWELL_SMS)])
+
+    def lower(ours: bool) -> tuple[dict[str, Any], Any]:
+        lib = _library("blackwell_ragged_dot_mgpu", ours)
+        matmul = _library("blackwell_matmul_mgpu", ours)
+        config = lib.TuningConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2,
+                                  collective=True, grid_tile_width=1,
+                                  grid_minor_dim=matmul.MatmulDimension.N)
+        return _one_kernel(_lower(lambda a, b, g: lib.ragged_dot_kernel(a, b, g, config),
+                                  S((512, 512), F16), S((4, 512, 512), F16),
+                                  S((4,), jnp.int32)))
+
+    ours = lower(True)
+    with targets.assume(targets.BLACKWELL):
+        theirs = lower(False)
+    inspection.assert_same_kernel(ours, theirs)
+    launch = inspection.launch(ours[1])
+    assert (launch["grid"], launch["cluster"], launch["arch"]) == \
+        ((BLACKWELL_SMS, 1, 1), (2, 1, 1), (10, 0))
+    plain = "memref<128x64xf16, #gpu.address_space<workgroup>>"
+    assert [(o, t.replace("128x1x1x64", "128x64")) for o, t in
+            inspection.smem_buffers(theirs[1])] == inspection.smem_buffers(ours[1])
+    assert (32768, plain) in inspection.smem_buffers(ours[1])
+    mine = _marks(ours[1])
+    assert mine == _marks(theirs[1])
+    assert mine["tcgen05.mma.cta_group::2"] == 4 and mine["nvvm.tcgen05.alloc"] == 1
+

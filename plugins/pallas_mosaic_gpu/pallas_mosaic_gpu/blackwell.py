@@ -133,15 +133,23 @@ def tcgen05_commit_arrive(barrier: Any, collective_axis: Any = None) -> None:
                collective_axis=collective_axis)
 
 
+_LOAD_LAYOUTS = {"TCGEN05": "LAYOUT", "TCGEN05_TMEM_NATIVE": "TMEM_NATIVE_LAYOUT"}
+"""The register layouts a TMEM read may be given (``plgpu.Layout`` member: the name of the
+Mosaic GPU library's ``tcgen05`` layout)."""
+
+
 def async_load_tmem(src: Any, *, layout: Any = None) -> jax.Array:
     """Starts reading the TMEM Ref ``src`` into registers; the array is usable at once, and
-    ``wait_load_tmem()`` must follow before ``src`` is written again."""
-    if layout is not None:
-        raise UnsupportedError("plgpu.async_load_tmem(layout=...): the backend chooses register "
-                               "layouts itself. Fix: drop layout=.")
+    ``wait_load_tmem()`` must follow before ``src`` is written again. ``layout``:
+    ``plgpu.Layout.TCGEN05`` (one row per thread, the default) or ``TCGEN05_TMEM_NATIVE``."""
+    name = getattr(layout, "name", None)
+    if layout is not None and name not in _LOAD_LAYOUTS:
+        raise UnsupportedError(f"plgpu.async_load_tmem(layout={layout!r}): TMEM is read here "
+                               f"in the layouts {['plgpu.Layout.' + n for n in _LOAD_LAYOUTS]}"
+                               " only. Fix: drop layout= (the first is the default).")
     aval = _tmem_aval(src, "async_load_tmem")
     (out,) = bind_views(async_load_tmem_p, [src], [], "async_load_tmem",
-                        shape=tuple(aval.shape), dtype=np.dtype(aval.dtype))
+                        shape=tuple(aval.shape), dtype=np.dtype(aval.dtype), layout=name)
     return out  # type: ignore[no-any-return]
 
 
@@ -335,10 +343,12 @@ def _commit_arrive_rule(state: Any, eqn: Any, *args: Any, collective_axis: Any =
 
 
 @rules.rule(async_load_tmem_p, lazy=True)
-def _load_rule(state: Any, eqn: Any, *args: Any, dtype: Any, **_: Any) -> Any:
+def _load_rule(state: Any, eqn: Any, *args: Any, dtype: Any, layout: str | None = None,
+               **_: Any) -> Any:
     (view,) = _role_views(state, eqn, args)
+    regs = None if layout is None else getattr(tcgen05, _LOAD_LAYOUTS[layout])
     try:
-        return [view.memref.load(is_signed=values.signed(dtype))]
+        return [view.memref.load(layout=regs, is_signed=values.signed(dtype))]
     except (NotImplementedError, ValueError) as e:
         raise state.fail(f"this TMEM read ({e})") from None
 

@@ -180,7 +180,8 @@ def scoped_allocations(call: KernelCall
     ``"smem"``, ``"smem_plain"`` (a buffer left untiled because the kernel slices its minor
     dimensions, see :mod:`smem_layout`), ``"smem_tiled"`` (an 8-bit or 32-bit buffer tiled
     because its ``transforms`` ask for it or wgmma reads it, see
-    :func:`pallas_mosaic_gpu.values.is_tileable`), ``"barrier"`` or ``"acc"`` (registers)."""
+    :func:`pallas_mosaic_gpu.values.is_tileable`), ``"barrier"``, ``"tmem"`` (TMEM, which the
+    library allocates for the whole kernel) or ``"acc"`` (registers)."""
     found: list[tuple[int, list[tuple[str, tuple[int, ...], Any, Any]]]] = []
     seen: set[int] = set()
     for eqn in reference.all_eqns(call.jaxpr.jaxpr):
@@ -194,11 +195,8 @@ def scoped_allocations(call: KernelCall
                 allocs.append(("acc", tuple(mref.shape), mref.dtype, space))
             elif isinstance(space, BarrierSpace):
                 allocs.append(("barrier", tuple(mref.shape), mref.dtype, space))
-            elif isinstance(space, TensorMemorySpace):
-                raise UnsupportedError(
-                    f"kernel {call.name!r}: pl.run_scoped allocates TMEM, which the "
-                    "mosaic_gpu backend does not support (TMEM is allocated for the whole "
-                    "kernel). Fix: allocate it in scratch_shapes, plgpu.TMEM((M, N), dtype).")
+            elif isinstance(space, TensorMemorySpace):  # allocated for the whole kernel
+                allocs.append(("tmem", tuple(mref.shape), mref.dtype, space))
             elif space is GMEM:
                 raise UnsupportedError(
                     f"kernel {call.name!r}: pl.run_scoped allocates GMEM; the mosaic_gpu "
@@ -349,6 +347,8 @@ def build(call: KernelCall, devices: tuple[tuple[str, int], ...] = ()
                 smem.append(jax.ShapeDtypeStruct(tile_shape(shape, dtype), dtype))
             elif kind == "smem_plain":
                 smem.append(jax.ShapeDtypeStruct(tuple(shape), dtype))
+            elif kind == "tmem":
+                smem.append(mgpu.TMEM(tuple(shape), dtype, collective=space.collective))
     smem_tree, smem_positions = aligned_smem(smem)
 
     # Aliased inputs are the library's in-out operands: passed after the other inputs, their
@@ -391,6 +391,7 @@ def build(call: KernelCall, devices: tuple[tuple[str, int], ...] = ()
         for key, allocs in scoped:
             state.scoped[key] = [
                 Ref(kind, tuple(shape), dtype, barrier=next(rest)) if kind == "barrier" else
+                Ref(kind, tuple(shape), dtype, memref=next(rest)) if kind == "tmem" else
                 Ref("smem", tuple(shape), dtype, memref=next(rest),
                     tiled=kind == "smem_tiled" or (kind == "smem" and is_tileable(shape, dtype)))
                 if kind in ("smem", "smem_plain", "smem_tiled") else None

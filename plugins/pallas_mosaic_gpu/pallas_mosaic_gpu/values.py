@@ -229,8 +229,9 @@ def store(ref: Ref, value: Any) -> None:
         return
     layout = layout_for(ref.shape)
     value = relayout(value, layout) if isinstance(value.layout, mgpu.WGSplatFragLayout) else value
-    if value.layout == WGMMA or (ref.kind == "gmem" and value.layout in (
-            mgpu.tcgen05.LAYOUT, mgpu.tcgen05.TMEM_NATIVE_LAYOUT)):
+    # Arrays read from TMEM are stored as they are (as JAX's lowering does), the library
+    # not looking for a bank-conflict-free pattern.
+    if value.layout in (WGMMA, mgpu.tcgen05.LAYOUT, mgpu.tcgen05.TMEM_NATIVE_LAYOUT):
         value.store_untiled(ref.memref, optimized=False)
     else:
         value.store_untiled(ref.memref)

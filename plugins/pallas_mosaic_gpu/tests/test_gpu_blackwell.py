@@ -85,6 +85,35 @@ def test_tmem_store_and_sliced_load() -> None:
     assert launch["arch"] == (10, 0) and {"tcgen05.st", "tcgen05.ld"} <= _ops(module)
 
 
+def _scoped_tmem(x: jax.Array, backend: str) -> jax.Array:
+    """TMEM allocated by pl.run_scoped, written and read back in the TCGEN05 layout (as JAX's
+    blackwell_ragged_dot does) into a plain SMEM buffer of float16."""
+    def body(x_ref: Any, o_ref: Any) -> None:
+        def scoped(acc: Any, staged: Any, out: Any) -> None:
+            staged[...] = x_ref[...]
+            plgpu.async_store_tmem(acc, staged[...])
+            plgpu.commit_tmem()
+            out[...] = plgpu.async_load_tmem(acc, layout=plgpu.Layout.TCGEN05).astype(F16)
+            plgpu.wait_load_tmem()
+            o_ref[...] = out[...].astype(F32) * 3
+
+        pl.run_scoped(scoped, plgpu.TMEM((128, 64), F32), plgpu.SMEM((128, 64), F32),
+                      plgpu.SMEM((128, 64), F16))
+
+    return plgpu.kernel(body, out_shape=S((128, 64), F32), backend=backend)(x)
+
+
+def test_run_scoped_tmem_read_in_the_tcgen05_layout() -> None:
+    x = _rand(5, (128, 64), F32)
+    expected = x.astype(F16).astype(F32) * 3
+    np.testing.assert_array_equal(_scoped_tmem(x, "interpret"), expected)
+    launch, module = _module(functools.partial(_scoped_tmem, backend="mosaic_gpu"),
+                             S(x.shape, F32))
+    assert launch["arch"] == (10, 0) and {"tcgen05.st", "tcgen05.ld"} <= _ops(module)
+    with pytest.raises(pl.UnsupportedError, match=r"Layout\.TCGEN05"):
+        _refusal(lambda acc, s, bar: plgpu.async_load_tmem(acc, layout=plgpu.Layout.WGMMA))
+
+
 def _one_mma(a: jax.Array, b: jax.Array, *, accumulate: Any, backend: str,
              commit: bool = False) -> jax.Array:
     """One tcgen05_mma of whole SMEM operands into TMEM holding ones, read back."""
