@@ -25,6 +25,11 @@ GMEM = MemorySpace("GMEM", backend=NAME)
 class SharedMemorySpace(MemorySpace):
     """Shared memory (``plgpu.SMEM``); its scratch buffers take JAX's ``transforms=``."""
 
+    tiled: bool = False
+    """Buffers of an 8-bit or 32-bit dtype whose ``transforms`` asked for the tiled, 128-byte
+    swizzled layout (``pallas_mosaic_gpu.transforms.asked_layout``); such buffers are
+    otherwise plain. The space carries it so that the kernel's scratch avals keep it."""
+
     def __call__(self, shape: Sequence[int], dtype: Any, *,
                  transforms: Sequence[Any] = ()) -> MemoryRef:
         """A scratch buffer of ``shape`` and ``dtype``; ``transforms`` (``TilingTransform``,
@@ -34,19 +39,19 @@ class SharedMemorySpace(MemorySpace):
         ref = super().__call__(shape, dtype)
         if check_transforms(tuple(transforms), ref.shape, ref.dtype,
                             f"plgpu.SMEM({ref.shape}, {ref.dtype.name})"):
-            return TiledSMEMRef(ref.shape, ref.dtype, ref.memory_space)
+            return MemorySpace.__call__(TILED_SMEM, ref.shape, ref.dtype)
         return ref
-
-
-@dataclasses.dataclass(frozen=True)
-class TiledSMEMRef(MemoryRef):
-    """An SMEM scratch buffer of an 8-bit or 32-bit dtype whose ``transforms`` asked for the
-    tiled, 128-byte swizzled layout (``pallas_mosaic_gpu.transforms.asked_layout``); such
-    buffers are otherwise plain."""
 
 
 SMEM = SharedMemorySpace("SMEM", backend=NAME, shared=True)
 """Shared memory of one thread block: pipelined blocks and scratch buffers."""
+TILED_SMEM = SharedMemorySpace("SMEM", backend=NAME, shared=True, tiled=True)
+"""SMEM of an 8-bit or 32-bit buffer whose ``transforms`` ask for the tiled layout."""
+
+
+def asks_tiling(mref: Any) -> bool:
+    """Whether a scratch buffer (a ``MemoryRef`` or a Ref's aval) is in :data:`TILED_SMEM`."""
+    return bool(getattr(getattr(mref, "memory_space", None), "tiled", False))
 @dataclasses.dataclass(frozen=True)
 class TensorMemorySpace(MemorySpace):
     """Tensor memory (``plgpu.TMEM``); its scratch buffers take JAX's keyword arguments."""

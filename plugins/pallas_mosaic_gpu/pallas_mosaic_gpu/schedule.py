@@ -53,7 +53,7 @@ from pallas_mosaic_gpu.params import (
     BarrierSpace,
     GPUCompilerParams,
     TensorMemorySpace,
-    TiledSMEMRef,
+    asks_tiling,
 )
 from pallas_mosaic_gpu.rules import lower_jaxpr
 from pallas_mosaic_gpu.values import (
@@ -219,7 +219,7 @@ def _scoped_kind(mref: Any, body: Any, var: Any) -> str:
             not smem_layout.read_by_wgmma(body, var)
         return "smem_plain" if plain else "smem"
     if is_tileable(shape, mref.dtype, asked=True) and (
-            isinstance(mref, TiledSMEMRef) or smem_layout.read_by_wgmma(body, var)):
+            asks_tiling(mref) or smem_layout.read_by_wgmma(body, var)):
         return "smem_tiled"
     return "smem"
 
@@ -332,6 +332,9 @@ def build(call: KernelCall, devices: tuple[tuple[str, int], ...] = ()
             scratch_refs.append(("tmem", shape, dtype))
         elif space is SEMAPHORE:
             scratch_refs.append(("sem", shape, dtype))
+        elif asks_tiling(a) and is_tileable(shape, dtype, asked=True):  # 8/32-bit, asked
+            smem.append(jax.ShapeDtypeStruct(tile_shape(shape, dtype), dtype))
+            scratch_refs.append(("smem_tiled", shape, dtype))
         else:
             smem.append(jax.ShapeDtypeStruct(buf_shape(shape, dtype), dtype))
             scratch_refs.append(("smem", shape, dtype))
@@ -492,7 +495,7 @@ def _emit(state: GPULowering, pl_: Plan, gmem: list[Any], smem: list[Any],
             scratch_vals.append(Ref("tmem", tuple(shape), dtype, memref=next(smem_it)))
         else:
             scratch_vals.append(Ref("smem", tuple(shape), dtype, memref=next(smem_it),
-                                    tiled=is_tileable(shape, dtype)))
+                                    tiled=kind == "smem_tiled" or is_tileable(shape, dtype)))
     # Grid indices of the parallel axes.
     ids: dict[int, ir.Value] = {}
     if pl_.mesh is not None:

@@ -13,8 +13,9 @@ depended on a different layout would otherwise be silently re-laid out).
 Buffers of 8-bit and 32-bit dtypes are plain unless the kernel asks for tiling: transforms
 ``TilingTransform((8, 128 // itemsize))`` and ``SwizzleTransform(128)`` (JAX's kernels spell
 them ``(8, swizzle * 8 // bits)``) tile them the same way, 128 bytes of a row per tile
-(:func:`asked_layout`); ``plgpu.SMEM`` then returns a
-:class:`pallas_mosaic_gpu.params.TiledSMEMRef` that says so.
+(:func:`asked_layout`); ``plgpu.SMEM`` then puts the buffer in
+:data:`pallas_mosaic_gpu.params.TILED_SMEM`, which says so (in ``scratch_shapes`` and
+``pl.run_scoped`` alike).
 """
 
 from __future__ import annotations

@@ -133,53 +133,62 @@ I8_SWIZZLED = (plgpu.TilingTransform((8, 128)), plgpu.SwizzleTransform(128))
 def test_8_and_32_bit_buffers_are_tiled_where_transforms_ask() -> None:
     """16-bit buffers are tiled whether or not transforms ask; 8-bit and 32-bit ones only
     where they do, (8, 128 // itemsize) with a 128-byte swizzle (as JAX tiles them)."""
-    from pallas_mosaic_gpu.params import TiledSMEMRef
+    from pallas_mosaic_gpu.params import asks_tiling
 
-    assert not isinstance(plgpu.SMEM((64, 128), jnp.int8), TiledSMEMRef)
-    assert isinstance(plgpu.SMEM((2, 64, 128), jnp.int8, transforms=I8_SWIZZLED), TiledSMEMRef)
-    assert isinstance(plgpu.SMEM((8, 32), F32, transforms=(plgpu.TilingTransform((8, 32)),
-                                                            plgpu.SwizzleTransform(128))),
-                      TiledSMEMRef)
+    assert not asks_tiling(plgpu.SMEM((64, 128), jnp.int8))
+    assert asks_tiling(plgpu.SMEM((2, 64, 128), jnp.int8, transforms=I8_SWIZZLED))
+    assert asks_tiling(plgpu.SMEM((8, 32), F32, transforms=(plgpu.TilingTransform((8, 32)),
+                                                            plgpu.SwizzleTransform(128))))
     with pytest.raises(pl.PallasError, match=r"TilingTransform.*\(8, 128\)"):
         plgpu.SMEM((64, 128), jnp.int8, transforms=(plgpu.TilingTransform((8, 64)),))
     with pytest.raises(pl.PallasError, match="plain"):
         plgpu.SMEM((60, 128), jnp.int8, transforms=I8_SWIZZLED)
 
 
-def _int8_to_f16(a: jax.Array, backend: str, transforms: Any, layout: Any = None
-                 ) -> jax.Array:
+def _int8_to_f16(a: jax.Array, backend: str, transforms: Any, layout: Any = None,
+                 scratch: bool = False) -> jax.Array:
     """``a.astype(f16) * 2`` through an SMEM buffer filled by TMA (``transforms`` asking
-    for its layout), read into registers (in ``layout`` with ``plgpu.load``)."""
-    @functools.partial(plgpu.kernel, out_shape=S(a.shape, F16), backend=backend)
-    def kernel(a_ref: Any, o_ref: Any) -> None:
-        def scope(buf: Any, bar: Any) -> None:
-            plgpu.copy_gmem_to_smem(a_ref, buf, bar)
-            plgpu.barrier_wait(bar)
-            if layout is None:
-                y = buf[...].astype(F16)
-            else:  # converted in the layout read, then moved into wgmma's
-                y = plgpu.layout_cast(plgpu.load(buf, (), layout=layout).astype(F16),
-                                      plgpu.Layout.WGMMA)
-            o_ref[...] = y * 2
+    for its layout), read into registers (in ``layout`` with ``plgpu.load``); the buffer is
+    a ``pl.run_scoped`` allocation, or with ``scratch`` one of ``scratch_shapes``."""
+    buf_type = plgpu.SMEM(a.shape, a.dtype, transforms=transforms)
 
-        pl.run_scoped(scope, plgpu.SMEM(a.shape, a.dtype, transforms=transforms),
+    def scope(a_ref: Any, o_ref: Any, buf: Any, bar: Any) -> None:
+        plgpu.copy_gmem_to_smem(a_ref, buf, bar)
+        plgpu.barrier_wait(bar)
+        if layout is None:
+            y = buf[...].astype(F16)
+        else:  # converted in the layout read, then moved into wgmma's
+            y = plgpu.layout_cast(plgpu.load(buf, (), layout=layout).astype(F16),
+                                  plgpu.Layout.WGMMA)
+        o_ref[...] = y * 2
+
+    def kernel(a_ref: Any, o_ref: Any) -> None:
+        pl.run_scoped(functools.partial(scope, a_ref, o_ref), buf_type,
                       plgpu.Barrier(num_arrivals=1))
 
-    return kernel(a)  # type: ignore[no-any-return]
+    if scratch:
+        return plgpu.kernel(scope, out_shape=S(a.shape, F16), backend=backend,  # type: ignore[no-any-return]
+                            scratch_shapes=[buf_type, plgpu.Barrier(num_arrivals=1)])(a)
+    return plgpu.kernel(kernel, out_shape=S(a.shape, F16), backend=backend)(a)  # type: ignore[no-any-return]
 
 
-@pytest.mark.parametrize("transforms,layout,smem_type", [
-    ((), None, "memref<64x128xi8"),  # not asked: plain, as before
-    (I8_SWIZZLED, None, "memref<8x1x8x128xi8"),
-    (I8_SWIZZLED, "WGMMA_UPCAST_2X", "memref<8x1x8x128xi8"),
-    (I8_SWIZZLED, "WGMMA", "memref<8x1x8x128xi8")])
-def test_int8_buffer_read_and_converted(transforms: Any, layout: Any, smem_type: str) -> None:
+@pytest.mark.parametrize("transforms,layout,smem_type,scratch", [
+    ((), None, "memref<64x128xi8", False),  # not asked: plain, as before
+    ((), None, "memref<64x128xi8", True),
+    (I8_SWIZZLED, None, "memref<8x1x8x128xi8", False),
+    (I8_SWIZZLED, None, "memref<8x1x8x128xi8", True),  # scratch_shapes keep the ask
+    (I8_SWIZZLED, "WGMMA_UPCAST_2X", "memref<8x1x8x128xi8", False),
+    (I8_SWIZZLED, "WGMMA_UPCAST_2X", "memref<8x1x8x128xi8", True),
+    (I8_SWIZZLED, "WGMMA", "memref<8x1x8x128xi8", False)])
+def test_int8_buffer_read_and_converted(transforms: Any, layout: Any, smem_type: str,
+                                        scratch: bool) -> None:
     a = jax.random.randint(jax.random.key(3), (64, 128), -128, 128, I32).astype(jnp.int8)
     lay = None if layout is None else getattr(plgpu.Layout, layout)
     expected = a.astype(F16) * 2
-    np.testing.assert_array_equal(_int8_to_f16(a, "interpret", transforms, lay), expected)
+    np.testing.assert_array_equal(_int8_to_f16(a, "interpret", transforms, lay, scratch),
+                                  expected)
     module = _module(functools.partial(_int8_to_f16, backend="mosaic_gpu",
-                                       transforms=transforms, layout=lay), a)
+                                       transforms=transforms, layout=lay, scratch=scratch), a)
     types = [ty for _, ty in inspection.smem_buffers(module)]
     assert types[0].startswith(smem_type), types
     text = str(module)
