@@ -135,21 +135,34 @@ _JAX_SWAP_DISCHARGE = state_discharge._discharge_rules[state_primitives.swap_p]
 _JAX_GET_DISCHARGE = state_discharge._discharge_rules[state_primitives.get_p]
 
 
+def apply_leading_reshapes(x: Any, transforms: Sequence[Any]) -> tuple[Any, list[Any]]:
+    """``(y, rest)``: ``x`` reshaped by the ``ref.reshape(...)`` transforms that lead
+    ``transforms`` (a view ``ref.reshape(...).at[...]``), and the transforms after them.
+
+    JAX 0.10's ``transform_swap_array`` cannot write back through a reshape, so a discharge
+    that writes a view applies the leading reshapes here, indexes ``y`` with ``rest``, and
+    reshapes the written ``y`` back to ``x.shape``."""
+    rest = list(transforms)
+    y = x
+    while rest and isinstance(rest[0], ReshapeTransform):
+        y = y.reshape(tuple(rest.pop(0).shape))
+    return y, rest
+
+
 def _swap_discharge(*args: Any, tree: Any) -> Any:
     """JAX's discharge of ``ref[...] = val`` (its rule, whichever its signature), also for
     views that reshape the Ref before indexing it (``ref.reshape(...).at[...]``), which JAX
     0.10's ``transform_swap_array`` indexes in the Ref's own shape: the leading reshapes are
-    applied here, and the written array reshaped back. Remote views are refused."""
+    applied here (``apply_leading_reshapes``), and the written array reshaped back. Remote
+    views are refused."""
     n = tree.num_leaves
     x, val, idx = args[-n - 2], args[-n - 1], args[len(args) - n:]
     transforms = list(jax.tree_util.tree_unflatten(tree, idx))
     _refuse_peer_views(transforms)
     if not (len(transforms) > 1 and isinstance(transforms[0], ReshapeTransform)):
         return _JAX_SWAP_DISCHARGE(*args, tree=tree)
-    y = x
-    while len(transforms) > 1 and isinstance(transforms[0], ReshapeTransform):
-        y = y.reshape(tuple(transforms.pop(0).shape))
-    old, y_new = state_discharge.transform_swap_array(y, transforms, val)
+    y, rest = apply_leading_reshapes(x, transforms)
+    old, y_new = state_discharge.transform_swap_array(y, rest, val)
     return (y_new.reshape(x.shape), None) + (None,) * n, old
 
 

@@ -175,9 +175,15 @@ def _split_last(transforms: Sequence[Any]) -> tuple[list[Any], Any]:
 def read_modify_write(x: Any, flat: Sequence[Any], tree: Any,
                       update: Callable[[Any], Any]) -> tuple[Any, Any]:
     """``(old, new_x)``: the view of ``x`` that the Ref transforms ``flat`` (flattened by
-    ``tree``) select, and ``x`` with that view replaced by ``update(old)``."""
-    head, last = _split_last(jax.tree_util.tree_unflatten(tree, flat))
-    view = _jax.transform_array(x, head) if head else x
+    ``tree``) select, and ``x`` with that view replaced by ``update(old)``. The view may
+    start with reshapes (``ref.reshape(...).at[...]``), not reshape after indexing."""
+    y, transforms = _jax.apply_leading_reshapes(x, jax.tree_util.tree_unflatten(tree, flat))
+    if any(isinstance(t, _jax.ReshapeTransform) for t in transforms):
+        raise PallasError("the interpreter reads and writes views that reshape the Ref before "
+                          "indexing it (ref.reshape(...).at[...]), not after. Fix: reshape "
+                          "first.")
+    head, last = _split_last(transforms)
+    view = _jax.transform_array(y, head) if head else y
     if last is None:
         old, new_view = view, update(view)
     else:
@@ -185,10 +191,8 @@ def read_modify_write(x: Any, flat: Sequence[Any], tree: Any,
         old = _jax.transform_array(vp, [idx])
         _, new_vp = _jax.transform_swap_array(vp, [idx], update(old))
         new_view = _unpad(new_vp, view.shape)
-    if not head:
-        return old, new_view
-    _, new_x = _jax.transform_swap_array(x, head, new_view)
-    return old, new_x
+    new_y = _jax.transform_swap_array(y, head, new_view)[1] if head else new_view
+    return old, new_y if y is x else new_y.reshape(x.shape)
 
 
 def _masked_load_discharge(in_avals: Any, out_avals: Any, x: Any, *args: Any, tree: Any,

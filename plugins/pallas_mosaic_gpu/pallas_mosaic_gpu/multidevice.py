@@ -149,22 +149,6 @@ def _devices(collective_axes: tuple[Any, ...], what: str) -> int:
     return n
 
 
-def _rmw(x: Any, flat: list[Any], tree: Any, update: Any) -> tuple[Any, Any]:
-    """``semantics.read_modify_write`` for views that may start with reshapes
-    (``ref.reshape(...).at[...]``), which it does not apply itself."""
-    transforms = list(jax.tree_util.tree_unflatten(tree, flat))
-    y = x
-    while transforms and isinstance(transforms[0], plb.ReshapeTransform):
-        y = y.reshape(tuple(transforms.pop(0).shape))
-    if any(isinstance(t, plb.ReshapeTransform) for t in transforms):
-        raise PallasError("the interpreter reads and writes multicast views that reshape the "
-                          "Ref before indexing it (ref.reshape(...).at[...]), not after. Fix: "
-                          "reshape first.")
-    rest, rest_tree = jax.tree_util.tree_flatten(transforms)
-    old, new = semantics.read_modify_write(y, rest, rest_tree, update)
-    return old, new.reshape(x.shape)
-
-
 def _from_every_device(ref: Any, args: Sequence[Any], tree: Any, n: int,
                        update: Callable[[Any, Any], Any]) -> Any:
     """The discharge of a write every device sends to this one (``args``: the view's flat
@@ -175,7 +159,7 @@ def _from_every_device(ref: Any, args: Sequence[Any], tree: Any, n: int,
 
     def one(d: Any, x: Any) -> Any:
         v, f = jax.tree_util.tree_map(lambda a: a[d], sent)
-        return _rmw(x, f, tree, lambda old: update(old, v))[1]
+        return semantics.read_modify_write(x, f, tree, lambda old: update(old, v))[1]
 
     new = lax.fori_loop(0, n, one, ref)
     return (new,) + (None,) * len(args), []
@@ -196,7 +180,7 @@ def _load_reduce_discharge(in_avals: Any, out_avals: Any, ref: Any, *flat: Any, 
                            collective_axes: tuple[Any, ...], reduction_op: str) -> Any:
     n = _devices(collective_axes, "plgpu.multimem_load_reduce")
     everyone = semantics.gather_devices(ref)
-    views = [_rmw(everyone[d], list(flat), tree, lambda old: old)[0]
+    views = [semantics.read_modify_write(everyone[d], flat, tree, lambda old: old)[0]
              for d in range(n)]
     acc = views[0]
     if jnp.issubdtype(acc.dtype, jnp.floating) and reduction_op == "add":
