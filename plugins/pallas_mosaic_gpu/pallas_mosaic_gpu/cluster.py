@@ -28,10 +28,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax.numpy as jnp
 from jax.experimental.mosaic import gpu as mgpu
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith, gpu
 
+from pallas_core.copies import RefViews
 from pallas_core.errors import PallasError, UnsupportedError
 
 DIMS = (gpu.Dimension.x, gpu.Dimension.y, gpu.Dimension.z)
@@ -72,6 +74,23 @@ def is_first_block(dim: Any) -> Any:
     """Whether this block is the first of its cluster along ``dim`` (an ``i1`` value)."""
     return arith.cmpi(arith.CmpIPredicate.eq, mgpu.utils.cluster_idx(dim),
                       arith.constant(ir.IndexType.get(), 0))
+
+
+def block_views(state: RefViews, stacked: Sequence[bool]) -> list[RefViews]:
+    """In a ``cross`` rule (``PrimitiveSemantics.cross``): the views of each block of the
+    cluster, the Refs whose buffers are stacked per block taken at that block."""
+    refs = range(state.n_refs)
+    n = next(state.values[i].shape[0] for i in refs if stacked[i])
+    return [state.with_values([state.values[i][c] if stacked[i] else state.values[i]
+                               for i in refs]) for c in range(n)]
+
+
+def restack(state: RefViews, stacked: Sequence[bool], views: Sequence[RefViews]) -> list[Any]:
+    """The new values of ``state``'s Refs (as a discharge rule returns them) after each
+    block's ``views`` were written (the Refs not stacked per block are left as they were)."""
+    out = [jnp.stack([v.values[i] for v in views]) if stacked[i] else state.values[i]
+           for i in range(state.n_refs)]
+    return [*out, *([None] * (state.n_args - state.n_refs))]
 
 
 def refused_in_interpreter(what: str) -> UnsupportedError:
