@@ -779,6 +779,31 @@ def test_blackwell_matmul_port_runs_in_the_interpreter(minor: str) -> None:
     np.testing.assert_allclose(got.astype(F32), expected, rtol=2e-2, atol=5e-2)
 
 
+def test_blackwell_matmul_collective_port_runs_in_the_interpreter() -> None:
+    """The port's collective form (``collective=True``), run by this project's interpreter on
+    random inputs against ``jnp.dot``: the two blocks of each cluster run together, each at
+    its own pace (pallas_interpret.phases), each with its own SMEM, TMEM and barriers. Each
+    block's TMA warp copies its half of the A and B tiles (partitioned copies, the first
+    block's barrier tracking both blocks' halves), the first block's MMA warp issues the
+    2-block matmuls, whose barriers and commits complete in both blocks, and each block's
+    store warpgroup writes its half of the rows, both arriving on the ClusterBarrier the
+    MMA warp waits on before reusing an accumulator slot. The first cluster claims every
+    tile (4 of 256 x 256 here), so both accumulator slots are reused."""
+    lib = _library("blackwell_matmul_mgpu", ours=True)
+    config = lib.TuningConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2,
+                              collective=True)
+    keys = jax.random.split(jax.random.key(19))
+    a = jax.random.normal(keys[0], (512, 512), F32).astype(F16)
+    b = jax.random.normal(keys[1], (512, 512), F32).astype(F16)
+    fn = functools.partial(lib.matmul_kernel, config=config)
+    with force_interpret_mode():
+        calls = list(kernel_calls(jax.make_jaxpr(fn)(a, b).jaxpr))
+        got = fn(a, b)
+    assert [c.backend for c in calls] == ["interpret"]
+    expected = jnp.dot(a.astype(F32), b.astype(F32))
+    np.testing.assert_allclose(got.astype(F32), expected, rtol=2e-2, atol=5e-2)
+
+
 # What makes the collective form collective, counted in a module's text: TMA copies into
 # one block's part tracked by the first block's barrier, arrivals on every block's barrier
 # (ClusterBarrier), 2-CTA matmuls and commits multicast to both blocks, TMEM allocated by both

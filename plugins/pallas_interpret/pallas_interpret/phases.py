@@ -35,6 +35,17 @@ block's memory), as the warps of a warpgroup share them.
 Kernel scratch (``scratch_shapes``) is one buffer for the group where its memory space is
 ``shared`` (a GPU block's SMEM, TMEM and barriers), else one per point; each group starts with
 fresh scratch, as each thread block does.
+
+Blocks of a cluster: where an equation reaches other blocks' shared buffers
+(``PrimitiveSemantics.cluster`` names the mesh axes it reaches along: a GPU cluster's), the
+group is the cluster, those axes and the axes after them (the points of a block): its blocks
+run together, each point at its own pace, and clusters one after another. ``shared``
+buffers (scratch, and ``pl.run_scoped`` along the other group axes) are then one per block,
+stacked (:meth:`_Runner.block_of`), and such an equation is a step of its own that its
+``cross`` rule runs on every block's buffers of its shared Refs (with, per Ref, a buffer of
+int32 marks it keeps across steps, zero when the cluster starts). A ``phase_wait`` on a
+counter whose memory space names ``collective_axes`` needs ``num_arrivals`` from each block
+along them.
 """
 
 from __future__ import annotations
@@ -504,10 +515,9 @@ class _Runner(handshake._Runner):
         stacked = tuple(isinstance(o, _Slot) and o.id in self.per_block for o in ins)
         marks: list[int | None] = []
         for o, s, aval in zip(ins, stacked, in_avals):
-            if not s:
+            if not (s and isinstance(o, _Slot)):
                 marks.append(None)
                 continue
-            assert isinstance(o, _Slot)
             if o.id not in self.marks:
                 self.marks[o.id] = self.new_slot(True)
                 self.per_block.add(self.marks[o.id])
@@ -517,8 +527,8 @@ class _Runner(handshake._Runner):
         outs = [self.new_val(a) for a in out_avals]
 
         def step(state: State, p: Any) -> State:
-            args = [state["slots"][o.id] if s else self.value(o, state, p)
-                    for o, s in zip(ins, stacked)]
+            args = [state["slots"][o.id] if isinstance(o, _Slot) and s
+                    else self.value(o, state, p) for o, s in zip(ins, stacked)]
             given = [None if m is None else state["slots"][m] for m in marks]
             new, new_marks, results = rule(in_avals, out_avals, *args, stacked=stacked,
                                            marks=given, block=self.block_of(p),

@@ -348,6 +348,35 @@ def test_claiming_work_for_a_cluster_lowers_like_jax() -> None:
     assert _count(ours[1], *marks) == _count(theirs[1], *marks) == (1, 1, 1)
 
 
+def test_the_interpreter_runs_claiming_work_for_a_cluster() -> None:
+    """The first cluster claims every grid point and both its blocks run each of them (the
+    answers' ClusterBarrier holds each slot until every warpgroup of both blocks read it):
+    block c of the cluster writes grid point i into row (i, c)."""
+    def body(x_ref: Any, o_ref: Any) -> None:
+        c, wg = lax.axis_index("x"), lax.axis_index("wg")
+
+        @plgpu.dynamic_scheduling_loop(grid_names=("i",), thread_axis="wg", cluster_axes=("x",))
+        def _(info: Any) -> None:
+            (i,) = info.index
+
+            @pl.when(wg == 0)
+            def _() -> None:
+                def write(buf: Any) -> None:
+                    buf[...] = jnp.full((128,), i + 1, F32)
+                    plgpu.commit_smem()
+                    plgpu.copy_smem_to_gmem(buf, o_ref.at[i, c])
+                    plgpu.wait_smem_to_gmem(0)
+
+                pl.run_scoped(write, plgpu.SMEM((128,), F32))
+
+    run = plgpu.kernel(body, out_shape=S((4, 2, 128), F32), grid=(4,), grid_names=("i",),
+                       cluster=(2,), cluster_names=("x",), num_threads=2, thread_name="wg")
+    with force_interpret_mode():
+        got = run(jnp.zeros((8,), F32))
+    np.testing.assert_array_equal(got, jnp.broadcast_to(
+        jnp.arange(1, 5, dtype=F32)[:, None, None], (4, 2, 128)))
+
+
 # --- collective TMEM and tcgen05 --------------------------------------------------------------
 
 
