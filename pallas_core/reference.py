@@ -109,6 +109,26 @@ def forks() -> Mapping[Any, Callable[..., tuple[Any, int, bool]]]:
 manager.add_listener(forks.cache_clear)
 
 
+@functools.cache
+def cluster_rules() -> Mapping[Any, tuple[Callable[..., Any], Callable[..., Any]]]:
+    """Primitive -> its ``(cluster, cross)`` rules: primitives whose meaning may reach across
+    the blocks of a cluster (``PrimitiveSemantics.cluster``)."""
+    return {sem.primitive: (sem.cluster, sem.cross) for sem in _all_semantics()
+            if sem.cluster is not None}
+
+
+manager.add_listener(cluster_rules.cache_clear)
+
+
+def cluster_axes(eqn: Any) -> tuple[str, ...]:
+    """The mesh axes along which ``eqn`` reaches other blocks' shared buffers (see
+    ``PrimitiveSemantics.cluster``); empty for every other equation."""
+    rules = cluster_rules().get(eqn.primitive)
+    if rules is None:
+        return ()
+    return tuple(rules[0]([v.aval for v in eqn.invars], **eqn.params))
+
+
 sub_jaxprs = _jax.sub_jaxprs
 """The jaxprs among an equation's parameters (e.g. the branches of a ``cond``)."""
 

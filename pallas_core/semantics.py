@@ -85,7 +85,32 @@ class PrimitiveSemantics:
     the first block claim every other point of those axes in order, the others then never
     running (cancelled before their launch)."""
 
+    cluster: Callable[..., tuple[str, ...]] | None = None
+    """For a primitive whose meaning may reach across the blocks of a cluster (GPU thread
+    blocks that see each other's shared memory), with ``discharge`` (its meaning where each
+    block runs alone, or a refusal) and ``cross``: given the equation's input avals and
+    params, the mesh axes along which this equation reaches other blocks' buffers in memory
+    spaces marked ``shared`` (empty: it does not). The mesh axes after the last of them are
+    the points within a block (a GPU block's warpgroups). Interpreters that run points each
+    at its own pace run the blocks along those axes together, with one buffer of each
+    ``shared`` memory space per block, and evaluate the equation with ``cross``. A counter of
+    a ``phase_wait`` whose memory space names ``collective_axes`` completes a phase after
+    ``num_arrivals`` times the number of blocks along them."""
+    cross: Callable[..., Any] | None = None
+    """With ``cluster``: the equation's meaning across the blocks, called as a discharge rule
+    is, ``(in_avals, out_avals, *args, stacked, marks, block, **params) -> (new args, new
+    marks, outputs)``, where ``stacked[i]`` says that Ref ``args[i]`` holds every block's
+    buffer (leading axis: the blocks, in row-major order along the ``cluster`` axes),
+    ``marks[i]`` (for those) is an int32 buffer of the same shape the interpreter keeps for
+    the rule alone (zero when the cluster starts: e.g. how many copies each block issued on
+    a barrier), and ``block`` is the issuing block's position."""
+
     def __post_init__(self) -> None:
+        if (self.cluster is None) != (self.cross is None) or (
+                self.cluster is not None and self.discharge is None):
+            raise PallasError(
+                f"PrimitiveSemantics for {self.primitive.name!r}: give `cluster` and `cross` "
+                "together, with `discharge` (the meaning where each block runs alone).")
         given = [r for r in (self.discharge, self.evaluate, self.barrier) if r is not None]
         if len(given) != 1:
             raise PallasError(

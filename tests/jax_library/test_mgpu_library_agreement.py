@@ -30,6 +30,7 @@ cluster, threads per block, dynamic shared memory) and target architecture.
 from __future__ import annotations
 
 import functools
+import itertools
 import types
 from typing import Any
 
@@ -779,6 +780,31 @@ def test_blackwell_matmul_port_runs_in_the_interpreter(minor: str) -> None:
     np.testing.assert_allclose(got.astype(F32), expected, rtol=2e-2, atol=5e-2)
 
 
+def test_blackwell_matmul_collective_port_runs_in_the_interpreter() -> None:
+    """The port's collective form (``collective=True``), run by this project's interpreter on
+    random inputs against ``jnp.dot``: the two blocks of each cluster run together, each at
+    its own pace (pallas_interpret.phases), each with its own SMEM, TMEM and barriers. Each
+    block's TMA warp copies its half of the A and B tiles (partitioned copies, the first
+    block's barrier tracking both blocks' halves), the first block's MMA warp issues the
+    2-block matmuls, whose barriers and commits complete in both blocks, and each block's
+    store warpgroup writes its half of the rows, both arriving on the ClusterBarrier the
+    MMA warp waits on before reusing an accumulator slot. The first cluster claims every
+    tile (4 of 256 x 256 here), so both accumulator slots are reused."""
+    lib = _library("blackwell_matmul_mgpu", ours=True)
+    config = lib.TuningConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2,
+                              collective=True)
+    keys = jax.random.split(jax.random.key(19))
+    a = jax.random.normal(keys[0], (512, 512), F32).astype(F16)
+    b = jax.random.normal(keys[1], (512, 512), F32).astype(F16)
+    fn = functools.partial(lib.matmul_kernel, config=config)
+    with force_interpret_mode():
+        calls = list(kernel_calls(jax.make_jaxpr(fn)(a, b).jaxpr))
+        got = fn(a, b)
+    assert [c.backend for c in calls] == ["interpret"]
+    expected = jnp.dot(a.astype(F32), b.astype(F32))
+    np.testing.assert_allclose(got.astype(F32), expected, rtol=2e-2, atol=5e-2)
+
+
 # What makes the collective form collective, counted in a module's text: TMA copies into
 # one block's part tracked by the first block's barrier, arrivals on every block's barrier
 # (ClusterBarrier), 2-CTA matmuls and commits multicast to both blocks, TMEM allocated by both
@@ -868,3 +894,28 @@ def test_blackwell_ragged_dot_collective_port_lowers_like_jax(
     assert mine == _marks(theirs[1])
     assert mine["tcgen05.mma.cta_group::2"] == 4 and mine["nvvm.tcgen05.alloc"] == 1
 
+
+
+def test_blackwell_ragged_dot_collective_port_runs_in_the_interpreter(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The collective port of blackwell_ragged_dot, run by this project's interpreter on random
+    inputs against a numpy ragged dot, given 4 SMs (2 clusters of 2 blocks dealing out the
+    tiles with pl.nd_loop): groups of 100, 156, 0 and 256 rows, so tiles straddle groups and
+    one group is empty."""
+    monkeypatch.setattr(jax, "local_devices",
+                        lambda *a, **k: [types.SimpleNamespace(core_count=4)])
+    lib = _library("blackwell_ragged_dot_mgpu", True)
+    matmul = _library("blackwell_matmul_mgpu", True)
+    config = lib.TuningConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2,
+                              collective=True, grid_tile_width=1,
+                              grid_minor_dim=matmul.MatmulDimension.N)
+    keys = jax.random.split(jax.random.key(23))
+    a = jax.random.normal(keys[0], (512, 256), F32).astype(F16)
+    b = jax.random.normal(keys[1], (4, 256, 256), F32).astype(F16)
+    sizes = np.array([100, 156, 0, 256])
+    with force_interpret_mode():
+        got = lib.ragged_dot_kernel(a, b, jnp.asarray(sizes, jnp.int32), config)
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    expected = np.concatenate([np.asarray(a[s:e], np.float32) @ np.asarray(b[g], np.float32)
+                               for g, (s, e) in enumerate(itertools.pairwise(starts))])
+    np.testing.assert_allclose(np.asarray(got, np.float32), expected, rtol=2e-2, atol=5e-2)

@@ -91,6 +91,7 @@ class _Runner(lockstep._Runner):
         self.steps: list[Step] = []
         self.avals: dict[int, Any] = {}
         self.scoped: dict[int, Any] = {}  # slots that pl.run_scoped allocates, and their start
+        self.per_block: set[int] = set()  # shared slots held once per block (see block_of)
 
     # --- compiling
 
@@ -189,16 +190,29 @@ class _Runner(lockstep._Runner):
                                        self.context(p), self.rules)
             new = dict(state["slots"])
             for slot, x in zip(slots, res[n_out:]):
-                new[slot] = x if self.shared[slot] else new[slot].at[p].set(x)
+                new[slot] = self.put_row(new[slot], slot, p, x)
             return list(res[:n_out]), {**state, "slots": new}
 
         return run
+
+    def block_of(self, p: Any) -> Any:
+        """The block (of those that hold a slot in :attr:`per_block` once each) where core
+        ``p`` is; one block unless a subclass runs several."""
+        return jnp.int32(0)
+
+    def put_row(self, buf: Any, slot: int, p: Any, x: Any) -> Any:
+        """``buf`` (slot ``slot``) with what core ``p`` sees of it replaced by ``x``."""
+        if slot in self.per_block:
+            return buf.at[self.block_of(p)].set(x)
+        return x if self.shared[slot] else buf.at[p].set(x)
 
     def value(self, o: _Operand, state: State, p: Any) -> Any:
         if isinstance(o, _Val):
             return lockstep._row(state["vals"][o.key], p)
         if isinstance(o, _Slot):
             buf = state["slots"][o.id]
+            if o.id in self.per_block:
+                return lockstep._row(buf, self.block_of(p))
             return buf if self.shared[o.id] else lockstep._row(buf, p)
         return o.value
 

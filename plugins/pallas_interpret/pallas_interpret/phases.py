@@ -35,6 +35,17 @@ block's memory), as the warps of a warpgroup share them.
 Kernel scratch (``scratch_shapes``) is one buffer for the group where its memory space is
 ``shared`` (a GPU block's SMEM, TMEM and barriers), else one per point; each group starts with
 fresh scratch, as each thread block does.
+
+Blocks of a cluster: where an equation reaches other blocks' shared buffers
+(``PrimitiveSemantics.cluster`` names the mesh axes it reaches along: a GPU cluster's), the
+group is the cluster, those axes and the axes after them (the points of a block): its blocks
+run together, each point at its own pace, and clusters one after another. ``shared``
+buffers (scratch, and ``pl.run_scoped`` along the other group axes) are then one per block,
+stacked (:meth:`_Runner.block_of`), and such an equation is a step of its own that its
+``cross`` rule runs on every block's buffers of its shared Refs (with, per Ref, a buffer of
+int32 marks it keeps across steps, zero when the cluster starts). A ``phase_wait`` on a
+counter whose memory space names ``collective_axes`` needs ``num_arrivals`` from each block
+along them.
 """
 
 from __future__ import annotations
@@ -77,21 +88,44 @@ def check_no_fork(call: Any) -> None:
             "per warpgroup, or lower it for a GPU.")
 
 
+def cluster_names(call: Any) -> tuple[str, ...]:
+    """The mesh axes along which ``call``'s equations reach other blocks' shared buffers
+    (``PrimitiveSemantics.cluster``), in grid order; empty if none does."""
+    found: set[str] = set()
+    for eqn in reference.all_eqns(call.jaxpr.jaxpr):
+        found.update(reference.cluster_axes(eqn))
+    user = list(call.grid_mapping.grid_names or ())
+    missing = sorted(found - set(user))
+    if missing:
+        raise PallasError(f"kernel {call.name!r} shares work along the cluster axes "
+                          f"{missing}, which are not among its mesh axes {tuple(user)}.")
+    return tuple(n for n in user if n in found)
+
+
 def group_axes(call: Any) -> tuple[int, ...] | None:
     """The full-grid axes along which ``call``'s points share memory
     (``pl.run_scoped(collective_axes=...)``), when the kernel also waits for arrivals
-    (``phase_wait`` primitives) and more than one point shares; else ``None``."""
+    (``phase_wait`` primitives) and more than one point shares; else ``None``. Where the
+    kernel reaches across the blocks of a cluster (:func:`cluster_names`), the group is the
+    cluster: those axes and the axes after them (the points of each block)."""
     waits = reference.phase_waits()
     gm = call.grid_mapping
-    if not waits or not gm.grid_names or gm.dynamic_axes:
+    if not gm.grid_names or gm.dynamic_axes:
         return None
-    names: set[Any] = set()
+    user = list(gm.grid_names)
+    cluster = cluster_names(call)
+    if cluster:
+        first = min(user.index(n) for n in cluster)
+        names = set(cluster) | set(user[first:])
+        return tuple(sorted(gm.num_batch_axes + user.index(n) for n in names))
+    if not waits:
+        return None
+    names = set()
     found = False
     for eqn in reference.all_eqns(call.jaxpr.jaxpr):
         found = found or eqn.primitive in waits
         if eqn.primitive is prims.run_scoped_p:
             names.update(eqn.params.get("collective_axes", ()))
-    user = list(gm.grid_names)
     names &= set(user)
     if not found or not names:
         return None
@@ -130,14 +164,35 @@ class _Runner(handshake._Runner):
         self.sub_axis: Any = None  # the axis of the region being compiled
         self.finish = _Label()  # the end of the steps, where parked sub-points wait
         self.fresh: lockstep.Slots = {}  # the kernel's scratch, as each group starts it
+        # The blocks of a cluster (see the module docstring): shared buffers are one per block.
+        self.cluster = cluster_names(self.call)
+        self.block_axes = tuple(gm.num_batch_axes + list(names).index(n)
+                                for n in self.cluster)
+        self.blocks = math.prod(gm.grid[a] for a in self.block_axes)
+        self.cross_rules = reference.cluster_rules()
+        self.marks: dict[int, int] = {}  # slot -> the slot of its cross rules' marks
 
     def fresh_buffer(self, shape: Sequence[int], dtype: Any, memory_space: Any
                      ) -> tuple[int, Any]:
         """Kernel scratch: each group (a GPU thread block) starts with its own, fresh (the
         barriers with no arrivals)."""
         slot, value = super().fresh_buffer(shape, dtype, memory_space)
+        if self.cluster and self.shared[slot]:
+            value = jnp.broadcast_to(value[None], (self.blocks, *value.shape))
+            self.per_block.add(slot)
         self.fresh[slot] = value
         return slot, value
+
+    def block_of(self, p: Any) -> Any:
+        """The block of the cluster where point (or sub-point) ``p`` is: its position along
+        the cluster axes, in row-major order."""
+        if not self.cluster:
+            return jnp.int32(0)
+        ids = self.context(p).program_ids
+        block = jnp.int32(0)
+        for a in self.block_axes:
+            block = block * self.grid[a] + ids[a]
+        return block
 
     def context(self, member: Any) -> Any:
         # A sub-point is where its point is.
@@ -189,6 +244,7 @@ class _Runner(handshake._Runner):
                    ) -> tuple[list[Any], lockstep.Slots]:
         self.seen = {}
         self.claimed = None
+        self.marks = {}
         slots = {**slots, **self.fresh}
         self.steps, self.avals, self.scoped = [], {}, {}
         if self.width or self.claimed_axes:
@@ -211,12 +267,16 @@ class _Runner(handshake._Runner):
         return [], self.schedule(slots)
 
     def holds(self, eqn: Any) -> bool:
-        if eqn.primitive in self.forks or self._sub_index(eqn):
+        if eqn.primitive in self.forks or self._sub_index(eqn) or self._crosses(eqn):
             return True
         return super().holds(eqn) or any(
-            any(self._sub_index(e) or e.primitive in self.forks
+            any(self._sub_index(e) or e.primitive in self.forks or self._crosses(e)
                 for e in reference.all_eqns(sub))
             for sub in reference.sub_jaxprs(eqn.params))
+
+    def _crosses(self, eqn: Any) -> bool:
+        """Whether ``eqn`` reaches across the blocks of the cluster."""
+        return bool(self.cluster) and bool(reference.cluster_axes(eqn))
 
     def _sub_index(self, eqn: Any) -> bool:
         """Whether ``eqn`` is ``lax.axis_index`` of a sub-point axis."""
@@ -364,6 +424,8 @@ class _Runner(handshake._Runner):
             return self.sub_index(eqn)
         if prim in self.claims:
             return self.claim(eqn)
+        if self._crosses(eqn):
+            return self.cross(eqn, ins)
         if prim in self.forks:
             raise PallasError(f"kernel {self.call.name!r}: a sub-point region marker out of "
                               "place.")
@@ -380,11 +442,15 @@ class _Runner(handshake._Runner):
         group's axes, else one per point, fresh each time the point enters the scope (an
         accumulator starts at zero, a barrier with no arrivals and no waits)."""
         checks.check_scoped_allocation(self.call, self.params, eqn.params["scoped"])
-        shared = self.axis_names <= set(eqn.params.get("collective_axes", ()))
+        shared = self.axis_names - set(self.cluster) <= set(
+            eqn.params.get("collective_axes", ()))
         new, fresh = [], []
         for t in eqn.params["scoped"]:
             slot = self.new_slot(shared)
             shape = tuple(t.shape) if shared else (self.members, *t.shape)
+            if shared and self.cluster:  # one buffer per block
+                shape = (self.blocks, *shape)
+                self.per_block.add(slot)
             self.scoped[slot] = fresh_buffer(shape, t.dtype, t.memory_space, self.params.poison)
             new.append(_Slot(slot))
             if not shared:
@@ -412,6 +478,10 @@ class _Runner(handshake._Runner):
         tree, roles = params["tree"], params.get("roles", (0,))
         aval = eqn.invars[0].aval
         need = int(getattr(aval.memory_space, "num_arrivals", 1) or 1)
+        names = list(self.call.grid_mapping.grid_names or ())
+        for n in getattr(aval.memory_space, "collective_axes", ()) or ():  # every block's
+            if n in names:
+                need *= self.grid[self.call.grid_mapping.num_batch_axes + names.index(n)]
         seen = self.seen.get(counter.id)
         if seen is None:
             seen = self.seen[counter.id] = self.new_val(plb.ShapedArray(aval.shape,
@@ -431,6 +501,50 @@ class _Runner(handshake._Runner):
 
         self.steps.append(wait)
         return []
+
+    def cross(self, eqn: Any, ins: list[_Operand]) -> list[_Operand]:
+        """An equation that reaches across the blocks of the cluster: its ``cross`` rule
+        sees every block's buffer of the shared Refs it touches (``PrimitiveSemantics.
+        cross``)."""
+        rule = self.cross_rules[eqn.primitive][1]
+        in_avals = [v.aval for v in eqn.invars]
+        out_avals = [v.aval for v in eqn.outvars]
+        slots = [o.id for o in ins if isinstance(o, _Slot)]
+        if len(set(slots)) != len(slots):
+            raise self.refuse(f"{eqn.primitive.name} given one Ref twice")
+        stacked = tuple(isinstance(o, _Slot) and o.id in self.per_block for o in ins)
+        marks: list[int | None] = []
+        for o, s, aval in zip(ins, stacked, in_avals):
+            if not (s and isinstance(o, _Slot)):
+                marks.append(None)
+                continue
+            if o.id not in self.marks:
+                self.marks[o.id] = self.new_slot(True)
+                self.per_block.add(self.marks[o.id])
+                self.scoped[self.marks[o.id]] = jnp.zeros((self.blocks, *aval.shape),
+                                                          jnp.int32)
+            marks.append(self.marks[o.id])
+        outs = [self.new_val(a) for a in out_avals]
+
+        def step(state: State, p: Any) -> State:
+            args = [state["slots"][o.id] if isinstance(o, _Slot) and s
+                    else self.value(o, state, p) for o, s in zip(ins, stacked)]
+            given = [None if m is None else state["slots"][m] for m in marks]
+            new, new_marks, results = rule(in_avals, out_avals, *args, stacked=stacked,
+                                           marks=given, block=self.block_of(p),
+                                           **eqn.params)
+            buffers = dict(state["slots"])
+            for o, s, x in zip(ins, stacked, new):
+                if isinstance(o, _Slot) and x is not None:
+                    buffers[o.id] = x if s else self.put_row(buffers[o.id], o.id, p, x)
+            for m, x in zip(marks, new_marks):
+                if m is not None and x is not None:
+                    buffers[m] = x
+            return _store({**state, "slots": buffers}, p, outs, results)
+
+        self.emit(step)
+        result: list[_Operand] = list(outs)
+        return result
 
     def run_state(self, eqn: Any, ins: list[_Operand]) -> list[_Operand]:
         """``pl.run_state`` holding a wait: a buffer per point for each Ref it starts."""

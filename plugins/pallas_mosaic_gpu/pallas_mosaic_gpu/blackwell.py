@@ -203,6 +203,48 @@ def _commit_arrive(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: 
     return state.new_values(), []
 
 
+def _collective_axes(in_avals: Any, *, collective_axis: Any = None, **_: Any
+                     ) -> tuple[str, ...]:
+    """A collective matmul or commit reaches both blocks of the cluster."""
+    return cluster.axes_tuple(collective_axis) if collective_axis is not None else ()
+
+
+def _mma_cross(in_avals: Any, out_avals: Any, *args: Any, stacked: Any, marks: Any,
+               block: Any, tree: Any, roles: Any, arrive: bool, accumulate: bool | None,
+               collective_axis: Any = None) -> Any:
+    """A collective matmul (``cta_group::2``), issued by the first block: ``a`` is every
+    block's ``a`` stacked by rows, ``b`` every block's ``b`` side by side; block ``c``'s
+    accumulator takes rows ``[c*M, (c+1)*M)`` of the product, and its barrier an arrival. An
+    issue by another block has no effect here."""
+    state = RefViews(args, tree, roles)
+    views = cluster.block_views(state, stacked)
+    first = block == 0
+    a = jnp.concatenate([gp._read_operand(v, 1) for v in views], axis=0)
+    b = jnp.concatenate([gp._read_operand(v, 2) for v in views], axis=1)
+    prod = lax.dot(a, b, preferred_element_type=views[0].read(0).dtype,
+                   precision=lax.Precision.HIGHEST)
+    keep = jnp.asarray(accumulate) if accumulate is not None else state.rest[0]
+    m = prod.shape[0] // len(views)
+    for c, v in enumerate(views):
+        acc = v.read(0)
+        new = jnp.where(keep, acc, jnp.zeros_like(acc)) + prod[c * m:(c + 1) * m]
+        v.write(0, jnp.where(first, new, acc))
+        if arrive:
+            v.write(3, v.read(3) + jnp.where(first, 1, 0))
+    return cluster.restack(state, stacked, views), [None] * len(marks), []
+
+
+def _commit_arrive_cross(in_avals: Any, out_avals: Any, *args: Any, stacked: Any,
+                         marks: Any, block: Any, tree: Any, roles: Any,
+                         collective_axis: Any = None) -> Any:
+    """A collective commit by the first block: an arrival on the barrier of both blocks."""
+    state = RefViews(args, tree, roles)
+    views = cluster.block_views(state, stacked)
+    for v in views:
+        v.write(0, v.read(0) + jnp.where(block == 0, 1, 0))
+    return cluster.restack(state, stacked, views), [None] * len(marks), []
+
+
 def _load(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any, **_: Any) -> Any:
     state = RefViews(args, tree, roles)
     return state.new_values(), [state.read(0)]
@@ -215,8 +257,10 @@ def _store(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any) -> 
 
 
 SEMANTICS: tuple[semantics.PrimitiveSemantics, ...] = (
-    semantics.PrimitiveSemantics(tcgen05_mma_p, discharge=_mma),
-    semantics.PrimitiveSemantics(tcgen05_commit_arrive_p, discharge=_commit_arrive),
+    semantics.PrimitiveSemantics(tcgen05_mma_p, discharge=_mma, cluster=_collective_axes,
+                                 cross=_mma_cross),
+    semantics.PrimitiveSemantics(tcgen05_commit_arrive_p, discharge=_commit_arrive,
+                                 cluster=_collective_axes, cross=_commit_arrive_cross),
     semantics.PrimitiveSemantics(async_load_tmem_p, discharge=_load),
     semantics.PrimitiveSemantics(async_store_tmem_p, discharge=_store),
     semantics.PrimitiveSemantics(wait_load_tmem_p, evaluate=gp._no_op),

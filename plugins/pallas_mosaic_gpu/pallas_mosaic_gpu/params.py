@@ -378,8 +378,8 @@ class ClusterBarrier:
     (``plgpu.barrier_arrive``, once per warpgroup) reaches the barrier of every block along
     those axes, so a phase completes once each of them has arrived ``num_arrivals`` times.
     ``leader_tracked=True``: arrivals reach only the first block's barrier along the (one)
-    axis. ``orders_tensor_core`` as for :class:`Barrier`. Lowering only: the interpreter runs
-    the blocks of a cluster one after another and refuses it by name."""
+    axis. ``orders_tensor_core`` as for :class:`Barrier`. The interpreter runs the blocks of a
+    cluster together where a kernel uses it (:mod:`pallas_mosaic_gpu.cluster`)."""
 
     collective_axes: tuple[str, ...]
     num_barriers: int = 1

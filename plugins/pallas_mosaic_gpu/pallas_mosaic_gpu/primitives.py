@@ -287,6 +287,48 @@ def _copy_in(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any,
     return state.new_values(), []
 
 
+def _copy_in_axes(in_avals: Any, *, collective_axes: Any = None, leader_tracked: Any = None,
+                  **_: Any) -> tuple[str, ...]:
+    """A leader-tracked copy reaches the first block's barrier (``PrimitiveSemantics.
+    cluster``); a multicast copy gives each block what a copy of its own would."""
+    return tuple(collective_axes or ()) if leader_tracked is not None else ()
+
+
+def _copy_in_cross(in_avals: Any, out_avals: Any, *args: Any, stacked: Any, marks: Any,
+                   block: Any, tree: Any, roles: Any, collective_axes: Any = None,
+                   leader_tracked: Any = None) -> Any:
+    """A leader-tracked copy issued by block ``block``: it receives its part of the window
+    (all of it where REPLICATED); the ``k``-th such copy of every block on a barrier meets,
+    and the first block's barrier gets the arrival once all of them were issued (as the
+    first block's barrier waits for every block's bytes on the hardware)."""
+    from pallas_mosaic_gpu import cluster
+
+    state = RefViews(args, tree, roles)
+    views = cluster.block_views(state, stacked)
+    n = len(views)
+    bar = roles[_BARRIER]
+    tallies = [state.with_values([m[c] if m is not None else None for m in marks])
+               for c in range(n)]
+    issued = []
+    for c, (v, t) in enumerate(zip(views, tallies)):
+        here = block == c
+        src = v.read(_SRC, _window(v.transforms[_SRC]))
+        if isinstance(leader_tracked, CopyPartition.PARTITIONED):
+            d = leader_tracked.axis
+            size = src.shape[d] // n
+            src = lax.slice_in_dim(src, c * size, (c + 1) * size, axis=d)
+        v.write(_DST, jnp.where(here, src, v.read(_DST)))
+        count = t.read(_BARRIER)
+        t.write(_BARRIER, jnp.where(here, count + 1, count))
+        issued.append(t.read(_BARRIER))
+    mine = jnp.stack(issued)[block]
+    met = jnp.all(jnp.stack([i >= mine for i in issued]))
+    views[0].write(_BARRIER, views[0].read(_BARRIER) + jnp.where(met, 1, 0))
+    new_marks = [None] * len(marks)
+    new_marks[bar] = jnp.stack([t.values[bar] for t in tallies])
+    return cluster.restack(state, stacked, views), new_marks, []
+
+
 def _copy_out(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any,
               commit_group: bool = True) -> Any:
     state = RefViews(args, tree, roles)
@@ -301,6 +343,25 @@ def _arrive(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any) ->
     state = RefViews(args, tree, roles)
     state.write(0, state.read(0) + 1)
     return state.new_values(), []
+
+
+def _arrive_axes(in_avals: Any, **_: Any) -> tuple[str, ...]:
+    """An arrival on a ClusterBarrier reaches the blocks along its axes."""
+    return tuple(getattr(in_avals[0].memory_space, "collective_axes", ()) or ())
+
+
+def _arrive_cross(in_avals: Any, out_avals: Any, *args: Any, stacked: Any, marks: Any,
+                  block: Any, tree: Any, roles: Any) -> Any:
+    """An arrival on a ClusterBarrier: one on the barrier of every block along its axes (the
+    first block's alone where ``leader_tracked``)."""
+    from pallas_mosaic_gpu import cluster
+
+    state = RefViews(args, tree, roles)
+    views = cluster.block_views(state, stacked)
+    leader = bool(getattr(in_avals[0].memory_space, "leader_tracked", False))
+    for v in views[:1] if leader else views:
+        v.write(0, v.read(0) + 1)
+    return cluster.restack(state, stacked, views), [None] * len(marks), []
 
 
 def _wait(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any) -> Any:
@@ -339,9 +400,11 @@ def _wgmma(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any,
 
 
 SEMANTICS: tuple[semantics.PrimitiveSemantics, ...] = (
-    semantics.PrimitiveSemantics(copy_gmem_to_smem_p, discharge=_copy_in),
+    semantics.PrimitiveSemantics(copy_gmem_to_smem_p, discharge=_copy_in,
+                                 cluster=_copy_in_axes, cross=_copy_in_cross),
     semantics.PrimitiveSemantics(copy_smem_to_gmem_p, discharge=_copy_out),
-    semantics.PrimitiveSemantics(barrier_arrive_p, discharge=_arrive),
+    semantics.PrimitiveSemantics(barrier_arrive_p, discharge=_arrive, cluster=_arrive_axes,
+                                 cross=_arrive_cross),
     semantics.PrimitiveSemantics(barrier_wait_p, discharge=_wait, phase_wait=True),
     semantics.PrimitiveSemantics(wgmma_p, discharge=_wgmma),
     semantics.PrimitiveSemantics(wait_smem_to_gmem_p, evaluate=_no_op),

@@ -32,7 +32,9 @@ one after another, so the first block claims every other grid point in order and
 blocks, cancelled, never run. Elsewhere every block runs on its own and no claim succeeds (the
 hardware's answer when every block is resident), each block running its own grid point. The
 warps of a ``WarpMesh`` region run each at its own pace in the former case and are refused in
-the latter.
+the latter. With ``cluster_axes`` the blocks of a cluster run together (the answers'
+``ClusterBarrier`` reaches across them), so the first cluster claims every grid point and
+each of its blocks runs them.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ collective copies (multicast, CopyPartition), collective TMEM and tcgen05, and c
 for a cluster. Each kernel is written once against a ``plgpu`` module and lowered both with
 this backend and with JAX's ``jax.experimental.pallas.mosaic_gpu`` for CUDA on this CPU
 machine: the launches must agree, and so must the counts of the instructions that make the
-work collective. The multicast copy also runs in the interpreter against ``jax.numpy``; the
-forms whose meaning crosses blocks are refused there by name."""
+work collective. They also run in the interpreter, which runs the blocks of a cluster
+together (pallas_interpret.phases), against ``jax.numpy``."""
 
 from __future__ import annotations
 
@@ -129,10 +129,62 @@ def test_a_cluster_barrier_lowers_like_jax() -> None:
     assert len(re.findall(init, str(ours[1]))) == len(re.findall(init, str(theirs[1]))) == 1
 
 
-def test_the_interpreter_refuses_a_cluster_barrier_by_name() -> None:
-    with pytest.raises(pl.UnsupportedError, match="ClusterBarrier is not supported by the "
-                       "interpreter"), force_interpret_mode():
+def test_the_interpreter_runs_a_cluster_meeting() -> None:
+    """Every warpgroup of both blocks gets past the meeting; with one arrival more needed
+    than the blocks make, the interpreter reports the hang."""
+    with force_interpret_mode():
         jax.block_until_ready(cluster_meeting(OURS)(jnp.zeros((8,), F32)))
+
+    def body(x_ref: Any, o_ref: Any, bar: Any) -> None:
+        plgpu.barrier_arrive(bar.at[0])
+        plgpu.barrier_wait(bar.at[0])
+
+    stuck = plgpu.kernel(body, out_shape=S((8,), F32), grid=(1,), grid_names=("i",),
+                         cluster=(2,), cluster_names=("x",), num_threads=2, thread_name="wg",
+                         scratch_shapes=[plgpu.ClusterBarrier(collective_axes=("x",),
+                                                              num_arrivals=3)])
+    with pytest.raises(pl.PallasError, match="deadlock"), force_interpret_mode():
+        jax.block_until_ready(stuck(jnp.zeros((8,), F32)))
+
+
+def hand_off(x: jax.Array) -> jax.Array:
+    """The second block of the cluster doubles ``x`` into the top half of the output, then
+    both arrive on a ClusterBarrier; the first waits for that phase before it reads the top
+    half back and writes it plus one into the bottom half."""
+    def body(x_ref: Any, o_ref: Any, buf: Any, bar: Any, done: Any) -> None:
+        c = lax.axis_index("x")
+        top, bottom = o_ref.at[pl.ds(0, ROWS)], o_ref.at[pl.ds(ROWS, ROWS)]
+
+        def through_smem(src: Any, dst: Any, f: Any) -> None:
+            plgpu.copy_gmem_to_smem(src, buf, bar.at[0])
+            plgpu.barrier_wait(bar.at[0])
+            buf[...] = f(buf[...])
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(buf, dst)
+            plgpu.wait_smem_to_gmem(0)
+
+        @pl.when(c == 1)
+        def _() -> None:
+            through_smem(x_ref, top, lambda v: v * 2)
+
+        plgpu.barrier_arrive(done.at[0])
+        plgpu.barrier_wait(done.at[0])
+
+        @pl.when(c == 0)
+        def _() -> None:
+            through_smem(top, bottom, lambda v: v + 1)
+
+    return plgpu.kernel(body, out_shape=S((2 * ROWS, 64), F32), grid=(1,), grid_names=("i",),
+                        cluster=(2,), cluster_names=("x",),
+                        scratch_shapes=[plgpu.SMEM((ROWS, 64), F32), plgpu.Barrier(),
+                                        plgpu.ClusterBarrier(collective_axes=("x",))])(x)
+
+
+def test_the_interpreter_runs_a_cluster_barrier_hand_off() -> None:
+    x = jax.random.normal(jax.random.key(5), (ROWS, 64), F32)
+    with force_interpret_mode():
+        got = hand_off(x)
+    np.testing.assert_array_equal(got, jnp.concatenate([2 * x, 2 * x + 1]))
 
 
 # --- a partitioned copy: each block receives its half, the first block tracks both ----------
@@ -166,11 +218,82 @@ def test_a_partitioned_copy_lowers_like_jax(dim: int) -> None:
     assert _count(ours[1], *marks) == _count(theirs[1], *marks) == (1, 1)
 
 
+def copied_back(x: jax.Array, leader_tracked: Any) -> jax.Array:
+    """Each block of the cluster receives its part of ``x`` (a leader-tracked copy); the
+    first block waits for the whole transfer and tells the second through a ClusterBarrier;
+    each then writes what it received into its part of the output (REPLICATED: its copy)."""
+    dim = getattr(leader_tracked, "axis", 0)
+    part = list(x.shape)
+    if dim is not None and isinstance(leader_tracked, plgpu.CopyPartition.PARTITIONED):
+        part[dim] //= 2
+    replicated = not isinstance(leader_tracked, plgpu.CopyPartition.PARTITIONED)
+    out_shape = (2 * x.shape[0], x.shape[1]) if replicated else x.shape
+
+    def body(x_ref: Any, o_ref: Any, buf: Any, bar: Any, done: Any) -> None:
+        c = lax.axis_index("x")
+        plgpu.copy_gmem_to_smem(x_ref, buf, bar.at[0], collective_axes="x",
+                                leader_tracked=leader_tracked)
+
+        @pl.when(c == 0)
+        def _() -> None:
+            plgpu.barrier_wait(bar.at[0])
+
+        plgpu.barrier_arrive(done.at[0])
+        plgpu.barrier_wait(done.at[0])
+        if replicated or dim == 0:
+            dst = o_ref.at[pl.ds(c * part[0], part[0])]
+        else:
+            dst = o_ref.at[:, pl.ds(c * part[1], part[1])]
+        plgpu.copy_smem_to_gmem(buf, dst)
+        plgpu.wait_smem_to_gmem(0)
+
+    return plgpu.kernel(body, out_shape=S(out_shape, x.dtype), grid=(1,), grid_names=("i",),
+                        cluster=(2,), cluster_names=("x",),
+                        scratch_shapes=[plgpu.SMEM(tuple(part), x.dtype), plgpu.Barrier(),
+                                        plgpu.ClusterBarrier(collective_axes=("x",))])(x)
+
+
+@pytest.mark.parametrize("how", ["dim0", "dim1", "replicated"])
+def test_the_interpreter_runs_a_leader_tracked_copy(how: str) -> None:
+    shape = (ROWS, 128) if how == "dim1" else (2 * ROWS, 64)
+    x = jax.random.normal(jax.random.key(7), shape, F32).astype(F16)
+    leader = {"dim0": plgpu.CopyPartition.PARTITIONED(0),
+              "dim1": plgpu.CopyPartition.PARTITIONED(1),
+              "replicated": plgpu.CopyPartition.REPLICATED}[how]
+    with force_interpret_mode():
+        got = copied_back(x, leader)
+    np.testing.assert_array_equal(got, jnp.concatenate([x, x]) if how == "replicated" else x)
+
+
+def test_a_leader_tracked_copy_completes_once_every_block_issued_it() -> None:
+    """The first block's barrier completes a phase only once both blocks issued their
+    copies: a second block that copies only after the first waited hangs the kernel."""
+    def body(x_ref: Any, o_ref: Any, buf: Any, bar: Any, done: Any) -> None:
+        c = lax.axis_index("x")
+
+        @pl.when(c == 1)
+        def _() -> None:
+            plgpu.barrier_wait(done.at[0])  # never completes: the first block waits first
+
+        plgpu.copy_gmem_to_smem(x_ref, buf, bar.at[0], collective_axes="x",
+                                leader_tracked=plgpu.CopyPartition.PARTITIONED(0))
+
+        @pl.when(c == 0)
+        def _() -> None:
+            plgpu.barrier_wait(bar.at[0])
+            plgpu.barrier_arrive(done.at[0])  # twice: the phase both blocks' arrivals make
+            plgpu.barrier_arrive(done.at[0])
+
+    run = plgpu.kernel(body, out_shape=S((8,), F32), grid=(1,), grid_names=("i",),
+                       cluster=(2,), cluster_names=("x",),
+                       scratch_shapes=[plgpu.SMEM((ROWS, 64), F16), plgpu.Barrier(),
+                                       plgpu.ClusterBarrier(collective_axes=("x",))])
+    with pytest.raises(pl.PallasError, match="deadlock"), force_interpret_mode():
+        jax.block_until_ready(run(jnp.zeros((2 * ROWS, 64), F16)))
+
+
 def test_partitioned_copy_errors() -> None:
     x = jnp.zeros((2 * ROWS, 64), F16)
-    with pytest.raises(pl.UnsupportedError, match=r"leader_tracked.*not supported by the "
-                       r"interpreter"), force_interpret_mode():
-        jax.block_until_ready(partitioned(OURS, 0)[0](x))
 
     def body(x_ref: Any, o_ref: Any, buf: Any, bar: Any, *, kw: dict[str, Any]) -> None:
         plgpu.copy_gmem_to_smem(x_ref, buf, bar.at[0], **kw)
@@ -225,6 +348,35 @@ def test_claiming_work_for_a_cluster_lowers_like_jax() -> None:
     assert _count(ours[1], *marks) == _count(theirs[1], *marks) == (1, 1, 1)
 
 
+def test_the_interpreter_runs_claiming_work_for_a_cluster() -> None:
+    """The first cluster claims every grid point and both its blocks run each of them (the
+    answers' ClusterBarrier holds each slot until every warpgroup of both blocks read it):
+    block c of the cluster writes grid point i into row (i, c)."""
+    def body(x_ref: Any, o_ref: Any) -> None:
+        c, wg = lax.axis_index("x"), lax.axis_index("wg")
+
+        @plgpu.dynamic_scheduling_loop(grid_names=("i",), thread_axis="wg", cluster_axes=("x",))
+        def _(info: Any) -> None:
+            (i,) = info.index
+
+            @pl.when(wg == 0)
+            def _() -> None:
+                def write(buf: Any) -> None:
+                    buf[...] = jnp.full((128,), i + 1, F32)
+                    plgpu.commit_smem()
+                    plgpu.copy_smem_to_gmem(buf, o_ref.at[i, c])
+                    plgpu.wait_smem_to_gmem(0)
+
+                pl.run_scoped(write, plgpu.SMEM((128,), F32))
+
+    run = plgpu.kernel(body, out_shape=S((4, 2, 128), F32), grid=(4,), grid_names=("i",),
+                       cluster=(2,), cluster_names=("x",), num_threads=2, thread_name="wg")
+    with force_interpret_mode():
+        got = run(jnp.zeros((8,), F32))
+    np.testing.assert_array_equal(got, jnp.broadcast_to(
+        jnp.arange(1, 5, dtype=F32)[:, None, None], (4, 2, 128)))
+
+
 # --- collective TMEM and tcgen05 --------------------------------------------------------------
 
 
@@ -247,12 +399,62 @@ def test_collective_tmem_and_tcgen05_checks() -> None:
 
     with pytest.raises(pl.PallasError, match=r"acc \(M, 2 N\)"):
         run(128)
-    with pytest.raises(pl.UnsupportedError, match=r"tcgen05_mma\(collective_axis='x'\) is not "
-                       "supported by the interpreter"):
-        jax.block_until_ready(run(256))
     for name in ("ClusterBarrier", "CopyPartition"):
         assert getattr(plgpu, name) is not None
     with pytest.raises(pl.PallasError, match="cluster axis names"):
         plgpu.ClusterBarrier(collective_axes=())
     with pytest.raises(pl.PallasError, match="num_arrivals=0"):
         plgpu.ClusterBarrier(collective_axes=("x",), num_arrivals=0)
+
+
+def collective_matmul(a: jax.Array, b: jax.Array, commit: bool) -> jax.Array:
+    """``a @ b`` by the 2 blocks of a cluster: each receives its half of the rows of ``a`` and
+    of the columns of ``b`` (partitioned copies tracked by the first block's barrier), the
+    first issues one collective matmul, and each block writes its half of the rows of the
+    product; the matmul's barrier (or a collective commit) completes in both blocks."""
+    (m, k), (_, n) = a.shape, b.shape
+    half_m, half_n = m // 2, n // 2
+
+    def body(a_ref: Any, b_ref: Any, o_ref: Any, a_smem: Any, b_smem: Any, acc: Any,
+             out_smem: Any, loaded: Any, done: Any) -> None:
+        c = lax.axis_index("x")
+        plgpu.copy_gmem_to_smem(a_ref, a_smem, loaded.at[0], collective_axes="x",
+                                leader_tracked=plgpu.CopyPartition.PARTITIONED(0))
+        plgpu.copy_gmem_to_smem(b_ref, b_smem, loaded.at[0], collective_axes="x",
+                                leader_tracked=plgpu.CopyPartition.PARTITIONED(1))
+
+        @pl.when(c == 0)
+        def _() -> None:
+            plgpu.barrier_wait(loaded.at[0])
+            if commit:
+                plgpu.tcgen05_mma(acc, a_smem, b_smem, accumulate=False, collective_axis="x")
+                plgpu.tcgen05_commit_arrive(done.at[0], collective_axis="x")
+            else:
+                plgpu.tcgen05_mma(acc, a_smem, b_smem, done.at[0], accumulate=False,
+                                  collective_axis="x")
+
+        plgpu.barrier_wait(done.at[0])
+        out_smem[...] = plgpu.async_load_tmem(acc)
+        plgpu.wait_load_tmem()
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(out_smem, o_ref.at[pl.ds(c * half_m, half_m)])
+        plgpu.wait_smem_to_gmem(0)
+
+    return plgpu.kernel(
+        body, out_shape=S((m, n), F32), grid=(1,), grid_names=("i",), cluster=(2,),
+        cluster_names=("x",),
+        scratch_shapes=[plgpu.SMEM((half_m, k), a.dtype), plgpu.SMEM((k, half_n), b.dtype),
+                        plgpu.TMEM((half_m, n), F32, collective=True),
+                        plgpu.SMEM((half_m, n), F32), plgpu.Barrier(num_arrivals=2),
+                        plgpu.Barrier(orders_tensor_core=True)])(a, b)
+
+
+@pytest.mark.parametrize("commit", [False, True])
+def test_the_interpreter_runs_a_collective_tcgen05_mma(commit: bool) -> None:
+    keys = jax.random.split(jax.random.key(11))
+    a = jax.random.normal(keys[0], (256, 128), F32).astype(F16)
+    b = jax.random.normal(keys[1], (128, 256), F32).astype(F16)
+    with force_interpret_mode():
+        got = collective_matmul(a, b, commit)
+    np.testing.assert_allclose(got, jnp.dot(a.astype(F32), b.astype(F32)), rtol=2e-2,
+                               atol=5e-2)
