@@ -768,9 +768,17 @@ def test_blackwell_matmul_port_runs_in_the_interpreter(minor: str) -> None:
     config = lib.TuningConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2,
                               collective=False, grid_minor_dim=lib.MatmulDimension[minor],
                               grid_tile_width=2)
-    keys = jax.random.split(jax.random.key(17))
-    a = jax.random.normal(keys[0], (256, 512), F32).astype(F16)
-    b = jax.random.normal(keys[1], (512, 384), F32).astype(F16)
+    _matmul_port_in_the_interpreter(lib, config, (256, 512, 384), seed=17)
+
+
+def _matmul_port_in_the_interpreter(lib: types.ModuleType, config: Any,
+                                    mkn: tuple[int, int, int], seed: int) -> None:
+    """Runs the blackwell_matmul port in the interpreter on random (M, K) @ (K, N) float16
+    operands and checks it against ``jnp.dot`` in float32."""
+    m, k, n = mkn
+    keys = jax.random.split(jax.random.key(seed))
+    a = jax.random.normal(keys[0], (m, k), F32).astype(F16)
+    b = jax.random.normal(keys[1], (k, n), F32).astype(F16)
     fn = functools.partial(lib.matmul_kernel, config=config)
     with force_interpret_mode():
         calls = list(kernel_calls(jax.make_jaxpr(fn)(a, b).jaxpr))
@@ -793,16 +801,7 @@ def test_blackwell_matmul_collective_port_runs_in_the_interpreter() -> None:
     lib = _library("blackwell_matmul_mgpu", ours=True)
     config = lib.TuningConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2,
                               collective=True)
-    keys = jax.random.split(jax.random.key(19))
-    a = jax.random.normal(keys[0], (512, 512), F32).astype(F16)
-    b = jax.random.normal(keys[1], (512, 512), F32).astype(F16)
-    fn = functools.partial(lib.matmul_kernel, config=config)
-    with force_interpret_mode():
-        calls = list(kernel_calls(jax.make_jaxpr(fn)(a, b).jaxpr))
-        got = fn(a, b)
-    assert [c.backend for c in calls] == ["interpret"]
-    expected = jnp.dot(a.astype(F32), b.astype(F32))
-    np.testing.assert_allclose(got.astype(F32), expected, rtol=2e-2, atol=5e-2)
+    _matmul_port_in_the_interpreter(lib, config, (512, 512, 512), seed=19)
 
 
 # What makes the collective form collective, counted in a module's text: TMA copies into

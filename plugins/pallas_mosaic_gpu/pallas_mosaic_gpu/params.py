@@ -358,17 +358,11 @@ class Barrier:
     def __post_init__(self, num_threads: int | None) -> None:
         if num_threads is not None:
             object.__setattr__(self, "num_arrivals", num_threads)
-        for field in ("num_arrivals", "num_barriers"):
-            v = getattr(self, field)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise PallasError(f"plgpu.Barrier({field}={v!r}): expected an int >= 1.")
+        _check_counts(self, "Barrier")
 
     def memory_ref(self) -> MemoryRef:
         """The scratch description (``pl.run_scoped`` and ``scratch_shapes`` take it)."""
-        space = BarrierSpace("BARRIER", backend=NAME, zeroed=True,
-                             num_arrivals=self.num_arrivals,
-                             orders_tensor_core=bool(self.orders_tensor_core))
-        return space((self.num_barriers,), np.int32)
+        return _barriers(self)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -398,19 +392,26 @@ class ClusterBarrier:
             raise PallasError(f"plgpu.ClusterBarrier(collective_axes={axes}, leader_tracked="
                               "True): a leader-tracked barrier has one collective axis.")
         object.__setattr__(self, "collective_axes", axes)
-        for field in ("num_arrivals", "num_barriers"):
-            v = getattr(self, field)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise PallasError(f"plgpu.ClusterBarrier({field}={v!r}): expected an int >= 1.")
+        _check_counts(self, "ClusterBarrier")
 
     def memory_ref(self) -> MemoryRef:
-        """The scratch description (``scratch_shapes`` takes it)."""
-        space = BarrierSpace("BARRIER", backend=NAME, zeroed=True,
-                             num_arrivals=self.num_arrivals,
-                             orders_tensor_core=bool(self.orders_tensor_core),
-                             collective_axes=self.collective_axes,
-                             leader_tracked=bool(self.leader_tracked))
-        return space((self.num_barriers,), np.int32)
+        """The scratch description (``pl.run_scoped`` and ``scratch_shapes`` take it)."""
+        return _barriers(self, collective_axes=self.collective_axes,
+                         leader_tracked=bool(self.leader_tracked))
+
+
+def _check_counts(barrier: Any, what: str) -> None:
+    for field in ("num_arrivals", "num_barriers"):
+        v = getattr(barrier, field)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise PallasError(f"plgpu.{what}({field}={v!r}): expected an int >= 1.")
+
+
+def _barriers(barrier: Any, **space: Any) -> MemoryRef:
+    """The scratch of ``barrier`` (a :class:`Barrier` or :class:`ClusterBarrier`)."""
+    kind = BarrierSpace("BARRIER", backend=NAME, zeroed=True, num_arrivals=barrier.num_arrivals,
+                        orders_tensor_core=bool(barrier.orders_tensor_core), **space)
+    return kind((barrier.num_barriers,), np.int32)
 
 
 def kernel(body: Callable[..., None] | None = None, out_shape: Any = None, *,
