@@ -42,6 +42,10 @@ class ReferenceContext:
     grid_names: tuple[str, ...] | None = None
     checked: bool = False
     """The interpreter's checked mode is on: rules should poison and report, not guess."""
+    own_pace: tuple[str, ...] = ()
+    """The mesh axes whose points run each at its own pace, sharing memory and waiting for
+    each other's arrivals (a GPU block's warpgroups); empty where points run one after
+    another."""
 
     def program_id(self, axis: int) -> Any:
         """The step index along user grid axis ``axis``."""

@@ -50,6 +50,7 @@ along them.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -199,7 +200,8 @@ class _Runner(handshake._Runner):
         member = jnp.asarray(member, jnp.int32)
         point = jnp.where(member < self.base, member,
                           (member - self.base) // max(self.width, 1))
-        return super().context(point)
+        return dataclasses.replace(super().context(point),
+                                   own_pace=tuple(sorted(self.axis_names, key=str)))
 
     def order(self) -> Any:
         if self.rng is None:

@@ -18,13 +18,13 @@ The memory warpgroup gives registers up (``set_max_registers(memory_registers, a
 num_compute_wgs``, rounded down to a multiple of 8, at most 256).
 
 Everything is written with this backend's primitives (copies, barriers, ``lax`` loops and
-conditionals), so the lowering needs no rule of its own for the pipeline. The interpreter runs
-a kernel's warpgroups one after another, so no warpgroup could wait for another there: the
-pipeline branches on :func:`warpgroups_run_concurrently`, which is true in the lowering (only
-the warp-specialised code is emitted) and false in the interpreter, where every compute
-warpgroup fetches its own blocks (a plain pipeline with the same slots and barriers) and the
-memory warpgroup does nothing. The interpreter thus checks what a pipeline computes, not the
-hand-off between warpgroups.
+conditionals), so the lowering needs no rule of its own for the pipeline. The pipeline
+branches on :func:`warpgroups_run_concurrently`: true in the lowering (only the
+warp-specialised code is emitted) and where the interpreter runs a block's warpgroups each at
+its own pace (``pallas_interpret.phases``: the hand-off between warpgroups is run as it is
+written); false where the interpreter runs warpgroups one after another (a dynamic grid), so
+that no warpgroup waits for another: there every compute warpgroup fetches its own blocks (a
+plain pipeline with the same slots and barriers) and the memory warpgroup does nothing.
 """
 
 from __future__ import annotations
@@ -71,14 +71,16 @@ def set_max_registers(n: int, *, action: str) -> None:
 
 def warpgroups_run_concurrently() -> Any:
     """A boolean scalar: true where the warpgroups of a block run at the same time (the
-    Mosaic GPU lowering, which folds the branch it decides away), false in the interpreter,
-    which runs them one after another."""
+    Mosaic GPU lowering, which folds the branch it decides away, and the interpreter where it
+    runs them each at its own pace: ``ReferenceContext.own_pace``), false where the
+    interpreter runs them one after another."""
     return concurrent_p.bind()
 
 
 SEMANTICS = (
     semantics.PrimitiveSemantics(set_max_registers_p, evaluate=lambda ctx, **params: []),
-    semantics.PrimitiveSemantics(concurrent_p, evaluate=lambda ctx: jnp.bool_(False)),
+    semantics.PrimitiveSemantics(concurrent_p,
+                                 evaluate=lambda ctx: jnp.bool_(bool(ctx.own_pace))),
 )
 
 
@@ -228,7 +230,7 @@ class WarpSpecializedPipeline:
                       sequential: bool) -> list[Any]:
             def step_fn(step: Any, carried: list[Any]) -> list[Any]:
                 slot = lax.rem(step, self.slots)
-                if sequential:  # the interpreter: this warpgroup fetches its own blocks
+                if sequential:  # warpgroups one after another: this one fetches its own blocks
                     self._fetch(refs, dims, bufs, full, step, slot)
                 gp.barrier_wait(full.at[slot])
                 released = lax.rem(step - self.delay, self.slots)

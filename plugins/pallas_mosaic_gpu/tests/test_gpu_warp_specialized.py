@@ -35,9 +35,11 @@ def _module(fn: Any, *args: Any) -> str:
 
 
 def ws_matmul(a: jax.Array, b: jax.Array, *, steps: int = 2, out_specs: Any = (),
-              col: Any = None, manual: bool = False, **pipeline_kw: Any) -> jax.Array:
+              col: Any = None, manual: bool = False, release: bool = True,
+              **pipeline_kw: Any) -> jax.Array:
     """(64, K) @ (K, 128) with two compute warpgroups, each owning 64 columns of B
-    (``b_smem.at[:, pl.ds(wg * 64, 64)]``), fed by a memory warpgroup."""
+    (``b_smem.at[:, pl.ds(wg * 64, 64)]``), fed by a memory warpgroup; ``release=False``
+    (with ``manual``): the body never hands its slots back."""
     m, k = a.shape
     n = b.shape[1]
 
@@ -49,7 +51,7 @@ def ws_matmul(a: jax.Array, b: jax.Array, *, steps: int = 2, out_specs: Any = ()
             *released, acc = rest
             plgpu.wgmma(acc, a_smem, b_smem.at[:, cols])
             plgpu.wgmma_wait(0)
-            for barrier in released:  # manual_consumed_barriers: one per input
+            for barrier in released if release else ():  # manual_consumed_barriers
                 plgpu.barrier_arrive(barrier)
             return acc
 
@@ -89,6 +91,15 @@ def test_warp_specialized_matmul_in_the_interpreter(manual: bool) -> None:
         got = ws_matmul(a, b, steps=3, manual=manual)
     expected = jnp.dot(a.astype(F32), b.astype(F32))
     np.testing.assert_allclose(got.astype(F32), expected, rtol=2e-2, atol=0.1)
+
+
+def test_the_interpreter_runs_the_hand_off_between_warpgroups() -> None:
+    """The memory warpgroup fetches every block and waits for the compute warpgroups to hand
+    each slot back before refilling it: a body that never hands them back (4 steps through 2
+    slots) leaves it waiting for ever, which the interpreter reports."""
+    a, b = _operands()
+    with pytest.raises(pl.PallasError, match="deadlock"), force_interpret_mode():
+        jax.block_until_ready(ws_matmul(a, b, steps=2, manual=True, release=False))
 
 
 def test_warp_specialized_matmul_lowers_with_its_roles() -> None:
