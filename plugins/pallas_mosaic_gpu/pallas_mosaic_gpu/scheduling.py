@@ -48,15 +48,15 @@ import numpy as np
 from jax import lax
 from jax.experimental.mosaic import gpu as mgpu
 from jaxlib.mlir import ir
-from jaxlib.mlir.dialects import arith, gpu, llvm
+from jaxlib.mlir.dialects import arith, llvm
 
 from pallas_core import backend as plb
 from pallas_core import primitives as prims
 from pallas_core import reference, semantics
 from pallas_core.copies import RefViews, bind_views
 from pallas_core.errors import PallasError, UnsupportedError
+from pallas_mosaic_gpu import cluster, rules, values
 from pallas_mosaic_gpu import primitives as gp
-from pallas_mosaic_gpu import rules, values
 from pallas_mosaic_gpu.loops import NDLoopInfo
 from pallas_mosaic_gpu.params import SMEM, Barrier, ClusterBarrier
 
@@ -285,9 +285,8 @@ def _try_cancel_rule(state: Any, eqn: Any, *args: Any, **_: Any) -> Any:
     nbytes = arith.select(first_wg, values.i32(ANSWER_BYTES), values.i32(0))
     bar.barrier.arrive_expect_tx(nbytes, predicate=leader)
     first_block = values.literal(True, plb.ShapedArray((), jnp.bool_))
-    for dim in (gpu.Dimension.x, gpu.Dimension.y, gpu.Dimension.z):
-        first_block = arith.andi(first_block, arith.cmpi(
-            arith.CmpIPredicate.eq, mgpu.utils.cluster_idx(dim), values.index(0)))
+    for dim in cluster.DIMS:
+        first_block = arith.andi(first_block, cluster.is_first_block(dim))
     mgpu.try_cluster_cancel(answer.memref, bar.barrier,
                             predicate=arith.andi(arith.andi(leader, first_wg), first_block))
     return []
