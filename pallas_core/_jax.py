@@ -55,7 +55,7 @@ source_info_util.register_exclusion(os.path.dirname(os.path.abspath(__file__)))
 # --- core types -------------------------------------------------------------------------
 Primitive = core.Primitive
 Jaxpr = core.Jaxpr
-ClosedJaxpr = core.ClosedJaxpr
+ClosedJaxpr = getattr(core, "ClosedJaxpr", core.Jaxpr)
 Literal = core.Literal
 ShapedArray = core.ShapedArray
 Effect = effects.Effect
@@ -311,7 +311,7 @@ def _adds_as_lax_add(jaxpr: Jaxpr) -> Jaxpr:
     ``lax.add`` (the same on arrays of one type), nested jaxprs included, so that backends
     lower derivative kernels with their ordinary rules."""
     def sub(value: Any) -> Any:
-        if isinstance(value, core.ClosedJaxpr):
+        if isinstance(value, ClosedJaxpr):
             return ClosedJaxpr(_adds_as_lax_add(value.jaxpr), value.consts)
         if isinstance(value, core.Jaxpr):
             return _adds_as_lax_add(value)
@@ -878,7 +878,7 @@ def sub_jaxprs(params: Any) -> list[Jaxpr]:
     found = []
     for value in params.values():
         for v in value if isinstance(value, (tuple, list)) else (value,):
-            if isinstance(v, core.ClosedJaxpr):
+            if isinstance(v, ClosedJaxpr):
                 found.append(v.jaxpr)
             elif isinstance(v, core.Jaxpr):
                 found.append(v)
@@ -889,7 +889,7 @@ def _rewrite_param(value: Any, replace: Callable[[Any, list[Any]], list[Any] | N
                    touches: Callable[[Jaxpr], bool]) -> Any:
     if isinstance(value, (tuple, list)):
         return type(value)(_rewrite_param(v, replace, touches) for v in value)
-    if isinstance(value, core.ClosedJaxpr):
+    if isinstance(value, ClosedJaxpr):
         if not touches(value.jaxpr):
             return value
         return _retrace(value.jaxpr, value.consts, value.in_avals, replace, touches)
@@ -907,7 +907,7 @@ def _rewrite_param(value: Any, replace: Callable[[Any, list[Any]], list[Any] | N
 
 def _retrace(jaxpr: Jaxpr, consts: Sequence[Any], in_avals: Sequence[Any],
              replace: Callable[[Any, list[Any]], list[Any] | None],
-             touches: Callable[[Jaxpr], bool]) -> core.ClosedJaxpr:
+             touches: Callable[[Jaxpr], bool]) -> ClosedJaxpr:
     def fn(*args: Any) -> list[Any]:
         return evaluate_replacing(jaxpr, consts, args, replace, touches)
     return jax.make_jaxpr(fn)(*in_avals)
