@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pallas_core._jax import Slice, ds, run_state
+from pallas_core._jax import Slice, ds, run_state, warn_if_untested_jax
 from pallas_core._jax import ds as dslice
 from pallas_core.call import pallas_call, pallas_call_p
 from pallas_core.cost import estimate_cost
@@ -97,6 +97,8 @@ from pallas_core.spec import (
 )
 from pallas_core.stages import KernelStages, stages
 from pallas_core.utils import align_to, cdiv, next_power_of_2, strides_from_shape
+
+warn_if_untested_jax()
 
 __version__ = "0.1.0"
 

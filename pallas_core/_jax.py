@@ -52,6 +52,29 @@ __all__ = [
 source_info_util.register_exclusion(os.path.dirname(os.path.abspath(__file__)))
 
 
+# --- versions ---------------------------------------------------------------------------
+JAX_VERSION: tuple[int, int, int] = tuple(  # type: ignore[assignment]
+    (int(p) if p.isdigit() else 0) for p in (jax.__version__.split(".") + ["0", "0"])[:3])
+"""The installed JAX's (major, minor, patch)."""
+NEWEST_TESTED_JAX = (0, 12)
+"""The newest JAX minor release this version of pallas is tested with; a newer one works
+through the same adapters, or fails here first, with a warning at import saying so."""
+
+
+def warn_if_untested_jax() -> None:
+    """A warning when the installed JAX is newer than any this release was tested with (the
+    distributions put no upper bound on ``jax``, so that pip never downgrades a user's JAX)."""
+    if JAX_VERSION[:2] > NEWEST_TESTED_JAX:
+        import warnings
+
+        warnings.warn(
+            f"pallas_core is tested with JAX up to {NEWEST_TESTED_JAX[0]}.{NEWEST_TESTED_JAX[1]}"
+            f".x, and JAX {jax.__version__} is installed. Kernels may fail in ways a tested JAX "
+            "would not. Fix: upgrade pallas-core, or install a tested JAX "
+            f"(pip install 'jax<={NEWEST_TESTED_JAX[0]}.{NEWEST_TESTED_JAX[1]}.*').",
+            RuntimeWarning, stacklevel=3)
+
+
 # --- core types -------------------------------------------------------------------------
 Primitive = core.Primitive
 Jaxpr = core.Jaxpr
@@ -260,8 +283,7 @@ def register_linearization(prim: Primitive, rule: Callable[..., Any]) -> None:
 
 
 # JAX 0.11's linearization rules return structured residuals as a fifth value.
-_LINEARIZE_HAS_STRUCTURED_RESIDUALS = tuple(
-    int(p) for p in jax.__version__.split(".")[:2]) >= (0, 11)
+_LINEARIZE_HAS_STRUCTURED_RESIDUALS = JAX_VERSION[:2] >= (0, 11)
 primitive_transposes = ad.primitive_transposes
 """``rule(cotangents, *args, **params)``: reverse mode of a linear equation."""
 register_lowering = mlir.register_lowering

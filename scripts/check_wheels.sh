@@ -4,6 +4,9 @@
 # jaxlib, ...) resolved from the package index, and from a directory outside the repository
 # runs scripts/check_installed.py: the README kernel, `python -m pallas_core`, and each plugin
 # README's example (a cross-lowering per backend).
+# With KEEP_JAX=<version> (tox's wheels environment sets the newest supported JAX), the venv
+# first gets that jax and jaxlib, as a user's environment would hold them, and the check fails
+# if installing the wheels changed them: pip must never downgrade a user's JAX.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 PYTHON="${PYTHON:-python}"
@@ -16,7 +19,18 @@ PYTHON="$PYTHON" bash "$repo/scripts/build_dists.sh" "$work/dist"
 base="$("$PYTHON" -c 'import sys; print(getattr(sys, "_base_executable", sys.executable))')"
 "$base" -m venv "$work/venv"
 unset PYTHONPATH PYTHONHOME
+if [ -n "${KEEP_JAX:-}" ]; then
+    "$work/venv/bin/python" -m pip install -q "jax==$KEEP_JAX" "jaxlib==$KEEP_JAX"
+fi
 "$work/venv/bin/python" -m pip install -q --find-links "$work/dist" "$work"/dist/*.whl
+if [ -n "${KEEP_JAX:-}" ]; then
+    found="$("$work/venv/bin/python" -c 'import jax, jaxlib; print(jax.__version__, jaxlib.__version__)')"
+    if [ "$found" != "$KEEP_JAX $KEEP_JAX" ]; then
+        echo "installing the wheels changed the environment's JAX from $KEEP_JAX to $found" >&2
+        exit 1
+    fi
+    echo "wheels: the environment's jax and jaxlib $KEEP_JAX were kept"
+fi
 
 mkdir "$work/run"
 cp "$repo/scripts/check_installed.py" "$repo/scripts/run_md_examples.py" "$work/run/"

@@ -112,3 +112,31 @@ def test_triton_is_an_optional_extra() -> None:
     (compile_req,) = [Requirement(r) for r in project["optional-dependencies"]["compile"]]
     assert compile_req.name == "triton" and str(compile_req.specifier) in ("<4,>=3.2",
                                                                           ">=3.2,<4")
+
+
+@pytest.mark.parametrize("dist", sorted(PROJECTS))
+def test_no_distribution_caps_jax(dist: str) -> None:
+    """No distribution puts an upper bound on ``jax``/``jaxlib``: pip never downgrades the
+    JAX a user already has (issue 28). Every supported release is admitted."""
+    directory, _ = PROJECTS[dist]
+    for text in _pyproject(directory)["project"].get("dependencies", []):
+        r = Requirement(text)
+        if r.name in ("jax", "jaxlib"):
+            assert not any(s.operator in ("<", "<=", "==", "~=") for s in r.specifier), r
+            for supported in ("0.10.2", "0.11.2", "0.12.0.1", "0.13.0"):
+                assert Version(supported) in r.specifier, (r, supported)
+
+
+def test_a_jax_newer_than_tested_warns_at_import(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pallas_core import _jax
+
+    monkeypatch.setattr(_jax, "JAX_VERSION", (_jax.NEWEST_TESTED_JAX[0],
+                                               _jax.NEWEST_TESTED_JAX[1] + 1, 0))
+    with pytest.warns(RuntimeWarning, match="tested with JAX up to"):
+        _jax.warn_if_untested_jax()
+    monkeypatch.setattr(_jax, "JAX_VERSION", (*_jax.NEWEST_TESTED_JAX, 7))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _jax.warn_if_untested_jax()

@@ -42,10 +42,11 @@ def pallas_describe() -> BackendInfo:
         compiler_params_type=TritonParams, default_for=("cuda", "rocm"), package="pallas-triton",
         capabilities=frozenset({"masked_access", "atomics", "aliasing", "vmap", "debug_print",
                                 "mesh"}),
-        # What pl.emulate tells JAX it compiles for (JAX 0.11's Triton lowering asks).
+        # What pl.emulate tells JAX it compiles for (JAX 0.11's Triton lowering asks). An AMD
+        # GPU's kind is its architecture name, as JAX reads it off a ROCm device (the
+        # marketing name, "AMD Instinct MI300X", tells JAX 0.11+ nothing it can lower for).
         device_kinds={"sm_90": "NVIDIA H100", "sm_80": "NVIDIA A100", "sm_100": "NVIDIA B200",
-                      "gfx942": "AMD Instinct MI300X", "gfx90a": "AMD Instinct MI250X",
-                      "gfx950": "AMD Instinct MI355X"},
+                      "gfx942": "gfx942", "gfx90a": "gfx90a", "gfx950": "gfx950"},
     )
 
 
