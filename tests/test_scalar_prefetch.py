@@ -51,11 +51,12 @@ def test_under_jit(data: tuple[jax.Array, jax.Array]) -> None:
     np.testing.assert_allclose(jax.jit(_gather_rows)(idx, x), _reference(idx, x), rtol=1e-6)
 
 
-def test_vmap_over_the_other_operands(data: tuple[jax.Array, jax.Array]) -> None:
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_vmap_over_the_other_operands(data: tuple[jax.Array, jax.Array], axis: int) -> None:
     idx, x = data
-    xs = jnp.stack([x, -x, x * 3.0])
-    got = jax.vmap(_gather_rows, in_axes=(None, 0))(idx, xs)
-    want = jax.vmap(_reference, in_axes=(None, 0))(idx, xs)
+    xs = jnp.stack([x, -x, x * 3.0], axis=axis)
+    got = jax.vmap(_gather_rows, in_axes=(None, axis), out_axes=axis)(idx, xs)
+    want = jax.vmap(_reference, in_axes=(None, axis), out_axes=axis)(idx, xs)
     np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
