@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_core import _jax, autodiff, bounds
+from pallas_core import _jax, autodiff, batching, bounds
 from pallas_core import grid_mapping as gmap
 from pallas_core import primitives as prims
 from pallas_core.errors import (
@@ -40,7 +40,6 @@ from pallas_core.spec import (
     GridSpec,
     is_dynamic_size,
     no_block_spec,
-    squeezed,
 )
 
 pallas_call_p = _jax.Primitive("pallas_call")
@@ -759,76 +758,7 @@ _jax.primitive_transposes[pallas_call_p] = _transpose
 
 def _batch(axis_data: Any, args: Sequence[Any], dims: Sequence[Any], *,
            call: KernelCall) -> tuple[list[Any], list[int | None]]:
-    size = axis_data.size
-    gm = call.grid_mapping
-    if all(d is None for d in dims):
-        outs = pallas_call_p.bind(*args, call=call)
-        return list(outs), [None] * len(outs)
-    # Dynamic grid sizes are the last operands: batched ones make a loop over the batch.
-    n_dyn = gm.num_dynamic_grid_bounds
-    if any(d is not None for d in dims[len(dims) - n_dyn:]):
-        return _batch_as_loop(args, dims, call)
-    grid_sizes = list(args[len(args) - n_dyn:])
-    args, dims = args[:len(args) - n_dyn], dims[:len(dims) - n_dyn]
-    args = [jnp.moveaxis(a, d, 0) if d is not None else a for a, d in zip(args, dims)]
-    batched = [d is not None for d in dims]
-    n_same = autodiff.outputs_independent_of(call, batched)
-    if any(batched[:gm.num_scalar_prefetch]):
-        raise UnsupportedError(
-            f"jax.vmap over a scalar-prefetch operand of kernel {call.name!r} is not supported: "
-            "index maps read those operands whole. Fix: vmap over the other operands only "
-            "(in_axes=None for the scalar-prefetch arrays), or loop over the batch.")
-    # An aliased input must be batched like the output it becomes.
-    for i, _ in call.input_output_aliases:
-        if not batched[i]:
-            args[i] = jnp.broadcast_to(args[i], (size, *args[i].shape))
-            batched[i] = True
-    pf_avals = [_jax.make_ref_aval(bm.array_shape, bm.dtype)
-                for bm in gm.block_mappings[:gm.num_scalar_prefetch]]
-    mappings = [_batch_block_mapping(bm, b, gm.grid, size, pf_avals) for bm, b in
-                zip(gm.block_mappings, [*batched, *([True] * gm.num_outputs)])]
-    new_gm = dataclasses.replace(gm, grid=(size, *gm.grid), block_mappings=tuple(mappings),
-                                 num_batch_axes=gm.num_batch_axes + 1)
-    new_call = call.replace(
-        grid_mapping=new_gm,
-        out_avals=tuple(_jax.ShapedArray((size, *a.shape), a.dtype) for a in call.out_avals))
-    outs = pallas_call_p.bind(*args, *grid_sizes, call=new_call)
-    # Outputs that do not depend on the batched inputs are the same in every batch element.
-    return ([o[0] for o in outs[:n_same]] + list(outs[n_same:]),
-            [None] * n_same + [0] * (len(outs) - n_same))
-
-
-def _batch_as_loop(args: Sequence[Any], dims: Sequence[Any],
-                   call: KernelCall) -> tuple[list[Any], list[int | None]]:
-    """One call per batch element, in a loop (for grid sizes that differ along the batch)."""
-    batched = [k for k, d in enumerate(dims) if d is not None]
-
-    def one(xs: Sequence[Any]) -> list[Any]:
-        operands = list(args)
-        for k, x in zip(batched, xs):
-            operands[k] = x
-        return list(pallas_call_p.bind(*operands, call=call))
-
-    outs = jax.lax.map(one, [jnp.moveaxis(args[k], dims[k], 0) for k in batched])
-    return list(outs), [0] * len(outs)
-
-
-def _batch_block_mapping(bm: gmap.BlockMapping, batched: bool, grid: tuple[int, ...],
-                         size: int, pf_avals: Sequence[Any]) -> gmap.BlockMapping:
-    avals = [_jax.ShapedArray((), jnp.int32)] * (len(grid) + 1) + list(pf_avals)
-
-    def index_map(b: Any, *idx: Any) -> list[Any]:
-        inner = bm.block_indices(*idx)
-        return [b, *inner] if batched else list(inner)
-
-    jaxpr, _, consts = _jax.trace_to_jaxpr(index_map, avals, name="index_map")
-    if not batched:
-        return dataclasses.replace(bm, index_map=_close(jaxpr, consts),
-                                   num_prefetch=len(pf_avals))
-    return dataclasses.replace(
-        bm, array_shape=(size, *bm.array_shape), block_shape=(None, *bm.block_shape),
-        index_map=_close(jaxpr, consts), num_prefetch=len(pf_avals),
-        block_dims=(squeezed, *bm.block_dims) if bm.block_dims else ())
+    return batching.batch(_bind, validate, axis_data.size, args, dims, call)
 
 
 _jax.register_batching_rule(pallas_call_p, _batch)

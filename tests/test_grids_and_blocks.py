@@ -189,13 +189,14 @@ def test_num_programs_of_a_dynamic_axis_is_traced() -> None:
     assert isinstance(seen["dynamic"], jax.Array)
 
 
-def test_dynamic_grid_under_vmap_of_the_operands() -> None:
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_dynamic_grid_under_vmap_of_the_operands(axis: int) -> None:
     def f(x: jax.Array, n: jax.Array) -> jax.Array:
         return _accumulate(pl, x, n)
 
-    xs = _rand((3, 8, 128 * 4), 5)
-    got = jax.jit(jax.vmap(f, in_axes=(0, None)))(xs, jnp.int32(2))
-    _close(got, jax.vmap(lambda x: _accumulate_reference(x, 2))(xs))
+    xs = jnp.moveaxis(_rand((3, 8, 128 * 4), 5), 0, axis)
+    got = jax.jit(jax.vmap(f, in_axes=(axis, None)))(xs, jnp.int32(2))
+    _close(got, jax.vmap(lambda x: _accumulate_reference(x, 2), in_axes=axis)(xs))
 
 
 def test_dynamic_grid_under_vmap_of_the_sizes() -> None:
@@ -334,11 +335,13 @@ def test_element_output_with_padding(interpret: Any) -> None:
     _close(got, f(jpl, x))
 
 
-def test_element_with_vmap() -> None:
-    xs = _rand((3, 64, 128), 12)
-    got = np.asarray(jax.vmap(lambda x: _element_windows(pl, x, (2, 6)))(xs))
-    theirs = np.asarray(jax.vmap(lambda x: _element_windows(jpl, x, (2, 6)))(xs))
-    want = np.asarray(jax.vmap(lambda x: _element_windows_reference(x, (2, 6)))(xs))
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_element_with_vmap(axis: int) -> None:
+    xs = jnp.moveaxis(_rand((3, 64, 128), 12), 0, axis)
+    got = np.asarray(jax.vmap(lambda x: _element_windows(pl, x, (2, 6)), in_axes=axis)(xs))
+    theirs = np.asarray(jax.vmap(lambda x: _element_windows(jpl, x, (2, 6)), in_axes=axis)(xs))
+    want = np.asarray(jax.vmap(lambda x: _element_windows_reference(x, (2, 6)),
+                               in_axes=axis)(xs))
     finite = ~np.isnan(got)
     np.testing.assert_array_equal(finite, ~np.isnan(theirs))
     assert not finite.all()

@@ -51,18 +51,25 @@ def test_under_jit(data: tuple[jax.Array, jax.Array]) -> None:
     np.testing.assert_allclose(jax.jit(_gather_rows)(idx, x), _reference(idx, x), rtol=1e-6)
 
 
-def test_vmap_over_the_other_operands(data: tuple[jax.Array, jax.Array]) -> None:
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_vmap_over_the_other_operands(data: tuple[jax.Array, jax.Array], axis: int) -> None:
     idx, x = data
-    xs = jnp.stack([x, -x, x * 3.0])
-    got = jax.vmap(_gather_rows, in_axes=(None, 0))(idx, xs)
-    want = jax.vmap(_reference, in_axes=(None, 0))(idx, xs)
+    xs = jnp.stack([x, -x, x * 3.0], axis=axis)
+    got = jax.vmap(_gather_rows, in_axes=(None, axis), out_axes=axis)(idx, xs)
+    want = jax.vmap(_reference, in_axes=(None, axis), out_axes=axis)(idx, xs)
     np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
-def test_vmap_over_the_prefetch_operand_is_refused(data: tuple[jax.Array, jax.Array]) -> None:
+@pytest.mark.parametrize("axes", [(0, None), (1, 0), (0, 2)])
+def test_vmap_over_the_prefetch_operand_loops_over_the_batch(
+        data: tuple[jax.Array, jax.Array], axes: tuple[int | None, int | None]) -> None:
+    """As in JAX, a batched scalar-prefetch operand makes one call per batch element."""
     idx, x = data
-    with pytest.raises(pl.UnsupportedError, match=r"scalar-prefetch operand.*Fix"):
-        jax.vmap(_gather_rows, in_axes=(0, None))(jnp.stack([idx, idx]), x)
+    idxs = jnp.stack([idx, idx[::-1], (idx + 3) % 8], axis=axes[0])
+    xs = x if axes[1] is None else jnp.stack([x, -x, x * 3.0], axis=axes[1])
+    got = jax.jit(jax.vmap(_gather_rows, in_axes=axes))(idxs, xs)
+    want = jax.vmap(_reference, in_axes=axes)(idxs, xs)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
 def test_index_map_without_the_prefetch_parameter_is_explained() -> None:

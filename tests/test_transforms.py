@@ -298,3 +298,6 @@ def test_input_output_aliases_under_jit():
     _close(jax.jit(update, donate_argnums=0)(x + 0, y), expected)
     _close(jax.vmap(update, in_axes=(None, 0))(x, jnp.stack([y, -y])),
            jnp.stack([expected, x.at[:32].add(-y[:32])]))
+    # A batched aliased input on a non-leading axis is moved to match the output (axis 0).
+    _close(jax.vmap(update, in_axes=(1, None), out_axes=1)(jnp.stack([x, -x], axis=1), y),
+           jnp.stack([expected, (-x).at[:32].add(y[:32])], axis=1))
