@@ -408,24 +408,6 @@ def _wait_dma2(c: Compiler, op: ir.Operation) -> _Fn:
     return run
 
 
-def _wait_dma(c: Compiler, op: ir.Operation) -> _Fn:
-    """JAX 0.12's wait for a DMA: on the target's semaphore for the bytes that arrived
-    (``wait_target``), or on the source's semaphore for the bytes sent (a ``wait_send``)."""
-    (src, _), (ss0, ss1), (dst, _), (ts0, ts1), (d0, d1), *_ = segments(op)
-    wait_target = ir.BoolAttr(op.attributes["wait_target"]).value
-    sem = ts0 if wait_target else ss0
-    if (ts1 if wait_target else ss1) == sem:
-        raise EmulationError(f"{op.name} at {op.location} waits on the "
-                             f"{'target' if wait_target else 'source'} semaphore but names "
-                             "none. Fix: pass the semaphore the copy signals.")
-    state = _remote(c, op, "waits on remote DMAs") if d1 > d0 else _state(c)
-
-    def run(*xs: Any) -> None:
-        counted = xs[dst if wait_target else src]
-        _take(state, op, xs[sem], counted.size * counted.dtype.itemsize)
-    return run
-
-
 def _sem_signal(c: Compiler, op: ir.Operation) -> _Fn:
     (sem, _), (amount, _), (d0, d1), *_ = segments(op)
     state = _remote(c, op, "signals to another device's semaphore") if d1 > d0 \
@@ -521,7 +503,7 @@ RULES: dict[str, Rule] = {
     "tpu.fptosi": _float_to_int, "tpu.sitofp": _convert, "tpu.extf": _convert,
     "tpu.truncf": _convert,
     "tpu.prng_set_seed_32": _prng_seed, "tpu.prng_random_bits": _prng_bits,
-    "tpu.enqueue_dma": _enqueue_dma, "tpu.wait_dma2": _wait_dma2, "tpu.wait_dma": _wait_dma,
+    "tpu.enqueue_dma": _enqueue_dma, "tpu.wait_dma2": _wait_dma2,
     "tpu.sem_signal": _sem_signal, "tpu.sem_wait": _sem_wait, "tpu.sem_read": _sem_read,
     "tpu.sem_alloc": _registered(_sem_alloc), "tpu.region": _region, "tpu.trace": _region,
     "memref.alloca": _registered(MEMORY_RULES["memref.alloca"]),
