@@ -49,7 +49,10 @@ primitives ``get_p``, ``swap_p``, ``addupdate_p``, ``broadcast_to_p``; ``Effect`
 such as an accumulator).
 
 **Emitting a call**: ``emit_custom_call``, ``manual_axes``, ``make_ir_context``,
-``assume_device``, ``mosaic_serde_version``; ``jax_lowering_rule_names`` (JAX's own rule
+``assume_device``, ``assumed_device`` (the chip a trace or lowering is for where no device
+of the platform is attached: what ``pltpu.get_tpu_info()`` answers for),
+``mosaic_serde_version``; ``pallas_use_mosaic_gpu`` (JAX's choice between the two GPU
+backends, for ``BackendInfo.default_priority``); ``jax_lowering_rule_names`` (JAX's own rule
 registries, for parity tests).
 """
 
@@ -78,6 +81,7 @@ from pallas_core._jax import (
     WriteEffect,
     addupdate_p,
     assume_device,
+    assumed_device,
     axis_index_p,
     broadcast_to_p,
     cond_p,
@@ -96,6 +100,7 @@ from pallas_core._jax import (
     make_ref_aval,
     manual_axes,
     mosaic_serde_version,
+    pallas_use_mosaic_gpu,
     ref_type_of,
     register_initial_ref,
     register_side_effect,
@@ -178,6 +183,6 @@ __all__ = [
     "make_ref_aval", "ref_and_transforms", "ref_type_of", "register_initial_ref",
     "register_side_effect", "run_state_p", "shape_after_transforms", "swap_p",
     # emitting a call
-    "assume_device", "emit_custom_call", "jax_lowering_rule_names", "make_ir_context",
-    "manual_axes", "mosaic_serde_version",
+    "assume_device", "assumed_device", "emit_custom_call", "jax_lowering_rule_names",
+    "make_ir_context", "manual_axes", "mosaic_serde_version", "pallas_use_mosaic_gpu",
 ]
