@@ -44,8 +44,6 @@ _WARPS = ("this backend runs code per warpgroup (lane semantics); warpgroups spe
 _HINT = ("only timing depends on it, and this backend does not emit it", "drop the call")
 
 _CORE = "this backend takes the core's name (import pallas_core as pl)"
-_INTERPRET = ("the interpreter is a backend of its own here", "pass backend='interpret' (and "
-              "compiler_params=pallas_interpret.InterpretParams(...) for its options)")
 
 # name: (what it is in JAX, (why, fix)): the "refused" rows of docs/backends/mosaic_gpu_api.md,
 # and its "core" and "not applicable" rows, whose fix names the equivalent.
@@ -53,14 +51,8 @@ REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
     "as_torch_kernel": ("makes a kernel callable on PyTorch tensors",
                         ("kernels here take and return JAX arrays",
                          "exchange tensors with PyTorch through jax.dlpack")),
-    "force_gpu_interpret_mode": ("runs GPU kernels in JAX's interpreter", _INTERPRET),
-    "InterpretGPUParams": ("options of JAX's GPU interpreter", _INTERPRET),
     "MemorySpace": ("the GPU memory spaces", (_CORE, "use plgpu.GMEM, plgpu.SMEM or plgpu.TMEM "
                                               "(instances of pl.MemorySpace)")),
-    "set_gpu_interpret_mode": ("makes JAX interpret GPU kernels from then on", _INTERPRET),
-    "wait_gmem_to_smem": ("waits for pre-Hopper cp.async copies",
-                          ("plgpu.copy_gmem_to_smem is a TMA copy completing a barrier here",
-                           "wait with plgpu.barrier_wait(barrier)")),
     "async_copy_scales_to_tmem": ("copies block-scaling factors from SMEM to TMEM", _BLACKWELL),
     "async_copy_smem_to_tmem": ("copies an SMEM buffer into TMEM", _BLACKWELL),
     "async_copy_sparse_metadata_to_tmem": ("copies sparsity metadata to TMEM", _BLACKWELL),
@@ -77,8 +69,6 @@ REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
     "inline_mgpu": ("inlines code written against the Mosaic GPU library",
                     ("kernels cannot hold code written for jax.experimental.mosaic.gpu",
                      "write the operation with plgpu and jax.numpy")),
-    "mma": ("acc + a @ b with pre-Hopper MMA instructions",
-            ("this backend targets Hopper's wgmma", "write jnp.dot or plgpu.wgmma")),
     "multicast_ref": ("a Ref whose writes reach every device along mesh axes", _DEVICES),
     "OOBFillMode": ("what out-of-bounds elements of a TMA load become",
                     ("out-of-bounds elements of a TMA load are zeros here; no mode can be "

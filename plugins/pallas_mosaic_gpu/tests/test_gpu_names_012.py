@@ -1,0 +1,145 @@
+"""Names ``jax.experimental.pallas.mosaic_gpu`` lists from JAX 0.11/0.12 that are compositions here:
+``plgpu.sum``/``max``/``min``/``prod``, ``store``, ``barrier_arrive_and_wait``,
+``wait_gmem_to_smem``, ``mma`` and GPU interpret mode (``InterpretGPUParams``,
+``force_gpu_interpret_mode``, ``set_gpu_interpret_mode``), each against ``jax.numpy`` on random
+inputs (and JAX's own class's fields where the installed JAX has it)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallas_core as pl
+
+plgpu = pytest.importorskip("pallas_mosaic_gpu")
+jgpu = pytest.importorskip("jax.experimental.pallas.mosaic_gpu")
+from pallas_mosaic_gpu import inspection  # noqa: E402
+
+S = jax.ShapeDtypeStruct
+
+
+def _rand(shape: tuple[int, ...], seed: int = 0) -> jax.Array:
+    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
+
+
+def _reduced(fn: Any, axis: Any, backend: str, shape: tuple[int, ...] = (64, 128)) -> Any:
+    out = jax.eval_shape(lambda x: jnp.sum(x, axis=axis), S(shape, jnp.float32))
+
+    @functools.partial(plgpu.kernel, out_type=S(out.shape, jnp.float32), backend=backend)
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        plgpu.store(o_ref, fn(x_ref[...], axis))
+
+    return kernel
+
+
+@pytest.mark.parametrize("name", ["sum", "max", "min", "prod"])
+@pytest.mark.parametrize("axis", [0, 1, None, (0, 1)], ids=str)
+def test_reductions_match_jnp(name: str, axis: Any) -> None:
+    x = _rand((64, 128), 1) * (0.1 if name == "prod" else 1.0) + (1.0 if name == "prod" else 0)
+    got = _reduced(getattr(plgpu, name), axis, "interpret")(x)
+    want = getattr(jnp, name)(x, axis=axis)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5)
+
+
+def test_reduction_arguments_as_jax() -> None:
+    x = _rand((8, 8))
+    with pytest.raises(pl.UnsupportedError, match=r"plgpu\.sum\(keepdims=True\)"):
+        plgpu.sum(x, 0, keepdims=True)
+    with pytest.raises(pl.PallasError, match="accumulator_ilp"):
+        plgpu.max(x, 0, accumulator_ilp=0)
+    np.testing.assert_allclose(plgpu.min(x, 1, accumulator_ilp=2), jnp.min(x, 1))
+
+
+@pytest.mark.parametrize("name", ["sum", "max"])
+def test_reductions_lower_for_mosaic_gpu(name: str) -> None:
+    x = _rand((64, 128))
+
+    def kernel(x_ref: Any, o_ref: Any) -> None:  # blocks in SMEM
+        o_ref[...] = getattr(plgpu, name)(x_ref[...], 1)
+
+    fn = pl.pallas_call(kernel, S((64,), jnp.float32), backend="mosaic_gpu")
+    text = jax.jit(fn).trace(x).lower(lowering_platforms=("cuda",)).as_text()
+    assert len(inspection.kernels(text)) == 1
+
+
+def test_store_and_barrier_arrive_and_wait() -> None:
+    x = _rand((128,), 2)
+
+    @functools.partial(plgpu.kernel, out_type=S((128,), jnp.float32), backend="interpret",
+                       scratch_shapes=[plgpu.Barrier(num_arrivals=1)])
+    def kernel(x_ref: Any, o_ref: Any, barrier: Any) -> None:
+        plgpu.wait_gmem_to_smem(0)
+        plgpu.barrier_arrive_and_wait(barrier)  # completes its phase: the wait returns
+        plgpu.store(o_ref, x_ref[...] * 3.0 - 1.0)
+
+    np.testing.assert_allclose(kernel(x), x * 3.0 - 1.0, rtol=1e-6)
+    with pytest.raises(pl.PallasError, match="non-negative int"):
+        plgpu.wait_gmem_to_smem(-1)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16, jnp.float32])
+def test_mma_matches_jnp(dtype: Any) -> None:
+    a, b, acc = _rand((64, 32), 3).astype(dtype), _rand((32, 16), 4).astype(dtype), _rand(
+        (64, 16), 5)
+
+    @functools.partial(plgpu.kernel, out_type=S((64, 16), jnp.float32), backend="interpret")
+    def kernel(acc_ref: Any, a_ref: Any, b_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = plgpu.mma(acc_ref[...], a_ref[...], b_ref[...])
+
+    want = acc + jnp.dot(a.astype(jnp.float32), b.astype(jnp.float32))
+    np.testing.assert_allclose(kernel(acc, a, b), want, rtol=2e-2, atol=2e-2)
+    with pytest.raises(pl.PallasError, match="incompatible shapes"):
+        plgpu.mma(acc, b, a)
+
+
+def test_interpret_gpu_params_fields_are_jaxs() -> None:
+    if not hasattr(jgpu, "InterpretGPUParams"):
+        pytest.skip("this JAX has no InterpretGPUParams")
+    ours = {f.name: f.default for f in dataclasses.fields(plgpu.InterpretGPUParams)}
+    theirs = {f.name: f.default for f in dataclasses.fields(jgpu.InterpretGPUParams)}
+    assert ours == theirs
+
+
+def test_interpret_gpu_params_checks_its_fields() -> None:
+    for bad in ({"vector_clock_size": 4}, {"num_tma_threads_per_device": 0},
+                {"out_of_bounds_reads": "ignore"}):
+        with pytest.raises(pl.PallasError, match="InterpretGPUParams"):
+            plgpu.InterpretGPUParams(**bad)  # type: ignore[arg-type]
+
+
+def _double(x: jax.Array, **kw: Any) -> jax.Array:
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = x_ref[...] * 2.0 + 0.5
+
+    return pl.pallas_call(kernel, S(x.shape, x.dtype), **kw)(x)
+
+
+def _backends(fn: Any, *args: Any) -> set[Any]:
+    from pallas_core.stages import kernel_calls
+    return {c.backend for c in kernel_calls(jax.make_jaxpr(fn)(*args).jaxpr)}
+
+
+def test_gpu_interpret_mode_runs_gpu_kernels_in_the_interpreter() -> None:
+    x = _rand((256,), 6)
+    gpu = functools.partial(_double, compiler_params=plgpu.CompilerParams())
+    assert _backends(gpu, x) == {"mosaic_gpu"}
+    got = _double(x, interpret=plgpu.InterpretGPUParams(uninitialized_memory="zero"))
+    np.testing.assert_allclose(got, x * 2.0 + 0.5, rtol=1e-6)
+    with plgpu.force_gpu_interpret_mode():
+        assert _backends(gpu, x) == {"interpret"}
+        np.testing.assert_allclose(gpu(x), x * 2.0 + 0.5, rtol=1e-6)
+        with plgpu.force_gpu_interpret_mode(None):
+            assert _backends(gpu, x) == {"mosaic_gpu"}
+    assert _backends(gpu, x) == {"mosaic_gpu"}
+    try:
+        plgpu.set_gpu_interpret_mode()
+        assert _backends(gpu, x) == {"interpret"}
+    finally:
+        plgpu.set_gpu_interpret_mode(None)
+    assert _backends(gpu, x) == {"mosaic_gpu"}
