@@ -10,12 +10,17 @@ from __future__ import annotations
 
 from pallas_mosaic_gpu.additions import (
     InterpretGPUParams,
+    async_prefetch,
     barrier_arrive_and_wait,
     force_gpu_interpret_mode,
+    griddepcontrol_launch_dependents,
+    griddepcontrol_wait,
     max,
     min,
     mma,
     prod,
+    semaphore_signal,
+    semaphore_wait,
     set_gpu_interpret_mode,
     store,
     sum,
@@ -118,3 +123,5 @@ __all__ += ["multimem_load_reduce", "multimem_store", "remote_ref", "SemaphoreTy
 __all__ += ["ClusterBarrier", "CopyPartition"]
 __all__ += ["barrier_arrive_and_wait", "force_gpu_interpret_mode", "InterpretGPUParams", "max",
             "min", "mma", "prod", "set_gpu_interpret_mode", "store", "sum", "wait_gmem_to_smem"]
+__all__ += ["async_prefetch", "griddepcontrol_launch_dependents", "griddepcontrol_wait",
+            "semaphore_signal", "semaphore_wait"]

@@ -1,8 +1,10 @@
-"""Names ``jax.experimental.pallas.mosaic_gpu`` gained in JAX 0.12 that are compositions of what
-this backend has: the reductions ``plgpu.sum``/``max``/``min``/``prod``, ``plgpu.store``,
-``plgpu.barrier_arrive_and_wait``, ``plgpu.wait_gmem_to_smem``, ``plgpu.mma`` and GPU
-interpret mode (``InterpretGPUParams``, ``force_gpu_interpret_mode``,
-``set_gpu_interpret_mode``), which runs kernels in the pallas interpreter.
+"""Names of ``jax.experimental.pallas.mosaic_gpu`` that are compositions of what this backend
+has: the reductions ``plgpu.sum``/``max``/``min``/``prod``, ``plgpu.store``,
+``plgpu.barrier_arrive_and_wait``, ``plgpu.wait_gmem_to_smem``, ``plgpu.mma``, GPU interpret
+mode (``InterpretGPUParams``, ``force_gpu_interpret_mode``, ``set_gpu_interpret_mode``), which
+runs kernels in the pallas interpreter, the semaphore operations with a memory scope
+(``semaphore_signal``, ``semaphore_wait``) and the scheduling hints that never change results
+(``async_prefetch``, ``griddepcontrol_wait``, ``griddepcontrol_launch_dependents``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any, ClassVar, Literal
 import jax
 import jax.numpy as jnp
 
+import pallas_core as pl
 from pallas_core.call import force_interpret_mode, set_interpret_mode
 from pallas_core.errors import PallasError, UnsupportedError
 from pallas_core.spec import CompilerParams
@@ -137,3 +140,48 @@ def set_gpu_interpret_mode(params: InterpretGPUParams | None = _DEFAULT) -> None
     """Forces GPU interpret mode with ``params`` on every later kernel in this process (the
     global form of :func:`force_gpu_interpret_mode`); ``None`` turns it off."""
     set_interpret_mode(params)
+
+
+_SCOPES = ("sys", "gpu")
+
+
+def _scope(memory_scope: str, fn: str) -> None:
+    if memory_scope not in _SCOPES:
+        raise PallasError(f"plgpu.{fn}(memory_scope={memory_scope!r}): expected 'sys' or "
+                          "'gpu'.")
+
+
+def semaphore_signal(semaphore: Any, inc: Any = 1, *, device_id: Any = None,
+                     memory_scope: str = "sys") -> None:
+    """Adds ``inc`` to ``semaphore`` (on device ``device_id`` of the mesh when given), as
+    ``pl.semaphore_signal``. ``memory_scope`` ("sys" or "gpu") is the scope of the atomic in
+    JAX; this backend's signal is at least as strong as either."""
+    _scope(memory_scope, "semaphore_signal")
+    pl.semaphore_signal(semaphore, inc, device_id=device_id)
+
+
+def semaphore_wait(semaphore: Any, value: Any = 1, *, decrement: bool = True,
+                   memory_scope: str = "sys") -> None:
+    """Waits until ``semaphore`` reaches ``value``, then subtracts it if ``decrement``, as
+    ``pl.semaphore_wait``; ``memory_scope`` as in :func:`semaphore_signal`."""
+    _scope(memory_scope, "semaphore_wait")
+    pl.semaphore_wait(semaphore, value, decrement=decrement)
+
+
+def async_prefetch(ref: Any, *, collective_axes: str | tuple[str, ...] | None = None,
+                   leader_tracked: Any = None, predicate: Any = None) -> None:
+    """Asks for ``ref`` (in GMEM) to be fetched into the L2 cache. A hint that never changes
+    results: this backend emits nothing for it, and the interpreter does nothing."""
+    del collective_axes, leader_tracked, predicate
+    if not hasattr(ref, "shape"):
+        raise PallasError(f"plgpu.async_prefetch: expected a GMEM Ref, found {ref!r}.")
+
+
+def griddepcontrol_wait() -> None:
+    """Waits for the kernels this one depends on (programmatic dependent launch). This backend
+    launches a kernel only once those before it finished, so there is nothing to wait for."""
+
+
+def griddepcontrol_launch_dependents() -> None:
+    """Lets the next kernel start early (programmatic dependent launch). Only timing depends on
+    it; this backend starts the next kernel after this one ends, as without the call."""

@@ -41,7 +41,6 @@ _WARPS = ("this backend runs code per warpgroup (lane semantics); warpgroups spe
           "branch on lax.axis_index of the thread axis for per-warpgroup work, use "
           "plgpu.emit_pipeline_warp_specialized, or pl.core_map over plgpu.WarpMesh for "
           "per-warp work")
-_HINT = ("only timing depends on it, and this backend does not emit it", "drop the call")
 
 _CORE = "this backend takes the core's name (import pallas_core as pl)"
 
@@ -56,16 +55,11 @@ REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
     "async_copy_scales_to_tmem": ("copies block-scaling factors from SMEM to TMEM", _BLACKWELL),
     "async_copy_smem_to_tmem": ("copies an SMEM buffer into TMEM", _BLACKWELL),
     "async_copy_sparse_metadata_to_tmem": ("copies sparsity metadata to TMEM", _BLACKWELL),
-    "async_prefetch": ("prefetches a GMEM Ref into the L2 cache", _HINT),
     "async_store_smem": ("stores into the SMEM of another block of the cluster", _CLUSTER),
     "barrier_test": ("tests a barrier's phase without blocking",
                      ("barriers here are only waited for", "use plgpu.barrier_wait")),
     "cluster_ref": ("a view of an SMEM buffer in another block of the cluster", _CLUSTER),
     "format_tcgen05_sparse_metadata": ("orders sparsity metadata for tcgen05_mma", _BLACKWELL),
-    "griddepcontrol_launch_dependents": ("lets the next kernel start early (programmatic "
-                                         "dependent launch)", _HINT),
-    "griddepcontrol_wait": ("waits for the kernel this one depends on (programmatic "
-                            "dependent launch); kernels here run one after another", _HINT),
     "inline_mgpu": ("inlines code written against the Mosaic GPU library",
                     ("kernels cannot hold code written for jax.experimental.mosaic.gpu",
                      "write the operation with plgpu and jax.numpy")),
@@ -89,9 +83,7 @@ REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
              ("arrays are plain values here and accumulators are allocated with plgpu.ACC",
               "use plgpu.ACC((M, N), dtype) for a wgmma accumulator")),
     "Replicated": ("a replicated dimension of a register layout", _LAYOUTS),
-    "semaphore_signal": ("increments a GPU semaphore", _DEVICES),
     "semaphore_signal_parallel": ("issues several semaphore signals", _DEVICES),
-    "semaphore_wait": ("waits for a GPU semaphore", _DEVICES),
     "SemaphoreSignal": ("one signal for semaphore_signal_parallel", _DEVICES),
     "Tiling": ("a tiling expression of a register layout", _LAYOUTS),
     "TMEMLayout": ("layouts of TMEM buffers", _BLACKWELL),

@@ -143,3 +143,47 @@ def test_gpu_interpret_mode_runs_gpu_kernels_in_the_interpreter() -> None:
     finally:
         plgpu.set_gpu_interpret_mode(None)
     assert _backends(gpu, x) == {"mosaic_gpu"}
+
+
+def _semaphores(signal: Any, wait: Any, backend: str = "interpret") -> Any:
+    """Signals 3 then 4, waits for 5 (taking it), waits for 1 without taking it: the
+    semaphore ends at 2, which the kernel adds to ``x``."""
+    @functools.partial(plgpu.kernel, out_type=S((128,), jnp.float32), backend=backend,
+                       scratch_shapes=[plgpu.SemaphoreType.REGULAR])
+    def kernel(x_ref: Any, o_ref: Any, sem: Any) -> None:
+        signal(sem, 3)
+        signal(sem, 4)
+        wait(sem, 5)
+        wait(sem, 1, decrement=False)
+        o_ref[...] = x_ref[...] + pl.semaphore_read(sem).astype(jnp.float32)
+
+    return kernel
+
+
+def test_semaphore_signal_and_wait_as_the_cores() -> None:
+    x = _rand((128,), 7)
+    ours = _semaphores(functools.partial(plgpu.semaphore_signal, memory_scope="gpu"),
+                       functools.partial(plgpu.semaphore_wait, memory_scope="sys"))(x)
+    core = _semaphores(pl.semaphore_signal, pl.semaphore_wait)(x)
+    np.testing.assert_allclose(ours, x + 2.0, rtol=1e-6)
+    np.testing.assert_allclose(core, x + 2.0, rtol=1e-6)
+    with pytest.raises(pl.PallasError, match="memory_scope"):
+        _semaphores(functools.partial(plgpu.semaphore_signal, memory_scope="cta"),
+                    plgpu.semaphore_wait)(x)
+
+
+def test_hints_change_nothing() -> None:
+    x = _rand((64, 128), 8)
+
+    def make(backend: str) -> Any:
+        @functools.partial(plgpu.kernel, out_type=S((64, 128), jnp.float32), backend=backend)
+        def kernel(x_ref: Any, o_ref: Any) -> None:
+            plgpu.griddepcontrol_wait()
+            plgpu.async_prefetch(x_ref)
+            o_ref[...] = x_ref[...] * 2.0
+            plgpu.griddepcontrol_launch_dependents()
+        return kernel
+
+    np.testing.assert_allclose(make("interpret")(x), x * 2.0, rtol=1e-6)
+    hinted = jax.jit(make("mosaic_gpu")).trace(x).lower(lowering_platforms=("cuda",)).as_text()
+    assert len(inspection.kernels(hinted)) == 1
