@@ -118,6 +118,7 @@ from pallas_core._jax import (
     while_p,
     written_invars,
 )
+from pallas_core.copies import Indices
 from pallas_core.emulation.call import EmulatedCall
 from pallas_core.errors import PallasError, UnsupportedError, unsupported
 from pallas_core.grid_mapping import BlockMapping, GridMapping
@@ -163,7 +164,7 @@ def remote_view(ref: Any, device_id: Any,
 __all__ = [
     # the contract
     "Backend", "BackendInfo", "BlockMapping", "CompilerParams", "EmulatedCall", "GridMapping",
-    "KernelCall", "LoweringRequest", "MemorySpace", "PallasError", "UnsupportedError",
+    "Indices", "KernelCall", "LoweringRequest", "MemorySpace", "PallasError", "UnsupportedError",
     "hookimpl", "register_backend", "unsupported",
     # reference semantics
     "PrimitiveSemantics", "ReferenceContext", "SemanticsRules", "evaluate", "find_eqn",
