@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pallas_mosaic_gpu.additions import (
     InterpretGPUParams,
+    SemaphoreSignal,
     async_prefetch,
     barrier_arrive_and_wait,
     force_gpu_interpret_mode,
@@ -20,6 +21,7 @@ from pallas_mosaic_gpu.additions import (
     mma,
     prod,
     semaphore_signal,
+    semaphore_signal_parallel,
     semaphore_wait,
     set_gpu_interpret_mode,
     store,
@@ -125,3 +127,4 @@ __all__ += ["barrier_arrive_and_wait", "force_gpu_interpret_mode", "InterpretGPU
             "min", "mma", "prod", "set_gpu_interpret_mode", "store", "sum", "wait_gmem_to_smem"]
 __all__ += ["async_prefetch", "griddepcontrol_launch_dependents", "griddepcontrol_wait",
             "semaphore_signal", "semaphore_wait"]
+__all__ += ["SemaphoreSignal", "semaphore_signal_parallel"]

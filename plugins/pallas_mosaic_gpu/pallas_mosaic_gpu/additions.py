@@ -3,7 +3,8 @@ has: the reductions ``plgpu.sum``/``max``/``min``/``prod``, ``plgpu.store``,
 ``plgpu.barrier_arrive_and_wait``, ``plgpu.wait_gmem_to_smem``, ``plgpu.mma``, GPU interpret
 mode (``InterpretGPUParams``, ``force_gpu_interpret_mode``, ``set_gpu_interpret_mode``), which
 runs kernels in the pallas interpreter, the semaphore operations with a memory scope
-(``semaphore_signal``, ``semaphore_wait``) and the scheduling hints that never change results
+(``semaphore_signal``, ``semaphore_wait``), unordered signals (``SemaphoreSignal``,
+``semaphore_signal_parallel``) and the scheduling hints that never change results
 (``async_prefetch``, ``griddepcontrol_wait``, ``griddepcontrol_launch_dependents``).
 """
 
@@ -185,3 +186,25 @@ def griddepcontrol_wait() -> None:
 def griddepcontrol_launch_dependents() -> None:
     """Lets the next kernel start early (programmatic dependent launch). Only timing depends on
     it; this backend starts the next kernel after this one ends, as without the call."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SemaphoreSignal:
+    """One signal of :func:`semaphore_signal_parallel`: add ``inc`` to the semaphore ``ref``
+    on device ``device_id`` (``None``: this one)."""
+
+    ref: Any
+    _: dataclasses.KW_ONLY
+    device_id: Any
+    inc: Any = 1
+
+
+def semaphore_signal_parallel(*signals: SemaphoreSignal) -> None:
+    """Makes every signal, in no guaranteed order of arrival (the writes before the call are
+    visible before any arrives). This backend signals them in order, one of the orders that
+    allows."""
+    for signal in signals:
+        if not isinstance(signal, SemaphoreSignal):
+            raise PallasError(f"plgpu.semaphore_signal_parallel: expected plgpu.SemaphoreSignal "
+                              f"objects, found {signal!r}.")
+        pl.semaphore_signal(signal.ref, signal.inc, device_id=signal.device_id)

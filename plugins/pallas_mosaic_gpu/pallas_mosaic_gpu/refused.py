@@ -83,8 +83,6 @@ REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
              ("arrays are plain values here and accumulators are allocated with plgpu.ACC",
               "use plgpu.ACC((M, N), dtype) for a wgmma accumulator")),
     "Replicated": ("a replicated dimension of a register layout", _LAYOUTS),
-    "semaphore_signal_parallel": ("issues several semaphore signals", _DEVICES),
-    "SemaphoreSignal": ("one signal for semaphore_signal_parallel", _DEVICES),
     "Tiling": ("a tiling expression of a register layout", _LAYOUTS),
     "TMEMLayout": ("layouts of TMEM buffers", _BLACKWELL),
     "TraceScope": ("what the in-kernel profiler records",

@@ -187,3 +187,23 @@ def test_hints_change_nothing() -> None:
     np.testing.assert_allclose(make("interpret")(x), x * 2.0, rtol=1e-6)
     hinted = jax.jit(make("mosaic_gpu")).trace(x).lower(lowering_platforms=("cuda",)).as_text()
     assert len(inspection.kernels(hinted)) == 1
+
+
+def test_semaphore_signal_parallel_as_signals_one_by_one() -> None:
+    x = _rand((128,), 9)
+
+    @functools.partial(plgpu.kernel, out_type=S((128,), jnp.float32), backend="interpret",
+                       scratch_shapes=[plgpu.SemaphoreType.REGULAR((2,))])
+    def kernel(x_ref: Any, o_ref: Any, sems: Any) -> None:
+        plgpu.semaphore_signal_parallel(
+            plgpu.SemaphoreSignal(sems.at[0], device_id=None, inc=3),
+            plgpu.SemaphoreSignal(sems.at[1], device_id=None))
+        total = pl.semaphore_read(sems.at[0]) * 10 + pl.semaphore_read(sems.at[1])
+        o_ref[...] = x_ref[...] + total.astype(jnp.float32)
+
+    np.testing.assert_allclose(kernel(x), x + 31.0, rtol=1e-6)
+    ours = [(f.name, f.kw_only, f.default) for f in dataclasses.fields(plgpu.SemaphoreSignal)]
+    theirs = [(f.name, f.kw_only, f.default) for f in dataclasses.fields(jgpu.SemaphoreSignal)]
+    assert ours == theirs
+    with pytest.raises(TypeError):
+        plgpu.SemaphoreSignal(None)  # type: ignore[call-arg] # device_id is required
