@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pallas_mosaic_gpu.additions import (
     InterpretGPUParams,
+    MemorySpace,
     SemaphoreSignal,
     async_prefetch,
     barrier_arrive_and_wait,
@@ -128,3 +129,4 @@ __all__ += ["barrier_arrive_and_wait", "force_gpu_interpret_mode", "InterpretGPU
 __all__ += ["async_prefetch", "griddepcontrol_launch_dependents", "griddepcontrol_wait",
             "semaphore_signal", "semaphore_wait"]
 __all__ += ["SemaphoreSignal", "semaphore_signal_parallel"]
+__all__ += ["MemorySpace"]

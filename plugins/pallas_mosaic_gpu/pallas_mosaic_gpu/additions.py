@@ -3,9 +3,10 @@ has: the reductions ``plgpu.sum``/``max``/``min``/``prod``, ``plgpu.store``,
 ``plgpu.barrier_arrive_and_wait``, ``plgpu.wait_gmem_to_smem``, ``plgpu.mma``, GPU interpret
 mode (``InterpretGPUParams``, ``force_gpu_interpret_mode``, ``set_gpu_interpret_mode``), which
 runs kernels in the pallas interpreter, the semaphore operations with a memory scope
-(``semaphore_signal``, ``semaphore_wait``), unordered signals (``SemaphoreSignal``,
-``semaphore_signal_parallel``) and the scheduling hints that never change results
-(``async_prefetch``, ``griddepcontrol_wait``, ``griddepcontrol_launch_dependents``).
+(``semaphore_signal``, ``semaphore_wait``), JAX's ``MemorySpace`` namespace, unordered
+signals (``SemaphoreSignal``, ``semaphore_signal_parallel``) and the scheduling hints that
+never change results (``async_prefetch``, ``griddepcontrol_wait``,
+``griddepcontrol_launch_dependents``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ import pallas_core as pl
 from pallas_core.call import force_interpret_mode, set_interpret_mode
 from pallas_core.errors import PallasError, UnsupportedError
 from pallas_core.spec import CompilerParams
+from pallas_mosaic_gpu.params import GMEM, SMEM, TMEM
 from pallas_mosaic_gpu.primitives import barrier_arrive, barrier_wait
+from pallas_mosaic_gpu.refused import Refused
 
 
 def _reduction(name: str, op: Callable[..., Any]) -> Callable[..., Any]:
@@ -208,3 +211,20 @@ def semaphore_signal_parallel(*signals: SemaphoreSignal) -> None:
             raise PallasError(f"plgpu.semaphore_signal_parallel: expected plgpu.SemaphoreSignal "
                               f"objects, found {signal!r}.")
         pl.semaphore_signal(signal.ref, signal.inc, device_id=signal.device_id)
+
+
+class _Members(type):
+    def __iter__(cls) -> Iterator[Any]:
+        return iter((cls.GMEM, cls.SMEM, cls.TMEM))  # type: ignore[attr-defined]
+
+
+class MemorySpace(metaclass=_Members):
+    """JAX's GPU memory spaces by name: ``MemorySpace.GMEM``, ``.SMEM`` and ``.TMEM`` are
+    ``plgpu.GMEM``, ``plgpu.SMEM`` and ``plgpu.TMEM`` (call one for a buffer:
+    ``plgpu.MemorySpace.SMEM((128, 128), jnp.float16)``); ``REGS`` is refused as
+    ``plgpu.REGS`` is (registers hold plain values and ``plgpu.ACC`` accumulators here)."""
+
+    GMEM = GMEM
+    SMEM = SMEM
+    TMEM = TMEM
+    REGS = Refused("REGS")

@@ -42,16 +42,12 @@ _WARPS = ("this backend runs code per warpgroup (lane semantics); warpgroups spe
           "plgpu.emit_pipeline_warp_specialized, or pl.core_map over plgpu.WarpMesh for "
           "per-warp work")
 
-_CORE = "this backend takes the core's name (import pallas_core as pl)"
-
 # name: (what it is in JAX, (why, fix)): the "refused" rows of docs/backends/mosaic_gpu_api.md,
 # and its "core" and "not applicable" rows, whose fix names the equivalent.
 REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
     "as_torch_kernel": ("makes a kernel callable on PyTorch tensors",
                         ("kernels here take and return JAX arrays",
                          "exchange tensors with PyTorch through jax.dlpack")),
-    "MemorySpace": ("the GPU memory spaces", (_CORE, "use plgpu.GMEM, plgpu.SMEM or plgpu.TMEM "
-                                              "(instances of pl.MemorySpace)")),
     "async_copy_scales_to_tmem": ("copies block-scaling factors from SMEM to TMEM", _BLACKWELL),
     "async_copy_smem_to_tmem": ("copies an SMEM buffer into TMEM", _BLACKWELL),
     "async_copy_sparse_metadata_to_tmem": ("copies sparsity metadata to TMEM", _BLACKWELL),
