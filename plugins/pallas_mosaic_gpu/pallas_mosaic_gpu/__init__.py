@@ -28,6 +28,8 @@ from pallas_mosaic_gpu.additions import (
     store,
     sum,
     wait_gmem_to_smem,
+    warp_map,
+    wgmma_accumulator_load,
 )
 from pallas_mosaic_gpu.blackwell import (
     async_load_tmem,
@@ -130,3 +132,4 @@ __all__ += ["async_prefetch", "griddepcontrol_launch_dependents", "griddepcontro
             "semaphore_signal", "semaphore_wait"]
 __all__ += ["SemaphoreSignal", "semaphore_signal_parallel"]
 __all__ += ["MemorySpace"]
+__all__ += ["warp_map", "wgmma_accumulator_load"]

@@ -6,13 +6,14 @@ runs kernels in the pallas interpreter, the semaphore operations with a memory s
 (``semaphore_signal``, ``semaphore_wait``), JAX's ``MemorySpace`` namespace, unordered
 signals (``SemaphoreSignal``, ``semaphore_signal_parallel``) and the scheduling hints that
 never change results (``async_prefetch``, ``griddepcontrol_wait``,
-``griddepcontrol_launch_dependents``).
+``griddepcontrol_launch_dependents``), ``warp_map`` and ``wgmma_accumulator_load``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, Literal
 
@@ -24,8 +25,9 @@ from pallas_core.call import force_interpret_mode, set_interpret_mode
 from pallas_core.errors import PallasError, UnsupportedError
 from pallas_core.spec import CompilerParams
 from pallas_mosaic_gpu.params import GMEM, SMEM, TMEM
-from pallas_mosaic_gpu.primitives import barrier_arrive, barrier_wait
+from pallas_mosaic_gpu.primitives import barrier_arrive, barrier_wait, wgmma_wait
 from pallas_mosaic_gpu.refused import Refused
+from pallas_mosaic_gpu.scheduling import WarpMesh
 
 
 def _reduction(name: str, op: Callable[..., Any]) -> Callable[..., Any]:
@@ -228,3 +230,26 @@ class MemorySpace(metaclass=_Members):
     SMEM = SMEM
     TMEM = TMEM
     REGS = Refused("REGS")
+
+
+_WARP_AXES = itertools.count()
+
+
+def warp_map(f: Callable[[jax.Array], Any], /) -> Any:
+    """Runs ``f(warp)`` once per warp of the warpgroup (``warp`` from 0 to 3): ``pl.core_map``
+    over a ``plgpu.WarpMesh`` of a fresh axis name. As there, a warp holds scalars and Refs
+    and ``f`` returns nothing."""
+    mesh = WarpMesh(axis_name=f"_warp_map_{next(_WARP_AXES)}")
+    return pl.core_map(mesh)(lambda: f(jax.lax.axis_index(mesh.axis_name)))
+
+
+def wgmma_accumulator_load(acc: Any, *, wait_n: int | None = 0) -> jax.Array:
+    """The value of the accumulator ``acc`` (a ``plgpu.ACC`` Ref) once at most ``wait_n``
+    wgmma are in flight. Reading an accumulator here waits for every wgmma writing it, so the
+    value is the complete one whatever ``wait_n`` (``None``: JAX does not wait)."""
+    if wait_n is not None:
+        if isinstance(wait_n, bool) or not isinstance(wait_n, int) or wait_n < 0:
+            raise PallasError(f"plgpu.wgmma_accumulator_load(wait_n={wait_n!r}): expected "
+                              "None or an int >= 0.")
+        wgmma_wait(wait_n)
+    return acc[...]

@@ -86,11 +86,6 @@ REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
                     "profile the whole kernel with jax.profiler")),
     "Transform": ("the base class of Ref transforms", _TRANSFORMS),
     "transform_ref": ("applies a Ref transform", _TRANSFORMS),
-    "warp_map": ("runs a function once per warp of the warpgroup", _WARPS),
-    "wgmma_accumulator_load": (
-        "reads an accumulator once at most n wgmma are pending",
-        ("an accumulator is read after all pending wgmma here",
-         "call plgpu.wgmma_wait(n), then read acc_ref[...]")),
     "WGMMAAccumulatorRef": ("JAX's accumulator class",
                             ("plgpu.ACC((M, N)) returns a scratch description here, not an "
                              "instance of a class",

@@ -207,3 +207,71 @@ def test_semaphore_signal_parallel_as_signals_one_by_one() -> None:
     assert ours == theirs
     with pytest.raises(TypeError):
         plgpu.SemaphoreSignal(None)  # type: ignore[call-arg] # device_id is required
+
+
+def _warp_handoff(x: jax.Array, backend: str, use_warp_map: bool) -> jax.Array:
+    """Warp 0 of warpgroup 0 copies x into SMEM; warp 1 waits for it and copies it out."""
+    def per_warp(x_ref: Any, o_ref: Any, buf: Any, full: Any, warp: Any) -> None:
+        @pl.when(warp == 0)
+        def _() -> None:
+            plgpu.copy_gmem_to_smem(x_ref, buf, full)
+
+        @pl.when(warp == 1)
+        def _() -> None:
+            plgpu.barrier_wait(full)
+            plgpu.copy_smem_to_gmem(buf, o_ref)
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+    def body(x_ref: Any, o_ref: Any, buf: Any, full: Any) -> None:
+        @pl.when(jax.lax.axis_index("wg") == 0)
+        def _() -> None:
+            f = functools.partial(per_warp, x_ref, o_ref, buf, full)
+            if use_warp_map:
+                plgpu.warp_map(f)
+            else:
+                @pl.core_map(plgpu.WarpMesh(axis_name="w"))
+                def _() -> None:
+                    f(jax.lax.axis_index("w"))
+
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        pl.run_scoped(functools.partial(body, x_ref, o_ref), plgpu.SMEM(x.shape, x.dtype),
+                      plgpu.Barrier(num_arrivals=1), collective_axes="wg")
+
+    return plgpu.kernel(kernel, out_type=S(x.shape, x.dtype), num_threads=2, thread_name="wg",
+                        backend=backend)(x)  # type: ignore[no-any-return]
+
+
+def test_warp_map_is_core_map_over_a_warp_mesh() -> None:
+    x = _rand((64, 64), 11)
+    np.testing.assert_array_equal(_warp_handoff(x, "interpret", True), x)
+    np.testing.assert_array_equal(_warp_handoff(x, "interpret", False), x)
+    for use in (True, False):
+        text = jax.jit(functools.partial(_warp_handoff, backend="mosaic_gpu",
+                                         use_warp_map=use)).trace(x).lower(
+            lowering_platforms=("cuda",)).as_text()
+        assert len(inspection.kernels(text)) == 1
+
+
+@pytest.mark.parametrize("wait_n", [0, 1, None])
+def test_wgmma_accumulator_load_reads_the_product(wait_n: Any) -> None:
+    keys = jax.random.split(jax.random.key(12))
+    a = jax.random.normal(keys[0], (64, 64), jnp.float16)
+    b = jax.random.normal(keys[1], (64, 128), jnp.float16)
+
+    @functools.partial(plgpu.kernel, out_type=S((64, 128), jnp.float32), backend="interpret",
+                       scratch_shapes=[plgpu.ACC((64, 128), jnp.float32)])
+    def kernel(a_ref: Any, b_ref: Any, o_ref: Any, acc: Any) -> None:
+        def scope(a_smem: Any, b_smem: Any, bar: Any) -> None:
+            plgpu.copy_gmem_to_smem(a_ref, a_smem, bar)
+            plgpu.copy_gmem_to_smem(b_ref, b_smem, bar)
+            plgpu.barrier_wait(bar)
+            plgpu.wgmma(acc, a_smem, b_smem)
+            o_ref[...] = plgpu.wgmma_accumulator_load(acc, wait_n=wait_n)
+
+        pl.run_scoped(scope, plgpu.SMEM(a.shape, a.dtype), plgpu.SMEM(b.shape, b.dtype),
+                      plgpu.Barrier(num_arrivals=2))
+
+    want = jnp.dot(a.astype(jnp.float32), b.astype(jnp.float32))
+    np.testing.assert_allclose(kernel(a, b), want, rtol=1e-2, atol=1e-2)
+    with pytest.raises(pl.PallasError, match="wait_n"):
+        plgpu.wgmma_accumulator_load(None, wait_n=-1)
