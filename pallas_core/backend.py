@@ -46,7 +46,8 @@ primitives ``get_p``, ``swap_p``, ``addupdate_p``, ``broadcast_to_p``; ``Effect`
 ``register_side_effect``; ``discharge_state``, ``discharge_rules_wrapped``,
 :func:`ref_and_transforms`; ``run_state_p`` (``pl.run_state``'s primitive),
 ``make_ref_aval`` and ``register_initial_ref`` (a backend's own kind of initial Ref value,
-such as an accumulator).
+such as an accumulator); :class:`Indices` (a copy's gather/scatter index vector with a value to
+skip, ``plsc.Indices``).
 
 **Emitting a call**: ``emit_custom_call``, ``manual_axes``, ``make_ir_context``,
 ``assume_device``, ``assumed_device`` (the chip a trace or lowering is for where no device
