@@ -44,6 +44,7 @@ from pallas_sparsecore.primitives import (
 from pallas_sparsecore.shared import (
     Indices,
     SparseCorePushStreamWarning,
+    fetch_and_add,
     slice_subcore_vmem_from_shared,
 )
 
@@ -53,4 +54,5 @@ __all__ = ["__version__", "addupdate", "addupdate_compressed", "addupdate_scatte
            "PackFormat", "parallel_loop", "ScalarSubcoreMesh", "scan_count", "SCCompilerParams",
            "sort_key_val", "SparseCoreInfo", "store_compressed", "store_scatter",
            "subcore_barrier", "SubcoreMesh", "unpack", "VectorSubcoreMesh", "VMEM_SHARED"]
-__all__ += ["Indices", "SparseCorePushStreamWarning", "slice_subcore_vmem_from_shared"]
+__all__ += ["Indices", "SparseCorePushStreamWarning", "fetch_and_add",
+            "slice_subcore_vmem_from_shared"]

@@ -32,8 +32,8 @@ from pallas_core.errors import PallasError
 from pallas_core.request import KernelCall
 from pallas_core.spec import ANY
 from pallas_sparsecore import primitives as sc
+from pallas_sparsecore import shared
 from pallas_sparsecore.params import NAME, VMEM_SHARED, SCCompilerParams
-from pallas_sparsecore.shared import SparseCorePushStreamWarning
 
 RULES = mlir_lowering.Rules(tl.lowering_rules())
 """Mosaic TPU's rules, then the SparseCore rules below (read it through :func:`lowering_rules`)."""
@@ -250,7 +250,7 @@ def _copy_start(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
                 "plsc: the destination semaphore of a push stream (a copy from a vector "
                 "subcore's VMEM to HBM, shared VMEM or SMEM, or from shared VMEM to SMEM) is "
                 "ignored; wait() already waits for the stream.",
-                SparseCorePushStreamWarning, stacklevel=2)
+                shared.SparseCorePushStreamWarning, stacklevel=2)
         tpu.EnqueueDMAOp(src, dst, target_semaphore=sem)
     else:
         offsets, skip = indirect
@@ -332,6 +332,17 @@ def _addupdate(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
     rank = len(ir.MemRefType(ref.type).shape)
     tpu.VectorStoreOp(x, ref, _zeros(rank), [], add=True)
     return []
+
+
+@rule(shared.fetch_and_add_p)
+def _fetch_and_add(lowering: Lowering, eqn: Any, *args: Any) -> ir.Value:
+    tree = eqn.params["tree"]
+    transforms = jax.tree_util.tree_unflatten(tree, list(args[1:1 + tree.num_leaves]))
+    view = tl._view(lowering, args[0], transforms[0])
+    value, subcore = args[-2], args[-1]
+    rank = len(ir.MemRefType(view.type).shape)
+    zeros = [mir.constant(0, np.int32) for _ in range(rank)]
+    return tpu.fetch_and_add_sync(view, zeros, value, subcore)
 
 
 _SIGN = 0x80000000

@@ -174,3 +174,48 @@ def test_indices_lower_with_the_offset_filter(ignored: int | None) -> None:
     assert len(ops) == 2
     for op in ops:  # JAX passes the ignored value as the DMA's offset filter
         assert ("offset_filter(%c-1_i32" in op) == (ignored == -1), op
+
+
+def _fetch_adds(other: bool = False, interpret: bool = True):  # type: ignore[no-untyped-def]
+    """Subcore s starts its SMEM counter at 10 * s, adds s + 1 twice with fetch_and_add (to
+    its own counter, or with ``other`` to the next subcore's) and writes what each add
+    returned and the final count."""
+    def fn(x):  # type: ignore[no-untyped-def]
+        @pl.kernel(out_type=jax.ShapeDtypeStruct((4, L), jnp.int32), mesh=_mesh(4),
+                   interpret=interpret,
+                   scratch_types=[pltpu.SMEM((1,), jnp.int32), pltpu.VMEM((L,), jnp.int32)])
+        def k(x_hbm, o_hbm, counter, row):  # type: ignore[no-untyped-def]
+            s = lax.axis_index("s")
+            counter[0] = s * 10
+            plsc.subcore_barrier()
+            target = (s + 1) % 4 if other else s
+            first = plsc.fetch_and_add(counter, s + 1, subcore_id=target)
+            second = plsc.fetch_and_add(counter.at[0], s + 1, subcore_id=target)
+            lanes = lax.broadcasted_iota(jnp.int32, (L,), 0)
+            row[...] = jnp.where(lanes == 0, first, jnp.where(lanes == 1, second, counter[0]))
+            pltpu.sync_copy(row, o_hbm.at[s])
+        return k(x)
+    return fn
+
+
+def test_fetch_and_add_on_the_own_subcore_matches_numpy() -> None:
+    got = np.asarray(_fetch_adds()(jnp.zeros((4,), jnp.int32)))
+    s = np.arange(4)
+    np.testing.assert_array_equal(got[:, 0], 10 * s)
+    np.testing.assert_array_equal(got[:, 1], 10 * s + s + 1)
+    np.testing.assert_array_equal(got[:, 2], 10 * s + 2 * (s + 1))
+
+
+def test_fetch_and_add_to_another_subcore_is_refused_by_the_interpreter() -> None:
+    with pytest.raises(pl.PallasError, match="from subcore 0 to subcore 1"):
+        jax.block_until_ready(_fetch_adds(other=True)(jnp.zeros((4,), jnp.int32)))
+
+
+def test_fetch_and_add_lowers_as_jax() -> None:
+    from pallas_mosaic_tpu import inspection
+    text = jax.jit(_fetch_adds(other=True, interpret=False)).trace(
+        jnp.zeros((4,), jnp.int32)).lower(lowering_platforms=("tpu",)).as_text()
+    (_, module), = inspection.kernels(text)
+    assert str(module).count("tpu.fetch_and_add_sync") == 2
+    with pytest.raises(pl.PallasError, match="fetch_and_add"):
+        jax.jit(lambda x: plsc.fetch_and_add(x, 1, subcore_id=0)).trace(jnp.zeros(2))
