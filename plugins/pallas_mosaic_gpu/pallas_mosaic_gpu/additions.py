@@ -240,7 +240,9 @@ def warp_map(f: Callable[[jax.Array], Any], /) -> Any:
     over a ``plgpu.WarpMesh`` of a fresh axis name. As there, a warp holds scalars and Refs
     and ``f`` returns nothing."""
     mesh = WarpMesh(axis_name=f"_warp_map_{next(_WARP_AXES)}")
-    return pl.core_map(mesh)(lambda: f(jax.lax.axis_index(mesh.axis_name)))
+    # pl.core_map takes any mesh with map_inside_kernel (WarpMesh is one), not only pl.Mesh.
+    return pl.core_map(mesh)(  # type: ignore[arg-type]
+        lambda: f(jax.lax.axis_index(mesh.axis_name)))
 
 
 def wgmma_accumulator_load(acc: Any, *, wait_n: int | None = 0) -> jax.Array:
