@@ -740,6 +740,15 @@ def jit_keyed_setting(name: str, default: Any = None) -> Any:
                                      include_in_trace_context=True)
 
 
+def pallas_use_mosaic_gpu() -> bool:
+    """JAX's ``jax_pallas_use_mosaic_gpu`` setting: whether a ``pallas_call`` lowered for
+    ``cuda`` with neither a backend nor compiler parameters goes to Mosaic GPU (``True``, the
+    default of JAX 0.10, the one version that has the setting) or to Triton. JAX 0.11 and 0.12
+    dropped the setting and always chooses Triton, so without it the answer is ``False``."""
+    setting = getattr(_config, "jax_pallas_use_mosaic_gpu", None)
+    return bool(setting.value) if setting is not None else False
+
+
 def lowering_platforms(ctx: Any) -> tuple[str, ...]:
     """The platforms a lowering rule is lowering for (``cpu``, ``cuda``, ``tpu``, ...)."""
     platforms = ctx.platforms if ctx.platforms is not None else ctx.module_context.platforms
@@ -769,6 +778,9 @@ def chip_answers(device_kind: str, platform: str, num_cores: int = 1) -> Iterato
     functions in different modules)."""
     from jax._src.mesh import get_abstract_mesh
 
+    previous = _ASSUMED_DEVICES.swap_local(
+        (*[d for d in _ASSUMED_DEVICES.value if d[0] != platform],
+         (platform, device_kind, num_cores)))
     patched = []
     for module_name in (("jax._src.tpu_info", "jax._src.pallas.mosaic.tpu_info")
                         if platform == "tpu" else ()):
@@ -791,6 +803,31 @@ def chip_answers(device_kind: str, platform: str, num_cores: int = 1) -> Iterato
     finally:
         for module, attr, asked in reversed(patched):
             setattr(module, attr, asked)
+        _ASSUMED_DEVICES.set_local(previous)
+
+
+_ASSUMED_DEVICES = jit_keyed_setting("pallas_assumed_devices", ())
+"""``(platform, device_kind, num_cores)`` of each device :func:`chip_answers` holds; in
+``jax.jit``'s cache key, so code traced for one chip is traced again for another."""
+
+
+def assumed_device(platform: str) -> tuple[str, int] | None:
+    """``(device_kind, num_cores)`` of the device JAX is told it compiles for on ``platform``
+    (inside :func:`chip_answers` or :func:`assume_device`: ``pl.emulate``, ``pl.stages`` with a
+    target, a kernel traced for a hardware backend with none attached), or ``None``."""
+    for held, kind, cores in _ASSUMED_DEVICES.value:
+        if held == platform:
+            return kind, cores
+    return None
+
+
+@functools.cache
+def platform_attached(platform: str) -> bool:
+    """Whether a device of ``platform`` (``"tpu"``, ``"cuda"``, ...) is attached."""
+    try:
+        return bool(jax.devices(platform))
+    except RuntimeError:
+        return False
 
 
 def jax_lowering_rule_names(backend: str) -> dict[str, frozenset[str]]:

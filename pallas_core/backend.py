@@ -46,10 +46,14 @@ primitives ``get_p``, ``swap_p``, ``addupdate_p``, ``broadcast_to_p``; ``Effect`
 ``register_side_effect``; ``discharge_state``, ``discharge_rules_wrapped``,
 :func:`ref_and_transforms`; ``run_state_p`` (``pl.run_state``'s primitive),
 ``make_ref_aval`` and ``register_initial_ref`` (a backend's own kind of initial Ref value,
-such as an accumulator).
+such as an accumulator); :class:`Indices` (a copy's gather/scatter index vector with a value to
+skip, ``plsc.Indices``).
 
 **Emitting a call**: ``emit_custom_call``, ``manual_axes``, ``make_ir_context``,
-``assume_device``, ``mosaic_serde_version``; ``jax_lowering_rule_names`` (JAX's own rule
+``assume_device``, ``assumed_device`` (the chip a trace or lowering is for where no device
+of the platform is attached: what ``pltpu.get_tpu_info()`` answers for),
+``mosaic_serde_version``; ``pallas_use_mosaic_gpu`` (JAX's choice between the two GPU
+backends, for ``BackendInfo.default_priority``); ``jax_lowering_rule_names`` (JAX's own rule
 registries, for parity tests).
 """
 
@@ -78,6 +82,7 @@ from pallas_core._jax import (
     WriteEffect,
     addupdate_p,
     assume_device,
+    assumed_device,
     axis_index_p,
     broadcast_to_p,
     cond_p,
@@ -96,6 +101,7 @@ from pallas_core._jax import (
     make_ref_aval,
     manual_axes,
     mosaic_serde_version,
+    pallas_use_mosaic_gpu,
     ref_type_of,
     register_initial_ref,
     register_side_effect,
@@ -113,6 +119,7 @@ from pallas_core._jax import (
     while_p,
     written_invars,
 )
+from pallas_core.copies import Indices
 from pallas_core.emulation.call import EmulatedCall
 from pallas_core.errors import PallasError, UnsupportedError, unsupported
 from pallas_core.grid_mapping import BlockMapping, GridMapping
@@ -158,7 +165,7 @@ def remote_view(ref: Any, device_id: Any,
 __all__ = [
     # the contract
     "Backend", "BackendInfo", "BlockMapping", "CompilerParams", "EmulatedCall", "GridMapping",
-    "KernelCall", "LoweringRequest", "MemorySpace", "PallasError", "UnsupportedError",
+    "Indices", "KernelCall", "LoweringRequest", "MemorySpace", "PallasError", "UnsupportedError",
     "hookimpl", "register_backend", "unsupported",
     # reference semantics
     "PrimitiveSemantics", "ReferenceContext", "SemanticsRules", "evaluate", "find_eqn",
@@ -178,6 +185,6 @@ __all__ = [
     "make_ref_aval", "ref_and_transforms", "ref_type_of", "register_initial_ref",
     "register_side_effect", "run_state_p", "shape_after_transforms", "swap_p",
     # emitting a call
-    "assume_device", "emit_custom_call", "jax_lowering_rule_names", "make_ir_context",
-    "manual_axes", "mosaic_serde_version",
+    "assume_device", "assumed_device", "emit_custom_call", "jax_lowering_rule_names",
+    "make_ir_context", "manual_axes", "mosaic_serde_version", "pallas_use_mosaic_gpu",
 ]

@@ -18,6 +18,7 @@ import numpy as np
 from pallas_core import _jax, autodiff, batching, bounds
 from pallas_core import grid_mapping as gmap
 from pallas_core import primitives as prims
+from pallas_core.chips import target_chip
 from pallas_core.errors import (
     ArgumentError,
     BlockSpecError,
@@ -467,20 +468,14 @@ def pallas_call(
                 flat_args[i] = jnp.asarray(a)
         spec_tree = jax.tree_util.tree_structure(args[grid_spec.num_scalar_prefetch:])
         prefetch_tree = jax.tree_util.tree_structure(tuple(args[:grid_spec.num_scalar_prefetch]))
-        gm = _make_grid_mapping(grid_spec, flat_args, spec_tree, out_leaves, out_tree, kernel,
-                                kernel_name, grid_names, _grid_names is not None, prefetch_tree)
-        _check_not_empty(gm, kernel_name)
-        scratch_tree = gmap.scratch_leaves(grid_spec.scratch_shapes)[1]
-        scratch = jax.tree_util.tree_unflatten(scratch_tree, gm.scratch_avals)
-        names, keywords = _top_level_names(args, out_shape, scratch)
-        _check_kernel_signature(kernel, names, kernel_name, keywords)
-        _check_aliases(aliases, flat_args, out_leaves, kernel_name)
-        # An interpreter told to read outside arrays as uninitialized memory (JAX's
-        # out_of_bounds_reads="uninitialized") reads input blocks outside theirs.
-        lenient = "uninitialized" in (getattr(mode, "out_of_bounds_reads", None),
-                                      getattr(compiler_params, "out_of_bounds_reads", None))
-        gmap.check_index_maps_in_bounds(gm, kernel_name, inputs=not lenient)
-        jaxpr, gm = trace_kernel(kernel, gm, in_tree, out_tree, kernel_name, scratch_tree)
+        # Index maps and body are traced for the chosen backend's chip (pallas_core.chips).
+        with target_chip(chosen, keep_assumed=True):
+            gm = _make_grid_mapping(grid_spec, flat_args, spec_tree, out_leaves, out_tree,
+                                    kernel, kernel_name, grid_names, _grid_names is not None,
+                                    prefetch_tree)
+            jaxpr, gm = _trace_checked(kernel, gm, grid_spec, args, out_shape, out_leaves,
+                                       in_tree, out_tree, kernel_name, aliases, flat_args, mode,
+                                       compiler_params)
         if not _bounds_checked_when_run(mode, compiler_params):
             bounds.check_constant_indices(jaxpr.jaxpr, kernel_name)
         call = KernelCall(
@@ -518,6 +513,25 @@ def pallas_call(
     # such as jax.vmap copy attributes, and jax.make_jaxpr would call them on unbatched code).
     run._cache_size = jitted._cache_size  # type: ignore[attr-defined]
     return run
+
+
+def _trace_checked(kernel: Callable[..., Any], gm: gmap.GridMapping, grid_spec: GridSpec,
+                   args: Sequence[Any], out_shape: Any, out_leaves: Sequence[Any], in_tree: Any,
+                   out_tree: Any, kernel_name: str, aliases: Sequence[tuple[int, int]],
+                   flat_args: Sequence[Any], mode: Any, compiler_params: Any) -> Any:
+    """The kernel's signature, aliases and index maps checked, then its body traced."""
+    _check_not_empty(gm, kernel_name)
+    scratch_tree = gmap.scratch_leaves(grid_spec.scratch_shapes)[1]
+    scratch = jax.tree_util.tree_unflatten(scratch_tree, gm.scratch_avals)
+    names, keywords = _top_level_names(args, out_shape, scratch)
+    _check_kernel_signature(kernel, names, kernel_name, keywords)
+    _check_aliases(aliases, flat_args, out_leaves, kernel_name)
+    # An interpreter told to read outside arrays as uninitialized memory (JAX's
+    # out_of_bounds_reads="uninitialized") reads input blocks outside theirs.
+    lenient = "uninitialized" in (getattr(mode, "out_of_bounds_reads", None),
+                                  getattr(compiler_params, "out_of_bounds_reads", None))
+    gmap.check_index_maps_in_bounds(gm, kernel_name, inputs=not lenient)
+    return trace_kernel(kernel, gm, in_tree, out_tree, kernel_name, scratch_tree)
 
 
 def _normalize_aliases(aliases: Mapping[Any, Any] | None,

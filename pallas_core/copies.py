@@ -42,6 +42,18 @@ copy_wait_p.multiple_results = True
 _SRC, _DST, _SEM, _SEND = 0, 1, 2, 3
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Indices:
+    """Index values for a gather or scatter copy (``table.at[Indices(idx_ref)]`` as a copy's
+    source or destination; ``values``: an int32 vector or a Ref of one), skipping those equal
+    to ``ignored_value`` when it is not ``None``: a gather leaves the destination rows of
+    skipped indices as they were, a scatter does not write them (``plsc.Indices``)."""
+
+    values: Any
+    ignored_value: int | None = dataclasses.field(default=None, metadata={"static": True})
+
+
 def _ref_effects(*avals: Any, roles: tuple[int, ...], **_: Any) -> Any:
     n_refs = max(roles) + 1
     return [], {e for i in range(n_refs) for e in (_jax.ReadEffect(i), _jax.WriteEffect(i))}
@@ -68,11 +80,17 @@ def _read_ref_indices(transforms: tuple[Any, ...]) -> tuple[Any, ...]:
     out = []
     for t in transforms:
         indices = getattr(t, "indices", None)
-        if indices is not None and any(_is_ref(i) for i in indices):
-            indices = tuple(i[...] if _is_ref(i) else i for i in indices)
+        if indices is not None and any(_is_ref(i) or isinstance(i, Indices) for i in indices):
+            indices = tuple(_read_index(i) for i in indices)
             t = _jax.NDIndexer(indices, t.shape, t.int_indexer_shape)
         out.append(t)
     return tuple(out)
+
+
+def _read_index(i: Any) -> Any:
+    if isinstance(i, Indices):
+        return Indices(_read_index(i.values), i.ignored_value)
+    return i[...] if _is_ref(i) else i
 
 
 def _split(ref_view: Any, fn: str) -> tuple[Any, tuple[Any, ...]]:
@@ -344,11 +362,62 @@ def _copy_wait_discharge(in_avals: Any, out_avals: Any, *args: Any, tree: Any,
     semantics.check_wait(count, 1, f"the {kind} semaphore of an async copy")
     state.write(_SEM, count - 1)
     if kind == "local":
-        if add:
+        if _skipping(state.transforms[_SRC]) or _skipping(state.transforms[_DST]):
+            _copy_skipping(state, add)
+        elif add:
             state.add(_DST, state.read(_SRC))
         else:
             state.write(_DST, state.read(_SRC))
     return state.new_values(), []
+
+
+def _skipping(transforms: Any) -> bool:
+    return any(isinstance(i, Indices) for t in transforms for i in getattr(t, "indices", ()))
+
+
+def _gather_rows(state: RefViews, role: int) -> tuple[Any, Any] | None:
+    """``(index vector, skipped mask)`` where view ``role`` is ``ref.at[Indices(...)]`` over
+    whole trailing dimensions (``None`` for a plain view); other uses of Indices are refused."""
+    t = state.transforms[role]
+    if not _skipping(t):
+        return None
+    shape = state.values[state.roles[role]].shape
+    if len(t) != 1 or not isinstance(t[0].indices[0], Indices) or not _scatter_form(
+            _jax.NDIndexer((t[0].indices[0].values, *t[0].indices[1:]), t[0].shape,
+                           t[0].int_indexer_shape), shape):
+        raise UnsupportedError(
+            "a copy through Indices that index other than the leading dimension, or that the "
+            "view slices further: Indices select whole rows. Fix: index as "
+            "ref.at[plsc.Indices(idx)] and slice the other side of the copy instead.")
+    idx = t[0].indices[0]
+    values = jax.numpy.asarray(idx.values, jax.numpy.int32)
+    skipped = (values == idx.ignored_value if idx.ignored_value is not None
+               else jax.numpy.zeros(values.shape, bool))
+    return values, skipped
+
+
+def _copy_skipping(state: RefViews, add: bool) -> None:
+    """A local gather or scatter copy whose Indices skip some rows."""
+    src, dst = _gather_rows(state, _SRC), _gather_rows(state, _DST)
+    if src is not None and dst is not None:
+        raise UnsupportedError("a copy that gathers and scatters at once. Fix: gather into a "
+                               "buffer, then scatter from it.")
+    if src is not None:  # gather: skipped rows leave the destination as it was
+        values, skipped = src
+        table = state.values[state.roles[_SRC]]
+        rows = table[jax.numpy.clip(values, 0, table.shape[0] - 1)]
+        old = state.read(_DST)
+        keep = skipped.reshape(skipped.shape + (1,) * (rows.ndim - 1))
+        new = (old + rows.astype(old.dtype)) if add else rows.astype(old.dtype)
+        state.write(_DST, jax.numpy.where(keep, old, new))
+        return
+    values, skipped = dst  # type: ignore[misc]
+    table = state.values[state.roles[_DST]]
+    target = jax.numpy.where(skipped, table.shape[0], values)  # out of range: dropped
+    data = state.read(_SRC).astype(table.dtype)
+    ref = state.roles[_DST]
+    state.values[ref] = (table.at[target].add(data, mode="drop") if add
+                         else table.at[target].set(data, mode="drop"))
 
 
 SEMANTICS: tuple[semantics.PrimitiveSemantics, ...] = (

@@ -23,7 +23,7 @@ import os
 import threading
 import traceback
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pluggy
@@ -65,6 +65,11 @@ class BackendInfo:
     compiler_params_type: type | None = None
     default_for: tuple[str, ...] = ()
     """Platforms on which it is chosen when the user names no backend."""
+    default_priority: Callable[[str], int] | None = None
+    """Where several loaded backends name a platform in ``default_for``, the one whose
+    ``default_priority(platform)`` is highest is chosen (``None`` counts as 0; ties go to the
+    first name alphabetically). Asked each time a backend is chosen, so it may follow a setting
+    (Mosaic GPU and Triton follow JAX's ``jax_pallas_use_mosaic_gpu`` on ``cuda``)."""
     capabilities: frozenset[str] = frozenset()
     """Free-form feature names; the core reads ``foreign_memory_spaces`` (the backend runs
     kernels whose Refs live in other backends' memory spaces, as the interpreter does), and
@@ -325,10 +330,12 @@ class PluginManager:
         return backend if isinstance(backend, str) else None
 
     def default_for_platform(self, platform: str) -> str:
-        """The backend used on ``platform`` when the user chose none."""
-        for name, b in sorted(self.backends().items()):
-            if platform in b.info.default_for:
-                return name
+        """The backend used on ``platform`` when the user chose none: of the loaded backends
+        whose ``default_for`` names it, the one of highest ``default_priority``."""
+        candidates = [(-_priority(b.info, platform), name)
+                      for name, b in self.backends().items() if platform in b.info.default_for]
+        if candidates:
+            return min(candidates)[1]
         skipped = ", ".join(f"{n} ({reason})" for n, reason in sorted(self.skipped().items()))
         skipped = f" Installed but not loaded: {skipped}." if skipped else ""
         raise BackendNotFoundError(
@@ -337,6 +344,10 @@ class PluginManager:
             "backend=NAME, install a backend for this platform (e.g. `pip install "
             "pallas-interpret`), or unset the environment variable that keeps it from loading."
         )
+
+
+def _priority(info: BackendInfo, platform: str) -> int:
+    return 0 if info.default_priority is None else int(info.default_priority(platform))
 
 
 def _names(value: str) -> set[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 import jax
 
 from pallas_core.call import pallas_call_p, resolve_backend, validate
+from pallas_core.chips import backend_of_target, target_chip
 from pallas_core.errors import UnsupportedError
 from pallas_core.plugins import manager
 from pallas_core.reference import sub_jaxprs
@@ -69,22 +71,41 @@ def stages(fn: Callable[..., Any], *args: Any, backend: str | None = None,
     whole program lowered for the backend's platform, ``rocm`` for an AMD ``gfx*`` target, which
     carries the kernel's custom call; made when first read), then its backend's stages.
     """
-    closed = jax.make_jaxpr(lambda *a: fn(*a, **kwargs))(*args)
     chosen = resolve_backend(backend, None, False) if backend is not None else None
+    # Chip queries (pltpu.get_tpu_info(), ...) answer for the target while the function is
+    # traced and its stages made, where no such device is attached (pallas_core.chips).
+    owner = chosen or (backend_of_target(target) if target is not None else None)
+
+    def for_target() -> contextlib.AbstractContextManager[Any]:
+        return target_chip(owner, target)
+
+    with for_target():
+        closed = jax.make_jaxpr(lambda *a: fn(*a, **kwargs))(*args)
     programs: dict[str, str] = {}
 
     def stablehlo(platform: str) -> str:
         if platform not in programs:
-            traced = jax.jit(lambda *a: fn(*a, **kwargs)).trace(*args)
-            programs[platform] = traced.lower(lowering_platforms=(platform,)).as_text()
+            with for_target():
+                traced = jax.jit(lambda *a: fn(*a, **kwargs)).trace(*args)
+                programs[platform] = traced.lower(lowering_platforms=(platform,)).as_text()
         return programs[platform]
+
+    def made_for_target(stage: Any) -> Any:
+        if not callable(stage):
+            return stage
+
+        def make() -> Any:
+            with for_target():
+                return stage()
+        return make
 
     result = []
     for call in kernel_calls(closed.jaxpr):
         name = (chosen or call.backend
                 or manager.default_for_platform(jax.default_backend()))
         validate(call, name)
-        found = manager.call_hook(name, "pallas_stages", call=call, target=target)
+        with for_target():
+            found = manager.call_hook(name, "pallas_stages", call=call, target=target)
         if found is None:
             raise UnsupportedError(
                 f"backend {name!r} does not report compilation stages (its plugin has no "
@@ -95,5 +116,6 @@ def stages(fn: Callable[..., Any], *args: Any, backend: str | None = None,
         gfx = target is not None and target.startswith("gfx") and "rocm" in platforms
         platform = "rocm" if gfx else platforms[0]
         result.append(KernelStages(call.name, name, _LazyStages({
-            "jaxpr": str(call.jaxpr), "stablehlo": lambda p=platform: stablehlo(p), **found})))
+            "jaxpr": str(call.jaxpr), "stablehlo": lambda p=platform: stablehlo(p),
+            **{k: made_for_target(v) for k, v in found.items()}})))
     return result

@@ -8,6 +8,29 @@ when they use TMEM and tcgen05, and emitted as the
 
 from __future__ import annotations
 
+from pallas_mosaic_gpu.additions import (
+    InterpretGPUParams,
+    MemorySpace,
+    SemaphoreSignal,
+    async_prefetch,
+    barrier_arrive_and_wait,
+    force_gpu_interpret_mode,
+    griddepcontrol_launch_dependents,
+    griddepcontrol_wait,
+    max,
+    min,
+    mma,
+    prod,
+    semaphore_signal,
+    semaphore_signal_parallel,
+    semaphore_wait,
+    set_gpu_interpret_mode,
+    store,
+    sum,
+    wait_gmem_to_smem,
+    warp_map,
+    wgmma_accumulator_load,
+)
 from pallas_mosaic_gpu.blackwell import (
     async_load_tmem,
     async_store_tmem,
@@ -103,3 +126,10 @@ __all__ += ["dynamic_scheduling_loop", "query_cluster_cancel", "try_cluster_canc
 __all__ += ["multimem_load_reduce", "multimem_store", "remote_ref", "SemaphoreType",
             "semaphore_signal_multicast"]
 __all__ += ["ClusterBarrier", "CopyPartition"]
+__all__ += ["barrier_arrive_and_wait", "force_gpu_interpret_mode", "InterpretGPUParams", "max",
+            "min", "mma", "prod", "set_gpu_interpret_mode", "store", "sum", "wait_gmem_to_smem"]
+__all__ += ["async_prefetch", "griddepcontrol_launch_dependents", "griddepcontrol_wait",
+            "semaphore_signal", "semaphore_wait"]
+__all__ += ["SemaphoreSignal", "semaphore_signal_parallel"]
+__all__ += ["MemorySpace"]
+__all__ += ["warp_map", "wgmma_accumulator_load"]

@@ -6,7 +6,7 @@ import types
 from collections.abc import Mapping
 from typing import Any
 
-from pallas_core.backend import RuleTable
+from pallas_core.backend import RuleTable, pallas_use_mosaic_gpu
 from pallas_core.hookspecs import hookimpl
 from pallas_core.plugins import BackendInfo
 from pallas_core.request import KernelCall, LoweringRequest
@@ -42,8 +42,14 @@ def lowering_rules() -> RuleTable:
 @hookimpl
 def pallas_describe() -> BackendInfo:
     return BackendInfo(name=NAME, version=__version__, platforms=("cuda",),
-                       compiler_params_type=GPUCompilerParams, default_for=(),
+                       compiler_params_type=GPUCompilerParams, default_for=("cuda",),
+                       default_priority=_default_priority,
                        package="pallas-mosaic-gpu", capabilities=frozenset())
+
+
+def _default_priority(platform: str) -> int:
+    # Ahead of Triton (priority 0) on cuda where JAX's jax_pallas_use_mosaic_gpu says so.
+    return 1 if pallas_use_mosaic_gpu() else -1
 
 
 @hookimpl

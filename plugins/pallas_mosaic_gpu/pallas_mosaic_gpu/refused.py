@@ -41,11 +41,6 @@ _WARPS = ("this backend runs code per warpgroup (lane semantics); warpgroups spe
           "branch on lax.axis_index of the thread axis for per-warpgroup work, use "
           "plgpu.emit_pipeline_warp_specialized, or pl.core_map over plgpu.WarpMesh for "
           "per-warp work")
-_HINT = ("only timing depends on it, and this backend does not emit it", "drop the call")
-
-_CORE = "this backend takes the core's name (import pallas_core as pl)"
-_INTERPRET = ("the interpreter is a backend of its own here", "pass backend='interpret' (and "
-              "compiler_params=pallas_interpret.InterpretParams(...) for its options)")
 
 # name: (what it is in JAX, (why, fix)): the "refused" rows of docs/backends/mosaic_gpu_api.md,
 # and its "core" and "not applicable" rows, whose fix names the equivalent.
@@ -53,32 +48,17 @@ REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
     "as_torch_kernel": ("makes a kernel callable on PyTorch tensors",
                         ("kernels here take and return JAX arrays",
                          "exchange tensors with PyTorch through jax.dlpack")),
-    "force_gpu_interpret_mode": ("runs GPU kernels in JAX's interpreter", _INTERPRET),
-    "InterpretGPUParams": ("options of JAX's GPU interpreter", _INTERPRET),
-    "MemorySpace": ("the GPU memory spaces", (_CORE, "use plgpu.GMEM, plgpu.SMEM or plgpu.TMEM "
-                                              "(instances of pl.MemorySpace)")),
-    "set_gpu_interpret_mode": ("makes JAX interpret GPU kernels from then on", _INTERPRET),
-    "wait_gmem_to_smem": ("waits for pre-Hopper cp.async copies",
-                          ("plgpu.copy_gmem_to_smem is a TMA copy completing a barrier here",
-                           "wait with plgpu.barrier_wait(barrier)")),
     "async_copy_scales_to_tmem": ("copies block-scaling factors from SMEM to TMEM", _BLACKWELL),
     "async_copy_smem_to_tmem": ("copies an SMEM buffer into TMEM", _BLACKWELL),
     "async_copy_sparse_metadata_to_tmem": ("copies sparsity metadata to TMEM", _BLACKWELL),
-    "async_prefetch": ("prefetches a GMEM Ref into the L2 cache", _HINT),
     "async_store_smem": ("stores into the SMEM of another block of the cluster", _CLUSTER),
     "barrier_test": ("tests a barrier's phase without blocking",
                      ("barriers here are only waited for", "use plgpu.barrier_wait")),
     "cluster_ref": ("a view of an SMEM buffer in another block of the cluster", _CLUSTER),
     "format_tcgen05_sparse_metadata": ("orders sparsity metadata for tcgen05_mma", _BLACKWELL),
-    "griddepcontrol_launch_dependents": ("lets the next kernel start early (programmatic "
-                                         "dependent launch)", _HINT),
-    "griddepcontrol_wait": ("waits for the kernel this one depends on (programmatic "
-                            "dependent launch); kernels here run one after another", _HINT),
     "inline_mgpu": ("inlines code written against the Mosaic GPU library",
                     ("kernels cannot hold code written for jax.experimental.mosaic.gpu",
                      "write the operation with plgpu and jax.numpy")),
-    "mma": ("acc + a @ b with pre-Hopper MMA instructions",
-            ("this backend targets Hopper's wgmma", "write jnp.dot or plgpu.wgmma")),
     "multicast_ref": ("a Ref whose writes reach every device along mesh axes", _DEVICES),
     "OOBFillMode": ("what out-of-bounds elements of a TMA load become",
                     ("out-of-bounds elements of a TMA load are zeros here; no mode can be "
@@ -99,10 +79,6 @@ REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
              ("arrays are plain values here and accumulators are allocated with plgpu.ACC",
               "use plgpu.ACC((M, N), dtype) for a wgmma accumulator")),
     "Replicated": ("a replicated dimension of a register layout", _LAYOUTS),
-    "semaphore_signal": ("increments a GPU semaphore", _DEVICES),
-    "semaphore_signal_parallel": ("issues several semaphore signals", _DEVICES),
-    "semaphore_wait": ("waits for a GPU semaphore", _DEVICES),
-    "SemaphoreSignal": ("one signal for semaphore_signal_parallel", _DEVICES),
     "Tiling": ("a tiling expression of a register layout", _LAYOUTS),
     "TMEMLayout": ("layouts of TMEM buffers", _BLACKWELL),
     "TraceScope": ("what the in-kernel profiler records",
@@ -110,11 +86,6 @@ REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
                     "profile the whole kernel with jax.profiler")),
     "Transform": ("the base class of Ref transforms", _TRANSFORMS),
     "transform_ref": ("applies a Ref transform", _TRANSFORMS),
-    "warp_map": ("runs a function once per warp of the warpgroup", _WARPS),
-    "wgmma_accumulator_load": (
-        "reads an accumulator once at most n wgmma are pending",
-        ("an accumulator is read after all pending wgmma here",
-         "call plgpu.wgmma_wait(n), then read acc_ref[...]")),
     "WGMMAAccumulatorRef": ("JAX's accumulator class",
                             ("plgpu.ACC((M, N)) returns a scratch description here, not an "
                              "instance of a class",

@@ -2,8 +2,9 @@
 
 The figures are per TensorCore, as in ``jax.experimental.pallas.tpu``: multiply by
 ``num_cores`` for a whole logical device. ``get_tpu_info()`` asks JAX which device is in use
-(the abstract mesh's device when one is set, else the default device); on a machine without a
-TPU it raises, and ``get_tpu_info_for_chip`` gives the facts of a named chip instead.
+(the abstract mesh's device when one is set, else the chip a kernel is traced, staged or
+emulated for, else the default device); outside any kernel on a machine without a TPU it
+raises, and ``get_tpu_info_for_chip`` gives the facts of a named chip instead.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from pallas_core.backend import assumed_device
 from pallas_core.errors import PallasError
 
 _KiB, _MiB = 1024, 1024 * 1024
@@ -225,8 +227,16 @@ def get_tpu_info_for_chip(chip_version: ChipVersion,
 
 
 def _current_device() -> tuple[str, int | None]:
+    """The abstract mesh's device, else the chip a trace or lowering is for where no TPU is
+    attached (``pl.stages``/``pl.emulate``'s target, a kernel traced for Mosaic TPU), else
+    JAX's default device."""
     abstract = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
-    device = abstract if abstract else jax.devices()[0]
+    if abstract:
+        return abstract.device_kind, getattr(abstract, "num_cores", None)
+    assumed = assumed_device("tpu")
+    if assumed is not None:
+        return assumed
+    device = jax.devices()[0]
     return device.device_kind, getattr(device, "num_cores", None)
 
 
@@ -236,7 +246,9 @@ def is_tpu_device() -> bool:
 
 
 def get_tpu_info() -> TpuInfo:
-    """The facts of the TPU JAX runs on (the abstract mesh's device, else the default one)."""
+    """The facts of the TPU JAX compiles for: the abstract mesh's device, else the target chip
+    of the kernel being traced, staged or emulated where no TPU is attached (the ``target=`` of
+    ``pl.stages``/``pl.emulate``, else Mosaic TPU's default, v5e), else the default device."""
     kind, cores = _current_device()
     chip = chip_version_from_device_kind(kind)
     if chip is None:

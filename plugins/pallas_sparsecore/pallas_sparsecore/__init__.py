@@ -41,6 +41,12 @@ from pallas_sparsecore.primitives import (
     subcore_barrier,
     unpack,
 )
+from pallas_sparsecore.shared import (
+    Indices,
+    SparseCorePushStreamWarning,
+    fetch_and_add,
+    slice_subcore_vmem_from_shared,
+)
 
 __all__ = ["__version__", "addupdate", "addupdate_compressed", "addupdate_scatter",
            "all_reduce_ffs", "all_reduce_population_count", "bitcast", "CompilerParams",
@@ -48,3 +54,5 @@ __all__ = ["__version__", "addupdate", "addupdate_compressed", "addupdate_scatte
            "PackFormat", "parallel_loop", "ScalarSubcoreMesh", "scan_count", "SCCompilerParams",
            "sort_key_val", "SparseCoreInfo", "store_compressed", "store_scatter",
            "subcore_barrier", "SubcoreMesh", "unpack", "VectorSubcoreMesh", "VMEM_SHARED"]
+__all__ += ["Indices", "SparseCorePushStreamWarning", "fetch_and_add",
+            "slice_subcore_vmem_from_shared"]

@@ -12,6 +12,7 @@ and writes, gather/scatter DMAs and the SparseCore primitives have rules here.
 from __future__ import annotations
 
 import types
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -31,6 +32,7 @@ from pallas_core.errors import PallasError
 from pallas_core.request import KernelCall
 from pallas_core.spec import ANY
 from pallas_sparsecore import primitives as sc
+from pallas_sparsecore import shared
 from pallas_sparsecore.params import NAME, VMEM_SHARED, SCCompilerParams
 
 RULES = mlir_lowering.Rules(tl.lowering_rules())
@@ -174,12 +176,17 @@ def _swap(lowering: Lowering, eqn: Any, ref: ir.Value, value: ir.Value, *args: A
 
 
 def _indirect_split(lowering: Lowering, ref: ir.Value, transforms: Sequence[Any]
-                    ) -> tuple[ir.Value, ir.Value] | None:
-    """``(base memref, offsets vector)`` when the view indexes its leading dimension with a
-    vector, else ``None``."""
+                    ) -> tuple[ir.Value, ir.Value, int | None] | None:
+    """``(base memref, offsets vector, the offset to skip)`` when the view indexes its leading
+    dimension with a vector (``plsc.Indices`` give the offset to skip), else ``None``."""
     if len(transforms) != 1:
         return None
-    indices = getattr(transforms[0], "indices", ())
+    indices = list(getattr(transforms[0], "indices", ()))
+    skip = None
+    if any(isinstance(i, plb.Indices) for i in indices[1:]):
+        raise lowering.fail("plsc.Indices past the leading dimension of a copy's view")
+    if indices and isinstance(indices[0], plb.Indices):
+        skip, indices[0] = indices[0].ignored_value, indices[0].values
     if not indices or not (isinstance(indices[0], ir.Value) and mir.shape_of(indices[0])):
         return None
     shape = ir.MemRefType(ref.type).shape
@@ -188,7 +195,7 @@ def _indirect_split(lowering: Lowering, ref: ir.Value, transforms: Sequence[Any]
                 and i.size == d):
             raise lowering.fail("a gather or scatter DMA that also slices the trailing "
                                 "dimensions (index the leading dimension only)")
-    return ref, _offsets_memref(indices[0])
+    return ref, _offsets_memref(indices[0]), skip
 
 
 def _offsets_memref(offsets: ir.Value) -> ir.Value:
@@ -217,30 +224,46 @@ def _copy_views(lowering: Lowering, eqn: Any, args: Sequence[Any]) -> Any:
     views = [src_ind[0] if src_ind else tl._view(lowering, refs[0], transforms[0]),
              dst_ind[0] if dst_ind else tl._view(lowering, refs[1], transforms[1]),
              tl._view(lowering, refs[2], transforms[2])]
-    offsets = src_ind[1] if src_ind else (dst_ind[1] if dst_ind else None)
-    return views, offsets
+    found = src_ind or dst_ind
+    return views, (found[1:] if found else None)
+
+
+def _is_push_stream(kernel_type: str, src: str, dst: str) -> bool:
+    """Whether a local copy from ``src`` to ``dst`` (memory space names) is a push stream."""
+    if src == "vmem_shared" and dst == "smem":
+        return True
+    return kernel_type == "vector" and src == "vmem" and dst != "vmem"
 
 
 @rule(copies.copy_start_p)
 def _copy_start(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
     if eqn.params["remote"]:
         raise lowering.fail("a remote copy from a SparseCore")
-    (src, dst, sem), offsets = _copy_views(lowering, eqn, args)
+    (src, dst, sem), indirect = _copy_views(lowering, eqn, args)
     add = bool(eqn.params.get("add"))
-    if offsets is None:
+    if indirect is None:
         if add:
             raise lowering.fail("an adding copy (add=True) without an index vector (SparseCore "
                                 "DMAs add only when they scatter or gather)")
+        if _is_push_stream(params_of(lowering.call).kernel_type, _space(src), _space(dst)):
+            warnings.warn(
+                "plsc: the destination semaphore of a push stream (a copy from a vector "
+                "subcore's VMEM to HBM, shared VMEM or SMEM, or from shared VMEM to SMEM) is "
+                "ignored; wait() already waits for the stream.",
+                shared.SparseCorePushStreamWarning, stacklevel=2)
         tpu.EnqueueDMAOp(src, dst, target_semaphore=sem)
     else:
-        tpu.EnqueueIndirectDMAOp(src, dst, offsets, sem, add=add)
+        offsets, skip = indirect
+        # plsc.Indices(ignored_value=v): the DMA engine skips the offsets equal to v.
+        skipped = None if skip is None else mir.constant(skip, np.int32)
+        tpu.EnqueueIndirectDMAOp(src, dst, offsets, sem, add=add, offset_filter=skipped)
     return []
 
 
 @rule(copies.copy_wait_p)
 def _copy_wait(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
-    (src, dst, sem), offsets = _copy_views(lowering, eqn, args)
-    if offsets is None:
+    (src, dst, sem), indirect = _copy_views(lowering, eqn, args)
+    if indirect is None:
         tpu.WaitDMA2Op(sem, src, dst)
     else:
         tpu.WaitIndirectDMAOp(sem, src, dst)
@@ -309,6 +332,17 @@ def _addupdate(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
     rank = len(ir.MemRefType(ref.type).shape)
     tpu.VectorStoreOp(x, ref, _zeros(rank), [], add=True)
     return []
+
+
+@rule(shared.fetch_and_add_p)
+def _fetch_and_add(lowering: Lowering, eqn: Any, *args: Any) -> ir.Value:
+    tree = eqn.params["tree"]
+    transforms = jax.tree_util.tree_unflatten(tree, list(args[1:1 + tree.num_leaves]))
+    view = tl._view(lowering, args[0], transforms[0])
+    value, subcore = args[-2], args[-1]
+    rank = len(ir.MemRefType(view.type).shape)
+    zeros = [mir.constant(0, np.int32) for _ in range(rank)]
+    return tpu.fetch_and_add_sync(view, zeros, value, subcore)
 
 
 _SIGN = 0x80000000

@@ -17,7 +17,7 @@ from pallas_core.hookspecs import hookimpl
 from pallas_core.plugins import BackendInfo
 from pallas_core.request import KernelCall, LoweringRequest
 from pallas_core.spec import ANY
-from pallas_sparsecore import lowering, primitives, validation
+from pallas_sparsecore import lowering, primitives, shared, validation
 from pallas_sparsecore.params import CHIPS, NAME, VMEM_SHARED, SCCompilerParams
 
 __version__ = "0.1.0"
@@ -58,7 +58,7 @@ def pallas_memory_spaces() -> Any:
 
 @hookimpl
 def pallas_primitives() -> Any:
-    return primitives.SEMANTICS
+    return primitives.SEMANTICS + shared.SEMANTICS
 
 
 @hookimpl

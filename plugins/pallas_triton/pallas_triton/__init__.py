@@ -20,8 +20,15 @@ from pallas_core import (
     atomic_xor,
     dot,
 )
+from pallas_triton.gpu_info import (
+    GpuInfo,
+    GpuVersion,
+    get_gpu_info,
+    get_gpu_info_from_version,
+    is_gpu_device,
+)
 from pallas_triton.params import TritonParams
-from pallas_triton.plugin import __version__
+from pallas_triton.plugin import CUSTOM_CALL_TARGET, __version__
 from pallas_triton.primitives import (
     approx_tanh,
     debug_barrier,
@@ -33,7 +40,12 @@ from pallas_triton.primitives import (
 
 CompilerParams = TritonParams
 
-__all__ = ["CompilerParams", "TritonParams", "__version__", "approx_tanh", "atomic_add",
+CUSTOM_CALL_TARGET_NAME = CUSTOM_CALL_TARGET
+"""The custom call target of the calls this backend emits (XLA's Triton call)."""
+
+__all__ = ["CUSTOM_CALL_TARGET_NAME", "CompilerParams", "GpuInfo", "GpuVersion", "TritonParams",
+           "__version__", "approx_tanh", "atomic_add",
            "atomic_and", "atomic_cas", "atomic_max", "atomic_min", "atomic_or", "atomic_xchg",
-           "atomic_xor", "debug_barrier", "dot", "elementwise_inline_asm", "load",
+           "atomic_xor", "debug_barrier", "dot", "elementwise_inline_asm", "get_gpu_info",
+           "get_gpu_info_from_version", "is_gpu_device", "load",
            "max_contiguous", "store"]
