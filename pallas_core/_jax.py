@@ -16,7 +16,7 @@ import inspect
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 from jax._src import ad_checkpoint as _ad_checkpoint
@@ -54,7 +54,7 @@ source_info_util.register_exclusion(os.path.dirname(os.path.abspath(__file__)))
 
 # --- versions ---------------------------------------------------------------------------
 JAX_VERSION: tuple[int, int, int] = tuple(  # type: ignore[assignment]
-    (int(p) if p.isdigit() else 0) for p in (jax.__version__.split(".") + ["0", "0"])[:3])
+    (int(p) if p.isdigit() else 0) for p in [*jax.__version__.split("."), "0", "0"][:3])
 """The installed JAX's (major, minor, patch)."""
 NEWEST_TESTED_JAX = (0, 12)
 """The newest JAX minor release this version of pallas is tested with; a newer one works
@@ -78,7 +78,13 @@ def warn_if_untested_jax() -> None:
 # --- core types -------------------------------------------------------------------------
 Primitive = core.Primitive
 Jaxpr = core.Jaxpr
-ClosedJaxpr = getattr(core, "ClosedJaxpr", core.Jaxpr)
+if TYPE_CHECKING:
+    # JAX 0.10/0.11's ``core.ClosedJaxpr``, a jaxpr with its constants; JAX 0.12 merged it into
+    # ``core.Jaxpr`` (a ``Jaxpr`` with its constants attached). Untyped: the two differ.
+    ClosedJaxpr = Any
+else:
+    ClosedJaxpr = getattr(core, "ClosedJaxpr", core.Jaxpr)
+_CLOSED_JAXPR: type[Any] = getattr(core, "ClosedJaxpr", core.Jaxpr)
 Literal = core.Literal
 ShapedArray = core.ShapedArray
 Effect = effects.Effect
@@ -107,7 +113,7 @@ def is_ref_effect(effect: Any) -> bool:
     """Whether ``effect`` is a read, write or accumulation of a Ref (not an outside effect)."""
     return isinstance(effect, state_types.RefEffect)
 
-NDIndexer = state_indexing.NDIndexer
+NDIndexer: type[Any] = state_indexing.NDIndexer  # abstract in JAX 0.12's annotations
 BitcastTransform = state_types.BitcastTransform
 """``ref.bitcast(dtype)``: a view of a Ref's bits as another dtype."""
 ReshapeTransform = state_types.ReshapeTransform
@@ -234,7 +240,8 @@ def peer_view(ref: Any, device_id: Sequence[Any], mesh_coordinates: bool) -> Any
     else:
         base, transforms = ref, ()
     return state_types.TransformedRef(
-        base, (*transforms, PeerRefTransform(tuple(device_id), mesh_coordinates)))
+        base, (*transforms, PeerRefTransform(  # type: ignore[abstract]
+            tuple(device_id), mesh_coordinates)))
 
 
 def _refuse_peer_views(transforms: Sequence[Any]) -> None:
@@ -333,7 +340,7 @@ def _adds_as_lax_add(jaxpr: Jaxpr) -> Jaxpr:
     ``lax.add`` (the same on arrays of one type), nested jaxprs included, so that backends
     lower derivative kernels with their ordinary rules."""
     def sub(value: Any) -> Any:
-        if isinstance(value, ClosedJaxpr):
+        if isinstance(value, _CLOSED_JAXPR):
             return ClosedJaxpr(_adds_as_lax_add(value.jaxpr), value.consts)
         if isinstance(value, core.Jaxpr):
             return _adds_as_lax_add(value)
@@ -937,7 +944,7 @@ def sub_jaxprs(params: Any) -> list[Jaxpr]:
     found = []
     for value in params.values():
         for v in value if isinstance(value, (tuple, list)) else (value,):
-            if isinstance(v, ClosedJaxpr):
+            if isinstance(v, _CLOSED_JAXPR):
                 found.append(v.jaxpr)
             elif isinstance(v, core.Jaxpr):
                 found.append(v)
@@ -948,7 +955,7 @@ def _rewrite_param(value: Any, replace: Callable[[Any, list[Any]], list[Any] | N
                    touches: Callable[[Jaxpr], bool]) -> Any:
     if isinstance(value, (tuple, list)):
         return type(value)(_rewrite_param(v, replace, touches) for v in value)
-    if isinstance(value, ClosedJaxpr):
+    if isinstance(value, _CLOSED_JAXPR):
         if not touches(value.jaxpr):
             return value
         return _retrace(value.jaxpr, value.consts, value.in_avals, replace, touches)

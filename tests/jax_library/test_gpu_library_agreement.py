@@ -25,7 +25,6 @@ import jax.numpy as jnp
 import pytest
 
 from pallas_core import _jax
-
 from tests.jax_library import porting
 from tests.jax_library import test_gpu_library as library
 

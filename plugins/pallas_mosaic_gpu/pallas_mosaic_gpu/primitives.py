@@ -324,7 +324,7 @@ def _copy_in_cross(in_avals: Any, out_avals: Any, *args: Any, stacked: Any, mark
     mine = jnp.stack(issued)[block]
     met = jnp.all(jnp.stack([i >= mine for i in issued]))
     views[0].write(_BARRIER, views[0].read(_BARRIER) + jnp.where(met, 1, 0))
-    new_marks = [None] * len(marks)
+    new_marks: list[Any] = [None] * len(marks)
     new_marks[bar] = jnp.stack([t.values[bar] for t in tallies])
     return cluster.restack(state, stacked, views), new_marks, []
 

@@ -182,7 +182,7 @@ class Launch:
         if a.size == 0:
             return []
         ids = ((a + _HALF) >> _SHIFT) - 1
-        lo, hi = int(ids.min()), int(ids.max())
+        lo, hi = int(np.min(ids)), int(np.max(ids))
         groups = [(lo, None)] if lo == hi else [(b, ids == b) for b in np.unique(ids).tolist()]
         item = np.dtype(dtype).itemsize
         out = []
@@ -353,7 +353,7 @@ def _atomic(launch: Launch, op: ir.Operation, ptr: Any, mask: np.ndarray | None,
             first = np.maximum.accumulate(np.where(starts, np.arange(ranked.size), 0))
             rank = np.empty(ranked.size, np.int64)
             rank[order] = np.arange(ranked.size) - first
-            for r in range(int(rank.max()) + 1):
+            for r in range(int(np.max(rank)) + 1):
                 sel = rank == r
                 idx, lanes = acc.index[sel], acc.lanes[sel]
                 old = view[idx].copy()
