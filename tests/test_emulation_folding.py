@@ -383,7 +383,9 @@ _CMPF = ["false", "oeq", "ogt", "oge", "olt", "ole", "one", "ord", "ueq", "ugt",
          "ule", "une", "uno", "true"]
 _FLOAT_BINARY = ["arith.addf", "arith.subf", "arith.mulf", "arith.divf", "arith.remf",
                  "arith.maximumf", "arith.minimumf", "arith.maxnumf", "arith.minnumf",
-                 "math.powf", "math.atan2", "math.copysign"]
+                 "math.powf", "math.atan2", "math.copysign",
+                 # IEEE 754-2019's maximumNumber/minimumNumber, in the MLIR of JAX 0.12 on.
+                 *(op for op in ("arith.maximumnumf", "arith.minimumnumf") if op in RULES)]
 _FLOAT_UNARY = ["arith.negf", "math.absf", "math.ceil", "math.floor", "math.trunc",
                 "math.roundeven", "math.round", "arith.flush_denormals",
                 *(f"math.{n}" for n in _TRANSCENDENTAL)]

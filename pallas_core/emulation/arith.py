@@ -26,6 +26,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import arith as arith_dialect
 
 from pallas_core.emulation.machine import Compiler, Rule
 from pallas_core.emulation.types import (
@@ -553,5 +554,11 @@ RULES: dict[str, Rule] = {
     "math.isfinite": lambda c, op: np.isfinite,
     "math.isnormal": _isnormal, "math.clampf": _clampf, "math.sincos": _sincos,
 }
+# IEEE 754-2019 maximumNumber/minimumNumber: like maxnumf/minnumf (a NaN operand gives the
+# other operand) on the quiet NaNs that numpy makes. The arith dialect has them from the MLIR of
+# JAX 0.12 on, so the rules exist where the dialect does.
+if hasattr(arith_dialect, "MaximumNumFOp"):
+    RULES["arith.maximumnumf"] = _max_min_f(True, False)
+    RULES["arith.minimumnumf"] = _max_min_f(False, False)
 RULES = {name: rule if name == "arith.constant" else _quiet(rule) for name, rule in RULES.items()}
 """``arith`` and ``math`` operation name -> rule."""
