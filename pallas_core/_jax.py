@@ -127,6 +127,40 @@ addupdate_p = state_primitives.addupdate_p
 broadcast_to_p = state_primitives.broadcast_to_p
 """JAX's equal-rank broadcast, which indexing a Ref with several index arrays binds."""
 get_ref_and_transforms = state_primitives.get_ref_and_transforms
+_UNVALIDATED = threading.Lock()
+
+
+def get_ref_and_transforms_past_the_end(ref: Any, idx: Any, fn: str) -> tuple[Any, Any]:
+    """:func:`get_ref_and_transforms` for a masked access, whose static slices may run past the
+    Ref's end (the mask keeps the lanes past it from being touched, as Triton's masked loads
+    and JAX's Triton kernels rely on). JAX checks static slices when it builds the indexer
+    (JAX 0.10 skipped a start of 0; 0.11 on check it too): here the check is skipped."""
+    try:
+        return get_ref_and_transforms(ref, idx, fn)  # type: ignore[no-any-return]
+    except ValueError as e:
+        if not out_of_bound_slice(e):
+            raise
+        refused = e
+    indexer = state_indexing.NDIndexer
+    checked = indexer.__post_init__
+
+    def unchecked(self: Any) -> None:
+        object.__setattr__(self, "validate", False)
+        checked(self)
+
+    with _UNVALIDATED:
+        indexer.__post_init__ = unchecked  # type: ignore[method-assign]
+        try:
+            found, transforms = get_ref_and_transforms(ref, idx, fn)
+        finally:
+            indexer.__post_init__ = checked  # type: ignore[method-assign]
+    last = transforms[-1] if transforms else None
+    if isinstance(last, indexer):  # a start past the end is refused still
+        for i, size in zip(last.indices, last.shape):
+            start = core.to_concrete_value(i.start) if isinstance(i, Slice) else None
+            if start is not None and isinstance(size, int) and start >= size:
+                raise refused
+    return found, transforms
 transform_array = state_discharge.transform_array
 transform_swap_array = state_discharge.transform_swap_array
 run_state = state_discharge.run_state

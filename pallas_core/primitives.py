@@ -218,19 +218,22 @@ def _is_ref(value: Any) -> bool:
 # --- memory access -------------------------------------------------------------------------
 
 
-def _ref_and_transforms(ref: Any, idx: Any, fn: str) -> tuple[Any, tuple[Any, ...]]:
+def _ref_and_transforms(ref: Any, idx: Any, fn: str,
+                        masked: bool = False) -> tuple[Any, tuple[Any, ...]]:
     if isinstance(idx, list):
         idx = tuple(idx)
+    get = _jax.get_ref_and_transforms_past_the_end if masked else _jax.get_ref_and_transforms
     try:
-        return _jax.get_ref_and_transforms(ref, idx, fn)  # type: ignore[no-any-return]
+        return get(ref, idx, fn)  # type: ignore[no-any-return]
     except (ValueError, TypeError) as e:
         if _jax.out_of_bound_slice(e):
             raise  # reported with the kernel's name and the line by the kernel's trace
         raise PallasError(f"pl.{fn}: {e}") from e
 
 
-def _flat_access(ref: Any, idx: Any, fn: str) -> tuple[Any, list[Any], Any, Any]:
-    ref, transforms = _ref_and_transforms(ref, idx, fn)
+def _flat_access(ref: Any, idx: Any, fn: str,
+                 masked: bool = False) -> tuple[Any, list[Any], Any, Any]:
+    ref, transforms = _ref_and_transforms(ref, idx, fn, masked)
     flat, tree = jax.tree_util.tree_flatten(transforms)
     out_aval = _jax.shape_after_transforms(_jax.ref_type_of(ref), transforms)
     return ref, flat, tree, out_aval
@@ -284,7 +287,7 @@ def load(ref: Any, idx: Any = ..., *, mask: Any = None, other: Any = None) -> ja
         r, transforms = _ref_and_transforms(ref, idx, "load")
         return _jax.get_p.bind(r, *jax.tree_util.tree_leaves(transforms),  # type: ignore[no-any-return]
                                tree=jax.tree_util.tree_structure(transforms))
-    r, flat, tree, aval = _flat_access(ref, idx, "load")
+    r, flat, tree, aval = _flat_access(ref, idx, "load", masked=True)
     mask = _broadcast_like(mask, aval, "mask", "load").astype(jnp.bool_)
     args = [*flat, mask]
     if other is not None:
@@ -294,7 +297,7 @@ def load(ref: Any, idx: Any = ..., *, mask: Any = None, other: Any = None) -> ja
 
 def swap(ref: Any, idx: Any, val: Any, *, mask: Any = None) -> jax.Array:
     """Writes ``val`` to ``ref[idx]`` (only where ``mask``) and returns the old contents."""
-    r, flat, tree, aval = _flat_access(ref, idx, "swap")
+    r, flat, tree, aval = _flat_access(ref, idx, "swap", masked=mask is not None)
     val = _broadcast_like(val, aval, "value", "swap").astype(aval.dtype)
     if mask is None:
         return _jax.swap_p.bind(r, val, *flat, tree=tree)  # type: ignore[no-any-return]
