@@ -8,7 +8,9 @@ Lowering needs no TPU: ``jax.jit(f).trace(*a).lower(lowering_platforms=("tpu",))
 from __future__ import annotations
 
 from pallas_core.copies import async_copy, make_async_copy, make_async_remote_copy
+from pallas_core.extras import reciprocal
 from pallas_core.spec import ANY
+from pallas_mosaic_tpu import core
 from pallas_mosaic_tpu.helpers import (
     CoreType,
     TensorCoreMesh,
@@ -23,22 +25,34 @@ from pallas_mosaic_tpu.interpret import (
     reset_tpu_interpret_mode_state,
     set_tpu_interpret_mode,
 )
+from pallas_mosaic_tpu.lowering import LoweringException
+from pallas_mosaic_tpu.memory import (
+    annotate,
+    has_memory_space,
+    trace_value,
+    with_memory_space_constraint,
+)
 from pallas_mosaic_tpu.params import (
     ARBITRARY,
+    CMEM,
     CORE_PARALLEL,
     DMA_SEMAPHORE,
     HBM,
     PARALLEL,
     SEMAPHORE,
     SMEM,
+    SUBCORE_PARALLEL,
     VMEM,
+    VMEM_SHARED,
     GridDimensionSemantics,
+    MemorySpace,
     PrefetchScalarGridSpec,
     SemaphoreType,
     SideEffectType,
     TPUCompilerParams,
     async_remote_copy,
     create_tensorcore_mesh,
+    dma_semaphore,
     get_barrier_semaphore,
     sync_copy,
 )
@@ -81,4 +95,7 @@ __all__ = ["__version__", "ANY", "ARBITRARY", "async_copy", "async_remote_copy",
            "ChipVersion", "CoreType", "core_barrier", "einshape", "get_tpu_info",
            "get_tpu_info_for_chip", "is_tpu_device", "run_on_first_core", "TensorCoreMesh",
            "Tiling", "TpuInfo", "stateful_bernoulli", "stateful_bits", "stateful_normal",
-           "stateful_uniform", "touch"]
+           "stateful_uniform", "touch",
+           "annotate", "CMEM", "core", "dma_semaphore", "has_memory_space", "LoweringException",
+           "MemorySpace", "reciprocal", "SUBCORE_PARALLEL", "trace_value", "VMEM_SHARED",
+           "with_memory_space_constraint"]

@@ -31,13 +31,21 @@ from jaxlib.mosaic.python import tpu
 from pallas_core import backend as plb
 from pallas_core import copies, extras, mlir_lowering, mlir_rules
 from pallas_core import primitives as prims
-from pallas_core.errors import PallasError, UnsupportedError
+from pallas_core.errors import LoweringError, PallasError, UnsupportedError
 from pallas_core.grid_mapping import BlockMapping
 from pallas_core.mlir_lowering import LoweringState
 from pallas_core.request import KernelCall
-from pallas_core.spec import BARRIER_SEMAPHORE
+from pallas_core.spec import BARRIER_SEMAPHORE, HOST
 from pallas_mosaic_tpu import ir as mir
-from pallas_mosaic_tpu.params import DMA_SEMAPHORE, HBM, SEMAPHORE, SMEM, TPUCompilerParams
+from pallas_mosaic_tpu.params import (
+    CMEM,
+    DMA_SEMAPHORE,
+    HBM,
+    SEMAPHORE,
+    SMEM,
+    VMEM_SHARED,
+    TPUCompilerParams,
+)
 
 
 @dataclasses.dataclass
@@ -56,6 +64,28 @@ class Lowering(LoweringState):
 Rule = mlir_lowering.Rule
 
 
+class LoweringException(LoweringError):  # noqa: N818 (JAX's name)
+    """What lowering a kernel for Mosaic TPU raises when it fails (JAX's
+    ``pltpu.LoweringException``). The error keeps its own kind too: an unsupported primitive
+    is both a ``LoweringException`` and a ``pl.UnsupportedError``."""
+
+
+_KINDS: dict[type, type] = {}
+
+
+def as_lowering_exception(error: PallasError) -> PallasError:
+    """``error`` as a :class:`LoweringException` of its own kind (same message)."""
+    if isinstance(error, LoweringException):
+        return error
+    kind = _KINDS.get(type(error))
+    if kind is None:
+        kind = _KINDS[type(error)] = type(type(error).__name__, (type(error), LoweringException),
+                                          {"__module__": type(error).__module__})
+    converted = kind(*error.args)
+    converted.__cause__ = error.__cause__
+    return converted  # type: ignore[no-any-return]
+
+
 DIALECT = mlir_rules.Dialect(
     constant=mir.constant, broadcast_to=mir.broadcast_to, value_type=mir.value_type,
     lower_jaxpr=lambda *a: lower_jaxpr(*a), reduce=lambda *a: _reduce(*a))
@@ -70,6 +100,10 @@ def _space(bm: BlockMapping, prefetch: bool) -> str:
         return "smem"
     if bm.memory_space is HBM:
         return "hbm"
+    if bm.memory_space is HOST:
+        return "host"
+    if bm.memory_space is CMEM or bm.memory_space is VMEM_SHARED:
+        return str(bm.memory_space.value)
     return "any" if bm.is_whole_array else "vmem"
 
 
@@ -79,7 +113,8 @@ def _scratch_type(shape: Sequence[int], dtype: Any, space: Any) -> ir.Type:
         kind = "dma_semaphore" if space is DMA_SEMAPHORE else "semaphore"
         return ir.MemRefType.get(list(shape), ir.Type.parse(f"!tpu.{kind}"),
                                  memory_space=mir.memory_space("semaphore_mem"))
-    return mir.memref(shape, dtype, {SMEM: "smem", HBM: "hbm"}.get(space, "vmem"))
+    names = {SMEM: "smem", HBM: "hbm", CMEM: "cmem", VMEM_SHARED: "vmem_shared", HOST: "host"}
+    return mir.memref(shape, dtype, names.get(space, "vmem"))
 
 
 def lower_kernel(call: KernelCall, mesh_axes: tuple[tuple[str, int], ...] = ()
