@@ -11,6 +11,15 @@ from pallas_core.copies import async_copy, make_async_copy, make_async_remote_co
 from pallas_core.extras import reciprocal
 from pallas_core.spec import ANY
 from pallas_mosaic_tpu import core
+from pallas_mosaic_tpu.elementwise import (
+    join_bits,
+    pack_elementwise,
+    pack_fp6,
+    split_bits,
+    stochastic_round,
+    unpack_elementwise,
+    unpack_fp6,
+)
 from pallas_mosaic_tpu.helpers import (
     CoreType,
     TensorCoreMesh,
@@ -98,4 +107,5 @@ __all__ = ["__version__", "ANY", "ARBITRARY", "async_copy", "async_remote_copy",
            "stateful_uniform", "touch",
            "annotate", "CMEM", "core", "dma_semaphore", "has_memory_space", "LoweringException",
            "MemorySpace", "reciprocal", "SUBCORE_PARALLEL", "trace_value", "VMEM_SHARED",
-           "with_memory_space_constraint"]
+           "with_memory_space_constraint", "join_bits", "pack_elementwise", "pack_fp6",
+           "split_bits", "stochastic_round", "unpack_elementwise", "unpack_fp6"]
