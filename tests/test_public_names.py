@@ -51,8 +51,6 @@ KNOWN_GAPS: dict[str, dict[str, str]] = {
         "matmul_pop": "hand-driven MXU; " + _TPU_LATER,
         "matmul_pop_fifo": "0.12 hand-driven MXU; " + _TPU_LATER,
         "matmul_push_rhs": "hand-driven MXU; " + _TPU_LATER,
-        "sample_block": _TPU_LATER,
-        "to_pallas_key": _TPU_LATER,
     },
     "jax.experimental.pallas.triton": {n: _TRITON_HELPER for n in (
         "CUSTOM_CALL_TARGET_NAME", "GpuInfo", "GpuVersion", "get_gpu_info",

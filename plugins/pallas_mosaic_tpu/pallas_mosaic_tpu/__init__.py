@@ -77,10 +77,12 @@ from pallas_mosaic_tpu.primitives import (
     store,
 )
 from pallas_mosaic_tpu.stateful_random import (
+    sample_block,
     stateful_bernoulli,
     stateful_bits,
     stateful_normal,
     stateful_uniform,
+    to_pallas_key,
 )
 from pallas_mosaic_tpu.tpu_info import (
     ChipVersion,
@@ -108,4 +110,5 @@ __all__ = ["__version__", "ANY", "ARBITRARY", "async_copy", "async_remote_copy",
            "annotate", "CMEM", "core", "dma_semaphore", "has_memory_space", "LoweringException",
            "MemorySpace", "reciprocal", "SUBCORE_PARALLEL", "trace_value", "VMEM_SHARED",
            "with_memory_space_constraint", "join_bits", "pack_elementwise", "pack_fp6",
-           "split_bits", "stochastic_round", "unpack_elementwise", "unpack_fp6"]
+           "split_bits", "stochastic_round", "unpack_elementwise", "unpack_fp6",
+           "sample_block", "to_pallas_key"]

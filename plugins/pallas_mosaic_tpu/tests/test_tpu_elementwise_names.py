@@ -192,3 +192,42 @@ def test_fp6_split_layout_round_trips_and_join_bits_fills_low_bits() -> None:
 
     out = pl.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, jnp.int8), backend="interpret")(x)
     np.testing.assert_array_equal(out, x)
+
+
+# --- to_pallas_key / sample_block ----------------------------------------------------------
+
+
+def _sample(block: tuple[int, int], backend: str | None = "interpret") -> Any:
+    def kernel(k_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = pltpu.sample_block(jax.random.uniform, k_ref[...], block, (8, 128),
+                                        (16, 256))
+
+    return pl.pallas_call(kernel, jax.ShapeDtypeStruct((16, 256), jnp.float32),
+                          grid=(16 // block[0], 256 // block[1]),
+                          in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM)],
+                          out_specs=pl.BlockSpec(block, lambda i, j: (i, j)), backend=backend)
+
+
+def test_sample_block_is_the_same_whatever_the_block_shape() -> None:
+    key = pltpu.to_pallas_key(jax.random.key(int(RNG.integers(1 << 30))))
+    words = jax.random.key_data(key)
+    whole = _sample((16, 256))(words)
+    for block in [(16, 128), (8, 256), (8, 128)]:
+        np.testing.assert_array_equal(_sample(block)(words), whole)
+    # Each tile is the sampler's draw from the key folded with the tile's row-major index.
+    for t, (r, c) in enumerate([(0, 0), (0, 1), (1, 0), (1, 1)]):
+        tile = jax.random.uniform(jax.random.fold_in(key, t), (8, 128))
+        np.testing.assert_array_equal(whole[8 * r:8 * r + 8, 128 * c:128 * c + 128], tile)
+    assert 0.45 < float(whole.mean()) < 0.55
+    with pytest.raises(pl.PallasError):
+        jax.jit(_sample((8, 128), None)).trace(words).lower(lowering_platforms=("tpu",))
+
+
+def test_to_pallas_key_takes_typed_legacy_and_batched_keys() -> None:
+    typed, legacy = jax.random.key(7), jax.random.PRNGKey(7)
+    assert jnp.issubdtype(pltpu.to_pallas_key(typed).dtype, jax.dtypes.prng_key)
+    np.testing.assert_array_equal(jax.random.key_data(pltpu.to_pallas_key(legacy)),
+                                  jax.random.key_data(pltpu.to_pallas_key(typed)))
+    batched = pltpu.to_pallas_key(jax.random.split(typed, 3))
+    assert batched.shape == (3,)
+    assert len({tuple(np.asarray(jax.random.key_data(k))) for k in batched}) == 3
