@@ -39,13 +39,7 @@ KNOWN_GAPS: dict[str, dict[str, str]] = {
     },
     "jax.experimental.pallas.tpu": {
         "ACC": "MXU accumulator memory space (0.12); " + _TPU_LATER,
-        "BufferType": "pipeline buffer roles; " + _TPU_LATER,
-        "BufferedRef": "pipeline buffers for emit_pipeline_with_allocations; " + _TPU_LATER,
-        "BufferedRefBase": "deprecated base of BufferedRef; " + _TPU_LATER,
-        "PipelineStep": "0.12 pipeline step object; " + _TPU_LATER,
         "conv": "0.12 in-kernel convolution; " + _TPU_LATER,
-        "emit_pipeline_with_allocations": _TPU_LATER,
-        "emit_pipeline_with_async_prefetch": "0.12; " + _TPU_LATER,
         "matmul_acc_lhs": "hand-driven MXU; " + _TPU_LATER,
         "matmul_lhs_fifo": "0.12 hand-driven MXU; " + _TPU_LATER,
         "matmul_pop": "hand-driven MXU; " + _TPU_LATER,

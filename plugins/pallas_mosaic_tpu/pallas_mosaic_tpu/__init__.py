@@ -7,6 +7,8 @@ Lowering needs no TPU: ``jax.jit(f).trace(*a).lower(lowering_platforms=("tpu",))
 
 from __future__ import annotations
 
+from typing import Any
+
 from pallas_core.copies import async_copy, make_async_copy, make_async_remote_copy
 from pallas_core.extras import reciprocal
 from pallas_core.spec import ANY
@@ -65,7 +67,14 @@ from pallas_mosaic_tpu.params import (
     get_barrier_semaphore,
     sync_copy,
 )
-from pallas_mosaic_tpu.pipeline import emit_pipeline
+from pallas_mosaic_tpu.pipeline import (
+    BufferedRef,
+    BufferType,
+    PipelineStep,
+    emit_pipeline,
+    emit_pipeline_with_allocations,
+    emit_pipeline_with_async_prefetch,
+)
 from pallas_mosaic_tpu.plugin import __version__
 from pallas_mosaic_tpu.primitives import (
     bitcast,
@@ -111,4 +120,26 @@ __all__ = ["__version__", "ANY", "ARBITRARY", "async_copy", "async_remote_copy",
            "MemorySpace", "reciprocal", "SUBCORE_PARALLEL", "trace_value", "VMEM_SHARED",
            "with_memory_space_constraint", "join_bits", "pack_elementwise", "pack_fp6",
            "split_bits", "stochastic_round", "unpack_elementwise", "unpack_fp6",
-           "sample_block", "to_pallas_key"]
+           "sample_block", "to_pallas_key", "BufferedRef", "BufferType", "PipelineStep",
+           "emit_pipeline_with_allocations", "emit_pipeline_with_async_prefetch"]
+
+_DEPRECATED = {
+    "BufferedRefBase": "pltpu.BufferedRefBase is deprecated, as in JAX 0.12: it is internal to "
+                       "the pipelines. Fix: use pltpu.BufferedRef.",
+}
+"""Names that still work, with a ``DeprecationWarning`` saying what to write (as JAX warns)."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in _DEPRECATED:
+        import warnings
+
+        from pallas_mosaic_tpu import pipeline
+
+        warnings.warn(_DEPRECATED[name], DeprecationWarning, stacklevel=2)
+        return getattr(pipeline, name)
+    raise AttributeError(f"module 'pallas_mosaic_tpu' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_DEPRECATED})
