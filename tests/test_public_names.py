@@ -37,15 +37,7 @@ KNOWN_GAPS: dict[str, dict[str, str]] = {
                     "arrays in the grid mapping and the interpreter's block fetch; "
                     + _TPU_LATER,
     },
-    "jax.experimental.pallas.tpu": {
-        "ACC": "MXU accumulator memory space (0.12); " + _TPU_LATER,
-        "conv": "0.12 in-kernel convolution; " + _TPU_LATER,
-        "matmul_acc_lhs": "hand-driven MXU; " + _TPU_LATER,
-        "matmul_lhs_fifo": "0.12 hand-driven MXU; " + _TPU_LATER,
-        "matmul_pop": "hand-driven MXU; " + _TPU_LATER,
-        "matmul_pop_fifo": "0.12 hand-driven MXU; " + _TPU_LATER,
-        "matmul_push_rhs": "hand-driven MXU; " + _TPU_LATER,
-    },
+    "jax.experimental.pallas.tpu": {},
     "jax.experimental.pallas.triton": {n: _TRITON_HELPER for n in (
         "CUSTOM_CALL_TARGET_NAME", "GpuInfo", "GpuVersion", "get_gpu_info",
         "get_gpu_info_from_version", "is_gpu_device")},

@@ -43,6 +43,15 @@ from pallas_mosaic_tpu.memory import (
     trace_value,
     with_memory_space_constraint,
 )
+from pallas_mosaic_tpu.mxu import (
+    ACC,
+    conv,
+    matmul_acc_lhs,
+    matmul_lhs_fifo,
+    matmul_pop,
+    matmul_pop_fifo,
+    matmul_push_rhs,
+)
 from pallas_mosaic_tpu.params import (
     ARBITRARY,
     CMEM,
@@ -121,7 +130,9 @@ __all__ = ["__version__", "ANY", "ARBITRARY", "async_copy", "async_remote_copy",
            "with_memory_space_constraint", "join_bits", "pack_elementwise", "pack_fp6",
            "split_bits", "stochastic_round", "unpack_elementwise", "unpack_fp6",
            "sample_block", "to_pallas_key", "BufferedRef", "BufferType", "PipelineStep",
-           "emit_pipeline_with_allocations", "emit_pipeline_with_async_prefetch"]
+           "emit_pipeline_with_allocations", "emit_pipeline_with_async_prefetch", "ACC", "conv",
+           "matmul_acc_lhs", "matmul_lhs_fifo", "matmul_pop", "matmul_pop_fifo",
+           "matmul_push_rhs"]
 
 _DEPRECATED = {
     "BufferedRefBase": "pltpu.BufferedRefBase is deprecated, as in JAX 0.12: it is internal to "

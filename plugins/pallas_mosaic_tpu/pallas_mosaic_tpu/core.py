@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from pallas_mosaic_tpu.helpers import CoreType, TensorCoreMesh
+from pallas_mosaic_tpu.mxu import AccMemorySpace
 from pallas_mosaic_tpu.params import (
     ARBITRARY,
     CORE_PARALLEL,
@@ -21,7 +22,8 @@ from pallas_mosaic_tpu.params import (
 
 CompilerParams = TPUCompilerParams
 
-__all__ = ["ARBITRARY", "CompilerParams", "CORE_PARALLEL", "CoreType", "create_tensorcore_mesh",
+__all__ = ["AccMemorySpace", "ARBITRARY", "CompilerParams", "CORE_PARALLEL", "CoreType",
+           "create_tensorcore_mesh",
            "dma_semaphore", "GridDimensionSemantics", "MemorySpace", "PARALLEL",
            "PrefetchScalarGridSpec", "SemaphoreType", "SideEffectType", "SUBCORE_PARALLEL",
            "TensorCoreMesh"]
