@@ -253,12 +253,7 @@ def pallas_export_experimental(dynamic_shapes: bool) -> Iterator[None]:
 
 # --- names of jax.experimental.pallas not provided here -----------------------------------------
 
-NOT_PROVIDED: dict[str, str] = {
-    "Indirect": (
-        "a block dimension gathered (inputs) or scattered (outputs) through an array of "
-        "indices. Fix: pass the operand whole (memory_space=pl.ANY) and copy the rows with a "
-        "backend's gather/scatter copies (views indexed by an index Ref)."),
-}
+NOT_PROVIDED: dict[str, str] = {}
 """Names of ``jax.experimental.pallas`` that ``pallas_core`` lacks: what each is, and the fix."""
 
 

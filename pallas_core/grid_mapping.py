@@ -30,6 +30,7 @@ from pallas_core.spec import (
     BlockSpec,
     BoundedSlice,
     Element,
+    Indirect,
     MemorySpace,
     Squeezed,
     block_dim,
@@ -224,6 +225,12 @@ def _normalize_block_shape(spec: BlockSpec, shape: tuple[int, ...], origin: str,
         )
     out: list[BlockDim] = []
     for b in block:
+        if isinstance(b, Indirect):
+            raise UnsupportedError(
+                f"In kernel {kernel_name!r}, {origin} has block dimension {b!r} in block_shape "
+                f"{tuple(block)}: pallas_call does not gather blocks through index arrays. Fix: "
+                "pass the operand whole (memory_space=pl.ANY) and run pltpu.emit_pipeline with "
+                "this BlockSpec inside the kernel, or copy the rows with gather copies.")
         try:
             out.append(block_dim(b))
         except BlockSpecError:

@@ -170,8 +170,25 @@ class BoundedSlice:
         return f"BoundedSlice({self.block_size})"
 
 
-BlockDim = Blocked | Element | BoundedSlice | Squeezed
-"""One entry of a normalised block shape."""
+@dataclasses.dataclass(frozen=True)
+class Indirect:
+    """A block dimension of ``block_size`` elements picked by an array of indices: the index
+    map returns ``block_size`` integer indices for it (an array, or an array read from a
+    Ref), and the block holds those rows: a gather for inputs, a scatter for outputs
+    (``jax.experimental.pallas.Indirect``). Pipelines (``pltpu.emit_pipeline``) take it on
+    the leading dimension; ``pallas_call`` refuses it."""
+
+    block_size: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "block_size", _check_size("Indirect", self.block_size))
+
+    def __repr__(self) -> str:
+        return f"Indirect({self.block_size})"
+
+
+BlockDim = Blocked | Element | BoundedSlice | Squeezed | Indirect
+"""One entry of a normalised block shape (``pallas_call`` refuses ``Indirect``)."""
 
 
 def block_dim(entry: Any) -> BlockDim:

@@ -29,14 +29,9 @@ OURS = {
 _MGPU_HELPER = "being added by the Mosaic GPU helper of issue 28"
 _TRITON_HELPER = "being added by the Triton helper of issue 28"
 _SC_HELPER = "being added by the SparseCore helper of issue 28"
-_TPU_LATER = "issue 28, later groups: not yet written"
 
 KNOWN_GAPS: dict[str, dict[str, str]] = {
-    "jax.experimental.pallas": {
-        "Indirect": "block dimension gathered/scattered through an index array: needs index "
-                    "arrays in the grid mapping and the interpreter's block fetch; "
-                    + _TPU_LATER,
-    },
+    "jax.experimental.pallas": {},
     "jax.experimental.pallas.tpu": {},
     "jax.experimental.pallas.triton": {n: _TRITON_HELPER for n in (
         "CUSTOM_CALL_TARGET_NAME", "GpuInfo", "GpuVersion", "get_gpu_info",

@@ -33,7 +33,7 @@ from pallas_core import backend as plb
 from pallas_core import primitives as prims
 from pallas_core.copies import make_async_copy
 from pallas_core.errors import BlockSpecError, PallasError, UnsupportedError
-from pallas_core.spec import BlockSpec, plain_block_dim
+from pallas_core.spec import BlockSpec, Indirect, plain_block_dim
 from pallas_mosaic_tpu.params import PARALLEL, VMEM, GridDimensionSemantics, SemaphoreType
 from pallas_mosaic_tpu.validation import LANES, SUBLANES, tiled_block
 
@@ -55,11 +55,18 @@ class _Operand:
             raise BlockSpecError(
                 f"emit_pipeline {origin}: block shape {block} has {len(block)} dimensions but "
                 f"the Ref has shape {self.shape}. Fix: give one block size per dimension.")
-        sizes = [plain_block_dim(b, f"emit_pipeline {origin}") for b in block]
+        self.indirect = [isinstance(b, Indirect) for b in block]
+        if any(self.indirect[1:]):
+            raise UnsupportedError(
+                f"emit_pipeline {origin}: pl.Indirect in block_shape {block} beyond the leading "
+                "dimension; gathers and scatters go along the leading dimension only. Fix: "
+                "move the indexed dimension first.")
+        sizes = [b.block_size if isinstance(b, Indirect)
+                 else plain_block_dim(b, f"emit_pipeline {origin}") for b in block]
         self.squeezed = [b is None for b in sizes]
         self.block = tuple(1 if b is None else b for b in sizes)
         for d, (b, n) in enumerate(zip(self.block, self.shape)):
-            if n % b:
+            if n % b and not self.indirect[d]:
                 raise UnsupportedError(
                     f"emit_pipeline {origin}: block {self.block} does not divide the Ref's shape "
                     f"{self.shape} (dimension {d}); partial edge blocks are not supported in "
@@ -84,12 +91,29 @@ class _Operand:
             raise BlockSpecError(
                 f"emit_pipeline {self.origin}: the index map returned {len(out)} indices for a "
                 f"Ref of rank {len(self.shape)}. Fix: return one block index per dimension.")
-        return tuple(jnp.asarray(i, jnp.int32) for i in out)
+        values = []
+        for d, i in enumerate(out):
+            if self.indirect[d]:
+                i = i[...] if hasattr(i, "at") else i  # indices read from a Ref
+                i = jnp.asarray(i)
+                if i.shape != (self.block[d],) or not jnp.issubdtype(i.dtype, jnp.integer):
+                    raise BlockSpecError(
+                        f"emit_pipeline {self.origin}: dimension {d} is pl.Indirect("
+                        f"{self.block[d]}), so its index map must return {self.block[d]} integer "
+                        f"indices; found {i.dtype}{list(i.shape)}.")
+            values.append(jnp.asarray(i, jnp.int32))
+        return tuple(values)
+
+    @property
+    def index_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """The shape of each index the index map returns (an Indirect one is a vector)."""
+        return tuple((b,) if ind else () for b, ind in zip(self.block, self.indirect))
 
     def window(self, block_indices: Sequence[Any]) -> Any:
-        """The HBM view of one block."""
-        idx = tuple(i * b if sq else plb.ds(i * b, b) for i, b, sq in
-                    zip(block_indices, self.block, self.squeezed))
+        """The HBM view of one block (rows gathered or scattered along an Indirect
+        dimension)."""
+        idx = tuple(i if ind else i * b if sq else plb.ds(i * b, b) for i, b, sq, ind in
+                    zip(block_indices, self.block, self.squeezed, self.indirect))
         return self.ref.at[idx]
 
 
@@ -109,7 +133,8 @@ def _unravel(step: Any, grid: tuple[int, ...]) -> tuple[Any, ...]:
 def _changed(a: Sequence[Any], b: Sequence[Any]) -> Any:
     out = jnp.bool_(False)
     for x, y in zip(a, b):
-        out = out | (x != y)
+        # Rows picked by indices (pl.Indirect) count as a new block at every step, as in JAX.
+        out = out | (jnp.bool_(True) if jnp.ndim(x) else x != y)
     return out
 
 
@@ -297,7 +322,7 @@ def _run(body: Callable[..., None], grid: tuple[int, ...], offsets: tuple[Any, .
         return new_slots, new_pending, new_idx
 
     init = ([jnp.int32(0)] * len(outs), [jnp.bool_(False)] * len(outs),
-            [tuple(jnp.int32(0) for _ in op.shape) for op in outs])
+            [tuple(jnp.zeros(sh, jnp.int32) for sh in op.index_shapes) for op in outs])
     slots, _, pending_idx = lax.fori_loop(0, steps, step_fn, init)
     # The last write-back of every output is still in flight (the ones before were waited).
     if not no_pipelining:

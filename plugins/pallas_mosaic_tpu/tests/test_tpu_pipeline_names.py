@@ -132,3 +132,45 @@ def test_buffered_ref_base_is_deprecated_as_in_jax_012() -> None:
     with pytest.warns(DeprecationWarning, match="BufferedRefBase"):
         base = pltpu.BufferedRefBase
     assert issubclass(pltpu.BufferedRef, base) and "BufferedRefBase" in dir(pltpu)
+
+
+def _indirect_call(out_rows: int, gather: bool) -> Any:
+    def kernel(idx_ref: Any, x_hbm: Any, o_hbm: Any) -> None:
+        def body(x_ref: Any, o_ref: Any) -> None:
+            o_ref[...] = x_ref[...] * 2.0 + 1.0
+
+        by_index = pl.BlockSpec((pl.Indirect(8), 128), lambda i: (idx_ref[i], 0))
+        by_block = pl.BlockSpec((8, 128), lambda i: (i, 0))
+        pltpu.emit_pipeline(body, grid=(4,), in_specs=[by_index if gather else by_block],
+                            out_specs=[by_block if gather else by_index])(x_hbm, o_hbm)
+
+    any_spec = pl.BlockSpec(memory_space=pl.ANY)
+    return pl.pallas_call(kernel, jax.ShapeDtypeStruct((out_rows, 128), F32),
+                          in_specs=[pl.BlockSpec(memory_space=pltpu.VMEM), any_spec],
+                          out_specs=any_spec, backend="interpret")
+
+
+def test_indirect_block_dimension_gathers_input_rows() -> None:
+    x = _x((64, 128))
+    idx = jnp.asarray(RNG.integers(0, 64, (4, 8)), jnp.int32)  # repeats allowed
+    out = _indirect_call(32, gather=True)(idx, x)
+    np.testing.assert_allclose(out, x[idx.reshape(-1)] * 2.0 + 1.0, rtol=1e-6)
+
+
+def test_indirect_block_dimension_scatters_output_rows() -> None:
+    x = _x((32, 128))
+    idx = jnp.asarray(RNG.permutation(32).reshape(4, 8), jnp.int32)
+    out = _indirect_call(32, gather=False)(idx, x)
+    expected = jnp.zeros((32, 128), F32).at[idx.reshape(-1)].set(x * 2.0 + 1.0)
+    np.testing.assert_allclose(out, expected, rtol=1e-6)
+
+
+def test_indirect_is_refused_by_pallas_call_and_off_the_leading_dimension() -> None:
+    x = _x((16, 128))
+    with pytest.raises(pl.UnsupportedError, match="Indirect"):
+        pl.pallas_call(lambda x_ref, o_ref: None, jax.ShapeDtypeStruct(x.shape, F32),
+                       in_specs=[pl.BlockSpec((pl.Indirect(8), 128), lambda: (0, 0))],
+                       backend="interpret")(x)
+    assert repr(pl.Indirect(8)) == "Indirect(8)"
+    with pytest.raises(pl.BlockSpecError):
+        pl.Indirect(0)
