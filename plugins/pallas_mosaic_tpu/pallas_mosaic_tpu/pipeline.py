@@ -179,6 +179,7 @@ def emit_pipeline(
     core_axis: Any = None,
     trace_scopes: bool = True,
     no_pipelining: bool = False,
+    output_wait_read_only: bool = False,
     _explicit_indices: bool = False,
 ) -> Callable[..., None]:
     """A function of HBM Refs that runs ``body`` over ``grid`` on VMEM blocks of them.
@@ -188,7 +189,9 @@ def emit_pipeline(
     ``core_axis_name`` the grid is split between the cores of a ``pl.kernel`` mesh along the
     first ``PARALLEL`` axis that divides evenly. ``no_pipelining=True`` makes every copy
     synchronous (for debugging). With ``_explicit_indices`` (JAX's flag) the body gets a
-    :class:`PipelineStep` first.
+    :class:`PipelineStep` first. ``output_wait_read_only`` (JAX 0.12: a write-back's wait
+    only waits for its VMEM source to be read) is accepted; here every write-back is waited
+    for whole, which gives the same results.
 
     The returned ``pipeline(*refs, allocations=None)`` allocates its buffers for each run,
     or uses ``allocations``: the :class:`BufferedRef`s that ``emit_pipeline_with_allocations``'s
@@ -197,7 +200,7 @@ def emit_pipeline(
     if tiling is not None or core_axis is not None:
         raise UnsupportedError("emit_pipeline(tiling=..., core_axis=...) is not supported. Fix: "
                                "leave them unset (use core_axis_name to split over cores).")
-    del trace_scopes
+    del trace_scopes, output_wait_read_only
     full_grid = tuple(int(g) for g in grid)
     if any(g <= 0 for g in full_grid):
         raise PallasError(f"emit_pipeline(grid={full_grid}): every grid size must be positive.")

@@ -98,7 +98,7 @@ def test_explicit_indices_give_the_body_a_pipeline_step() -> None:
 
     def kernel(x_hbm: Any, o_hbm: Any) -> None:
         pltpu.emit_pipeline(body, grid=(2, 2), in_specs=[_spec()], out_specs=[_spec()],
-                            _explicit_indices=True)(x_hbm, o_hbm)
+                            output_wait_read_only=True, _explicit_indices=True)(x_hbm, o_hbm)
 
     any_spec = pl.BlockSpec(memory_space=pl.ANY)
     out = pl.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, F32), in_specs=[any_spec],
