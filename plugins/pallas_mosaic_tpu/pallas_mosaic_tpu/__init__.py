@@ -22,6 +22,7 @@ from pallas_mosaic_tpu.elementwise import (
     unpack_elementwise,
     unpack_fp6,
 )
+from pallas_mosaic_tpu.errors import LoweringException
 from pallas_mosaic_tpu.helpers import (
     CoreType,
     TensorCoreMesh,
@@ -36,7 +37,6 @@ from pallas_mosaic_tpu.interpret import (
     reset_tpu_interpret_mode_state,
     set_tpu_interpret_mode,
 )
-from pallas_mosaic_tpu.lowering import LoweringException
 from pallas_mosaic_tpu.memory import (
     annotate,
     has_memory_space,

@@ -31,7 +31,7 @@ from jaxlib.mosaic.python import tpu
 from pallas_core import backend as plb
 from pallas_core import copies, extras, mlir_lowering, mlir_rules
 from pallas_core import primitives as prims
-from pallas_core.errors import LoweringError, PallasError, UnsupportedError
+from pallas_core.errors import PallasError, UnsupportedError
 from pallas_core.grid_mapping import BlockMapping
 from pallas_core.mlir_lowering import LoweringState
 from pallas_core.request import KernelCall
@@ -62,28 +62,6 @@ class Lowering(LoweringState):
 
 
 Rule = mlir_lowering.Rule
-
-
-class LoweringException(LoweringError):  # noqa: N818 (JAX's name)
-    """What lowering a kernel for Mosaic TPU raises when it fails (JAX's
-    ``pltpu.LoweringException``). The error keeps its own kind too: an unsupported primitive
-    is both a ``LoweringException`` and a ``pl.UnsupportedError``."""
-
-
-_KINDS: dict[type, type] = {}
-
-
-def as_lowering_exception(error: PallasError) -> PallasError:
-    """``error`` as a :class:`LoweringException` of its own kind (same message)."""
-    if isinstance(error, LoweringException):
-        return error
-    kind = _KINDS.get(type(error))
-    if kind is None:
-        kind = _KINDS[type(error)] = type(type(error).__name__, (type(error), LoweringException),
-                                          {"__module__": type(error).__module__})
-    converted = kind(*error.args)
-    converted.__cause__ = error.__cause__
-    return converted  # type: ignore[no-any-return]
 
 
 DIALECT = mlir_rules.Dialect(

@@ -346,10 +346,12 @@ class BufferType(enum.Enum):
 
     @property
     def is_input(self) -> bool:
+        """Whether buffers of this role are filled from HBM."""
         return self in (BufferType.INPUT, BufferType.INPUT_OUTPUT)
 
     @property
     def is_output(self) -> bool:
+        """Whether buffers of this role are written back to HBM."""
         return self in (BufferType.OUTPUT, BufferType.INPUT_OUTPUT)
 
 
@@ -373,14 +375,17 @@ class BufferedRef(BufferedRefBase):
 
     @property
     def is_buffered(self) -> bool:
+        """Always True: every operand here has its VMEM blocks."""
         return True
 
     @property
     def is_input(self) -> bool:
+        """Whether the operand is read by the pipeline."""
         return self.buffer_type.is_input
 
     @property
     def is_output(self) -> bool:
+        """Whether the operand is written by the pipeline."""
         return self.buffer_type.is_output
 
 

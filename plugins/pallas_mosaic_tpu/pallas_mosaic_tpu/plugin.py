@@ -17,6 +17,7 @@ from pallas_core.request import KernelCall, LoweringRequest
 from pallas_core.spec import ANY, HOST
 from pallas_mosaic_tpu import elementwise, lowering, memory, primitives, validation
 from pallas_mosaic_tpu import ir as mir
+from pallas_mosaic_tpu.errors import as_lowering_exception
 from pallas_mosaic_tpu.params import (
     CMEM,
     DMA_SEMAPHORE,
@@ -155,7 +156,7 @@ def pallas_lower(request: LoweringRequest) -> Any:
     try:
         module, name = lowering.lower_kernel(call, plb.manual_axes(request.ctx))
     except PallasError as e:
-        raise lowering.as_lowering_exception(e).with_traceback(e.__traceback__) from None
+        raise as_lowering_exception(e).with_traceback(e.__traceback__) from None
     config = backend_config(call, mir.serialize(module), mir.has_communication(module))
     return emit_tpu_custom_call(request, config, name)
 
