@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from pallas_core.errors import LoweringError, PallasError
+from pallas_core.errors import PallasError
 
 
-class LoweringException(LoweringError):  # noqa: N818 (JAX's name)
+class LoweringException(PallasError):  # noqa: N818 (JAX's name)
     """What lowering a kernel for Mosaic TPU raises when it fails (JAX's
     ``pltpu.LoweringException``). The error keeps its own kind too: an unsupported primitive
-    is both a ``LoweringException`` and a ``pl.UnsupportedError``."""
+    is both a ``LoweringException`` and a ``pl.UnsupportedError``. (Not a ``pl.LoweringError``:
+    that one marks a backend crash the core wrapped.)"""
 
 
 _KINDS: dict[type, type] = {}
