@@ -19,7 +19,8 @@ def as_lowering_exception(error: PallasError) -> PallasError:
     """``error`` as a :class:`LoweringException` of its own kind (same message)."""
     if isinstance(error, LoweringException):
         return error
-    kind = _KINDS.get(type(error))
+    kind = LoweringException if issubclass(LoweringException, type(error)) else _KINDS.get(
+        type(error))
     if kind is None:
         kind = _KINDS[type(error)] = type(type(error).__name__, (type(error), LoweringException),
                                           {"__module__": type(error).__module__})

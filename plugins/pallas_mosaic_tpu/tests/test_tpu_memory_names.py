@@ -321,3 +321,14 @@ def test_core_module_holds_jaxs_core_names() -> None:
                  "CompilerParams", "CoreType", "PrefetchScalarGridSpec", "SideEffectType"):
         assert hasattr(jax_core_module, name)
         assert getattr(pltpu.core, name) is getattr(pltpu, name)
+
+
+def test_plain_pallas_errors_of_lowering_become_lowering_exceptions() -> None:
+    x = _x((16, 128))
+    spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+    call = pl.pallas_call(lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...]),
+                          jax.ShapeDtypeStruct(x.shape, F32), grid=(2,), in_specs=[spec],
+                          out_specs=spec, compiler_params=pltpu.CompilerParams(
+                              dimension_semantics=(pltpu.PARALLEL, pltpu.ARBITRARY)))
+    with pytest.raises(pltpu.LoweringException, match="2 entries"):
+        _module(call, x)
