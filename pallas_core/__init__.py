@@ -14,6 +14,7 @@ from typing import Any
 from pallas_core._jax import Slice, ds, run_state, warn_if_untested_jax
 from pallas_core._jax import ds as dslice
 from pallas_core.call import pallas_call, pallas_call_p
+from pallas_core.copies import select_ref
 from pallas_core.cost import estimate_cost
 from pallas_core.emulation.api import emulate
 from pallas_core.errors import (
@@ -37,10 +38,11 @@ from pallas_core.extras import (
     debug_checks_enabled,
     delay,
     dot,
+    empty_ref_like,
     enable_debug_checks,
     enable_poison_buffers,
     lower_as_mlir,
-    reciprocal,
+    pallas_export_experimental,
     with_scoped,
 )
 from pallas_core.grid_mapping import BlockMapping, GridMapping
@@ -78,6 +80,7 @@ from pallas_core.request import KernelCall, LoweringRequest
 from pallas_core.semantics import PrimitiveSemantics, ReferenceContext
 from pallas_core.spec import (
     ANY,
+    HOST,
     BlockDim,
     Blocked,
     BlockSpec,
@@ -87,12 +90,14 @@ from pallas_core.spec import (
     CostEstimate,
     Element,
     GridSpec,
+    Indirect,
     MemoryRef,
     MemorySpace,
     Mesh,
     RevisitMode,
     Squeezed,
     no_block_spec,
+    semaphore,
     squeezed,
 )
 from pallas_core.stages import KernelStages, stages
@@ -108,25 +113,45 @@ __all__ = [
     "BackendInfo", "BackendNotFoundError", "BlockDim", "Blocked", "BlockMapping", "BlockSpec",
     "BlockSpecError", "broadcast_to", "Buffered", "cdiv", "CompilerParams", "core_map",
     "CostEstimate", "debug_check", "debug_checks_enabled", "debug_print", "delay",
-    "DeviceIdType", "dot", "ds", "dslice", "empty", "empty_like", "emulate", "enable_debug_checks",
-    "enable_poison_buffers", "estimate_cost", "get_global",
-    "GridMapping", "GridSpec", "kernel", "KernelCall",
+    "DeviceIdType", "dot", "ds", "dslice", "empty", "empty_like", "empty_ref_like", "emulate",
+    "enable_debug_checks", "enable_poison_buffers", "estimate_cost", "get_global",
+    "GridMapping", "GridSpec", "HOST", "Indirect", "kernel", "KernelCall",
     "KernelSignatureError", "KernelStages", "KernelTraceError", "load", "loop", "lower_as_mlir",
     "LoweringError", "LoweringRequest", "MemoryRef", "MemorySpace", "Mesh", "multiple_of",
     "next_power_of_2", "no_block_spec", "num_programs", "OutOfBoundsError", "pallas_call",
+    "pallas_export_experimental",
     "pallas_call_p", "PallasError", "PluginConfigError", "PluginLoadError", "PluginLoadWarning",
     "PrimitiveSemantics", "program_id",
-    "reciprocal", "ReferenceContext", "register_backend", "RevisitMode", "run_scoped",
-    "run_state", "semaphore_read", "semaphore_signal", "semaphore_wait", "Slice", "Squeezed",
-    "squeezed", "stages", "store", "strides_from_shape", "swap", "UnsupportedError",
+    "ReferenceContext", "register_backend", "RevisitMode", "run_scoped",
+    "run_state", "select_ref", "semaphore", "semaphore_read", "semaphore_signal",
+    "semaphore_wait", "Slice", "Squeezed", "squeezed", "stages", "store", "strides_from_shape",
+    "swap", "UnsupportedError",
     "UnsupportedNameError", "when", "with_scoped",
     # Block dimensions of BlockSpec.block_shape.
     "BoundedSlice", "Element",
 ]
 
 
+_DEPRECATED = {
+    "reciprocal": "pl.reciprocal is deprecated: it moved to the Mosaic TPU backend, as in JAX "
+                  "0.11. Write pltpu.reciprocal (import pallas_mosaic_tpu as pltpu).",
+}
+"""Names that still work, with a ``DeprecationWarning`` saying what to write (as JAX warns)."""
+
+
 def __getattr__(name: str) -> Any:
+    if name in _DEPRECATED:
+        import warnings
+
+        from pallas_core import extras
+
+        warnings.warn(_DEPRECATED[name], DeprecationWarning, stacklevel=2)
+        return getattr(extras, name)
     # Names of jax.experimental.pallas that are not provided: say so, and what to write.
     from pallas_core.extras import not_provided
 
     raise not_provided(name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_DEPRECATED})

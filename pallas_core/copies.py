@@ -173,6 +173,12 @@ class AsyncCopy:
                               "non-negative int (0 is the default queue).")
         if add:
             self.add = True
+        for role in ("src", "dst"):
+            chosen = getattr(self, role)
+            if isinstance(chosen, SelectedRef):
+                chosen.switch(lambda r, role=role: dataclasses.replace(
+                    self, **{role: r}).start(priority))
+                return
         self._check()
         views = [self.src, self.dst, self.sem]
         if self.is_remote:
@@ -202,11 +208,85 @@ class AsyncCopy:
         self._wait("send")
 
     def _wait(self, kind: str) -> None:
+        for role in ("src", "dst"):
+            chosen = getattr(self, role)
+            if isinstance(chosen, SelectedRef):
+                chosen.switch(lambda r, role=role: dataclasses.replace(
+                    self, **{role: r})._wait(kind))
+                return
         sem = self.send_sem if kind == "send" else self.sem
         # Remote waits carry the device ids too: backends name the peer when they wait.
         params = {"add": True} if self.add else {}
         bind_views(copy_wait_p, [self.src, self.dst, sem], self._device_ids(),
                    "async_copy.wait", kind=kind, device_id_type=self.device_id_type, **params)
+
+
+@dataclasses.dataclass(frozen=True)
+class SelectedRef:
+    """One of several Refs (or views of them, all of one shape and dtype), chosen by a traced
+    integer scalar where it is used (``pl.select_ref``).
+
+    Copies (``async_copy``/``make_async_copy``, either end) start and wait on the chosen Ref;
+    ``sel[...]`` reads it and ``sel[...] = v`` writes it; ``sel.at[...]`` views each Ref alike.
+    Each use is a ``lax.switch`` over the Refs, so every backend that lowers ``cond`` runs it;
+    an index outside ``[0, len(refs))`` picks the nearest end (JAX leaves it undefined).
+    """
+
+    index: Any
+    refs: tuple[Any, ...]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.refs[0].shape)
+
+    @property
+    def dtype(self) -> Any:
+        return self.refs[0].dtype
+
+    @property
+    def at(self) -> Any:
+        """Views every Ref alike: ``sel.at[i]`` is ``select_ref(idx, r0.at[i], r1.at[i], ...)``."""
+        outer = self
+
+        class _At:
+            def __getitem__(self, indexer: Any) -> SelectedRef:
+                return SelectedRef(outer.index, tuple(r.at[indexer] for r in outer.refs))
+
+        return _At()
+
+    def switch(self, fn: Any) -> Any:
+        """``fn(ref)`` for the chosen Ref (a ``lax.switch`` over them)."""
+        return jax.lax.switch(self.index, [lambda r=r: fn(r) for r in self.refs])
+
+    def __getitem__(self, indexer: Any) -> Any:
+        return self.switch(lambda r: r[indexer])
+
+    def __setitem__(self, indexer: Any, value: Any) -> None:
+        def write(r: Any) -> None:
+            r[indexer] = value
+
+        self.switch(write)
+
+
+def select_ref(idx: Any, *refs: Any) -> SelectedRef:
+    """The Ref ``refs[idx]``, chosen when the kernel runs (``idx`` a traced integer scalar):
+    ``pltpu.async_copy(pl.select_ref(i, a_ref, b_ref.at[0]), dst_ref, sem)``.
+
+    Needs two or more Refs (or views) of one shape and dtype. See :class:`SelectedRef`.
+    """
+    if len(refs) < 2:
+        raise PallasError(f"pl.select_ref needs at least two Refs to choose from, found "
+                          f"{len(refs)}. Fix: use the Ref itself.")
+    kinds = {(tuple(r.shape), np.dtype(r.dtype)) for r in refs}
+    if len(kinds) > 1:
+        raise PallasError(
+            f"pl.select_ref: the Refs must have one shape and dtype, found "
+            f"{sorted(f'{d}{list(sh)}' for sh, d in kinds)}. Fix: slice them alike (r.at[...]).")
+    index = jax.numpy.asarray(idx)
+    if index.shape != () or not jax.numpy.issubdtype(index.dtype, jax.numpy.integer):
+        raise PallasError(f"pl.select_ref: the index must be an integer scalar, found "
+                          f"{index.dtype}{list(index.shape)}.")
+    return SelectedRef(index.astype(np.int32), tuple(refs))
 
 
 def _traced_length(transforms: tuple[Any, ...]) -> bool:

@@ -12,12 +12,14 @@ live in :mod:`pallas_core.semantics`; a backend without a rule for it raises an
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from pallas_core import _jax
@@ -203,31 +205,55 @@ def lower_as_mlir(f: Callable[..., Any], *args: Any, dynamic_shapes: bool = Fals
     return str(exported.mlir_module())
 
 
+# --- Refs outside kernels, exports ------------------------------------------------------------
+
+
+def empty_ref_like(x: Any) -> Any:
+    """A new mutable Ref (``jax.new_ref``) of unspecified contents, shaped like ``x``.
+
+    ``x`` is a ``jax.ShapeDtypeStruct`` (the Ref is in ``pl.ANY``) or a ``pl.MemoryRef``
+    (what calling a memory space returns: the Ref is in that space). Kernels of ``pl.kernel``
+    and ``pl.core_map`` write such Refs in place.
+    """
+    from pallas_core.spec import ANY, MemoryRef
+
+    if isinstance(x, MemoryRef):
+        shape, dtype, space = x.shape, x.dtype, x.memory_space
+    elif isinstance(x, jax.ShapeDtypeStruct):
+        shape, dtype, space = x.shape, x.dtype, ANY
+    else:
+        raise ArgumentError(
+            f"pl.empty_ref_like takes a jax.ShapeDtypeStruct or a pl.MemoryRef, found "
+            f"{type(x).__name__}. Fix: e.g. pl.empty_ref_like(jax.ShapeDtypeStruct(shape, "
+            "dtype)), or pltpu.VMEM(shape, dtype) for a Ref in a memory space.")
+    value = prims.empty(shape, dtype)
+    if space is None or space is ANY:
+        return jax.new_ref(value)
+    return jax.new_ref(value, memory_space=space)
+
+
+@contextlib.contextmanager
+def pallas_export_experimental(dynamic_shapes: bool) -> Iterator[None]:
+    """JAX's switch for exporting kernels with symbolic (dynamic) shapes, as a context manager.
+
+    ``dynamic_shapes=False`` is what kernels here always are (static shapes): the block does
+    what it would do without it. ``dynamic_shapes=True`` raises an ``UnsupportedError`` when
+    entered, since block shapes here must be concrete ints.
+    """
+    if not isinstance(dynamic_shapes, (bool, np.bool_)):
+        raise ArgumentError(f"pl.pallas_export_experimental(dynamic_shapes={dynamic_shapes!r})"
+                            ": expected a bool. Fix: dynamic_shapes=False.")
+    if dynamic_shapes:
+        raise UnsupportedError(
+            "pl.pallas_export_experimental(dynamic_shapes=True): kernels here have static "
+            "shapes; symbolic block shapes are not supported. Fix: export with concrete "
+            "shapes (dynamic_shapes=False, or jax.export with concrete argument shapes).")
+    yield
+
+
 # --- names of jax.experimental.pallas not provided here -----------------------------------------
 
-NOT_PROVIDED: dict[str, str] = {
-    "Indirect": (
-        "a block dimension gathered (inputs) or scattered (outputs) through an array of "
-        "indices. Fix: pass the operand whole (memory_space=pl.ANY) and copy the rows with a "
-        "backend's gather/scatter copies (views indexed by an index Ref)."),
-    "HOST": (
-        "JAX's host memory space. Fix: keep operands in device memory (pl.ANY or a backend's "
-        "memory space) and move data to the host outside the kernel."),
-    "semaphore": (
-        "JAX's dtype of regular semaphores; here a semaphore is an int32 Ref in a backend's "
-        "semaphore memory space. Fix: allocate semaphores with the backend's type, e.g. "
-        "pltpu.SemaphoreType.REGULAR, and test for them by memory space."),
-    "empty_ref_like": (
-        "a new mutable Ref (jax.new_ref) shaped like a ShapeDtypeStruct or MemoryRef, for "
-        "kernels that write their arguments in place. Fix: jax.new_ref(pl.empty_like(x)) "
-        "with pl.core_map, or return results as outputs."),
-    "select_ref": (
-        "one of several Refs chosen by a traced index, for DMAs. Fix: branch with pl.when "
-        "(or lax.cond) and start the copy from each Ref in its own branch."),
-    "pallas_export_experimental": (
-        "JAX's switch for exporting kernels with symbolic (dynamic) shapes; kernels here have "
-        "static shapes. Fix: export with concrete shapes."),
-}
+NOT_PROVIDED: dict[str, str] = {}
 """Names of ``jax.experimental.pallas`` that ``pallas_core`` lacks: what each is, and the fix."""
 
 

@@ -24,11 +24,13 @@ from pallas_core.errors import (
 )
 from pallas_core.spec import (
     ANY,
+    HOST,
     BlockDim,
     Blocked,
     BlockSpec,
     BoundedSlice,
     Element,
+    Indirect,
     MemorySpace,
     Squeezed,
     block_dim,
@@ -116,8 +118,8 @@ class BlockMapping:
 
     @property
     def is_whole_array(self) -> bool:
-        """The kernel sees the whole array (memory space ``ANY``, no blocking)."""
-        return self.memory_space is ANY
+        """The kernel sees the whole array (memory space ``ANY`` or ``HOST``, no blocking)."""
+        return self.memory_space is ANY or self.memory_space is HOST
 
     def block_indices(self, *args: Any) -> list[Any]:
         """Evaluates the index map on grid indices (then scalar-prefetch Refs or arrays):
@@ -223,6 +225,12 @@ def _normalize_block_shape(spec: BlockSpec, shape: tuple[int, ...], origin: str,
         )
     out: list[BlockDim] = []
     for b in block:
+        if isinstance(b, Indirect):
+            raise UnsupportedError(
+                f"In kernel {kernel_name!r}, {origin} has block dimension {b!r} in block_shape "
+                f"{tuple(block)}: pallas_call does not gather blocks through index arrays. Fix: "
+                "pass the operand whole (memory_space=pl.ANY) and run pltpu.emit_pipeline with "
+                "this BlockSpec inside the kernel, or copy the rows with gather copies.")
         try:
             out.append(block_dim(b))
         except BlockSpecError:
@@ -368,10 +376,11 @@ def make_block_mapping(spec: Any, x: Any, grid: tuple[int, ...], origin: str,
         raise BlockSpecError(
             f"In kernel {kernel_name!r}, {origin} has spec {spec!r}; expected a pl.BlockSpec."
         )
-    if spec.memory_space is ANY:
+    if spec.memory_space is ANY or spec.memory_space is HOST:
         if spec.block_shape is not None and tuple(spec.block_shape) != shape:
             raise BlockSpecError(
-                f"In kernel {kernel_name!r}, {origin} is in memory space ANY, which is not "
+                f"In kernel {kernel_name!r}, {origin} is in memory space "
+                f"{'ANY' if spec.memory_space is ANY else 'HOST'}, which is not "
                 f"blocked, but has block_shape {spec.block_shape}. Fix: drop block_shape."
             )
         dims = _normalize_block_shape(BlockSpec(), shape, origin, kernel_name)

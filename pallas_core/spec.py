@@ -42,6 +42,7 @@ class MemorySpace:
     one core runs."""
 
     ANY: ClassVar[MemorySpace]
+    HOST: ClassVar[MemorySpace]
 
     def __call__(self, shape: Sequence[int], dtype: Any) -> MemoryRef:
         return MemoryRef(tuple(int(d) for d in shape), np.dtype(dtype), self)
@@ -53,9 +54,25 @@ class MemorySpace:
 ANY = MemorySpace("any")
 """Wherever the backend keeps whole arrays (HBM on TPU, global memory on GPU); no blocking."""
 MemorySpace.ANY = ANY
+HOST = MemorySpace("host")
+"""The host's memory: operands there are passed whole (no blocking), as ``pl.ANY`` ones; a
+backend copies them in and out with its DMAs (``jax.experimental.pallas.HOST``)."""
+MemorySpace.HOST = HOST
 BARRIER_SEMAPHORE = MemorySpace("barrier_semaphore", zeroed=True)
 """The kernel's barrier semaphore (``pltpu.get_barrier_semaphore()``): one int32 semaphore
 shared by the kernel instances of one collective, which other devices signal."""
+
+
+class semaphore_dtype(jax.dtypes.extended):  # noqa: N801 (JAX's name)
+    """The common base of semaphore dtypes, for ``jnp.issubdtype(t, ...)``; never instantiated.
+
+    Semaphore Refs here hold int32 counts and are told apart by memory space; these classes
+    name the kind of semaphore when allocating one (``pltpu.SEMAPHORE((), pl.semaphore)``).
+    """
+
+
+class semaphore(semaphore_dtype):  # noqa: N801 (JAX's name)
+    """The dtype of regular (counting) semaphores (``jax.experimental.pallas.semaphore``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,8 +170,25 @@ class BoundedSlice:
         return f"BoundedSlice({self.block_size})"
 
 
-BlockDim = Blocked | Element | BoundedSlice | Squeezed
-"""One entry of a normalised block shape."""
+@dataclasses.dataclass(frozen=True)
+class Indirect:
+    """A block dimension of ``block_size`` elements picked by an array of indices: the index
+    map returns ``block_size`` integer indices for it (an array, or an array read from a
+    Ref), and the block holds those rows: a gather for inputs, a scatter for outputs
+    (``jax.experimental.pallas.Indirect``). Pipelines (``pltpu.emit_pipeline``) take it on
+    the leading dimension; ``pallas_call`` refuses it."""
+
+    block_size: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "block_size", _check_size("Indirect", self.block_size))
+
+    def __repr__(self) -> str:
+        return f"Indirect({self.block_size})"
+
+
+BlockDim = Blocked | Element | BoundedSlice | Squeezed | Indirect
+"""One entry of a normalised block shape (``pallas_call`` refuses ``Indirect``)."""
 
 
 def block_dim(entry: Any) -> BlockDim:

@@ -7,8 +7,22 @@ Lowering needs no TPU: ``jax.jit(f).trace(*a).lower(lowering_platforms=("tpu",))
 
 from __future__ import annotations
 
+from typing import Any
+
 from pallas_core.copies import async_copy, make_async_copy, make_async_remote_copy
+from pallas_core.extras import reciprocal
 from pallas_core.spec import ANY
+from pallas_mosaic_tpu import core
+from pallas_mosaic_tpu.elementwise import (
+    join_bits,
+    pack_elementwise,
+    pack_fp6,
+    split_bits,
+    stochastic_round,
+    unpack_elementwise,
+    unpack_fp6,
+)
+from pallas_mosaic_tpu.errors import LoweringException
 from pallas_mosaic_tpu.helpers import (
     CoreType,
     TensorCoreMesh,
@@ -23,26 +37,53 @@ from pallas_mosaic_tpu.interpret import (
     reset_tpu_interpret_mode_state,
     set_tpu_interpret_mode,
 )
+from pallas_mosaic_tpu.memory import (
+    annotate,
+    has_memory_space,
+    trace_value,
+    with_memory_space_constraint,
+)
+from pallas_mosaic_tpu.mxu import (
+    ACC,
+    conv,
+    matmul_acc_lhs,
+    matmul_lhs_fifo,
+    matmul_pop,
+    matmul_pop_fifo,
+    matmul_push_rhs,
+)
 from pallas_mosaic_tpu.params import (
     ARBITRARY,
+    CMEM,
     CORE_PARALLEL,
     DMA_SEMAPHORE,
     HBM,
     PARALLEL,
     SEMAPHORE,
     SMEM,
+    SUBCORE_PARALLEL,
     VMEM,
+    VMEM_SHARED,
     GridDimensionSemantics,
+    MemorySpace,
     PrefetchScalarGridSpec,
     SemaphoreType,
     SideEffectType,
     TPUCompilerParams,
     async_remote_copy,
     create_tensorcore_mesh,
+    dma_semaphore,
     get_barrier_semaphore,
     sync_copy,
 )
-from pallas_mosaic_tpu.pipeline import emit_pipeline
+from pallas_mosaic_tpu.pipeline import (
+    BufferedRef,
+    BufferType,
+    PipelineStep,
+    emit_pipeline,
+    emit_pipeline_with_allocations,
+    emit_pipeline_with_async_prefetch,
+)
 from pallas_mosaic_tpu.plugin import __version__
 from pallas_mosaic_tpu.primitives import (
     bitcast,
@@ -54,10 +95,12 @@ from pallas_mosaic_tpu.primitives import (
     store,
 )
 from pallas_mosaic_tpu.stateful_random import (
+    sample_block,
     stateful_bernoulli,
     stateful_bits,
     stateful_normal,
     stateful_uniform,
+    to_pallas_key,
 )
 from pallas_mosaic_tpu.tpu_info import (
     ChipVersion,
@@ -81,4 +124,33 @@ __all__ = ["__version__", "ANY", "ARBITRARY", "async_copy", "async_remote_copy",
            "ChipVersion", "CoreType", "core_barrier", "einshape", "get_tpu_info",
            "get_tpu_info_for_chip", "is_tpu_device", "run_on_first_core", "TensorCoreMesh",
            "Tiling", "TpuInfo", "stateful_bernoulli", "stateful_bits", "stateful_normal",
-           "stateful_uniform", "touch"]
+           "stateful_uniform", "touch",
+           "annotate", "CMEM", "core", "dma_semaphore", "has_memory_space", "LoweringException",
+           "MemorySpace", "reciprocal", "SUBCORE_PARALLEL", "trace_value", "VMEM_SHARED",
+           "with_memory_space_constraint", "join_bits", "pack_elementwise", "pack_fp6",
+           "split_bits", "stochastic_round", "unpack_elementwise", "unpack_fp6",
+           "sample_block", "to_pallas_key", "BufferedRef", "BufferType", "PipelineStep",
+           "emit_pipeline_with_allocations", "emit_pipeline_with_async_prefetch", "ACC", "conv",
+           "matmul_acc_lhs", "matmul_lhs_fifo", "matmul_pop", "matmul_pop_fifo",
+           "matmul_push_rhs"]
+
+_DEPRECATED = {
+    "BufferedRefBase": "pltpu.BufferedRefBase is deprecated, as in JAX 0.12: it is internal to "
+                       "the pipelines. Fix: use pltpu.BufferedRef.",
+}
+"""Names that still work, with a ``DeprecationWarning`` saying what to write (as JAX warns)."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in _DEPRECATED:
+        import warnings
+
+        from pallas_mosaic_tpu import pipeline
+
+        warnings.warn(_DEPRECATED[name], DeprecationWarning, stacklevel=2)
+        return getattr(pipeline, name)
+    raise AttributeError(f"module 'pallas_mosaic_tpu' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_DEPRECATED})

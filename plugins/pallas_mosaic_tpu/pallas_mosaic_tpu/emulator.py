@@ -48,6 +48,7 @@ from pallas_core.emulation.turns import Turns
 from pallas_core.emulation.types import dtype_of, shape_of
 from pallas_core.errors import PallasError, UnsupportedError
 from pallas_mosaic_tpu import ir as mir
+from pallas_mosaic_tpu.emulator_bits import RULES as BIT_RULES
 from pallas_mosaic_tpu.emulator_ops import (
     RULES as MEMORY_RULES,
 )
@@ -494,7 +495,7 @@ def _core_id(c: Compiler, op: ir.Operation) -> _Fn:
 
 
 RULES: dict[str, Rule] = {
-    **ARITH_RULES, **MEMORY_RULES,
+    **ARITH_RULES, **MEMORY_RULES, **BIT_RULES,
     "tpu.matmul": _matmul, "tpu.iota": _iota, "tpu.dynamic_rotate": _rotate,
     "tpu.repeat": _repeat, "tpu.concatenate": _concatenate, "tpu.bitcast": _tpu_bitcast,
     "tpu.reciprocal": _reciprocal, "tpu.reduce_index": _reduce_index,

@@ -35,9 +35,17 @@ from pallas_core.errors import PallasError, UnsupportedError
 from pallas_core.grid_mapping import BlockMapping
 from pallas_core.mlir_lowering import LoweringState
 from pallas_core.request import KernelCall
-from pallas_core.spec import BARRIER_SEMAPHORE
+from pallas_core.spec import BARRIER_SEMAPHORE, HOST
 from pallas_mosaic_tpu import ir as mir
-from pallas_mosaic_tpu.params import DMA_SEMAPHORE, HBM, SEMAPHORE, SMEM, TPUCompilerParams
+from pallas_mosaic_tpu.params import (
+    CMEM,
+    DMA_SEMAPHORE,
+    HBM,
+    SEMAPHORE,
+    SMEM,
+    VMEM_SHARED,
+    TPUCompilerParams,
+)
 
 
 @dataclasses.dataclass
@@ -70,6 +78,10 @@ def _space(bm: BlockMapping, prefetch: bool) -> str:
         return "smem"
     if bm.memory_space is HBM:
         return "hbm"
+    if bm.memory_space is HOST:
+        return "host"
+    if bm.memory_space is CMEM or bm.memory_space is VMEM_SHARED:
+        return str(bm.memory_space.value)
     return "any" if bm.is_whole_array else "vmem"
 
 
@@ -79,7 +91,8 @@ def _scratch_type(shape: Sequence[int], dtype: Any, space: Any) -> ir.Type:
         kind = "dma_semaphore" if space is DMA_SEMAPHORE else "semaphore"
         return ir.MemRefType.get(list(shape), ir.Type.parse(f"!tpu.{kind}"),
                                  memory_space=mir.memory_space("semaphore_mem"))
-    return mir.memref(shape, dtype, {SMEM: "smem", HBM: "hbm"}.get(space, "vmem"))
+    names = {SMEM: "smem", HBM: "hbm", CMEM: "cmem", VMEM_SHARED: "vmem_shared", HOST: "host"}
+    return mir.memref(shape, dtype, names.get(space, "vmem"))
 
 
 def lower_kernel(call: KernelCall, mesh_axes: tuple[tuple[str, int], ...] = ()

@@ -11,7 +11,8 @@ import numpy as np
 
 from pallas_core.errors import PallasError
 from pallas_core.spec import CompilerParams as _CompilerParams
-from pallas_core.spec import GridSpec, MemorySpace, Mesh
+from pallas_core.spec import GridSpec, MemoryRef, Mesh, semaphore_dtype
+from pallas_core.spec import MemorySpace as CoreMemorySpace
 
 NAME = "mosaic_tpu"
 
@@ -22,17 +23,104 @@ class GridDimensionSemantics(enum.Enum):
     PARALLEL = "parallel"
     ARBITRARY = "arbitrary"
     CORE_PARALLEL = "core_parallel"
+    SUBCORE_PARALLEL = "subcore_parallel"
+    """Steps spread over the subcores of a SparseCore (as in JAX); the interpreter runs them
+    like ``PARALLEL`` ones."""
 
 
 PARALLEL = GridDimensionSemantics.PARALLEL
 ARBITRARY = GridDimensionSemantics.ARBITRARY
 CORE_PARALLEL = GridDimensionSemantics.CORE_PARALLEL
+SUBCORE_PARALLEL = GridDimensionSemantics.SUBCORE_PARALLEL
 
-HBM = MemorySpace("HBM", backend=NAME)
-VMEM = MemorySpace("VMEM", backend=NAME)
-SMEM = MemorySpace("SMEM", backend=NAME)
-SEMAPHORE = MemorySpace("SEMAPHORE", backend=NAME, zeroed=True)
-DMA_SEMAPHORE = MemorySpace("DMA_SEMAPHORE", backend=NAME, zeroed=True)
+
+class dma_semaphore(semaphore_dtype):  # noqa: N801 (JAX's name)
+    """The dtype of DMA semaphores (``jax.experimental.pallas.tpu.dma_semaphore``): names the
+    kind when allocating one, ``pltpu.SEMAPHORE((2,), pltpu.dma_semaphore)`` being
+    ``SemaphoreType.DMA((2,))``. Semaphore Refs here hold int32 counts."""
+
+
+class _MemorySpaceClass(type):
+    """Makes :class:`MemorySpace` behave as JAX's enum: iteration over the members,
+    ``MemorySpace["VMEM"]``, ``MemorySpace("vmem")``, ``len``, ``in``."""
+
+    _members: dict[str, Any]
+
+    def __iter__(cls) -> Iterator[Any]:
+        return iter(cls._members.values())
+
+    def __len__(cls) -> int:
+        return len(cls._members)
+
+    def __contains__(cls, item: object) -> bool:
+        return any(item is m for m in cls._members.values())
+
+    def __getitem__(cls, name: str) -> Any:
+        return cls._members[name]
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if len(args) == 1 and not kwargs and isinstance(args[0], str):
+            for member in cls._members.values():
+                if args[0] in (member.value, member.name):
+                    return member
+            raise ValueError(f"{args[0]!r} is not a valid pltpu.MemorySpace: one of "
+                             f"{[m.value for m in cls._members.values()]}.")
+        return super().__call__(*args, **kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class MemorySpace(CoreMemorySpace, metaclass=_MemorySpaceClass):
+    """The TPU's memory spaces, as JAX's ``pltpu.MemorySpace`` enum: ``MemorySpace.VMEM``
+    (also ``pltpu.VMEM``), ``VMEM_SHARED``, ``SMEM``, ``CMEM``, ``SEMAPHORE``, ``HBM``; each
+    has JAX's ``value`` (``"vmem"``, ...) and is a ``pl.MemorySpace``.
+
+    Use one as ``BlockSpec(memory_space=...)``, or call it to describe a scratch buffer:
+    ``pltpu.VMEM((8, 128), jnp.float32)``, ``pltpu.SEMAPHORE((2,), pltpu.dma_semaphore)``,
+    ``pltpu.VMEM.like(x)``. ``MemorySpace.ANY`` is ``pl.ANY``.
+    """
+
+    value: str = ""
+    """JAX's value of the member (the Mosaic memory space it lowers to)."""
+
+    @property
+    def memory_kind(self) -> str:
+        """Where XLA places arrays of this space (JAX's property): on the device."""
+        return "device"
+
+    def __call__(self, shape: Sequence[int], dtype: Any) -> MemoryRef:
+        if isinstance(dtype, type) and issubclass(dtype, semaphore_dtype):
+            space = DMA_SEMAPHORE if issubclass(dtype, dma_semaphore) else SEMAPHORE
+            return MemoryRef(tuple(int(d) for d in shape), np.dtype(np.int32), space)
+        return super().__call__(shape, dtype)
+
+    def from_type(self, ty: Any) -> MemoryRef:
+        """A buffer of ``ty`` (anything with ``shape`` and ``dtype``) in this space."""
+        return self(ty.shape, ty.dtype)
+
+    def like(self, x: Any) -> MemoryRef:
+        """A buffer shaped like ``x`` (an array, aval or ``ShapeDtypeStruct``) here."""
+        return self(x.shape, x.dtype)
+
+
+def _member(name: str, value: str, **kw: Any) -> MemorySpace:
+    return MemorySpace(name, backend=NAME, value=value, **kw)
+
+
+VMEM = _member("VMEM", "vmem")
+VMEM_SHARED = _member("VMEM_SHARED", "vmem_shared", shared=True)
+"""VMEM that the subcores of one SparseCore share (one buffer per core); SparseCore kernels
+(``pallas_sparsecore``) allocate it."""
+SMEM = _member("SMEM", "smem")
+CMEM = _member("CMEM", "cmem")
+"""The common memory of chips that have one (v4, v5p); lowered as Mosaic's ``cmem`` space.
+The interpreter treats it as any other buffer."""
+SEMAPHORE = _member("SEMAPHORE", "semaphore_mem", zeroed=True)
+HBM = _member("HBM", "hbm")
+_MemorySpaceClass._members = {m.name: m for m in (VMEM, VMEM_SHARED, SMEM, CMEM, SEMAPHORE, HBM)}
+for _m in _MemorySpaceClass._members.values():
+    setattr(MemorySpace, _m.name, _m)
+DMA_SEMAPHORE = CoreMemorySpace("DMA_SEMAPHORE", backend=NAME, zeroed=True)
+"""Where DMA semaphores live (``SemaphoreType.DMA``); JAX tells them apart by dtype."""
 
 
 class SemaphoreType(enum.Enum):

@@ -18,6 +18,9 @@ lowering gives them, and no rule of the lowering is specific to pipelines.
 
 from __future__ import annotations
 
+import abc
+import dataclasses
+import enum
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -30,7 +33,7 @@ from pallas_core import backend as plb
 from pallas_core import primitives as prims
 from pallas_core.copies import make_async_copy
 from pallas_core.errors import BlockSpecError, PallasError, UnsupportedError
-from pallas_core.spec import BlockSpec, plain_block_dim
+from pallas_core.spec import BlockSpec, Indirect, plain_block_dim
 from pallas_mosaic_tpu.params import PARALLEL, VMEM, GridDimensionSemantics, SemaphoreType
 from pallas_mosaic_tpu.validation import LANES, SUBLANES, tiled_block
 
@@ -52,11 +55,18 @@ class _Operand:
             raise BlockSpecError(
                 f"emit_pipeline {origin}: block shape {block} has {len(block)} dimensions but "
                 f"the Ref has shape {self.shape}. Fix: give one block size per dimension.")
-        sizes = [plain_block_dim(b, f"emit_pipeline {origin}") for b in block]
+        self.indirect = [isinstance(b, Indirect) for b in block]
+        if any(self.indirect[1:]):
+            raise UnsupportedError(
+                f"emit_pipeline {origin}: pl.Indirect in block_shape {block} beyond the leading "
+                "dimension; gathers and scatters go along the leading dimension only. Fix: "
+                "move the indexed dimension first.")
+        sizes = [b.block_size if isinstance(b, Indirect)
+                 else plain_block_dim(b, f"emit_pipeline {origin}") for b in block]
         self.squeezed = [b is None for b in sizes]
         self.block = tuple(1 if b is None else b for b in sizes)
         for d, (b, n) in enumerate(zip(self.block, self.shape)):
-            if n % b:
+            if n % b and not self.indirect[d]:
                 raise UnsupportedError(
                     f"emit_pipeline {origin}: block {self.block} does not divide the Ref's shape "
                     f"{self.shape} (dimension {d}); partial edge blocks are not supported in "
@@ -81,12 +91,29 @@ class _Operand:
             raise BlockSpecError(
                 f"emit_pipeline {self.origin}: the index map returned {len(out)} indices for a "
                 f"Ref of rank {len(self.shape)}. Fix: return one block index per dimension.")
-        return tuple(jnp.asarray(i, jnp.int32) for i in out)
+        values = []
+        for d, i in enumerate(out):
+            if self.indirect[d]:
+                i = i[...] if hasattr(i, "at") else i  # indices read from a Ref
+                i = jnp.asarray(i)
+                if i.shape != (self.block[d],) or not jnp.issubdtype(i.dtype, jnp.integer):
+                    raise BlockSpecError(
+                        f"emit_pipeline {self.origin}: dimension {d} is pl.Indirect("
+                        f"{self.block[d]}), so its index map must return {self.block[d]} integer "
+                        f"indices; found {i.dtype}{list(i.shape)}.")
+            values.append(jnp.asarray(i, jnp.int32))
+        return tuple(values)
+
+    @property
+    def index_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """The shape of each index the index map returns (an Indirect one is a vector)."""
+        return tuple((b,) if ind else () for b, ind in zip(self.block, self.indirect))
 
     def window(self, block_indices: Sequence[Any]) -> Any:
-        """The HBM view of one block."""
-        idx = tuple(i * b if sq else plb.ds(i * b, b) for i, b, sq in
-                    zip(block_indices, self.block, self.squeezed))
+        """The HBM view of one block (rows gathered or scattered along an Indirect
+        dimension)."""
+        idx = tuple(i if ind else i * b if sq else plb.ds(i * b, b) for i, b, sq, ind in
+                    zip(block_indices, self.block, self.squeezed, self.indirect))
         return self.ref.at[idx]
 
 
@@ -106,7 +133,8 @@ def _unravel(step: Any, grid: tuple[int, ...]) -> tuple[Any, ...]:
 def _changed(a: Sequence[Any], b: Sequence[Any]) -> Any:
     out = jnp.bool_(False)
     for x, y in zip(a, b):
-        out = out | (x != y)
+        # Rows picked by indices (pl.Indirect) count as a new block at every step, as in JAX.
+        out = out | (jnp.bool_(True) if jnp.ndim(x) else x != y)
     return out
 
 
@@ -151,6 +179,8 @@ def emit_pipeline(
     core_axis: Any = None,
     trace_scopes: bool = True,
     no_pipelining: bool = False,
+    output_wait_read_only: bool = False,
+    _explicit_indices: bool = False,
 ) -> Callable[..., None]:
     """A function of HBM Refs that runs ``body`` over ``grid`` on VMEM blocks of them.
 
@@ -158,21 +188,28 @@ def emit_pipeline(
     with the blocks the specs select, as a ``pallas_call`` kernel would be. With
     ``core_axis_name`` the grid is split between the cores of a ``pl.kernel`` mesh along the
     first ``PARALLEL`` axis that divides evenly. ``no_pipelining=True`` makes every copy
-    synchronous (for debugging).
+    synchronous (for debugging). With ``_explicit_indices`` (JAX's flag) the body gets a
+    :class:`PipelineStep` first. ``output_wait_read_only`` (JAX 0.12: a write-back's wait
+    only waits for its VMEM source to be read) is accepted; here every write-back is waited
+    for whole, which gives the same results.
+
+    The returned ``pipeline(*refs, allocations=None)`` allocates its buffers for each run,
+    or uses ``allocations``: the :class:`BufferedRef`s that ``emit_pipeline_with_allocations``'s
+    ``make_allocations`` describes, allocated once (``pl.run_scoped``) and shared by runs.
     """
     if tiling is not None or core_axis is not None:
         raise UnsupportedError("emit_pipeline(tiling=..., core_axis=...) is not supported. Fix: "
                                "leave them unset (use core_axis_name to split over cores).")
-    del trace_scopes
+    del trace_scopes, output_wait_read_only
     full_grid = tuple(int(g) for g in grid)
     if any(g <= 0 for g in full_grid):
         raise PallasError(f"emit_pipeline(grid={full_grid}): every grid size must be positive.")
 
     def pipeline(*refs: Any, scratches: Sequence[Any] = (), allocations: Any = None,
                  body_prologue: Any = None) -> None:
-        if allocations is not None or body_prologue is not None:
-            raise UnsupportedError("emit_pipeline's pipeline(allocations=..., body_prologue=...) "
-                                   "is not supported. Fix: let the pipeline allocate.")
+        if body_prologue is not None:
+            raise UnsupportedError("emit_pipeline's pipeline(body_prologue=...) is not "
+                                   "supported. Fix: call it in the body at the first step.")
         flat_in, in_tree = jax.tree_util.tree_flatten(in_specs, is_leaf=_is_spec)
         flat_out, out_tree = jax.tree_util.tree_flatten(out_specs, is_leaf=_is_spec)
         flat_refs = jax.tree_util.tree_leaves(refs, is_leaf=_is_ref)
@@ -186,12 +223,17 @@ def emit_pipeline(
                for i, (r, s) in enumerate(zip(flat_refs, flat_in))]
         outs = [_Operand(r, s, f"output {i}")
                 for i, (r, s) in enumerate(zip(flat_refs[len(ins):], flat_out))]
+        def run(bufs: Sequence[Any], sem_refs: Sequence[Any]) -> None:
+            _run(body, sub_grid, offsets, ins, outs, bufs, sem_refs, (in_tree, out_tree),
+                 scratches, no_pipelining, _explicit_indices)
+
+        if allocations is not None:
+            brefs = _check_allocations(allocations, [*ins, *outs])
+            run([b.window_ref for b in brefs], [b.sem for b in brefs])
+            return
         buffers = [VMEM((2, *o.buffer_shape), o.dtype) for o in (*ins, *outs)]
         sems = [SemaphoreType.DMA((2,)) for _ in (*ins, *outs)]
-        prims.run_scoped(
-            lambda bufs, sem_refs: _run(body, sub_grid, offsets, ins, outs, bufs, sem_refs,
-                                        (in_tree, out_tree), scratches, no_pipelining),
-            buffers, sems)
+        prims.run_scoped(run, buffers, sems)
 
     return pipeline
 
@@ -212,7 +254,8 @@ def _is_ref(x: Any) -> bool:
 
 def _run(body: Callable[..., None], grid: tuple[int, ...], offsets: tuple[Any, ...],
          ins: list[_Operand], outs: list[_Operand], bufs: Sequence[Any], sems: Sequence[Any],
-         trees: tuple[Any, Any], scratches: Sequence[Any], no_pipelining: bool) -> None:
+         trees: tuple[Any, Any], scratches: Sequence[Any], no_pipelining: bool,
+         explicit: bool = False) -> None:
     in_bufs, out_bufs = bufs[:len(ins)], bufs[len(ins):]
     in_sems, out_sems = sems[:len(ins)], sems[len(ins):]
     steps = math.prod(grid)
@@ -254,8 +297,10 @@ def _run(body: Callable[..., None], grid: tuple[int, ...], offsets: tuple[Any, .
         in_views = [b.at[slot] for b in in_bufs]
         out_slots, pending, pending_idx = carry
         out_views = [b.at[s] for b, s in zip(out_bufs, out_slots)]
+        lead = (PipelineStep(idx, step),) if explicit else ()
         with prims.grid_env(idx, grid):
-            body(*_spread(trees[0], in_views), *_spread(trees[1], out_views), *scratches)
+            body(*lead, *_spread(trees[0], in_views), *_spread(trees[1], out_views),
+                 *scratches)
         new_slots, new_pending, new_idx = [], [], []
         for k, op in enumerate(outs):
             here, there = op.block_indices(idx), op.block_indices(nxt)
@@ -280,9 +325,145 @@ def _run(body: Callable[..., None], grid: tuple[int, ...], offsets: tuple[Any, .
         return new_slots, new_pending, new_idx
 
     init = ([jnp.int32(0)] * len(outs), [jnp.bool_(False)] * len(outs),
-            [tuple(jnp.int32(0) for _ in op.shape) for op in outs])
+            [tuple(jnp.zeros(sh, jnp.int32) for sh in op.index_shapes) for op in outs])
     slots, _, pending_idx = lax.fori_loop(0, steps, step_fn, init)
     # The last write-back of every output is still in flight (the ones before were waited).
     if not no_pipelining:
         for k in range(len(outs)):
             write_back(k, pending_idx[k], 1 - slots[k]).wait()
+
+
+# --- pipelines with allocations made once --------------------------------------------------
+
+
+class BufferType(enum.Enum):
+    """The role of a pipeline buffer (JAX's values)."""
+
+    INPUT = 1
+    OUTPUT = 2
+    INPUT_OUTPUT = 3
+    MANUAL = 4
+
+    @property
+    def is_input(self) -> bool:
+        """Whether buffers of this role are filled from HBM."""
+        return self in (BufferType.INPUT, BufferType.INPUT_OUTPUT)
+
+    @property
+    def is_output(self) -> bool:
+        """Whether buffers of this role are written back to HBM."""
+        return self in (BufferType.OUTPUT, BufferType.INPUT_OUTPUT)
+
+
+class BufferedRefBase(abc.ABC):  # noqa: B024 (JAX's interface class)
+    """The interface of a pipeline's buffered operand (deprecated in JAX 0.12: internal to the
+    pipelines). :class:`BufferedRef` is the one kind here."""
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class BufferedRef(BufferedRefBase):
+    """The buffers of one pipeline operand: ``window_ref``, two VMEM blocks (the one the body
+    works on, and the one the DMA engine fills or drains), and ``sem``, their two DMA
+    semaphores. ``make_allocations`` returns them with memory descriptions in those fields;
+    ``pl.run_scoped`` turns those into Refs, which ``pipeline(..., allocations=...)`` uses."""
+
+    spec: Any = dataclasses.field(metadata={"static": True})
+    buffer_type: BufferType = dataclasses.field(metadata={"static": True})
+    window_ref: Any = None
+    sem: Any = None
+
+    @property
+    def is_buffered(self) -> bool:
+        """Always True: every operand here has its VMEM blocks."""
+        return True
+
+    @property
+    def is_input(self) -> bool:
+        """Whether the operand is read by the pipeline."""
+        return self.buffer_type.is_input
+
+    @property
+    def is_output(self) -> bool:
+        """Whether the operand is written by the pipeline."""
+        return self.buffer_type.is_output
+
+
+def _check_allocations(allocations: Any, ops: Sequence[_Operand]) -> list[BufferedRef]:
+    brefs = jax.tree_util.tree_leaves(allocations, is_leaf=lambda x: isinstance(x, BufferedRef))
+    if len(brefs) != len(ops) or not all(isinstance(b, BufferedRef) for b in brefs):
+        raise PallasError(
+            f"emit_pipeline: allocations must hold one pltpu.BufferedRef per operand ({len(ops)}),"
+            f" found {len(brefs)} leaves. Fix: pass what make_allocations (from "
+            "emit_pipeline_with_allocations) describes, allocated with pl.run_scoped.")
+    for b, op in zip(brefs, ops):
+        shape = tuple(getattr(b.window_ref, "shape", ()))
+        if shape != (2, *op.buffer_shape):
+            raise PallasError(f"emit_pipeline {op.origin}: its allocation holds buffers of shape "
+                              f"{shape}, the pipeline needs {(2, *op.buffer_shape)}. Fix: make "
+                              "the allocations with this pipeline's specs.")
+    return brefs
+
+
+def emit_pipeline_with_allocations(body: Callable[..., None], *, grid: Sequence[int],
+                                   in_specs: Any = (), out_specs: Any = ()
+                                   ) -> tuple[Callable[..., None], Callable[..., Any]]:
+    """``(pipeline, make_allocations)``: ``pipeline`` is ``emit_pipeline``'s; and
+    ``make_allocations(*refs)`` (the pipeline's HBM Refs) describes its buffers as a tuple of
+    :class:`BufferedRef` (inputs, then outputs), for ``pl.run_scoped`` to allocate once and
+    ``pipeline(*refs, allocations=...)`` to use in every run."""
+    pipeline = emit_pipeline(body, grid=grid, in_specs=in_specs, out_specs=out_specs)
+
+    def make_allocations(*refs: Any) -> tuple[BufferedRef, ...]:
+        flat_in = jax.tree_util.tree_leaves(in_specs, is_leaf=_is_spec)
+        flat_out = jax.tree_util.tree_leaves(out_specs, is_leaf=_is_spec)
+        flat_refs = jax.tree_util.tree_leaves(refs, is_leaf=_is_ref)
+        if len(flat_refs) != len(flat_in) + len(flat_out):
+            raise PallasError(f"make_allocations: {len(flat_in)} in_specs and {len(flat_out)} "
+                              f"out_specs but {len(flat_refs)} Refs were passed.")
+        out = []
+        for k, (ref, spec) in enumerate(zip(flat_refs, [*flat_in, *flat_out])):
+            kind = BufferType.INPUT if k < len(flat_in) else BufferType.OUTPUT
+            op = _Operand(ref, spec, f"{kind.name.lower()} {k}")
+            out.append(BufferedRef(spec, kind, VMEM((2, *op.buffer_shape), op.dtype),
+                                   SemaphoreType.DMA((2,))))
+        return tuple(out)
+
+    return pipeline, make_allocations
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class PipelineStep:
+    """Where a pipeline body runs (with ``_explicit_indices=True``): ``index``, the grid
+    indices of the step; ``local_index``, the step's number in this core's part of the
+    grid."""
+
+    index: tuple[Any, ...]
+    local_index: Any
+
+
+def emit_pipeline_with_async_prefetch(
+        body: Callable[..., None], *, grid: Sequence[int], in_specs: Any = (),
+        out_specs: Any = (), mesh: Any, tiling: Any = None, core_axis: Any = None,
+        core_axis_name: Any = None, dimension_semantics: Any = None, trace_scopes: bool = True,
+        no_pipelining: bool = False, _explicit_indices: bool = False
+) -> tuple[Callable[..., None], Callable[..., Any]]:
+    """``(pipeline, async_prefetch)``: ``pipeline`` is ``emit_pipeline``'s; in JAX,
+    ``async_prefetch(*inputs)`` starts the first input copies early, in a kernel on ``mesh``,
+    and returns allocations for ``pipeline(..., allocations=...)``. Prefetching never changes
+    results; here it starts nothing and returns ``None``, so the pipeline fetches its first
+    blocks itself."""
+    if mesh is None:
+        raise PallasError("emit_pipeline_with_async_prefetch needs mesh=. Fix: pass the "
+                          "pl.kernel mesh the pipeline runs on.")
+    pipeline = emit_pipeline(body, grid=grid, in_specs=in_specs, out_specs=out_specs,
+                             tiling=tiling, core_axis=core_axis, core_axis_name=core_axis_name,
+                             dimension_semantics=dimension_semantics,
+                             trace_scopes=trace_scopes, no_pipelining=no_pipelining,
+                             _explicit_indices=_explicit_indices)
+
+    def async_prefetch(*inputs: Any) -> None:
+        return None
+
+    return pipeline, async_prefetch

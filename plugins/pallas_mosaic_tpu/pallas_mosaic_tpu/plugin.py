@@ -14,16 +14,19 @@ from pallas_core.errors import PallasError
 from pallas_core.hookspecs import hookimpl
 from pallas_core.plugins import BackendInfo
 from pallas_core.request import KernelCall, LoweringRequest
-from pallas_core.spec import ANY
+from pallas_core.spec import ANY, HOST
+from pallas_mosaic_tpu import elementwise, lowering, memory, primitives, validation
 from pallas_mosaic_tpu import ir as mir
-from pallas_mosaic_tpu import lowering, primitives, validation
+from pallas_mosaic_tpu.errors import as_lowering_exception
 from pallas_mosaic_tpu.params import (
+    CMEM,
     DMA_SEMAPHORE,
     HBM,
     NAME,
     SEMAPHORE,
     SMEM,
     VMEM,
+    VMEM_SHARED,
     SideEffectType,
     TPUCompilerParams,
 )
@@ -134,12 +137,12 @@ def pallas_describe() -> BackendInfo:
 
 @hookimpl
 def pallas_memory_spaces() -> Any:
-    return (VMEM, ANY, HBM, SMEM, SEMAPHORE, DMA_SEMAPHORE)
+    return (VMEM, ANY, HBM, SMEM, SEMAPHORE, DMA_SEMAPHORE, CMEM, VMEM_SHARED, HOST)
 
 
 @hookimpl
 def pallas_primitives() -> Any:
-    return primitives.SEMANTICS
+    return primitives.SEMANTICS + memory.SEMANTICS + elementwise.SEMANTICS
 
 
 @hookimpl
@@ -150,7 +153,10 @@ def pallas_validate(call: KernelCall) -> None:
 @hookimpl
 def pallas_lower(request: LoweringRequest) -> Any:
     call = request.call
-    module, name = lowering.lower_kernel(call, plb.manual_axes(request.ctx))
+    try:
+        module, name = lowering.lower_kernel(call, plb.manual_axes(request.ctx))
+    except PallasError as e:
+        raise as_lowering_exception(e).with_traceback(e.__traceback__) from None
     config = backend_config(call, mir.serialize(module), mir.has_communication(module))
     return emit_tpu_custom_call(request, config, name)
 

@@ -111,3 +111,84 @@ def stateful_bernoulli(p: Any = 0.5, shape: Sequence[int] | None = None, mode: s
     both = _uniform((2, *dims), 0.0, 1.0)
     fine = both[1] * jnp.float32(2.0 ** -23)
     return fine < prob - both[0]
+
+
+# --- keys for kernels: to_pallas_key, sample_block ----------------------------------------
+
+KEY_IMPL = "threefry2x32"
+"""The ``jax.random`` implementation of the keys :func:`to_pallas_key` makes. JAX's keys of
+this kind draw from the TPU core's PRNG; here they are ``jax.random``'s threefry keys, so
+samples are the same on every backend that runs them (the interpreter), and a TPU's bits
+differ from JAX's either way."""
+
+
+def to_pallas_key(key: jax.Array) -> jax.Array:
+    """A key for kernels (:data:`KEY_IMPL`) made from the bits of ``key`` (a typed
+    ``jax.random`` key or a legacy uint32 key; batched keys give batched keys), as JAX's
+    ``to_pallas_key``; :func:`sample_block` takes it, or its two words
+    (``jax.random.key_data``) read from a Ref."""
+    typed = jnp.issubdtype(jnp.asarray(key).dtype if not hasattr(key, "dtype") else key.dtype,
+                           jax.dtypes.prng_key)
+    batched = key.ndim > (0 if typed else 1)
+
+    def words(k: jax.Array) -> jax.Array:
+        return jax.random.bits(k, (2,), jnp.uint32)
+
+    data = jax.vmap(words)(key) if batched else words(key)
+    return jax.random.wrap_key_data(data, impl=KEY_IMPL)
+
+
+def _as_key(key: Any) -> jax.Array:
+    if jnp.issubdtype(getattr(key, "dtype", np.float32), jax.dtypes.prng_key):
+        return key  # type: ignore[no-any-return]
+    data = jnp.asarray(key)
+    if data.dtype != jnp.uint32 or data.size != 2:
+        raise PallasError(f"pltpu.sample_block: global_key must be a key from "
+                          f"pltpu.to_pallas_key or its two uint32 words, found "
+                          f"{data.dtype}{list(data.shape)}.")
+    return jax.random.wrap_key_data(jnp.reshape(data, (2,)), impl=KEY_IMPL)
+
+
+def sample_block(sampler_fn: Any, global_key: Any, block_size: Sequence[int],
+                 tile_size: Sequence[int], total_size: Sequence[int],
+                 block_index: tuple[Any, ...] | None = None, **kwargs: Any) -> jax.Array:
+    """The block ``block_index`` (default: ``pl.program_id`` of each axis) of a
+    ``total_size`` array of samples of ``sampler_fn`` (e.g. ``jax.random.uniform``), the
+    same whatever the block shape or order: the array is cut into ``tile_size`` tiles (which
+    must divide every block shape used), tile ``t`` (row-major over the tiles of the whole
+    array) is ``sampler_fn(jax.random.fold_in(global_key, t), shape=tile_size, **kwargs)``.
+
+    ``global_key`` is a key from :func:`to_pallas_key`, or its two uint32 words (e.g. read
+    from an SMEM Ref: ``key_ref[...]``). The interpreter runs it; the Mosaic TPU lowering
+    has no rule for ``jax.random``'s threefry primitives yet and raises naming them.
+    """
+    from pallas_core.primitives import program_id
+
+    block, tile, total = (_shape(s, "sample_block") for s in (block_size, tile_size,
+                                                                total_size))
+    if not len(block) == len(tile) == len(total):
+        raise PallasError(f"pltpu.sample_block: block_size {block}, tile_size {tile} and "
+                          f"total_size {total} must have one rank.")
+    if any(t == 0 or b % t for b, t in zip(block, tile)):
+        raise PallasError(f"pltpu.sample_block: tile_size {tile} must divide block_size "
+                          f"{block}.")
+    key = _as_key(global_key)
+    if block_index is None:
+        block_index = tuple(program_id(axis) for axis in range(len(block)))
+    per_block = [b // t for b, t in zip(block, tile)]
+    tiles_total = [-(-n // t) for n, t in zip(total, tile)]
+
+    def tile_at(prefix: tuple[int, ...]) -> jax.Array:
+        flat: Any = 0
+        for axis, i in enumerate(prefix):
+            flat = flat * tiles_total[axis] + block_index[axis] * per_block[axis] + i
+        sub = jax.random.fold_in(key, jnp.asarray(flat, jnp.uint32))
+        return sampler_fn(sub, shape=tile, **kwargs)  # type: ignore[no-any-return]
+
+    def along(axis: int, prefix: tuple[int, ...]) -> jax.Array:
+        if axis == len(block):
+            return tile_at(prefix)
+        return jnp.concatenate([along(axis + 1, (*prefix, i)) for i in range(per_block[axis])],
+                               axis=axis)
+
+    return along(0, ())

@@ -5,15 +5,17 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
+from pallas_mosaic_tpu import params as _tpu_params
+
 from pallas_core.errors import PallasError
 from pallas_core.spec import CompilerParams as _CompilerParams
-from pallas_core.spec import MemorySpace, Mesh
+from pallas_core.spec import Mesh
 
 NAME = "sparsecore"
 
-VMEM_SHARED = MemorySpace("VMEM_SHARED", backend=NAME, shared=True)
-"""The memory one SparseCore's subcores share (its SPMEM); per-subcore memory is
-``pltpu.VMEM`` (TileSPMEM), scalars live in ``pltpu.SMEM``."""
+VMEM_SHARED = _tpu_params.VMEM_SHARED
+"""The memory one SparseCore's subcores share (its SPMEM): ``pltpu.VMEM_SHARED``, as in JAX;
+per-subcore memory is ``pltpu.VMEM`` (TileSPMEM), scalars live in ``pltpu.SMEM``."""
 
 
 @dataclasses.dataclass(frozen=True)
