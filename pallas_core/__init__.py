@@ -16,6 +16,7 @@ from pallas_core._jax import ds as dslice
 from pallas_core.call import pallas_call, pallas_call_p
 from pallas_core.copies import select_ref
 from pallas_core.cost import estimate_cost
+from pallas_core.deprecations import Deprecated, Deprecations
 from pallas_core.emulation.api import emulate
 from pallas_core.errors import (
     ArgumentError,
@@ -35,9 +36,7 @@ from pallas_core.errors import (
 )
 from pallas_core.extras import (
     debug_check,
-    debug_checks_enabled,
     delay,
-    dot,
     empty_ref_like,
     enable_debug_checks,
     enable_poison_buffers,
@@ -46,10 +45,9 @@ from pallas_core.extras import (
     with_scoped,
 )
 from pallas_core.grid_mapping import BlockMapping, GridMapping
-from pallas_core.kernel import core_map, kernel
+from pallas_core.kernel import kernel
 from pallas_core.plugins import Backend, BackendInfo, register_backend
 from pallas_core.primitives import (
-    DeviceIdType,
     atomic_add,
     atomic_and,
     atomic_cas,
@@ -111,9 +109,9 @@ __all__ = [
     "align_to", "ANY", "ArgumentError", "atomic_add", "atomic_and", "atomic_cas", "atomic_max",
     "atomic_min", "atomic_or", "atomic_xchg", "atomic_xor", "AutodiffError", "Backend",
     "BackendInfo", "BackendNotFoundError", "BlockDim", "Blocked", "BlockMapping", "BlockSpec",
-    "BlockSpecError", "broadcast_to", "Buffered", "cdiv", "CompilerParams", "core_map",
-    "CostEstimate", "debug_check", "debug_checks_enabled", "debug_print", "delay",
-    "DeviceIdType", "dot", "ds", "dslice", "empty", "empty_like", "empty_ref_like", "emulate",
+    "BlockSpecError", "broadcast_to", "Buffered", "cdiv", "CompilerParams",
+    "CostEstimate", "debug_check", "debug_print", "delay",
+    "ds", "dslice", "empty", "empty_like", "empty_ref_like", "emulate",
     "enable_debug_checks", "enable_poison_buffers", "estimate_cost", "get_global",
     "GridMapping", "GridSpec", "HOST", "Indirect", "kernel", "KernelCall",
     "KernelSignatureError", "KernelStages", "KernelTraceError", "load", "loop", "lower_as_mlir",
@@ -132,26 +130,36 @@ __all__ = [
 ]
 
 
-_DEPRECATED = {
-    "reciprocal": "pl.reciprocal is deprecated: it moved to the Mosaic TPU backend, as in JAX "
-                  "0.11. Write pltpu.reciprocal (import pallas_mosaic_tpu as pltpu).",
-}
-"""Names that still work, with a ``DeprecationWarning`` saying what to write (as JAX warns)."""
+_MOVED = Deprecations("pallas_core", globals(), {
+    "DeviceIdType": Deprecated(
+        "pallas_core.primitives:DeviceIdType",
+        "pl.DeviceIdType is deprecated, as in JAX 0.12, together with the device_id_type= "
+        "argument of semaphore and DMA calls that it is for; it still works here.", (0, 12)),
+    "reciprocal": Deprecated(
+        "pallas_core.extras:reciprocal",
+        "pl.reciprocal moved to the Mosaic TPU backend in JAX 0.11. Fix: write "
+        "pltpu.reciprocal (import pallas_mosaic_tpu as pltpu).", (0, 11)),
+    "core_map": Deprecated(
+        "pallas_core.kernel:core_map",
+        "pl.core_map is deprecated, as in JAX 0.11. Fix: write pl.kernel.", (0, 11)),
+    "dot": Deprecated(
+        "pallas_core.extras:dot",
+        "pl.dot is deprecated, as in JAX 0.10 (JAX 0.12 removed it). Fix: write jnp.dot, "
+        "jnp.einsum or @ (or pallas_triton.dot in Triton kernels).", (0, 10)),
+    "debug_checks_enabled": Deprecated(
+        "pallas_core.extras:debug_checks_enabled",
+        "pl.debug_checks_enabled is deprecated, as in JAX 0.10 (JAX 0.12 removed it). Fix: "
+        "read pl.enable_debug_checks.value.", (0, 10)),
+}, missing=lambda name: _not_provided(name))
+"""Names JAX moved or removed: they work, and warn from the JAX release that warns."""
 
 
-def __getattr__(name: str) -> Any:
-    if name in _DEPRECATED:
-        import warnings
-
-        from pallas_core import extras
-
-        warnings.warn(_DEPRECATED[name], DeprecationWarning, stacklevel=2)
-        return getattr(extras, name)
+def _not_provided(name: str) -> Any:
     # Names of jax.experimental.pallas that are not provided: say so, and what to write.
     from pallas_core.extras import not_provided
 
     raise not_provided(name)
 
 
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_DEPRECATED})
+__getattr__ = _MOVED.getattr
+__dir__ = _MOVED.dir

@@ -120,6 +120,7 @@ from pallas_core._jax import (
     written_invars,
 )
 from pallas_core.copies import Indices
+from pallas_core.deprecations import Deprecated, Deprecations
 from pallas_core.emulation.call import EmulatedCall
 from pallas_core.errors import PallasError, UnsupportedError, unsupported
 from pallas_core.grid_mapping import BlockMapping, GridMapping
@@ -164,7 +165,8 @@ def remote_view(ref: Any, device_id: Any,
 
 __all__ = [
     # the contract
-    "Backend", "BackendInfo", "BlockMapping", "CompilerParams", "EmulatedCall", "GridMapping",
+    "Backend", "BackendInfo", "BlockMapping", "CompilerParams", "Deprecated", "Deprecations",
+    "EmulatedCall", "GridMapping",
     "Indices", "KernelCall", "LoweringRequest", "MemorySpace", "PallasError", "UnsupportedError",
     "hookimpl", "register_backend", "unsupported",
     # reference semantics

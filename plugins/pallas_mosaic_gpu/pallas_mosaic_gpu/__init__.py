@@ -8,6 +8,7 @@ when they use TMEM and tcgen05, and emitted as the
 
 from __future__ import annotations
 
+import pallas_core.backend as plb
 from pallas_mosaic_gpu.additions import (
     InterpretGPUParams,
     MemorySpace,
@@ -89,7 +90,7 @@ from pallas_mosaic_gpu.primitives import (
     wgmma,
     wgmma_wait,
 )
-from pallas_mosaic_gpu.refused import module_getattr as __getattr__  # noqa: F401 - refused names
+from pallas_mosaic_gpu.refused import module_getattr
 from pallas_mosaic_gpu.scheduling import (
     TryClusterCancelResult,
     WarpMesh,
@@ -102,7 +103,6 @@ from pallas_mosaic_gpu.transforms import (
     SwizzleTransform,
     TilingTransform,
     find_swizzle,
-    transpose_ref,
 )
 from pallas_mosaic_gpu.warp_specialized import (
     WarpSpecializedPipeline,
@@ -116,7 +116,7 @@ __all__ = ["__version__", "ACC", "atomic_add", "atomic_and", "atomic_max", "atom
            "GPUCompilerParams", "kernel", "Mesh", "ShapeDtypeStruct", "SMEM", "TMEM",
            "wait_smem_to_gmem", "wgmma", "wgmma_wait"]
 __all__ += ["BlockSpec", "find_swizzle", "LoweringSemantics", "nd_loop", "NDLoopInfo",
-            "planar_snake", "SwizzleTransform", "TilingTransform", "transpose_ref"]
+            "planar_snake", "SwizzleTransform", "TilingTransform"]
 __all__ += ["broadcasted_iota", "commit_smem_to_gmem_group", "Layout", "layout_cast", "load"]
 __all__ += ["emit_pipeline_warp_specialized", "set_max_registers", "WarpSpecializedPipeline"]
 __all__ += ["async_load_tmem", "async_store_tmem", "commit_tmem", "tcgen05_commit_arrive",
@@ -133,3 +133,16 @@ __all__ += ["async_prefetch", "griddepcontrol_launch_dependents", "griddepcontro
 __all__ += ["SemaphoreSignal", "semaphore_signal_parallel"]
 __all__ += ["MemorySpace"]
 __all__ += ["warp_map", "wgmma_accumulator_load"]
+
+
+_MOVED = plb.Deprecations("pallas_mosaic_gpu", globals(), {
+    "transpose_ref": plb.Deprecated(
+        "pallas_mosaic_gpu.transforms:transpose_ref",
+        "plgpu.transpose_ref is deprecated, as in JAX 0.11. Fix: write ref.transpose(...).",
+        (0, 11)),
+}, missing=module_getattr)
+"""Names JAX moved or removed: they work, and warn from the JAX release that warns; refused
+names raise (``refused.py``)."""
+
+__getattr__ = _MOVED.getattr
+__dir__ = _MOVED.dir

@@ -7,8 +7,7 @@ Lowering needs no TPU: ``jax.jit(f).trace(*a).lower(lowering_platforms=("tpu",))
 
 from __future__ import annotations
 
-from typing import Any
-
+import pallas_core.backend as plb
 from pallas_core.copies import async_copy, make_async_copy, make_async_remote_copy
 from pallas_core.extras import reciprocal
 from pallas_core.spec import ANY
@@ -71,7 +70,6 @@ from pallas_mosaic_tpu.params import (
     SideEffectType,
     TPUCompilerParams,
     async_remote_copy,
-    create_tensorcore_mesh,
     dma_semaphore,
     get_barrier_semaphore,
     sync_copy,
@@ -114,7 +112,7 @@ from pallas_mosaic_tpu.tpu_info import (
 CompilerParams = TPUCompilerParams
 
 __all__ = ["__version__", "ANY", "ARBITRARY", "async_copy", "async_remote_copy", "bitcast",
-           "CompilerParams", "CORE_PARALLEL", "create_tensorcore_mesh", "DMA_SEMAPHORE",
+           "CompilerParams", "CORE_PARALLEL", "DMA_SEMAPHORE",
            "emit_pipeline", "force_tpu_interpret_mode", "get_barrier_semaphore",
            "GridDimensionSemantics", "HBM", "InterpretParams", "load", "make_async_copy",
            "make_async_remote_copy", "PARALLEL", "PrefetchScalarGridSpec", "prng_random_bits",
@@ -134,23 +132,21 @@ __all__ = ["__version__", "ANY", "ARBITRARY", "async_copy", "async_remote_copy",
            "matmul_acc_lhs", "matmul_lhs_fifo", "matmul_pop", "matmul_pop_fifo",
            "matmul_push_rhs"]
 
-_DEPRECATED = {
-    "BufferedRefBase": "pltpu.BufferedRefBase is deprecated, as in JAX 0.12: it is internal to "
-                       "the pipelines. Fix: use pltpu.BufferedRef.",
-}
-"""Names that still work, with a ``DeprecationWarning`` saying what to write (as JAX warns)."""
+_MOVED = plb.Deprecations("pallas_mosaic_tpu", globals(), {
+    "BufferedRefBase": plb.Deprecated(
+        "pallas_mosaic_tpu.pipeline:BufferedRefBase",
+        "pltpu.BufferedRefBase is deprecated, as in JAX 0.12: it is internal to the pipelines. "
+        "Fix: use pltpu.BufferedRef.", (0, 12)),
+    "create_tensorcore_mesh": plb.Deprecated(
+        "pallas_mosaic_tpu.params:create_tensorcore_mesh",
+        "pltpu.create_tensorcore_mesh is deprecated, as in JAX 0.11. Fix: write "
+        "pltpu.TensorCoreMesh(...).", (0, 11)),
+    "HOST": plb.Deprecated(
+        "pallas_core:HOST",
+        "pltpu.HOST is deprecated, as in JAX 0.10 (JAX 0.12 removed it). Fix: write pl.HOST.",
+        (0, 10)),
+})
+"""Names JAX moved or removed: they work, and warn from the JAX release that warns."""
 
-
-def __getattr__(name: str) -> Any:
-    if name in _DEPRECATED:
-        import warnings
-
-        from pallas_mosaic_tpu import pipeline
-
-        warnings.warn(_DEPRECATED[name], DeprecationWarning, stacklevel=2)
-        return getattr(pipeline, name)
-    raise AttributeError(f"module 'pallas_mosaic_tpu' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_DEPRECATED})
+__getattr__ = _MOVED.getattr
+__dir__ = _MOVED.dir
