@@ -49,8 +49,8 @@ primitives ``get_p``, ``swap_p``, ``addupdate_p``, ``broadcast_to_p``; ``Effect`
 such as an accumulator).
 
 **Emitting a call**: ``emit_custom_call``, ``manual_axes``, ``make_ir_context``,
-``assume_device``, ``mosaic_serde_version``; ``jax_lowering_rule_names`` (JAX's own rule
-registries, for parity tests).
+``assume_device``, ``mosaic_serde_version``, ``mosaic_waits_name_both_ends``;
+``jax_lowering_rule_names`` (JAX's own rule registries, for parity tests).
 """
 
 from __future__ import annotations
@@ -96,6 +96,7 @@ from pallas_core._jax import (
     make_ref_aval,
     manual_axes,
     mosaic_serde_version,
+    mosaic_waits_name_both_ends,
     ref_type_of,
     register_initial_ref,
     register_side_effect,
@@ -179,5 +180,5 @@ __all__ = [
     "register_side_effect", "run_state_p", "shape_after_transforms", "swap_p",
     # emitting a call
     "assume_device", "emit_custom_call", "jax_lowering_rule_names", "make_ir_context",
-    "manual_axes", "mosaic_serde_version",
+    "manual_axes", "mosaic_serde_version", "mosaic_waits_name_both_ends",
 ]
