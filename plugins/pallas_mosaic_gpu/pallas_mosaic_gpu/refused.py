@@ -49,7 +49,26 @@ _INTERPRET = ("the interpreter is a backend of its own here", "pass backend='int
 
 # name: (what it is in JAX, (why, fix)): the "refused" rows of docs/backends/mosaic_gpu_api.md,
 # and its "core" and "not applicable" rows, whose fix names the equivalent.
+_REDUCE = ("JAX 0.12's register reductions (with an accumulator_ilp= tuning knob) are not "
+           "lowered here", "reduce with jax.numpy (jnp.sum, jnp.max, jnp.min, jnp.prod)")
+
 REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
+    # New in JAX 0.12.
+    "alloc_semaphore": ("makes a GMEM semaphore Ref outside a kernel, outliving one call",
+                        ("semaphores here live for one kernel call",
+                         "allocate them in scratch_shapes with plgpu.SemaphoreType.REGULAR")),
+    "barrier_arrive_and_wait": ("arrives at a barrier and waits on it",
+                                ("it is not lowered here",
+                                 "call plgpu.barrier_arrive(b), then plgpu.barrier_wait(b)")),
+    "im2col_ref": ("an im2col view of a GMEM Ref for TMA copies",
+                   ("TMA im2col copies are not lowered here",
+                    "copy the convolution windows with ordinary slices")),
+    "max": ("a maximum along axes of an array in registers", _REDUCE),
+    "min": ("a minimum along axes of an array in registers", _REDUCE),
+    "prod": ("a product along axes of an array in registers", _REDUCE),
+    "store": ("stores an array to an SMEM or GMEM Ref",
+              ("it is not lowered here", "write dst_ref[...] = value")),
+    "sum": ("a sum along axes of an array in registers", _REDUCE),
     "as_torch_kernel": ("makes a kernel callable on PyTorch tensors",
                         ("kernels here take and return JAX arrays",
                          "exchange tensors with PyTorch through jax.dlpack")),
