@@ -772,6 +772,16 @@ def mosaic_serde_version() -> int:
     return int(getattr(tpu_custom_call, "_FWD_COMPAT_VERSION", 11))
 
 
+@functools.cache
+def mosaic_waits_name_both_ends() -> bool:
+    """Whether JAX's own Pallas TPU lowering waits for a DMA with ``tpu.wait_dma`` (naming the
+    copy's source and target, ``wait_target`` telling which side waits: JAX 0.12) rather than
+    ``tpu.wait_dma2`` (one semaphore: JAX 0.10). Both ops exist in both jaxlibs; this reads
+    which one the installed JAX's lowering emits."""
+    from jax._src.pallas.mosaic import lowering as mosaic_lowering
+    return "wait_dma2(" not in inspect.getsource(mosaic_lowering)
+
+
 def jit_keyed_setting(name: str, default: Any = None) -> Any:
     """A thread-local setting that ``jax.jit`` includes in its cache key and trace context, so a
     function traced under one value is traced again under another. ``.value`` reads it;

@@ -52,9 +52,9 @@ skip, ``plsc.Indices``).
 **Emitting a call**: ``emit_custom_call``, ``manual_axes``, ``make_ir_context``,
 ``assume_device``, ``assumed_device`` (the chip a trace or lowering is for where no device
 of the platform is attached: what ``pltpu.get_tpu_info()`` answers for),
-``mosaic_serde_version``; ``pallas_use_mosaic_gpu`` (JAX's choice between the two GPU
-backends, for ``BackendInfo.default_priority``); ``jax_lowering_rule_names`` (JAX's own rule
-registries, for parity tests).
+``mosaic_serde_version``, ``mosaic_waits_name_both_ends``; ``pallas_use_mosaic_gpu`` (JAX's
+choice between the two GPU backends, for ``BackendInfo.default_priority``);
+``jax_lowering_rule_names`` (JAX's own rule registries, for parity tests).
 """
 
 from __future__ import annotations
@@ -101,6 +101,7 @@ from pallas_core._jax import (
     make_ref_aval,
     manual_axes,
     mosaic_serde_version,
+    mosaic_waits_name_both_ends,
     pallas_use_mosaic_gpu,
     ref_type_of,
     register_initial_ref,
@@ -188,5 +189,6 @@ __all__ = [
     "register_side_effect", "run_state_p", "shape_after_transforms", "swap_p",
     # emitting a call
     "assume_device", "assumed_device", "emit_custom_call", "jax_lowering_rule_names",
-    "make_ir_context", "manual_axes", "mosaic_serde_version", "pallas_use_mosaic_gpu",
+    "make_ir_context", "manual_axes", "mosaic_serde_version", "mosaic_waits_name_both_ends",
+    "pallas_use_mosaic_gpu",
 ]

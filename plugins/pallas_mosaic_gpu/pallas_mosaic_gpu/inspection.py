@@ -15,6 +15,7 @@ shared memory); ``assert_same_kernel(ours, theirs)`` compares all of it.
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Any
 
 import jax
@@ -27,6 +28,15 @@ from pallas_core.mlir_lowering import walk
 from pallas_core.request import KernelCall
 
 CUSTOM_CALL_TARGET = "mosaic_gpu_v2"
+TMA_LOAD = re.compile(
+    r"cp\.async\.bulk\.tensor\.(?:shared\.cluster\.global|\d+d\.shared::c\w+\.global)")
+"""A TMA load (global to shared memory) in a module's text, as the installed Mosaic GPU library
+writes it: an ``nvvm`` operation (JAX 0.10), or inline PTX (JAX 0.12)."""
+
+
+def tma_loads(text: str) -> int:
+    """How many TMA loads (:data:`TMA_LOAD`) a module's text holds."""
+    return len(TMA_LOAD.findall(text))
 
 
 def _backend_config(config: ir.DictAttr) -> dict[str, Any]:

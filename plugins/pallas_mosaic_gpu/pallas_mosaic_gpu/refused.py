@@ -45,6 +45,13 @@ _WARPS = ("this backend runs code per warpgroup (lane semantics); warpgroups spe
 # name: (what it is in JAX, (why, fix)): the "refused" rows of docs/backends/mosaic_gpu_api.md,
 # and its "core" and "not applicable" rows, whose fix names the equivalent.
 REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
+    # New in JAX 0.12.
+    "alloc_semaphore": ("makes a GMEM semaphore Ref outside a kernel, outliving one call",
+                        ("semaphores here live for one kernel call",
+                         "allocate them in scratch_shapes with plgpu.SemaphoreType.REGULAR")),
+    "im2col_ref": ("an im2col view of a GMEM Ref for TMA copies",
+                   ("TMA im2col copies are not lowered here",
+                    "copy the convolution windows with ordinary slices")),
     "as_torch_kernel": ("makes a kernel callable on PyTorch tensors",
                         ("kernels here take and return JAX arrays",
                          "exchange tensors with PyTorch through jax.dlpack")),

@@ -249,7 +249,7 @@ def aligned_smem(entries: Sequence[Any]) -> tuple[tuple[Any, ...], list[int]]:
     ``entries`` (buffers and barriers): every buffer first, each starting at a multiple of
     :data:`SMEM_ALIGNMENT` bytes, then the barriers (8 bytes each), with ``uint8`` padding
     between them. Returns the tree and, for each entry, its index in the tree."""
-    barrier_types = (mgpu.Barrier, mgpu.TMABarrier, mgpu.ClusterBarrier)
+    barrier_types = (mgpu.Barrier, mgpu.ClusterBarrier)
     tree: list[Any] = []
     positions = [0] * len(entries)
     offset = 0
@@ -311,7 +311,7 @@ def build(call: KernelCall, devices: tuple[tuple[str, int], ...] = ()
         if _windowed(bm):
             smem.append(jax.ShapeDtypeStruct((slots, *buf_shape(bm.ref_shape, bm.dtype)),
                                              bm.dtype))
-            smem.append(mgpu.TMABarrier(slots))
+            smem.append(mgpu.Barrier(1, slots))  # one arrival: the TMA's
             buffers.append(("in", k, is_tileable(bm.ref_shape, bm.dtype)))
     from pallas_mosaic_gpu import smem_reuse
     reuse = smem_reuse.reused(call)  # outputs staged in an input's buffer

@@ -75,9 +75,9 @@ def multicast(which: Any, groups: int = 2) -> Any:
         gpu.copy_smem_to_gmem(buf, o_ref.at[pl_.ds((2 * i + c) * ROWS, ROWS)])
         gpu.wait_smem_to_gmem(0)
 
-    return gpu.kernel(body, out_shape=S((2 * groups * ROWS, 64), F32), grid=(groups,),
+    return gpu.kernel(body, out_type=S((2 * groups * ROWS, 64), F32), grid=(groups,),
                       grid_names=("i",), cluster=(2,), cluster_names=("x",),
-                      scratch_shapes=[gpu.SMEM((ROWS, 64), F32), gpu.Barrier()])
+                      scratch_types=[gpu.SMEM((ROWS, 64), F32), gpu.Barrier()])
 
 
 def test_a_multicast_copy_lowers_like_jax() -> None:
@@ -111,9 +111,9 @@ def cluster_meeting(which: Any) -> Any:
         gpu.barrier_arrive(bar.at[0])
         gpu.barrier_wait(bar.at[0])
 
-    return gpu.kernel(body, out_shape=S((8,), F32), grid=(2,), grid_names=("i",),
+    return gpu.kernel(body, out_type=S((8,), F32), grid=(2,), grid_names=("i",),
                       cluster=(2,), cluster_names=("x",), num_threads=2, thread_name="wg",
-                      scratch_shapes=[gpu.ClusterBarrier(collective_axes=("x",),
+                      scratch_types=[gpu.ClusterBarrier(collective_axes=("x",),
                                                          num_arrivals=2)])
 
 
@@ -139,9 +139,9 @@ def test_the_interpreter_runs_a_cluster_meeting() -> None:
         plgpu.barrier_arrive(bar.at[0])
         plgpu.barrier_wait(bar.at[0])
 
-    stuck = plgpu.kernel(body, out_shape=S((8,), F32), grid=(1,), grid_names=("i",),
+    stuck = plgpu.kernel(body, out_type=S((8,), F32), grid=(1,), grid_names=("i",),
                          cluster=(2,), cluster_names=("x",), num_threads=2, thread_name="wg",
-                         scratch_shapes=[plgpu.ClusterBarrier(collective_axes=("x",),
+                         scratch_types=[plgpu.ClusterBarrier(collective_axes=("x",),
                                                               num_arrivals=3)])
     with pytest.raises(pl.PallasError, match="deadlock"), force_interpret_mode():
         jax.block_until_ready(stuck(jnp.zeros((8,), F32)))
@@ -174,9 +174,9 @@ def hand_off(x: jax.Array) -> jax.Array:
         def _() -> None:
             through_smem(top, bottom, lambda v: v + 1)
 
-    return plgpu.kernel(body, out_shape=S((2 * ROWS, 64), F32), grid=(1,), grid_names=("i",),
+    return plgpu.kernel(body, out_type=S((2 * ROWS, 64), F32), grid=(1,), grid_names=("i",),
                         cluster=(2,), cluster_names=("x",),
-                        scratch_shapes=[plgpu.SMEM((ROWS, 64), F32), plgpu.Barrier(),
+                        scratch_types=[plgpu.SMEM((ROWS, 64), F32), plgpu.Barrier(),
                                         plgpu.ClusterBarrier(collective_axes=("x",))])(x)
 
 
@@ -202,9 +202,9 @@ def partitioned(which: Any, dim: int) -> Any:
         def _():
             gpu.barrier_wait(bar.at[0])
 
-    return gpu.kernel(body, out_shape=S((8,), F32), grid=(1,), grid_names=("i",),
+    return gpu.kernel(body, out_type=S((8,), F32), grid=(1,), grid_names=("i",),
                       cluster=(2,), cluster_names=("x",),
-                      scratch_shapes=[gpu.SMEM((ROWS, 64), F16), gpu.Barrier()]), shape
+                      scratch_types=[gpu.SMEM((ROWS, 64), F16), gpu.Barrier()]), shape
 
 
 @pytest.mark.parametrize("dim", [0, 1])
@@ -247,9 +247,9 @@ def copied_back(x: jax.Array, leader_tracked: Any) -> jax.Array:
         plgpu.copy_smem_to_gmem(buf, dst)
         plgpu.wait_smem_to_gmem(0)
 
-    return plgpu.kernel(body, out_shape=S(out_shape, x.dtype), grid=(1,), grid_names=("i",),
+    return plgpu.kernel(body, out_type=S(out_shape, x.dtype), grid=(1,), grid_names=("i",),
                         cluster=(2,), cluster_names=("x",),
-                        scratch_shapes=[plgpu.SMEM(tuple(part), x.dtype), plgpu.Barrier(),
+                        scratch_types=[plgpu.SMEM(tuple(part), x.dtype), plgpu.Barrier(),
                                         plgpu.ClusterBarrier(collective_axes=("x",))])(x)
 
 
@@ -284,9 +284,9 @@ def test_a_leader_tracked_copy_completes_once_every_block_issued_it() -> None:
             plgpu.barrier_arrive(done.at[0])  # twice: the phase both blocks' arrivals make
             plgpu.barrier_arrive(done.at[0])
 
-    run = plgpu.kernel(body, out_shape=S((8,), F32), grid=(1,), grid_names=("i",),
+    run = plgpu.kernel(body, out_type=S((8,), F32), grid=(1,), grid_names=("i",),
                        cluster=(2,), cluster_names=("x",),
-                       scratch_shapes=[plgpu.SMEM((ROWS, 64), F16), plgpu.Barrier(),
+                       scratch_types=[plgpu.SMEM((ROWS, 64), F16), plgpu.Barrier(),
                                        plgpu.ClusterBarrier(collective_axes=("x",))])
     with pytest.raises(pl.PallasError, match="deadlock"), force_interpret_mode():
         jax.block_until_ready(run(jnp.zeros((2 * ROWS, 64), F16)))
@@ -300,7 +300,7 @@ def test_partitioned_copy_errors() -> None:
 
     def run(kw: dict[str, Any], backend: str = "interpret", **launch: Any) -> Any:
         return plgpu.kernel(functools.partial(body, kw=kw), out_shape=S((8,), F32),
-                            scratch_shapes=[plgpu.SMEM((ROWS, 64), F16), plgpu.Barrier()],
+                            scratch_types=[plgpu.SMEM((ROWS, 64), F16), plgpu.Barrier()],
                             backend=backend, **launch)(x)
 
     part = plgpu.CopyPartition.PARTITIONED(0)
@@ -335,7 +335,7 @@ def claiming(which: Any) -> Any:
         def _(info: Any) -> None:
             pass
 
-    return gpu.kernel(body, out_shape=S((8,), F32), grid=(4,), grid_names=("i",),
+    return gpu.kernel(body, out_type=S((8,), F32), grid=(4,), grid_names=("i",),
                       cluster=(2,), cluster_names=("x",), num_threads=2, thread_name="wg")
 
 
@@ -369,7 +369,7 @@ def test_the_interpreter_runs_claiming_work_for_a_cluster() -> None:
 
                 pl.run_scoped(write, plgpu.SMEM((128,), F32))
 
-    run = plgpu.kernel(body, out_shape=S((4, 2, 128), F32), grid=(4,), grid_names=("i",),
+    run = plgpu.kernel(body, out_type=S((4, 2, 128), F32), grid=(4,), grid_names=("i",),
                        cluster=(2,), cluster_names=("x",), num_threads=2, thread_name="wg")
     with force_interpret_mode():
         got = run(jnp.zeros((8,), F32))
@@ -390,9 +390,9 @@ def test_collective_tmem_and_tcgen05_checks() -> None:
         plgpu.tcgen05_mma(acc, s, s, collective_axis="x")
 
     def run(acc_cols: int, backend: str = "interpret") -> Any:
-        return plgpu.kernel(body, out_shape=S((8,), F32), backend=backend, grid=(1,),
+        return plgpu.kernel(body, out_type=S((8,), F32), backend=backend, grid=(1,),
                             grid_names=("i",), cluster=(2,), cluster_names=("x",),
-                            scratch_shapes=[plgpu.TMEM((128, acc_cols), F32, collective=True),
+                            scratch_types=[plgpu.TMEM((128, acc_cols), F32, collective=True),
                                             plgpu.SMEM((128, 128), F16),
                                             plgpu.Barrier(orders_tensor_core=True)])(
                                                 jnp.zeros((8,), F32))
@@ -443,7 +443,7 @@ def collective_matmul(a: jax.Array, b: jax.Array, commit: bool) -> jax.Array:
     return plgpu.kernel(
         body, out_shape=S((m, n), F32), grid=(1,), grid_names=("i",), cluster=(2,),
         cluster_names=("x",),
-        scratch_shapes=[plgpu.SMEM((half_m, k), a.dtype), plgpu.SMEM((k, half_n), b.dtype),
+        scratch_types=[plgpu.SMEM((half_m, k), a.dtype), plgpu.SMEM((k, half_n), b.dtype),
                         plgpu.TMEM((half_m, n), F32, collective=True),
                         plgpu.SMEM((half_m, n), F32), plgpu.Barrier(num_arrivals=2),
                         plgpu.Barrier(orders_tensor_core=True)])(a, b)

@@ -29,7 +29,8 @@ def test_planar_snake_matches_jax(shape: tuple[int, int], minor_dim: int,
                                   tile_width: int) -> None:
     lin = jnp.arange(shape[0] * shape[1])
     ours = plgpu.planar_snake(lin, shape, minor_dim, tile_width)
-    theirs = jgpu.planar_snake(lin, shape, minor_dim, tile_width)
+    # JAX 0.12's takes one index (it branches with lax.cond); vmap maps it over all of them.
+    theirs = jax.vmap(lambda i: jgpu.planar_snake(i, shape, minor_dim, tile_width))(lin)
     for a, b in zip(ours, theirs):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     visited = {(int(r), int(c)) for r, c in zip(*ours)}  # every point once

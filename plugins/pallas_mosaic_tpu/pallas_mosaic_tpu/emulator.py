@@ -409,6 +409,24 @@ def _wait_dma2(c: Compiler, op: ir.Operation) -> _Fn:
     return run
 
 
+def _wait_dma(c: Compiler, op: ir.Operation) -> _Fn:
+    """A wait for a DMA's bytes (newer Mosaic's form, naming both ends of the copy): on the
+    target semaphore (``wait_target``, the receiving side) or on the source semaphore (the
+    sending side), both of this device; a ``device_id`` only describes the copy."""
+    (src, _), (ss0, ss1), (dst, _), (ts0, ts1), (d0, d1), *_ = segments(op)
+    wait_target = bool(ir.BoolAttr(op.attributes["wait_target"]).value)
+    s0, s1 = (ts0, ts1) if wait_target else (ss0, ss1)
+    if s1 == s0:
+        raise _unsupported(op, f"a DMA wait without its {'target' if wait_target else 'source'}"
+                           " semaphore")
+    state = _remote(c, op, "waits on remote DMAs") if d1 > d0 else _state(c)
+
+    def run(*xs: Any) -> None:
+        moved = xs[dst] if wait_target else xs[src]
+        _take(state, op, xs[s0], moved.size * moved.dtype.itemsize)
+    return run
+
+
 def _sem_signal(c: Compiler, op: ir.Operation) -> _Fn:
     (sem, _), (amount, _), (d0, d1), *_ = segments(op)
     state = _remote(c, op, "signals to another device's semaphore") if d1 > d0 \
@@ -505,6 +523,7 @@ RULES: dict[str, Rule] = {
     "tpu.truncf": _convert,
     "tpu.prng_set_seed_32": _prng_seed, "tpu.prng_random_bits": _prng_bits,
     "tpu.enqueue_dma": _enqueue_dma, "tpu.wait_dma2": _wait_dma2,
+    "tpu.wait_dma": _wait_dma,
     "tpu.sem_signal": _sem_signal, "tpu.sem_wait": _sem_wait, "tpu.sem_read": _sem_read,
     "tpu.sem_alloc": _registered(_sem_alloc), "tpu.region": _region, "tpu.trace": _region,
     "memref.alloca": _registered(MEMORY_RULES["memref.alloca"]),

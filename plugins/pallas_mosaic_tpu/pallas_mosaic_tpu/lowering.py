@@ -759,6 +759,11 @@ def _copy_start(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
 def _copy_wait(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
     src, dst, sem = _role_views(lowering, eqn, args)
     kind = eqn.params["kind"]
+    if plb.mosaic_waits_name_both_ends():  # as the installed JAX lowers waits
+        device = None if kind == "local" else _copy_device_id(lowering, eqn, args)
+        sems = {"source_semaphore": sem} if kind == "send" else {"target_semaphore": sem}
+        tpu.WaitDMAOp(src, dst, kind != "send", device_id=device, **sems)
+        return []
     if kind == "local":
         tpu.WaitDMA2Op(sem, src, dst)
     elif kind == "recv":  # the data sent to this device has arrived

@@ -35,14 +35,15 @@ class ChipVersion(enum.Enum):
     TPU_7 = "7"
     TPU_7X = "7x"
     TPU_8I = "8i"
+    TPU_8T = "8t"
 
     def __str__(self) -> str:
         return self.value
 
     @property
     def num_physical_tensor_cores_per_chip(self) -> int:
-        """TensorCores on one chip: 1 on the lite chips, 2 on the others."""
-        return 1 if self.is_lite else 2
+        """TensorCores on one chip: 1 on the lite chips and 8t, 2 on the others."""
+        return 1 if self.is_lite or self is ChipVersion.TPU_8T else 2
 
     @property
     def supports_megacore(self) -> bool:
@@ -61,7 +62,7 @@ _DEVICE_KINDS = {
     "TPU v5 lite": ChipVersion.TPU_V5E, "TPU v5": ChipVersion.TPU_V5P,
     "TPU v5p": ChipVersion.TPU_V5P, "TPU v6e": ChipVersion.TPU_V6E,
     "TPU v6 lite": ChipVersion.TPU_V6E, "TPU7": ChipVersion.TPU_7, "TPU7x": ChipVersion.TPU_7X,
-    "TPU8i": ChipVersion.TPU_8I,
+    "TPU8i": ChipVersion.TPU_8I, "TPU8t": ChipVersion.TPU_8T,
 }
 
 
@@ -140,8 +141,11 @@ class TpuInfo:
             return any(lhs in g and rhs in g for g in groups)
         if self.generation in (7, 8):
             fp8 = (jnp.dtype(jnp.float8_e5m2), jnp.dtype(jnp.float8_e4m3fn))
-            return (lhs in (f32, bf16) and rhs in (f32, bf16)) or (
-                lhs in (f32, bf16, *fp8) and rhs in fp8)
+            # 8i also takes 4-bit integer right operands; 8t signed ones.
+            int4 = {ChipVersion.TPU_8I: (jnp.dtype(jnp.uint4), jnp.dtype(jnp.int4)),
+                    ChipVersion.TPU_8T: (jnp.dtype(jnp.int4),)}.get(self.chip_version, ())
+            return (lhs in (f32, bf16) and rhs in (f32, bf16, *int4)) or (
+                lhs in (f32, bf16, *fp8) and rhs in (*fp8, *int4))
         return False
 
     def get_sublane_tiling(self, dtype: Any) -> int:
@@ -150,7 +154,7 @@ class TpuInfo:
             jnp.dtype(jnp.int4), jnp.dtype(jnp.uint4)) else 4
         if self.generation < 7:
             return self.num_sublanes if bits in (16, 32) else self.num_sublanes * (32 // bits)
-        if self.generation == 7:
+        if self.generation in (7, 8):
             return self.num_sublanes * (32 // bits)
         raise PallasError(f"TpuInfo.get_sublane_tiling: no tiling is known for TPU generation "
                           f"{self.generation}.")
@@ -185,7 +189,11 @@ _CHIPS: dict[ChipVersion, tuple[Any, ...]] = {
                          4.60e15, 0, _sc(2, 16, 16, 512, 32)),
     ChipVersion.TPU_8I: (8, 256, 2, 256, 192, 0, 1024, 309_000_000_000, 8.60e12, 1.101e15, 0,
                          8.808e15, 0, _sc(1, 4, 16, 512, 64)),
+    ChipVersion.TPU_8T: (8, 256, 2, 256, 128, 0, 1024, 231_000_000_000, 6.4e12, 0.9961e15,
+                         0.9961e15, 5.9769e15, 11.9538e15, _sc(2, 16, 16, 256, 64)),
 }
+_SUBLANES = {ChipVersion.TPU_8T: 16}
+"""Rows of a vector register where not 8."""
 
 
 def _info(chip: ChipVersion, num_cores: int) -> TpuInfo:
@@ -199,7 +207,8 @@ def _info(chip: ChipVersion, num_cores: int) -> TpuInfo:
         return int(x // share)
 
     return TpuInfo(
-        chip_version=chip, generation=gen, num_cores=num_cores, num_lanes=128, num_sublanes=8,
+        chip_version=chip, generation=gen, num_cores=num_cores, num_lanes=128,
+        num_sublanes=_SUBLANES.get(chip, 8),
         mxu_column_size=mxu_cols, num_mxus=mxus, num_accumulators=accs,
         vmem_capacity_bytes=vmem_mib * _MiB, cmem_capacity_bytes=per_core(cmem),
         smem_capacity_bytes=smem_kib * _KiB, hbm_capacity_bytes=per_core(hbm),

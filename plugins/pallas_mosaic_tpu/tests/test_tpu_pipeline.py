@@ -98,7 +98,7 @@ def test_blog_matmul_lowers_for_tpu_like_jax_experimental_pallas(num_cores: int)
         blog_matmul(pl, pltpu, num_cores=num_cores), x, y))
     text = str(module)
     for op in ("tpu.region", "tpu.sem_alloc", "memref.alloca", "scf.for", "tpu.enqueue_dma",
-               "tpu.wait_dma2", "tpu.matmul"):
+               "tpu.wait_dma", "tpu.matmul"):
         assert op in text, op
     # JAX's pipeline asks which chip it tiles for; name one (no TPU is attached here).
     with plb.assume_device("TPU v5 lite", "tpu", num_cores):

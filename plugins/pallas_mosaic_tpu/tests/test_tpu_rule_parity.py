@@ -48,6 +48,8 @@ KNOWN_GAPS = {
     # New in JAX 0.11.
     "approx_top_k", "top_k", "conv", "conv_general_dilated", "matmul_lhs_fifo",
     "matmul_pop_fifo", "one_minus_square", "reduce_precision",
+    # New in JAX 0.12.
+    "custom_fusion", "has_memory_space", "mulhi",
 }
 """Known gaps: lowering any of these raises an UnsupportedError naming the primitive."""
 

@@ -53,6 +53,8 @@ def test_chip_facts_match_jax(chip: Any) -> None:
                 assert a == b, (chip, cores, field.name, a, b)
         for prop in ("is_lite", "is_split_chip", "is_megacore"):
             assert getattr(mine, prop) == getattr(theirs, prop), prop
+        if theirs.generation == 8 and not hasattr(jax_pltpu.ChipVersion, "TPU_8T"):
+            continue  # JAX revised 8i's matmul types when it added 8t; older JAX lags
         dtypes = [jnp.float32, jnp.bfloat16, jnp.int8, jnp.uint8, jnp.int4, jnp.float8_e5m2,
                   jnp.float8_e4m3fn, jnp.float8_e4m3b11fnuz]
         for lhs in dtypes:
@@ -85,7 +87,9 @@ def test_current_device_is_not_a_tpu_here() -> None:
 def test_enums_have_jax_members() -> None:
     for ours, theirs in ((pltpu.CoreType, jax_pltpu.CoreType),
                          (pltpu.ChipVersion, jax_pltpu.ChipVersion)):
-        assert [(m.name, m.value) for m in ours] == [(m.name, m.value) for m in theirs]
+        # In JAX's order; chips newer than the installed JAX may follow.
+        mine = [(m.name, m.value) for m in ours]
+        assert mine[:len(theirs)] == [(m.name, m.value) for m in theirs]
     assert [m.name for m in pltpu.Tiling] == [m.name for m in jax_pltpu.Tiling]
     assert [m.shape for m in pltpu.Tiling] == [m.shape for m in jax_pltpu.Tiling]
     assert str(pltpu.CoreType.TC) == str(jax_pltpu.CoreType.TC)

@@ -211,6 +211,50 @@ def _vector_store(c: Any, op: ir.Operation) -> _Fn:
     return run
 
 
+def _along_last(op: ir.Operation, attr: str, shape: Sequence[int]) -> None:
+    dim = int(ir.IntegerAttr(op.attributes[attr]).value) if attr in op.attributes else -1
+    if dim not in (-1, len(shape) - 1):
+        raise _unsupported(op, f"expanding or compressing along dimension {dim} (not the last)")
+
+
+def _expand_load(c: Any, op: ir.Operation) -> _Fn:
+    """``tpu.vector_expand_load``/``expand_load_vreg`` (newer Mosaic's expanding load, operands
+    ``base, *indices, mask``): along the last dimension, the ``k``-th kept lane of a row gets
+    element ``k`` of that row of the window; the other lanes are undefined."""
+    shape = shape_of(op.results[0].type)
+    _along_last(op, "expand_dim", shape)
+
+    def run(ref: np.ndarray, *rest: Any) -> Any:
+        idx, mask = rest[:-1], np.broadcast_to(np.asarray(rest[-1], bool), shape)
+        window = ref[_key(op, ref, idx, shape)].reshape(-1, shape[-1])
+        rows = mask.reshape(-1, shape[-1])
+        out = garbage(rows.shape, ref.dtype)
+        for r in range(rows.shape[0]):
+            out[r, rows[r]] = window[r, :int(rows[r].sum())]
+        return out.reshape(shape)
+    return run
+
+
+def _compress_store(c: Any, op: ir.Operation) -> _Fn:
+    """``tpu.vector_compress_store``/``compress_store_vreg`` (operands ``value, base,
+    *indices, mask``): along the last dimension, a row's kept lanes go to that row of the
+    window's elements ``0, 1, ...`` in order, adding with ``add``."""
+    shape = shape_of(op.operands[0].type)
+    _along_last(op, "compress_dim", shape)
+    add = _bool(op, "add")
+
+    def run(value: Any, ref: np.ndarray, *rest: Any) -> None:
+        idx, mask = rest[:-1], np.broadcast_to(np.asarray(rest[-1], bool), shape)
+        window = ref[_key(op, ref, idx, shape)]
+        rows = window.reshape(-1, shape[-1])  # a copy when the window is not contiguous
+        vals = np.asarray(value).reshape(-1, shape[-1])
+        for r, keep in enumerate(mask.reshape(-1, shape[-1])):
+            kept = vals[r][keep].astype(ref.dtype)
+            rows[r, :kept.size] = rows[r, :kept.size] + kept if add else kept
+        window[...] = rows.reshape(window.shape)
+    return run
+
+
 def _lane_indices(op: ir.Operation, ref: np.ndarray, idx: Sequence[Any], mask: np.ndarray
                   ) -> tuple[np.ndarray, ...]:
     """The kept lanes' indices into ``ref``, checked against its bounds."""
@@ -360,7 +404,10 @@ def _sort(c: Any, op: ir.Operation) -> _Fn:
 def _scan(c: Any, op: ir.Operation) -> _Fn:
     """``tpu.scan``: the inclusive running sum/max/min over the kept lanes; a masked-off lane
     holds the result of the last kept lane before it."""
-    kind = _enum(op.attributes["kind"])
+    # Newer Mosaic names the comparison: maxf/minf, maxsi/minsi (signed), maxui/minui.
+    kind, signed = _enum(op.attributes["kind"]), False
+    if kind in ("maxf", "minf", "maxui", "minui", "maxsi", "minsi"):
+        kind, signed = kind[:3], kind.endswith("si")
     dtype = dtype_of(op.results[0].type)
     if kind not in ("sum", "max", "min"):
         raise _unsupported(op, f"scans of kind {kind}")
@@ -372,7 +419,7 @@ def _scan(c: Any, op: ir.Operation) -> _Fn:
             raise _unsupported(op, "scans of vectors of rank other than 1")
         if kind == "sum":
             return np.cumsum(np.where(keep, x, 0), dtype=dtype).astype(dtype)
-        key = _order_key(x)
+        key = x if signed else _order_key(x)
         fill = np.iinfo(key.dtype).min if key.dtype.kind in "iu" else -np.inf
         if kind == "min":
             fill = np.iinfo(key.dtype).max if key.dtype.kind in "iu" else np.inf
@@ -529,6 +576,9 @@ RULES: dict[str, Rule] = {
     "tpu.wait_indirect_dma": _wait_indirect_dma,
     "tpu.enqueue_dma": _local_only("tpu.enqueue_dma", 4),
     "tpu.wait_dma2": _local_only("tpu.wait_dma2", 3),
+    "tpu.wait_dma": _local_only("tpu.wait_dma", 4),
+    "tpu.vector_expand_load": _expand_load, "tpu.expand_load_vreg": _expand_load,
+    "tpu.vector_compress_store": _compress_store, "tpu.compress_store_vreg": _compress_store,
     "tpu.sem_signal": _local_only("tpu.sem_signal", 2),
     "tpu.sort": _sort, "tpu.scan": _scan, "tpu.scan_count": _scan_count,
     "tpu.all_reduce": _all_reduce, "tpu.pack_subelements": _pack,

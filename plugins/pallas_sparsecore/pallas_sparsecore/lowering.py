@@ -263,7 +263,9 @@ def _copy_start(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
 @rule(copies.copy_wait_p)
 def _copy_wait(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
     (src, dst, sem), indirect = _copy_views(lowering, eqn, args)
-    if indirect is None:
+    if indirect is None and plb.mosaic_waits_name_both_ends():  # as the installed JAX lowers
+        tpu.WaitDMAOp(src, dst, True, target_semaphore=sem)
+    elif indirect is None:
         tpu.WaitDMA2Op(sem, src, dst)
     else:
         tpu.WaitIndirectDMAOp(sem, src, dst)
@@ -379,7 +381,10 @@ def _cumsum(lowering: Lowering, eqn: Any, x: ir.Value, *m: ir.Value) -> ir.Value
 @rule(sc.cummax_p)
 def _cummax(lowering: Lowering, eqn: Any, x: ir.Value, *m: ir.Value) -> ir.Value:
     dtype = eqn.invars[0].aval.dtype
-    out = _scan("max", _flip_sign(x, dtype), m[0] if m else _all_true(x), dtype)
+    kind = "max"  # newer Mosaic names the comparison (the int32 lanes compare unsigned here)
+    if hasattr(tpu.ReductionKind, "kMaxF"):
+        kind = "maxf" if np.issubdtype(dtype, np.floating) else "maxui"
+    out = _scan(kind, _flip_sign(x, dtype), m[0] if m else _all_true(x), dtype)
     return _flip_sign(out, dtype)
 
 

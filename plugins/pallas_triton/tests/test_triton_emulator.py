@@ -24,9 +24,10 @@ from jax.experimental import pallas as jpl
 from jax.experimental.pallas import triton as jpt
 
 import pallas_core as pl
+from pallas_core import backend as plb
 
 pallas_triton = pytest.importorskip("pallas_triton")
-from pallas_triton import emulator  # noqa: E402
+from pallas_triton import emulator, inspection  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import test_compile  # noqa: E402
@@ -37,7 +38,8 @@ F32, BF16, F16 = jnp.float32, jnp.bfloat16, jnp.float16
 # -- running a function's Triton kernels in the emulator --------------------------------------
 
 def _lower_for_cuda(fn: Callable[..., Any], *args: Any) -> str:
-    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    with plb.assume_device("NVIDIA H100", "cuda"):  # JAX 0.12 asks which GPU it targets
+        return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
 def emulate(fn: Callable[..., Any], *args: Any, checked: bool = False,
@@ -306,7 +308,7 @@ def _transcendental_case(dtype: Any, tol: float) -> Case:
 
 
 KERNELS: dict[str, Case] = {
-    # JAX masks no edge block: the last row block reads past the array's end.
+    # JAX 0.10 masks no edge block: the last row block reads past the array's end.
     "blocked_add_uneven": Case(blocked_add, lambda: (_rand((100, 200)),
                                                      _rand((100, 200), seed=1)),
                                lambda x, y: x * 2 + y, 1e-6, jax_checked=pl.OutOfBoundsError),
@@ -336,6 +338,14 @@ KERNELS: dict[str, Case] = {
 }
 
 
+def _jax_masks_edge_blocks(fn: Callable[..., Any], *args: Any) -> bool:
+    """Whether the Triton module of ``fn`` compares offsets with bounds (``arith.cmpi``): JAX
+    0.12 masks the loads and stores of edge blocks; JAX 0.10 reads past the array's end."""
+    with plb.assume_device("NVIDIA H100", "cuda"):  # JAX 0.12 asks which GPU it targets
+        lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
+    return any("arith.cmpi" in call.ttir for call in inspection.triton_calls(lowered))
+
+
 @BOTH
 @pytest.mark.parametrize("name", sorted(KERNELS))
 def test_kernel_emulated_matches_jnp(name: str, mods: tuple[Any, Any]) -> None:
@@ -347,8 +357,11 @@ def test_kernel_emulated_matches_jnp(name: str, mods: tuple[Any, Any]) -> None:
             _lower_for_cuda(fn, *args)
         return
     checked = True
-    if mods is JAX and case.jax_checked is not None:
-        with pytest.raises(case.jax_checked):
+    expected = case.jax_checked
+    if expected is pl.OutOfBoundsError and _jax_masks_edge_blocks(fn, *args):
+        expected = None  # JAX 0.12 masks the accesses of edge blocks, as this backend does
+    if mods is JAX and expected is not None:
+        with pytest.raises(expected):
             emulate(fn, *args, checked=True)
         checked = False
     _close(emulate(fn, *args, checked=checked), case.reference(*args), case.tol)
