@@ -53,6 +53,22 @@ from pallas_mosaic_gpu.multidevice import (
     remote_ref,
     semaphore_signal_multicast,
 )
+from pallas_mosaic_gpu.names import (
+    REGS,
+    OOBFillMode,
+    PeerMemRef,
+    PipelinePipeline,
+    RefType,
+    RefUnion,
+    Replicated,
+    Tiling,
+    TMEMLayout,
+    TraceScope,
+    Transform,
+    WGMMAAccumulatorRef,
+    print_layout,
+    transform_ref,
+)
 from pallas_mosaic_gpu.params import (
     ACC,
     GMEM,
@@ -133,3 +149,6 @@ __all__ += ["async_prefetch", "griddepcontrol_launch_dependents", "griddepcontro
 __all__ += ["SemaphoreSignal", "semaphore_signal_parallel"]
 __all__ += ["MemorySpace"]
 __all__ += ["warp_map", "wgmma_accumulator_load"]
+__all__ += ["OOBFillMode", "PeerMemRef", "PipelinePipeline", "print_layout", "RefType",
+            "RefUnion", "REGS", "Replicated", "Tiling", "TMEMLayout", "TraceScope", "Transform",
+            "transform_ref", "WGMMAAccumulatorRef"]

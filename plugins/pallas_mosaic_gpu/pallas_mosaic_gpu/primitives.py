@@ -112,7 +112,8 @@ def _check_barrier(barrier: Any, fn: str) -> None:
 
 
 def copy_gmem_to_smem(src: Any, dst: Any, barrier: Any, *, collective_axes: Any = None,
-                      leader_tracked: Any = None, partitioned_axis: Any = None) -> None:
+                      leader_tracked: Any = None, oob_mode: Any = None,
+                      partitioned_axis: Any = None) -> None:
     """Starts a TMA copy of ``src`` (GMEM, a window of it with ``.at[...]``) into ``dst``
     (SMEM); ``barrier_wait(barrier)`` returns once it has landed.
 
@@ -124,8 +125,17 @@ def copy_gmem_to_smem(src: Any, dst: Any, barrier: Any, *, collective_axes: Any 
     first block's barrier tracks the whole transfer; ``CopyPartition.REPLICATED``: each
     receives all of it, tracked by the first block. ``partitioned_axis=d`` is JAX's older
     spelling of ``leader_tracked=CopyPartition.PARTITIONED(d)``. See
-    :mod:`pallas_mosaic_gpu.cluster`."""
+    :mod:`pallas_mosaic_gpu.cluster`.
+
+    ``oob_mode`` (a ``plgpu.OOBFillMode``, ``None`` for ``ZEROS``): what elements of the
+    window past the end of ``src`` become. Here they are always zeros, which each mode
+    allows (``UNDEFINED`` leaves them unspecified, ``PROMISE_IN_BOUNDS`` promises there are
+    none)."""
     fn = "copy_gmem_to_smem"
+    from jax.experimental.mosaic.gpu import OOBFillMode
+    if oob_mode is not None and not isinstance(oob_mode, OOBFillMode):
+        raise PallasError(f"plgpu.{fn}(oob_mode={oob_mode!r}): expected None or a "
+                          "plgpu.OOBFillMode (ZEROS, UNDEFINED or PROMISE_IN_BOUNDS).")
     if partitioned_axis is not None:
         if leader_tracked is not None:
             raise PallasError(f"plgpu.{fn}: partitioned_axis={partitioned_axis!r} and "

@@ -26,21 +26,8 @@ _DEVICES = ("this backend's multi-GPU support is multimem stores and reductions,
             "use plgpu.remote_ref, plgpu.multimem_store / multimem_load_reduce and "
             "pl.semaphore_signal / pl.semaphore_wait, or communicate outside the kernel with "
             "collectives (jax.lax.all_gather, jax.lax.psum_scatter under shard_map)")
-_LAYOUTS = ("the backend chooses register layouts itself (2-D arrays whose shape is a multiple "
-            "of (64, 8) use the wgmma layout, other arrays a strided one)", "drop it")
-_TRANSFORMS = ("the backend chooses SMEM tiling and swizzles itself (buffers whose two minor "
-               "dimensions are multiples of 64 in a 16-bit dtype are tiled (8, 64) with a "
-               "128-byte swizzle, 8-bit and 32-bit ones (8, 128 // itemsize) where "
-               "plgpu.SMEM's TilingTransform and SwizzleTransform ask, others left plain)",
-               "drop the transforms, or give plgpu.SMEM TilingTransform and SwizzleTransform")
 _CLUSTER = ("blocks of a cluster cannot reach each other's shared memory or barriers here",
             "exchange data through GMEM and synchronise with separate kernels")
-_WARPS = ("this backend runs code per warpgroup (lane semantics); warpgroups specialise "
-          "(plgpu.emit_pipeline_warp_specialized), and warps only inside "
-          "pl.core_map(plgpu.WarpMesh(axis_name=...))",
-          "branch on lax.axis_index of the thread axis for per-warpgroup work, use "
-          "plgpu.emit_pipeline_warp_specialized, or pl.core_map over plgpu.WarpMesh for "
-          "per-warp work")
 
 # name: (what it is in JAX, (why, fix)): the "refused" rows of docs/backends/mosaic_gpu_api.md,
 # and its "core" and "not applicable" rows, whose fix names the equivalent.
@@ -60,37 +47,6 @@ REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
                     ("kernels cannot hold code written for jax.experimental.mosaic.gpu",
                      "write the operation with plgpu and jax.numpy")),
     "multicast_ref": ("a Ref whose writes reach every device along mesh axes", _DEVICES),
-    "OOBFillMode": ("what out-of-bounds elements of a TMA load become",
-                    ("out-of-bounds elements of a TMA load are zeros here; no mode can be "
-                     "chosen", "drop oob_mode=")),
-    "PeerMemRef": ("JAX's class of the transform remote_ref applies",
-                   ("plgpu.remote_ref makes the core's peer view here "
-                    "(pallas_core.backend.PeerRefTransform)", "call plgpu.remote_ref")),
-    "PipelinePipeline": ("the stage of a warp-specialised pipeline", _WARPS),
-    "print_layout": ("prints the layout chosen for an array or Ref",
-                     (_LAYOUTS[0], "drop it; the rules are on docs/backends/mosaic_gpu_api.md")),
-    "RefType": ("marks an inline_mgpu argument as a Ref",
-                ("kernels cannot hold code written for jax.experimental.mosaic.gpu",
-                 "write the operation with plgpu and jax.numpy")),
-    "RefUnion": ("scratch buffers sharing one SMEM region",
-                 ("scratch buffers here do not share memory",
-                  "allocate them separately, or reuse one buffer")),
-    "REGS": ("the register memory space",
-             ("arrays are plain values here and accumulators are allocated with plgpu.ACC",
-              "use plgpu.ACC((M, N), dtype) for a wgmma accumulator")),
-    "Replicated": ("a replicated dimension of a register layout", _LAYOUTS),
-    "Tiling": ("a tiling expression of a register layout", _LAYOUTS),
-    "TMEMLayout": ("layouts of TMEM buffers", _BLACKWELL),
-    "TraceScope": ("what the in-kernel profiler records",
-                   ("there is no in-kernel profiler here",
-                    "profile the whole kernel with jax.profiler")),
-    "Transform": ("the base class of Ref transforms", _TRANSFORMS),
-    "transform_ref": ("applies a Ref transform", _TRANSFORMS),
-    "WGMMAAccumulatorRef": ("JAX's accumulator class",
-                            ("plgpu.ACC((M, N)) returns a scratch description here, not an "
-                             "instance of a class",
-                             "allocate accumulators with plgpu.ACC((M, N), dtype), or start "
-                             "one at a value with pl.run_state(f)(plgpu.ACC.init(value))")),
 }
 
 
