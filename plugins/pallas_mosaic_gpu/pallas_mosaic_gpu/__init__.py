@@ -47,6 +47,11 @@ from pallas_mosaic_gpu.layouts import (
     load,
 )
 from pallas_mosaic_gpu.loops import NDLoopInfo, nd_loop, planar_snake
+from pallas_mosaic_gpu.more_ops import (
+    async_copy_smem_to_tmem,
+    barrier_test,
+    format_tcgen05_sparse_metadata,
+)
 from pallas_mosaic_gpu.multidevice import (
     multimem_load_reduce,
     multimem_store,
@@ -152,3 +157,4 @@ __all__ += ["warp_map", "wgmma_accumulator_load"]
 __all__ += ["OOBFillMode", "PeerMemRef", "PipelinePipeline", "print_layout", "RefType",
             "RefUnion", "REGS", "Replicated", "Tiling", "TMEMLayout", "TraceScope", "Transform",
             "transform_ref", "WGMMAAccumulatorRef"]
+__all__ += ["async_copy_smem_to_tmem", "barrier_test", "format_tcgen05_sparse_metadata"]

@@ -15,6 +15,7 @@ from pallas_mosaic_gpu import (
     blackwell,
     inspection,
     layouts,
+    more_ops,
     multidevice,
     primitives,
     rules,
@@ -60,7 +61,8 @@ def pallas_memory_spaces() -> Any:
 @hookimpl
 def pallas_primitives() -> Any:
     return (primitives.SEMANTICS + layouts.SEMANTICS + warp_specialized.SEMANTICS
-            + blackwell.SEMANTICS + scheduling.SEMANTICS + multidevice.SEMANTICS)
+            + blackwell.SEMANTICS + scheduling.SEMANTICS + multidevice.SEMANTICS
+            + more_ops.SEMANTICS)
 
 
 @hookimpl

@@ -1,0 +1,122 @@
+"""Operations of ``jax.experimental.pallas.mosaic_gpu`` that JAX added late or that compose
+what this backend has: ``barrier_test`` (a non-blocking ``barrier_wait``),
+``async_copy_smem_to_tmem`` (an SMEM buffer into TMEM) and
+``format_tcgen05_sparse_metadata``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental.mosaic import gpu as mgpu
+
+from pallas_core import backend as plb
+from pallas_core import semantics
+from pallas_core.copies import RefViews, bind_views
+from pallas_core.errors import PallasError, UnsupportedError
+from pallas_mosaic_gpu import primitives as gp
+from pallas_mosaic_gpu import rules
+
+barrier_test_p = plb.Primitive("gpu_barrier_test")
+barrier_test_p.multiple_results = True
+
+
+@barrier_test_p.def_effectful_abstract_eval
+def _test_abstract(*avals: Any, **_: Any) -> Any:
+    return [plb.ShapedArray((), np.dtype(np.bool_))], {plb.ReadEffect(0), plb.WriteEffect(0)}
+
+
+def barrier_test(barrier: Any) -> jax.Array:
+    """Whether ``barrier`` has completed the phase a ``barrier_wait`` would wait for now
+    (a bool), without blocking; when it has, the test counts as that wait (the next wait or
+    test is for the phase after). JAX allows it in a warp context (``pl.core_map`` over
+    ``plgpu.WarpMesh``); here a warpgroup may test too."""
+    gp._check_barrier(barrier, "barrier_test")
+    (done,) = bind_views(barrier_test_p, [barrier], [], "barrier_test", test=True)
+    return done  # type: ignore[no-any-return]
+
+
+def _test(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any,
+          test: bool = True) -> Any:
+    # Where one point runs alone: copies and arrivals have all happened by now, and the
+    # counter holds the arrivals of the phases completed (as barrier_wait reads it).
+    state = RefViews(args, tree, roles)
+    need = int(getattr(in_avals[0].memory_space, "num_arrivals", 1) or 1)
+    return state.new_values(), [jnp.all(state.read(0) >= need)]
+
+
+@rules.rule(barrier_test_p, lazy=True)
+def _test_rule(state: Any, eqn: Any, *args: Any, **_: Any) -> Any:
+    from pallas_mosaic_gpu.rules_memory import _orders_tensor_core, _views
+
+    (bar,) = _views(state, eqn, args)
+    test = bar.barrier.test
+    kwargs: dict[str, Any] = {}
+    if "scope" in inspect.signature(test).parameters:  # JAX 0.11 on: warp or warpgroup
+        kwargs["scope"] = (mgpu.ThreadSubset.WARP if state.warp_axis is not None
+                           else mgpu.ThreadSubset.WARPGROUP)
+    return [test(orders_tensor_core=_orders_tensor_core(eqn), **kwargs)]
+
+
+def async_copy_smem_to_tmem(smem_ref: Any, tmem_ref: Any, collective_axis: Any = None) -> None:
+    """Copies the SMEM Ref ``smem_ref`` into the TMEM Ref ``tmem_ref`` (of one shape and
+    dtype), for a later ``tcgen05_mma`` (which ``tcgen05_commit_arrive`` orders after it, as
+    in JAX). Here the warpgroup reads the buffer into registers and stores it into TMEM
+    (``async_store_tmem``, then ``commit_tmem``), so the copy is complete on return.
+    ``collective_axis`` (a copy into both blocks' TMEM of a cluster) is refused."""
+    from pallas_mosaic_gpu.blackwell import _tmem_aval, async_store_tmem, commit_tmem
+
+    fn = "async_copy_smem_to_tmem"
+    if collective_axis is not None:
+        raise UnsupportedError(f"plgpu.{fn}(collective_axis={collective_axis!r}): a copy into "
+                               "the TMEM of both blocks of a cluster is not supported by "
+                               "mosaic_gpu. Fix: copy in each block, without collective_axis.")
+    src, base = gp._aval(smem_ref, fn)
+    if gp._space_name(base) != "SMEM":
+        raise PallasError(f"plgpu.{fn}: the source must be an SMEM Ref, found a Ref in "
+                          f"{gp._space_name(base)}.")
+    dst = _tmem_aval(tmem_ref, fn)
+    if tuple(src.shape) != tuple(dst.shape) or src.dtype != dst.dtype:
+        raise PallasError(f"plgpu.{fn}: source {src.dtype}{list(src.shape)} and destination "
+                          f"{dst.dtype}{list(dst.shape)} differ. Fix: slice them to match.")
+    async_store_tmem(tmem_ref, smem_ref[...])
+    commit_tmem()
+
+
+def format_tcgen05_sparse_metadata(meta: Any, operand_dtype: Any) -> jax.Array:
+    """Lays out 2:4 sparsity metadata for ``tcgen05_mma(a_sparse_metadata=...)``: ``meta``
+    (uint2, shape (M, K // 4, 2): two 2-bit indices per group of four elements of the sparse
+    operand's rows) becomes (M // 128, K // 64, 128, 64): tiles of 128 rows by 64 indices, in
+    the order PTX's sparse ``tcgen05.mma`` reads for operands of 8 bits (the tile as it is) or
+    16 bits (within a tile, the row's 8-row half and the index's 8-wide half in each 16 are
+    exchanged)."""
+    meta = jnp.asarray(meta)
+    fn = "plgpu.format_tcgen05_sparse_metadata"
+    if meta.dtype != jnp.uint2:
+        raise PallasError(f"{fn}: expected uint2 metadata, found {meta.dtype}.")
+    if meta.ndim != 3 or meta.shape[-1] != 2:
+        raise PallasError(f"{fn}: expected metadata of shape (M, K // 4, 2), found "
+                          f"{meta.shape}.")
+    m, k = meta.shape[0], meta.shape[1] * 2
+    if m % 128 or k % 64:
+        raise PallasError(f"{fn}: metadata {meta.shape} does not split into tiles of 128 rows "
+                          "and 64 indices (M a multiple of 128, K of 256).")
+    bits = np.dtype(operand_dtype).itemsize * 8
+    tiles = jnp.swapaxes(meta.reshape(m // 128, 128, k // 64, 64), 1, 2)
+    if bits == 8:
+        return tiles
+    if bits != 16:
+        raise UnsupportedError(f"{fn}: operands of {np.dtype(operand_dtype).name} have no "
+                               "sparse metadata layout (8-bit and 16-bit ones do).")
+    # Row r = 16 a + 8 b + c and index q = 16 d + 8 e + f of a tile: b and e trade places.
+    split = tiles.reshape(m // 128, k // 64, 8, 2, 8, 4, 2, 8)
+    return jnp.swapaxes(split, 3, 6).reshape(m // 128, k // 64, 128, 64)
+
+
+SEMANTICS: tuple[semantics.PrimitiveSemantics, ...] = (
+    semantics.PrimitiveSemantics(barrier_test_p, discharge=_test, phase_wait=True),
+)
