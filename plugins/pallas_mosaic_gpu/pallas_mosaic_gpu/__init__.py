@@ -39,6 +39,7 @@ from pallas_mosaic_gpu.blackwell import (
     tcgen05_mma,
     wait_load_tmem,
 )
+from pallas_mosaic_gpu.im2col import im2col_ref
 from pallas_mosaic_gpu.layouts import (
     Layout,
     broadcasted_iota,
@@ -158,3 +159,4 @@ __all__ += ["OOBFillMode", "PeerMemRef", "PipelinePipeline", "print_layout", "Re
             "RefUnion", "REGS", "Replicated", "Tiling", "TMEMLayout", "TraceScope", "Transform",
             "transform_ref", "WGMMAAccumulatorRef"]
 __all__ += ["async_copy_smem_to_tmem", "barrier_test", "format_tcgen05_sparse_metadata"]
+__all__ += ["im2col_ref"]

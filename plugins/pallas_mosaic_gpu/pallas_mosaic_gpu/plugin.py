@@ -13,6 +13,7 @@ from pallas_core.request import KernelCall, LoweringRequest
 from pallas_core.spec import ANY
 from pallas_mosaic_gpu import (
     blackwell,
+    im2col,
     inspection,
     layouts,
     more_ops,
@@ -62,7 +63,7 @@ def pallas_memory_spaces() -> Any:
 def pallas_primitives() -> Any:
     return (primitives.SEMANTICS + layouts.SEMANTICS + warp_specialized.SEMANTICS
             + blackwell.SEMANTICS + scheduling.SEMANTICS + multidevice.SEMANTICS
-            + more_ops.SEMANTICS)
+            + more_ops.SEMANTICS + im2col.SEMANTICS)
 
 
 @hookimpl

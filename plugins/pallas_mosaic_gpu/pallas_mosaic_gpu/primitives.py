@@ -133,6 +133,16 @@ def copy_gmem_to_smem(src: Any, dst: Any, barrier: Any, *, collective_axes: Any 
     none)."""
     fn = "copy_gmem_to_smem"
     from jax.experimental.mosaic.gpu import OOBFillMode
+
+    from pallas_mosaic_gpu.im2col import Im2colWindow, copy_im2col
+    if isinstance(src, Im2colWindow):
+        if collective_axes is not None or leader_tracked is not None or \
+                partitioned_axis is not None:
+            raise UnsupportedError(f"plgpu.{fn}: an im2col copy shared by a cluster "
+                                   "(collective_axes, leader_tracked) is not supported by "
+                                   "mosaic_gpu. Fix: copy in each block.")
+        copy_im2col(src, dst, barrier)
+        return
     if oob_mode is not None and not isinstance(oob_mode, OOBFillMode):
         raise PallasError(f"plgpu.{fn}(oob_mode={oob_mode!r}): expected None or a "
                           "plgpu.OOBFillMode (ZEROS, UNDEFINED or PROMISE_IN_BOUNDS).")

@@ -152,3 +152,84 @@ def test_format_tcgen05_sparse_metadata_checks_its_input() -> None:
         plgpu.format_tcgen05_sparse_metadata(jnp.zeros((128, 32), jnp.uint2), jnp.float16)
     with pytest.raises(pl.UnsupportedError, match="float32"):
         plgpu.format_tcgen05_sparse_metadata(jnp.zeros((128, 32, 2), jnp.uint2), jnp.float32)
+
+
+def _im2col_reference(x: np.ndarray, window: tuple[int, ...], padding: Any, row0: int,
+                      rows: int, offsets: tuple[int, ...], chan0: int, chans: int) -> np.ndarray:
+    """view[r, *d, c] == padded[n, *(p + d), c] with (n, *p) = unravel(r, (N, *out)), by
+    loops; zeros past the ends."""
+    padded = np.pad(x, ((0, 0), *padding, (0, 0)))
+    out = [padded.shape[1 + i] - k + 1 for i, k in enumerate(window)]
+    total = x.shape[0] * int(np.prod(out))
+    got = np.zeros((rows, chans), x.dtype)
+    for i in range(rows):
+        r = row0 + i
+        if r >= total:
+            continue
+        n, *p = np.unravel_index(r, (x.shape[0], *out))
+        for j in range(chans):
+            c = chan0 + j
+            if c < x.shape[-1]:
+                got[i, j] = padded[(n, *(pi + d for pi, d in zip(p, offsets)), c)]
+    return got
+
+
+@pytest.mark.parametrize("shape, window, padding, row0, offsets, chan0", [
+    ((2, 6, 5, 8), (3, 2), ((1, 1), (0, 1)), 50, (1, 0), 4),
+    ((1, 9, 16), (3,), None, 0, (2,), 0),
+    ((2, 3, 4, 4, 8), (2, 2, 3), ((0, 1), (1, 0), (1, 1)), 7, (1, 1, 2), 2),
+])
+def test_im2col_ref_copies_windows(shape: tuple[int, ...], window: tuple[int, ...],
+                                   padding: Any, row0: int, offsets: tuple[int, ...],
+                                   chan0: int) -> None:
+    x = _rand(5, shape)
+    rows, chans = 16, 8
+
+    @functools.partial(plgpu.kernel, out_type=S((rows, chans), F32), backend="interpret",
+                       scratch_shapes=[plgpu.SMEM((rows, chans), F32),
+                                       plgpu.Barrier(num_arrivals=1)])
+    def kernel(x_ref: Any, o_ref: Any, smem: Any, bar: Any) -> None:
+        view = plgpu.im2col_ref(x_ref, window_shape=window, padding=padding)
+        start = x_ref[0].reshape(-1)[0].astype(jnp.int32) * 0 + row0  # a traced start
+        plgpu.copy_gmem_to_smem(view.at[pl.ds(start, rows), *offsets, pl.ds(chan0, chans)],
+                                smem, bar)
+        plgpu.barrier_wait(bar)
+        o_ref[...] = smem[...]
+
+    want = _im2col_reference(np.asarray(x), window, padding or ((0, 0),) * len(window),
+                             row0, rows, offsets, chan0, chans)
+    np.testing.assert_array_equal(np.asarray(kernel(x)), want)
+
+
+def test_im2col_ref_view_shape_and_checks() -> None:
+    seen: list[Any] = []
+
+    @functools.partial(plgpu.kernel, out_type=S((8,), F32), backend="interpret")
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        view = plgpu.im2col_ref(x_ref, window_shape=(3, 3), padding=((1, 1), (1, 1)))
+        seen.append(view.shape)
+        with pytest.raises(pl.PallasError, match="window offset"):
+            view.at[pl.ds(0, 8), pl.ds(0, 2), 0, pl.ds(0, 4)]
+        with pytest.raises(pl.PallasError, match="1 to 1024 rows"):
+            view.at[pl.ds(0, 2048), 0, 0, pl.ds(0, 4)]
+        o_ref[...] = jnp.zeros((8,), F32)
+
+    kernel(jnp.zeros((2, 5, 7, 4), F32))
+    assert seen == [(2 * 5 * 7, 3, 3, 4)]
+
+
+def test_im2col_copy_is_refused_when_lowered() -> None:
+    def fn(x: jax.Array) -> jax.Array:
+        @functools.partial(plgpu.kernel, out_type=S((16, 8), F32), backend="mosaic_gpu",
+                           scratch_shapes=[plgpu.SMEM((16, 8), F32),
+                                           plgpu.Barrier(num_arrivals=1)])
+        def kernel(x_ref: Any, o_ref: Any, smem: Any, bar: Any) -> None:
+            view = plgpu.im2col_ref(x_ref, window_shape=(2, 2))
+            plgpu.copy_gmem_to_smem(view.at[pl.ds(0, 16), 0, 0, pl.ds(0, 8)], smem, bar)
+            plgpu.barrier_wait(bar)
+            o_ref[...] = smem[...]
+
+        return kernel(x)  # type: ignore[no-any-return]
+
+    with pytest.raises(pl.PallasError, match="im2col"):
+        jax.jit(fn).trace(jnp.zeros((1, 4, 4, 8), F32)).lower(lowering_platforms=("cuda",))
