@@ -50,6 +50,7 @@ from pallas_mosaic_gpu.layouts import (
 from pallas_mosaic_gpu.loops import NDLoopInfo, nd_loop, planar_snake
 from pallas_mosaic_gpu.more_ops import (
     async_copy_smem_to_tmem,
+    async_store_smem,
     barrier_test,
     format_tcgen05_sparse_metadata,
 )
@@ -158,5 +159,6 @@ __all__ += ["warp_map", "wgmma_accumulator_load"]
 __all__ += ["OOBFillMode", "PeerMemRef", "PipelinePipeline", "print_layout", "RefType",
             "RefUnion", "REGS", "Replicated", "Tiling", "TMEMLayout", "TraceScope", "Transform",
             "transform_ref", "WGMMAAccumulatorRef"]
-__all__ += ["async_copy_smem_to_tmem", "barrier_test", "format_tcgen05_sparse_metadata"]
+__all__ += ["async_copy_smem_to_tmem", "async_store_smem", "barrier_test",
+            "format_tcgen05_sparse_metadata"]
 __all__ += ["im2col_ref"]

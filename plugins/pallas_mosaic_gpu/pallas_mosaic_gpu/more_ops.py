@@ -1,7 +1,7 @@
 """Operations of ``jax.experimental.pallas.mosaic_gpu`` that JAX added late or that compose
 what this backend has: ``barrier_test`` (a non-blocking ``barrier_wait``),
-``async_copy_smem_to_tmem`` (an SMEM buffer into TMEM) and
-``format_tcgen05_sparse_metadata``.
+``async_copy_smem_to_tmem`` (an SMEM buffer into TMEM), ``format_tcgen05_sparse_metadata``
+and ``async_store_smem`` (a store into another block's SMEM, in the interpreter).
 """
 
 from __future__ import annotations
@@ -117,6 +117,87 @@ def format_tcgen05_sparse_metadata(meta: Any, operand_dtype: Any) -> jax.Array:
     return jnp.swapaxes(split, 3, 6).reshape(m // 128, k // 64, 128, 64)
 
 
+async_store_smem_p = gp._primitive("gpu_async_store_smem")
+
+_COMBINE: dict[Any, Any] = {
+    None: lambda old, new: new, "add": jnp.add, "max": jnp.maximum, "min": jnp.minimum,
+    "and": jnp.bitwise_and, "or": jnp.bitwise_or, "xor": jnp.bitwise_xor}
+
+
+def async_store_smem(src: Any, ref: Any, barrier: Any, *, cluster_idx: Any,
+                     cluster_dim: Any, optimized: bool = True, atomic: Any = None) -> None:
+    """Stores the array ``src`` into the SMEM Ref ``ref`` of block ``cluster_idx`` (along the
+    cluster axis ``cluster_dim``) of this block's cluster, combining it with what is there by
+    ``atomic`` ("add", "max", "min", "and", "or", "xor"; ``None`` overwrites); when the bytes
+    have landed, ``barrier`` of that block completes the phase (an arrival, as a copy's).
+    ``optimized`` only changes speed. The interpreter runs it (the blocks of a cluster run
+    together there); lowering it is refused."""
+    from pallas_mosaic_gpu.cluster import axes_tuple
+
+    fn = "async_store_smem"
+    if atomic not in _COMBINE:
+        raise PallasError(f"plgpu.{fn}(atomic={atomic!r}): expected None or one of 'add', "
+                          "'max', 'min', 'and', 'or', 'xor'.")
+    if isinstance(cluster_dim, int) or len(axes_tuple(cluster_dim)) != 1:
+        raise UnsupportedError(f"plgpu.{fn}(cluster_dim={cluster_dim!r}): name one cluster "
+                               "axis (plgpu.kernel(cluster_names=...)); dimension numbers "
+                               "are not supported by mosaic_gpu.")
+    aval, base = gp._aval(ref, fn)
+    if gp._space_name(base) != "SMEM":
+        raise PallasError(f"plgpu.{fn}: the destination must be an SMEM Ref, found a Ref in "
+                          f"{gp._space_name(base)}.")
+    value = jnp.asarray(src)
+    if value.shape != tuple(aval.shape) or value.dtype != aval.dtype:
+        raise PallasError(f"plgpu.{fn}: an array {value.dtype}{list(value.shape)} into a Ref "
+                          f"{aval.dtype}{list(aval.shape)}. Fix: store a whole Ref (ref.at[...])"
+                          " of the array's dtype.")
+    if atomic is not None and atomic not in ("add", "max", "min") and not jnp.issubdtype(
+            value.dtype, jnp.integer):
+        raise PallasError(f"plgpu.{fn}(atomic={atomic!r}) of {value.dtype}: bitwise "
+                          "reductions take integers.")
+    gp._check_barrier(barrier, fn)
+    bind_views(async_store_smem_p, [ref, barrier],
+               [value, jnp.asarray(cluster_idx, jnp.int32)], fn,
+               cluster_dim=axes_tuple(cluster_dim)[0], atomic=atomic)
+
+
+def _store_alone(*_: Any, **__: Any) -> Any:
+    from pallas_mosaic_gpu.cluster import refused_in_interpreter
+
+    raise refused_in_interpreter("plgpu.async_store_smem")
+
+
+def _store_axes(in_avals: Any, *, cluster_dim: Any, **_: Any) -> tuple[Any, ...]:
+    return (cluster_dim,)
+
+
+def _store_cross(in_avals: Any, out_avals: Any, *args: Any, stacked: Any, marks: Any,
+                 block: Any, tree: Any, roles: Any, cluster_dim: Any, atomic: Any) -> Any:
+    """The store into block ``cluster_idx``'s buffer, and an arrival on its barrier."""
+    from pallas_mosaic_gpu import cluster
+
+    state = RefViews(args, tree, roles)
+    views = cluster.block_views(state, stacked)
+    value, target = state.rest[0], state.rest[1]
+    combine = _COMBINE[atomic]
+    for c, v in enumerate(views):
+        here = target == c
+        old = v.read(0)
+        v.write(0, jnp.where(here, combine(old, value), old))
+        count = v.read(1)
+        v.write(1, jnp.where(here, count + 1, count))
+    return cluster.restack(state, stacked, views), [None] * len(marks), []
+
+
+@rules.rule(async_store_smem_p, lazy=True)
+def _store_rule(state: Any, eqn: Any, *args: Any, **_: Any) -> Any:
+    raise state.fail("plgpu.async_store_smem (a store into another block's SMEM is not "
+                     "lowered by this backend; run the kernel in the interpreter, or exchange "
+                     "the data through GMEM)")
+
+
 SEMANTICS: tuple[semantics.PrimitiveSemantics, ...] = (
     semantics.PrimitiveSemantics(barrier_test_p, discharge=_test, phase_wait=True),
+    semantics.PrimitiveSemantics(async_store_smem_p, discharge=_store_alone, cluster=_store_axes,
+                                 cross=_store_cross),
 )

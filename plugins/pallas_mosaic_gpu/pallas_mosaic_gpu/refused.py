@@ -32,12 +32,16 @@ _CLUSTER = ("blocks of a cluster cannot reach each other's shared memory or barr
 # name: (what it is in JAX, (why, fix)): the "refused" rows of docs/backends/mosaic_gpu_api.md,
 # and its "core" and "not applicable" rows, whose fix names the equivalent.
 REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
+    "alloc_semaphore": ("a GMEM semaphore array that outlives a kernel, as a jax.Ref",
+                        ("kernels here take arrays, not jax.Ref arguments, so such a Ref "
+                         "could not be passed to one",
+                         "allocate semaphores as scratch, scratch_shapes=["
+                         "plgpu.SemaphoreType.REGULAR((n,))], zeroed for each call")),
     "as_torch_kernel": ("makes a kernel callable on PyTorch tensors",
                         ("kernels here take and return JAX arrays",
                          "exchange tensors with PyTorch through jax.dlpack")),
     "async_copy_scales_to_tmem": ("copies block-scaling factors from SMEM to TMEM", _BLACKWELL),
     "async_copy_sparse_metadata_to_tmem": ("copies sparsity metadata to TMEM", _BLACKWELL),
-    "async_store_smem": ("stores into the SMEM of another block of the cluster", _CLUSTER),
     "cluster_ref": ("a view of an SMEM buffer in another block of the cluster", _CLUSTER),
     "inline_mgpu": ("inlines code written against the Mosaic GPU library",
                     ("kernels cannot hold code written for jax.experimental.mosaic.gpu",

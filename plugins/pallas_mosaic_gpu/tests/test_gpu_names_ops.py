@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
 
 import pallas_core as pl
 
@@ -233,3 +234,46 @@ def test_im2col_copy_is_refused_when_lowered() -> None:
 
     with pytest.raises(pl.PallasError, match="im2col"):
         jax.jit(fn).trace(jnp.zeros((1, 4, 4, 8), F32)).lower(lowering_platforms=("cuda",))
+
+
+def _swap_through_smem(x: jax.Array, y: jax.Array, atomic: Any, backend: str) -> jax.Array:
+    """Block c of each cluster of 2 puts x's rows in its buffer, meets the other block, then
+    stores y's rows into the other block's buffer (combined by ``atomic``); each block writes
+    its buffer out once its barrier says the store landed."""
+    def body(x_ref: Any, y_ref: Any, o_ref: Any, buf: Any, landed: Any, met: Any) -> None:
+        i, c = lax.axis_index("i"), lax.axis_index("x")
+        rows = pl.ds((2 * i + c) * 64, 64)
+        buf[...] = x_ref[rows]
+        plgpu.barrier_arrive(met.at[0])
+        plgpu.barrier_wait(met.at[0])
+        plgpu.async_store_smem(y_ref[rows], buf, landed.at[0], cluster_idx=1 - c,
+                               cluster_dim="x", atomic=atomic)
+        plgpu.barrier_wait(landed.at[0])
+        o_ref[rows] = buf[...]
+
+    return plgpu.kernel(body, out_shape=S(x.shape, x.dtype), grid=(2,),  # type: ignore
+                        grid_names=("i",), cluster=(2,), cluster_names=("x",), backend=backend,
+                        scratch_shapes=[plgpu.SMEM((64, 32), x.dtype), plgpu.Barrier(),
+                                        plgpu.ClusterBarrier(collective_axes=("x",))])(x, y)
+
+
+@pytest.mark.parametrize("atomic", [None, "add", "max", "xor"])
+def test_async_store_smem_reaches_the_other_block(atomic: Any) -> None:
+    dtype = jnp.int32 if atomic == "xor" else F32
+    x = jax.random.randint(jax.random.key(6), (256, 32), -50, 50).astype(dtype)
+    y = jax.random.randint(jax.random.key(7), (256, 32), -50, 50).astype(dtype)
+    got = _swap_through_smem(x, y, atomic, "interpret")
+    # Block (i, c) receives y's rows of block (i, 1 - c): swap each pair of 64-row groups.
+    other = y.reshape(2, 2, 64, 32)[:, ::-1].reshape(256, 32)
+    want = {None: lambda: other, "add": lambda: x + other, "max": lambda: jnp.maximum(x, other),
+            "xor": lambda: jnp.bitwise_xor(x, other)}[atomic]()
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_async_store_smem_checks_and_refuses_lowering() -> None:
+    x = jnp.zeros((256, 32), F32)
+    with pytest.raises(pl.PallasError, match="async_store_smem"):
+        jax.jit(functools.partial(_swap_through_smem, atomic=None, backend="mosaic_gpu")
+                ).trace(x, x).lower(lowering_platforms=("cuda",))
+    with pytest.raises(pl.PallasError, match="bitwise"):
+        _swap_through_smem(x, x, "or", "interpret")
