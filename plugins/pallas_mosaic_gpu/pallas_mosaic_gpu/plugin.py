@@ -14,6 +14,7 @@ from pallas_core.spec import ANY
 from pallas_mosaic_gpu import (
     blackwell,
     im2col,
+    inline,
     inspection,
     layouts,
     more_ops,
@@ -63,7 +64,7 @@ def pallas_memory_spaces() -> Any:
 def pallas_primitives() -> Any:
     return (primitives.SEMANTICS + layouts.SEMANTICS + warp_specialized.SEMANTICS
             + blackwell.SEMANTICS + scheduling.SEMANTICS + multidevice.SEMANTICS
-            + more_ops.SEMANTICS + im2col.SEMANTICS)
+            + more_ops.SEMANTICS + im2col.SEMANTICS + inline.SEMANTICS)
 
 
 @hookimpl

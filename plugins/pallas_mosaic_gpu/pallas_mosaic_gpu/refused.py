@@ -43,9 +43,6 @@ REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
     "async_copy_scales_to_tmem": ("copies block-scaling factors from SMEM to TMEM", _BLACKWELL),
     "async_copy_sparse_metadata_to_tmem": ("copies sparsity metadata to TMEM", _BLACKWELL),
     "cluster_ref": ("a view of an SMEM buffer in another block of the cluster", _CLUSTER),
-    "inline_mgpu": ("inlines code written against the Mosaic GPU library",
-                    ("kernels cannot hold code written for jax.experimental.mosaic.gpu",
-                     "write the operation with plgpu and jax.numpy")),
     "multicast_ref": ("a Ref whose writes reach every device along mesh axes", _DEVICES),
 }
 

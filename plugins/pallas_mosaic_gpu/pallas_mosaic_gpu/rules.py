@@ -234,6 +234,7 @@ def _multiple_of(state: GPULowering, eqn: Any, x: Any, **_: Any) -> Any:
 from pallas_mosaic_gpu import (  # noqa: E402, F401 - they register their rules
     blackwell,
     im2col,
+    inline,
     layout_rules,
     more_ops,
     rules_arrays,
