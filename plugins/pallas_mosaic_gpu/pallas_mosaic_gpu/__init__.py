@@ -40,7 +40,7 @@ from pallas_mosaic_gpu.blackwell import (
     wait_load_tmem,
 )
 from pallas_mosaic_gpu.im2col import im2col_ref
-from pallas_mosaic_gpu.inline import inline_mgpu
+from pallas_mosaic_gpu.inline import as_torch_kernel, inline_mgpu
 from pallas_mosaic_gpu.layouts import (
     Layout,
     broadcasted_iota,
@@ -162,4 +162,4 @@ __all__ += ["OOBFillMode", "PeerMemRef", "PipelinePipeline", "print_layout", "Re
             "transform_ref", "WGMMAAccumulatorRef"]
 __all__ += ["async_copy_smem_to_tmem", "async_store_smem", "barrier_test",
             "format_tcgen05_sparse_metadata"]
-__all__ += ["im2col_ref", "inline_mgpu"]
+__all__ += ["as_torch_kernel", "im2col_ref", "inline_mgpu"]

@@ -135,6 +135,22 @@ def _rule(state: Any, eqn: Any, *args: Any, kinds: Any, ret: Any, mgpu_fn: Any,
     return results
 
 
+def as_torch_kernel(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Makes ``fn`` (a JAX function calling one Mosaic GPU kernel and nothing else) callable
+    on PyTorch CUDA tensors, returning tensors. The kernel this backend lowers for cuda is
+    the same ``mosaic_gpu_v2`` custom call JAX's is, so JAX's PyTorch bridge
+    (``jax.experimental.pallas.mosaic_gpu.as_torch_kernel``) compiles and launches it; it needs
+    PyTorch and a GPU when the wrapper is called."""
+    from jax.experimental.pallas import mosaic_gpu as jax_mosaic_gpu
+
+    bridge = getattr(jax_mosaic_gpu, "as_torch_kernel", None)
+    if bridge is None:
+        raise UnsupportedError("plgpu.as_torch_kernel needs JAX's PyTorch bridge, which this "
+                               "JAX does not have. Fix: upgrade JAX, or exchange tensors with "
+                               "PyTorch through jax.dlpack.")
+    return bridge(fn)  # type: ignore[no-any-return]
+
+
 SEMANTICS: tuple[semantics.PrimitiveSemantics, ...] = (
     semantics.PrimitiveSemantics(inline_mgpu_p, discharge=_interpret),
 )

@@ -37,9 +37,6 @@ REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
                          "could not be passed to one",
                          "allocate semaphores as scratch, scratch_shapes=["
                          "plgpu.SemaphoreType.REGULAR((n,))], zeroed for each call")),
-    "as_torch_kernel": ("makes a kernel callable on PyTorch tensors",
-                        ("kernels here take and return JAX arrays",
-                         "exchange tensors with PyTorch through jax.dlpack")),
     "async_copy_scales_to_tmem": ("copies block-scaling factors from SMEM to TMEM", _BLACKWELL),
     "async_copy_sparse_metadata_to_tmem": ("copies sparsity metadata to TMEM", _BLACKWELL),
     "cluster_ref": ("a view of an SMEM buffer in another block of the cluster", _CLUSTER),

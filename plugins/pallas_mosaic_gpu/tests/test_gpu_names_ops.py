@@ -325,3 +325,18 @@ def test_inline_mgpu_is_refused_in_the_interpreter() -> None:
         _add_one(plgpu, _rand(9, (64, 128), jnp.float16), "interpret")
     with pytest.raises(pl.PallasError, match="arg_types"):
         plgpu.inline_mgpu(arg_types=(3,))
+
+
+def test_as_torch_kernel_hands_jaxs_bridge_one_mosaic_gpu_call() -> None:
+    """JAX's bridge needs a function whose lowered module is one mosaic_gpu_v2 call whose
+    results are returned; this backend's kernels lower so."""
+    x = _rand(10, (64, 128))
+
+    def fn(x: jax.Array) -> jax.Array:
+        return plgpu.kernel(lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...] + 1.0),
+                            out_type=S(x.shape, x.dtype), backend="mosaic_gpu")(x)
+
+    text = jax.jit(fn).trace(x).lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("@mosaic_gpu_v2") == 1
+    wrapped = plgpu.as_torch_kernel(fn)
+    assert callable(wrapped) and wrapped.__wrapped__ is fn  # type: ignore[attr-defined]
