@@ -56,6 +56,7 @@ from pallas_mosaic_gpu.more_ops import (
     format_tcgen05_sparse_metadata,
 )
 from pallas_mosaic_gpu.multidevice import (
+    multicast_ref,
     multimem_load_reduce,
     multimem_store,
     remote_ref,
@@ -163,3 +164,4 @@ __all__ += ["OOBFillMode", "PeerMemRef", "PipelinePipeline", "print_layout", "Re
 __all__ += ["async_copy_smem_to_tmem", "async_store_smem", "barrier_test",
             "format_tcgen05_sparse_metadata"]
 __all__ += ["as_torch_kernel", "im2col_ref", "inline_mgpu"]
+__all__ += ["multicast_ref"]

@@ -181,7 +181,15 @@ def copy_smem_to_gmem(src: Any, dst: Any, *, commit_group: bool = True) -> None:
 
     ``commit_group``: the copy closes a bulk group (with any copies issued before it with
     ``commit_group=False``), which ``wait_smem_to_gmem(n)`` counts; with ``False`` the group
-    stays open until a later copy or ``plgpu.commit_smem_to_gmem_group()`` closes it."""
+    stays open until a later copy or ``plgpu.commit_smem_to_gmem_group()`` closes it.
+
+    ``dst`` may be a ``plgpu.multicast_ref`` view: ``src`` then lands in ``dst`` on every
+    device along its axes (``multimem_store``), complete on return."""
+    from pallas_mosaic_gpu.multidevice import MulticastRef, multimem_store
+    if isinstance(dst, MulticastRef):
+        _check_copy(src, dst.ref, "copy_smem_to_gmem", "SMEM", "GMEM")
+        multimem_store(src[...], dst.ref, dst.collective_axes)
+        return
     _check_copy(src, dst, "copy_smem_to_gmem", "SMEM", "GMEM")
     bind_views(copy_smem_to_gmem_p, [src, dst], [], "copy_smem_to_gmem",
                commit_group=bool(commit_group))

@@ -19,13 +19,6 @@ _BLACKWELL = ("the Blackwell (sm_100a) path here covers TMEM scratch, tcgen05_mm
               "operands, tcgen05_commit_arrive and TMEM loads and stores; SMEM-to-TMEM copies, "
               "block scaling, sparsity and explicit TMEM layouts are not supported",
               "keep operands in SMEM and accumulate in a float32 plgpu.TMEM buffer")
-_DEVICES = ("this backend's multi-GPU support is multimem stores and reductions, "
-            "plgpu.SemaphoreType.REGULAR semaphores (pl.semaphore_signal, pl.semaphore_wait, "
-            "pl.get_global), semaphore_signal_multicast and plgpu.remote_ref; multicast Refs "
-            "and parallel signals are not part of it",
-            "use plgpu.remote_ref, plgpu.multimem_store / multimem_load_reduce and "
-            "pl.semaphore_signal / pl.semaphore_wait, or communicate outside the kernel with "
-            "collectives (jax.lax.all_gather, jax.lax.psum_scatter under shard_map)")
 _CLUSTER = ("blocks of a cluster cannot reach each other's shared memory or barriers here",
             "exchange data through GMEM and synchronise with separate kernels")
 
@@ -40,7 +33,6 @@ REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
     "async_copy_scales_to_tmem": ("copies block-scaling factors from SMEM to TMEM", _BLACKWELL),
     "async_copy_sparse_metadata_to_tmem": ("copies sparsity metadata to TMEM", _BLACKWELL),
     "cluster_ref": ("a view of an SMEM buffer in another block of the cluster", _CLUSTER),
-    "multicast_ref": ("a Ref whose writes reach every device along mesh axes", _DEVICES),
 }
 
 

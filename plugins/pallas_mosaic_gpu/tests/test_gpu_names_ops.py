@@ -340,3 +340,48 @@ def test_as_torch_kernel_hands_jaxs_bridge_one_mosaic_gpu_call() -> None:
     assert text.count("@mosaic_gpu_v2") == 1
     wrapped = plgpu.as_torch_kernel(fn)
     assert callable(wrapped) and wrapped.__wrapped__ is fn  # type: ignore[attr-defined]
+
+
+def _multicast_gather(backend: str) -> Any:
+    """Under shard_map over 4 devices, device d copies its 128 values from SMEM into slot d of
+    the output through plgpu.multicast_ref: every device's output is every device's values."""
+    mesh = jax.make_mesh((4,), ("x",), devices=jax.devices()[:4])
+
+    def body(x_ref: Any, o_ref: Any, smem: Any) -> None:
+        d = lax.axis_index("x")
+        smem[...] = x_ref[...]
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(smem, plgpu.multicast_ref(o_ref.at[pl.ds(d * 128, 128)], "x"))
+        plgpu.wait_smem_to_gmem(0)
+
+    kernel = plgpu.kernel(body, out_type=S((512,), F32), backend=backend,
+                          scratch_shapes=[plgpu.SMEM((128,), F32)])
+    spec = jax.sharding.PartitionSpec("x")
+    return jax.jit(jax.shard_map(kernel, mesh=mesh, in_specs=spec, out_specs=spec,
+                                 check_vma=False)), jax.sharding.NamedSharding(mesh, spec)
+
+
+def test_multicast_ref_copies_reach_every_device() -> None:
+    if len(jax.devices()) < 4:
+        pytest.skip("needs 4 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
+    fn, sharding = _multicast_gather("interpret")
+    x = _rand(11, (512,))
+    got = fn(jax.device_put(x, sharding))
+    np.testing.assert_array_equal(np.asarray(got), np.tile(np.asarray(x), 4))
+    fn, sharding = _multicast_gather("mosaic_gpu")
+    text = fn.trace(S(x.shape, x.dtype, sharding=sharding)).lower(
+        lowering_platforms=("cuda",)).as_text()
+    (found,) = inspection.kernels(text)
+    assert "multimem" in str(found[1])
+
+
+def test_multicast_ref_refuses_reads_and_writes() -> None:
+    @functools.partial(plgpu.kernel, out_type=S((8,), F32), backend="interpret")
+    def kernel(o_ref: Any) -> None:
+        view = plgpu.multicast_ref(o_ref, "x")
+        assert view.shape == (8,) and view.at[pl.ds(0, 4)].shape == (4,)
+        with pytest.raises(pl.PallasError, match="multicast_ref"):
+            view[...] = jnp.zeros((8,), F32)
+        o_ref[...] = jnp.zeros((8,), F32)
+
+    kernel()
