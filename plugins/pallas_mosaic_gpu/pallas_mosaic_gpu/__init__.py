@@ -53,6 +53,7 @@ from pallas_mosaic_gpu.more_ops import (
     async_copy_smem_to_tmem,
     async_store_smem,
     barrier_test,
+    cluster_ref,
     format_tcgen05_sparse_metadata,
 )
 from pallas_mosaic_gpu.multidevice import (
@@ -165,3 +166,4 @@ __all__ += ["async_copy_smem_to_tmem", "async_store_smem", "barrier_test",
             "format_tcgen05_sparse_metadata"]
 __all__ += ["as_torch_kernel", "im2col_ref", "inline_mgpu"]
 __all__ += ["multicast_ref"]
+__all__ += ["cluster_ref"]

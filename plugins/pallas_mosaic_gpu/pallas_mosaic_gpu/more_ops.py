@@ -1,7 +1,7 @@
 """Operations of ``jax.experimental.pallas.mosaic_gpu`` that JAX added late or that compose
 what this backend has: ``barrier_test`` (a non-blocking ``barrier_wait``),
 ``async_copy_smem_to_tmem`` (an SMEM buffer into TMEM), ``format_tcgen05_sparse_metadata``
-and ``async_store_smem`` (a store into another block's SMEM, in the interpreter).
+``async_store_smem`` and ``cluster_ref`` (another block's SMEM, in the interpreter).
 """
 
 from __future__ import annotations
@@ -196,8 +196,129 @@ def _store_rule(state: Any, eqn: Any, *args: Any, **_: Any) -> Any:
                      "the data through GMEM)")
 
 
+cluster_get_p = plb.Primitive("gpu_cluster_get")
+cluster_get_p.multiple_results = True
+cluster_swap_p = gp._primitive("gpu_cluster_swap")
+
+
+@cluster_get_p.def_effectful_abstract_eval
+def _cluster_get_abstract(*avals: Any, shape: Any, dtype: Any, **_: Any) -> Any:
+    return [plb.ShapedArray(shape, dtype)], {plb.ReadEffect(0)}
+
+
+class ClusterRef:
+    """``plgpu.cluster_ref(ref, {axis: idx})``: the SMEM Ref ``ref`` of block ``idx`` along the
+    cluster axis ``axis`` of this block's cluster. ``view[...]`` reads that block's buffer,
+    ``view[...] = x`` writes it, ``view.at[...]`` narrows the view. The interpreter runs it
+    (the blocks of a cluster run together there); lowering it is refused."""
+
+    def __init__(self, ref: Any, axis: Any, index: Any) -> None:
+        self.ref, self.axis, self.index = ref, axis, index
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape of the view."""
+        return tuple(self.ref.shape)
+
+    @property
+    def dtype(self) -> Any:
+        """The dtype of the view."""
+        return self.ref.dtype
+
+    @property
+    def at(self) -> Any:
+        """``view.at[idx]``: the other block's ``ref.at[idx]``."""
+        outer = self
+
+        class _At:
+            def __getitem__(self, idx: Any) -> ClusterRef:
+                return ClusterRef(outer.ref.at[idx], outer.axis, outer.index)
+
+        return _At()
+
+    def _narrowed(self, idx: Any) -> Any:
+        return self.ref if idx is Ellipsis or idx == () else self.ref.at[idx]
+
+    def __getitem__(self, idx: Any) -> jax.Array:
+        view = self._narrowed(idx)
+        aval, _ = gp._aval(view, "cluster_ref")
+        (value,) = bind_views(cluster_get_p, [view], [jnp.asarray(self.index, jnp.int32)],
+                              "cluster_ref", axis=self.axis, shape=tuple(aval.shape),
+                              dtype=aval.dtype)
+        return value  # type: ignore[no-any-return]
+
+    def __setitem__(self, idx: Any, value: Any) -> None:
+        view = self._narrowed(idx)
+        aval, _ = gp._aval(view, "cluster_ref")
+        value = jnp.broadcast_to(jnp.asarray(value, aval.dtype), tuple(aval.shape))
+        bind_views(cluster_swap_p, [view], [value, jnp.asarray(self.index, jnp.int32)],
+                   "cluster_ref", axis=self.axis)
+
+    def __repr__(self) -> str:
+        return f"plgpu.cluster_ref({self.ref!r}, {{{self.axis!r}: {self.index!r}}})"
+
+
+def cluster_ref(ref: Any, block_id: dict[Any, Any]) -> ClusterRef:
+    """The SMEM Ref ``ref`` of the block of this block's cluster that ``block_id`` (one
+    cluster axis name -> index) names (see :class:`ClusterRef`)."""
+    if not isinstance(block_id, dict) or len(block_id) != 1:
+        raise UnsupportedError(f"plgpu.cluster_ref(block_id={block_id!r}): name one cluster "
+                               "axis and the block's index along it, e.g. {'x': 1} (as JAX's "
+                               "lowering asks).")
+    _, base = gp._aval(ref, "cluster_ref")
+    if gp._space_name(base) != "SMEM":
+        raise PallasError(f"plgpu.cluster_ref: expected an SMEM Ref, found a Ref in "
+                          f"{gp._space_name(base)}.")
+    ((axis, index),) = block_id.items()
+    return ClusterRef(ref, axis, index)
+
+
+def _cluster_axes(in_avals: Any, *, axis: Any, **_: Any) -> tuple[Any, ...]:
+    return (axis,)
+
+
+def _cluster_alone(*_: Any, **__: Any) -> Any:
+    from pallas_mosaic_gpu.cluster import refused_in_interpreter
+
+    raise refused_in_interpreter("plgpu.cluster_ref")
+
+
+def _get_cross(in_avals: Any, out_avals: Any, *args: Any, stacked: Any, marks: Any,
+               block: Any, tree: Any, roles: Any, **_: Any) -> Any:
+    from pallas_mosaic_gpu import cluster
+
+    state = RefViews(args, tree, roles)
+    views = cluster.block_views(state, stacked)
+    value = jnp.stack([v.read(0) for v in views])[state.rest[0]]
+    return cluster.restack(state, stacked, views), [None] * len(marks), [value]
+
+
+def _swap_cross(in_avals: Any, out_avals: Any, *args: Any, stacked: Any, marks: Any,
+                block: Any, tree: Any, roles: Any, **_: Any) -> Any:
+    from pallas_mosaic_gpu import cluster
+
+    state = RefViews(args, tree, roles)
+    views = cluster.block_views(state, stacked)
+    value, target = state.rest[0], state.rest[1]
+    for c, v in enumerate(views):
+        old = v.read(0)
+        v.write(0, jnp.where(target == c, value, old))
+    return cluster.restack(state, stacked, views), [None] * len(marks), []
+
+
+@rules.rule(cluster_get_p, cluster_swap_p, lazy=True)
+def _cluster_rule(state: Any, eqn: Any, *args: Any, **_: Any) -> Any:
+    raise state.fail("plgpu.cluster_ref (reads and writes of another block's SMEM are not "
+                     "lowered by this backend; run the kernel in the interpreter, or use "
+                     "plgpu.async_store_smem there and exchange data through GMEM here)")
+
+
 SEMANTICS: tuple[semantics.PrimitiveSemantics, ...] = (
     semantics.PrimitiveSemantics(barrier_test_p, discharge=_test, phase_wait=True),
     semantics.PrimitiveSemantics(async_store_smem_p, discharge=_store_alone, cluster=_store_axes,
                                  cross=_store_cross),
+    semantics.PrimitiveSemantics(cluster_get_p, discharge=_cluster_alone, cluster=_cluster_axes,
+                                 cross=_get_cross),
+    semantics.PrimitiveSemantics(cluster_swap_p, discharge=_cluster_alone,
+                                 cluster=_cluster_axes, cross=_swap_cross),
 )

@@ -19,8 +19,6 @@ _BLACKWELL = ("the Blackwell (sm_100a) path here covers TMEM scratch, tcgen05_mm
               "operands, tcgen05_commit_arrive and TMEM loads and stores; SMEM-to-TMEM copies, "
               "block scaling, sparsity and explicit TMEM layouts are not supported",
               "keep operands in SMEM and accumulate in a float32 plgpu.TMEM buffer")
-_CLUSTER = ("blocks of a cluster cannot reach each other's shared memory or barriers here",
-            "exchange data through GMEM and synchronise with separate kernels")
 
 # name: (what it is in JAX, (why, fix)): the "refused" rows of docs/backends/mosaic_gpu_api.md,
 # and its "core" and "not applicable" rows, whose fix names the equivalent.
@@ -32,7 +30,6 @@ REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
                          "plgpu.SemaphoreType.REGULAR((n,))], zeroed for each call")),
     "async_copy_scales_to_tmem": ("copies block-scaling factors from SMEM to TMEM", _BLACKWELL),
     "async_copy_sparse_metadata_to_tmem": ("copies sparsity metadata to TMEM", _BLACKWELL),
-    "cluster_ref": ("a view of an SMEM buffer in another block of the cluster", _CLUSTER),
 }
 
 

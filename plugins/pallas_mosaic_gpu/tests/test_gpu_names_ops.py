@@ -385,3 +385,37 @@ def test_multicast_ref_refuses_reads_and_writes() -> None:
         o_ref[...] = jnp.zeros((8,), F32)
 
     kernel()
+
+
+def _exchange(x: jax.Array, backend: str) -> jax.Array:
+    """Block c of each cluster of 2 writes its rows doubled into the other block's buffer
+    through plgpu.cluster_ref, meets it, then adds the other block's first 16 columns (read
+    through the view) to its own buffer."""
+    def body(x_ref: Any, o_ref: Any, buf: Any, met: Any) -> None:
+        i, c = lax.axis_index("i"), lax.axis_index("x")
+        rows = pl.ds((2 * i + c) * 64, 64)
+        other = plgpu.cluster_ref(buf, {"x": 1 - c})
+        other[...] = x_ref[rows] * 2.0
+        plgpu.barrier_arrive(met.at[0])
+        plgpu.barrier_wait(met.at[0])
+        o_ref[rows] = buf[...] + jnp.pad(other.at[:, pl.ds(0, 16)][...], ((0, 0), (0, 16)))
+
+    return plgpu.kernel(body, out_shape=S(x.shape, x.dtype), grid=(2,),  # type: ignore
+                        grid_names=("i",), cluster=(2,), cluster_names=("x",), backend=backend,
+                        scratch_shapes=[plgpu.SMEM((64, 32), x.dtype),
+                                        plgpu.ClusterBarrier(collective_axes=("x",))])(x)
+
+
+def test_cluster_ref_reads_and_writes_the_other_block() -> None:
+    x = _rand(12, (256, 32))
+    got = _exchange(x, "interpret")
+    pairs = x.reshape(2, 2, 64, 32)
+    mine = pairs[:, ::-1].reshape(256, 32) * 2.0   # what the other block wrote into mine
+    theirs = x.reshape(256, 32) * 2.0              # what I wrote into the other block's
+    want = mine + jnp.pad(theirs[:, :16], ((0, 0), (0, 16)))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
+    with pytest.raises(pl.PallasError, match="cluster_ref"):
+        jax.jit(functools.partial(_exchange, backend="mosaic_gpu")).trace(x).lower(
+            lowering_platforms=("cuda",))
+    with pytest.raises(pl.UnsupportedError, match="one cluster"):
+        plgpu.cluster_ref(None, {"x": 0, "y": 1})
