@@ -72,7 +72,9 @@ class PrimitiveSemantics:
     Each point waits for the phase after the last one it waited for on that counter. In a
     kernel whose points share memory along mesh axes (``pl.run_scoped(collective_axes=...)``),
     interpreters run those points each at its own pace, a wait holding its point until other
-    points' arrivals complete the phase."""
+    points' arrivals complete the phase. With the param ``test=True`` it is a test instead (GPU
+    ``mbarrier.test_wait``): one bool result, whether the wait would return now; it counts as
+    the wait when it would, and never blocks."""
     fork: Callable[..., tuple[Any, int, bool]] | None = None
     """For a marker (with ``evaluate``, its meaning where the marked region cannot run) where a
     point splits into sub-points and joins again (a GPU warpgroup into its warps, ``pl.core_map``

@@ -16,7 +16,10 @@ that signal each other's semaphores, each with a program counter of its own:
 * a wait (``PrimitiveSemantics.phase_wait``: ``plgpu.barrier_wait``) is where a point may stop:
   the Ref counts arrivals (``barrier_arrive``, and a copy completing it, add one each), and
   the point's ``k``-th wait on that counter returns once it holds ``k * num_arrivals`` (each
-  point counts its own waits per counter, as each GPU thread tracks a barrier's phase);
+  point counts its own waits per counter, as each GPU thread tracks a barrier's phase); a
+  test (a ``phase_wait`` with param ``test=True``: ``plgpu.barrier_test``) answers whether
+  that wait would return now, counts as the wait when it would, and never stops the point
+  (one told "not yet" lets the other points run before it goes on);
 * ``pl.run_state`` around such a wait (an accumulator started at a value, ``plgpu.ACC.init``)
   gets a buffer per point, set to the value, read back at its end.
 
@@ -489,6 +492,8 @@ class _Runner(handshake._Runner):
             seen = self.seen[counter.id] = self.new_val(plb.ShapedArray(aval.shape,
                                                                          jnp.int32))
         here = len(self.steps)
+        test = bool(params.get("test", False))
+        outs = [self.new_val(plb.ShapedArray((), jnp.bool_))] if test else []
 
         def wait(state: State, p: Any) -> State:
             flat = [self.value(o, state, p) for o in rest[:tree.num_leaves]]
@@ -497,12 +502,14 @@ class _Runner(handshake._Runner):
             waited = mine.read(0)
             ready = jnp.all((views.read(0) >= (waited + 1) * need) & (waited != DISAGREE))
             mine.write(0, jnp.where(ready, waited + 1, waited))
-            state = _store(state, p, [seen], [mine.values[0]])
+            state = _store(state, p, [seen, *outs], [mine.values[0], *([ready] if test else [])])
+            if test:  # answers at once; a point told "not yet" lets the others run first
+                return {**_set_pc(state, p, here + 1), "blocked": jnp.logical_not(ready)}
             return {**_set_pc(state, p, jnp.where(ready, here + 1, here)),
                     "blocked": jnp.logical_not(ready)}
 
         self.steps.append(wait)
-        return []
+        return list(outs)
 
     def cross(self, eqn: Any, ins: list[_Operand]) -> list[_Operand]:
         """An equation that reaches across the blocks of the cluster: its ``cross`` rule

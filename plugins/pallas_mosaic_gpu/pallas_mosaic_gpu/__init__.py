@@ -40,6 +40,8 @@ from pallas_mosaic_gpu.blackwell import (
     tcgen05_mma,
     wait_load_tmem,
 )
+from pallas_mosaic_gpu.im2col import im2col_ref
+from pallas_mosaic_gpu.inline import as_torch_kernel, inline_mgpu
 from pallas_mosaic_gpu.layouts import (
     Layout,
     broadcasted_iota,
@@ -48,11 +50,35 @@ from pallas_mosaic_gpu.layouts import (
     load,
 )
 from pallas_mosaic_gpu.loops import NDLoopInfo, nd_loop, planar_snake
+from pallas_mosaic_gpu.more_ops import (
+    async_copy_smem_to_tmem,
+    async_store_smem,
+    barrier_test,
+    cluster_ref,
+    format_tcgen05_sparse_metadata,
+)
 from pallas_mosaic_gpu.multidevice import (
+    multicast_ref,
     multimem_load_reduce,
     multimem_store,
     remote_ref,
     semaphore_signal_multicast,
+)
+from pallas_mosaic_gpu.names import (
+    REGS,
+    OOBFillMode,
+    PeerMemRef,
+    PipelinePipeline,
+    RefType,
+    RefUnion,
+    Replicated,
+    Tiling,
+    TMEMLayout,
+    TraceScope,
+    Transform,
+    WGMMAAccumulatorRef,
+    print_layout,
+    transform_ref,
 )
 from pallas_mosaic_gpu.params import (
     ACC,
@@ -133,6 +159,14 @@ __all__ += ["async_prefetch", "griddepcontrol_launch_dependents", "griddepcontro
 __all__ += ["SemaphoreSignal", "semaphore_signal_parallel"]
 __all__ += ["MemorySpace"]
 __all__ += ["warp_map", "wgmma_accumulator_load"]
+__all__ += ["OOBFillMode", "PeerMemRef", "PipelinePipeline", "print_layout", "RefType",
+            "RefUnion", "REGS", "Replicated", "Tiling", "TMEMLayout", "TraceScope", "Transform",
+            "transform_ref", "WGMMAAccumulatorRef"]
+__all__ += ["async_copy_smem_to_tmem", "async_store_smem", "barrier_test",
+            "format_tcgen05_sparse_metadata"]
+__all__ += ["as_torch_kernel", "im2col_ref", "inline_mgpu"]
+__all__ += ["multicast_ref"]
+__all__ += ["cluster_ref"]
 
 
 _MOVED = plb.Deprecations("pallas_mosaic_gpu", globals(), {

@@ -24,9 +24,9 @@ import pallas_core as pl
 from pallas_core.call import force_interpret_mode, set_interpret_mode
 from pallas_core.errors import PallasError, UnsupportedError
 from pallas_core.spec import CompilerParams
+from pallas_mosaic_gpu.names import REGS
 from pallas_mosaic_gpu.params import GMEM, SMEM, TMEM
 from pallas_mosaic_gpu.primitives import barrier_arrive, barrier_wait, wgmma_wait
-from pallas_mosaic_gpu.refused import Refused
 from pallas_mosaic_gpu.scheduling import WarpMesh
 
 
@@ -217,19 +217,19 @@ def semaphore_signal_parallel(*signals: SemaphoreSignal) -> None:
 
 class _Members(type):
     def __iter__(cls) -> Iterator[Any]:
-        return iter((cls.GMEM, cls.SMEM, cls.TMEM))  # type: ignore[attr-defined]
+        return iter((cls.GMEM, cls.SMEM, cls.TMEM, cls.REGS))  # type: ignore[attr-defined]
 
 
 class MemorySpace(metaclass=_Members):
     """JAX's GPU memory spaces by name: ``MemorySpace.GMEM``, ``.SMEM`` and ``.TMEM`` are
     ``plgpu.GMEM``, ``plgpu.SMEM`` and ``plgpu.TMEM`` (call one for a buffer:
-    ``plgpu.MemorySpace.SMEM((128, 128), jnp.float16)``); ``REGS`` is refused as
-    ``plgpu.REGS`` is (registers hold plain values and ``plgpu.ACC`` accumulators here)."""
+    ``plgpu.MemorySpace.SMEM((128, 128), jnp.float16)``); ``REGS`` is ``plgpu.REGS``, whose
+    buffers are wgmma accumulators (``plgpu.ACC``)."""
 
     GMEM = GMEM
     SMEM = SMEM
     TMEM = TMEM
-    REGS = Refused("REGS")
+    REGS = REGS
 
 
 _WARP_AXES = itertools.count()

@@ -134,6 +134,60 @@ def remote_ref(ref: Any, device_id: Any, device_id_type: Any = None) -> Any:
     return plb.remote_view(ref, device_id, device_id_type or DeviceIdType.MESH)
 
 
+class MulticastRef:
+    """``plgpu.multicast_ref(ref, collective_axes)``: ``ref`` (a GMEM Ref or a view of one) on
+    every device along ``collective_axes`` at once. ``copy_smem_to_gmem(src,
+    multicast_ref(dst, axes))`` writes ``src`` into ``dst`` on all of them (as
+    ``multimem_store(src[...], dst, axes)``, so the data has landed on return); ``.at[...]``
+    narrows the view. Reads and writes through it are refused, as in JAX."""
+
+    def __init__(self, ref: Any, collective_axes: tuple[Any, ...]) -> None:
+        self.ref = ref
+        self.collective_axes = collective_axes
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape of the view."""
+        return tuple(self.ref.shape)
+
+    @property
+    def dtype(self) -> Any:
+        """The dtype of the view."""
+        return self.ref.dtype
+
+    @property
+    def at(self) -> Any:
+        """``view.at[idx]``: the multicast view of ``ref.at[idx]``."""
+        outer = self
+
+        class _At:
+            def __getitem__(self, idx: Any) -> MulticastRef:
+                return MulticastRef(outer.ref.at[idx], outer.collective_axes)
+
+        return _At()
+
+    def _refuse(self, *_: Any) -> Any:
+        raise PallasError("a read or write through plgpu.multicast_ref: only "
+                          "plgpu.copy_smem_to_gmem takes a multicast view (as in JAX). Fix: "
+                          "copy into it, or use plgpu.multimem_store / multimem_load_reduce.")
+
+    __getitem__ = __setitem__ = _refuse
+
+    def __repr__(self) -> str:
+        return f"plgpu.multicast_ref({self.ref!r}, {self.collective_axes!r})"
+
+
+def multicast_ref(ref: Any, collective_axes: Hashable | tuple[Hashable, ...]) -> MulticastRef:
+    """``ref`` (a GMEM Ref or a view of one) on every device along ``collective_axes`` (all
+    axes of the ``shard_map`` mesh) at once, for ``copy_smem_to_gmem`` (see
+    :class:`MulticastRef`)."""
+    _view(ref, "multicast_ref")  # a GMEM Ref, or a view of one, not of another device's
+    if any(isinstance(t, plb.PeerRefTransform) for t in getattr(ref, "transforms", ())):
+        raise PallasError("plgpu.multicast_ref of a plgpu.remote_ref view (another device's "
+                          "buffer). Fix: make the multicast view of the Ref itself.")
+    return MulticastRef(ref, _axes(collective_axes))
+
+
 # --- reference semantics ---------------------------------------------------------------------
 
 

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_core.errors import PallasError
+from pallas_core.errors import PallasError, UnsupportedError
 from pallas_core.spec import CompilerParams as _CompilerParams
 from pallas_core.spec import MemoryRef, MemorySpace
 
@@ -214,6 +214,14 @@ class Mesh:
         return (*grid, *self.cluster, *thread)
 
 
+class TraceScope(enum.Enum):
+    """What one record of JAX's in-kernel profiler covers (``CompilerParams(
+    profile_trace_scope=...)``): a warp or a warpgroup. Profiling never changes results."""
+
+    WARP = "warp"
+    WARPGROUP = "warpgroup"
+
+
 @dataclasses.dataclass(frozen=True)
 class GPUCompilerParams(_CompilerParams):
     """Compiler parameters of the Mosaic GPU backend; passing them selects it.
@@ -230,6 +238,9 @@ class GPUCompilerParams(_CompilerParams):
       both lower alike here (see :class:`LoweringSemantics`) and are stored as ``"lane"``.
     * ``approx_math``: use the GPU's fast approximate ``exp``/``log``/``tanh``.
     * ``mesh``: set by :func:`kernel` (the launch of a ``plgpu.kernel``).
+    * ``profile_space``, ``profile_dir``, ``profile_trace_scope`` (a :class:`TraceScope`):
+      JAX's in-kernel profiler; ``profile_space`` must stay 0 (no profiler here), the other
+      two are checked and change nothing.
     """
 
     BACKEND: ClassVar[str] = NAME
@@ -239,8 +250,20 @@ class GPUCompilerParams(_CompilerParams):
     lowering_semantics: str = LANE
     approx_math: bool = False
     mesh: Mesh | None = None
+    profile_space: int = 0
+    profile_dir: str = ""
+    profile_trace_scope: TraceScope = TraceScope.WARPGROUP
 
     def __post_init__(self) -> None:
+        if not isinstance(self.profile_trace_scope, TraceScope):
+            raise PallasError(f"plgpu.CompilerParams(profile_trace_scope="
+                              f"{self.profile_trace_scope!r}): expected plgpu.TraceScope.WARP "
+                              "or plgpu.TraceScope.WARPGROUP.")
+        if self.profile_space != 0:
+            raise UnsupportedError(f"plgpu.CompilerParams(profile_space={self.profile_space!r})"
+                                   ": the mosaic_gpu backend has no in-kernel profiler. Fix: "
+                                   "drop profile_space and profile the kernel with "
+                                   "jax.profiler.")
         if self.dimension_semantics is not None:
             sem = []
             for s in self.dimension_semantics:

@@ -13,8 +13,11 @@ from pallas_core.request import KernelCall, LoweringRequest
 from pallas_core.spec import ANY
 from pallas_mosaic_gpu import (
     blackwell,
+    im2col,
+    inline,
     inspection,
     layouts,
+    more_ops,
     multidevice,
     primitives,
     rules,
@@ -60,7 +63,8 @@ def pallas_memory_spaces() -> Any:
 @hookimpl
 def pallas_primitives() -> Any:
     return (primitives.SEMANTICS + layouts.SEMANTICS + warp_specialized.SEMANTICS
-            + blackwell.SEMANTICS + scheduling.SEMANTICS + multidevice.SEMANTICS)
+            + blackwell.SEMANTICS + scheduling.SEMANTICS + multidevice.SEMANTICS
+            + more_ops.SEMANTICS + im2col.SEMANTICS + inline.SEMANTICS)
 
 
 @hookimpl

@@ -112,7 +112,8 @@ def _check_barrier(barrier: Any, fn: str) -> None:
 
 
 def copy_gmem_to_smem(src: Any, dst: Any, barrier: Any, *, collective_axes: Any = None,
-                      leader_tracked: Any = None, partitioned_axis: Any = None) -> None:
+                      leader_tracked: Any = None, oob_mode: Any = None,
+                      partitioned_axis: Any = None) -> None:
     """Starts a TMA copy of ``src`` (GMEM, a window of it with ``.at[...]``) into ``dst``
     (SMEM); ``barrier_wait(barrier)`` returns once it has landed.
 
@@ -124,8 +125,27 @@ def copy_gmem_to_smem(src: Any, dst: Any, barrier: Any, *, collective_axes: Any 
     first block's barrier tracks the whole transfer; ``CopyPartition.REPLICATED``: each
     receives all of it, tracked by the first block. ``partitioned_axis=d`` is JAX's older
     spelling of ``leader_tracked=CopyPartition.PARTITIONED(d)``. See
-    :mod:`pallas_mosaic_gpu.cluster`."""
+    :mod:`pallas_mosaic_gpu.cluster`.
+
+    ``oob_mode`` (a ``plgpu.OOBFillMode``, ``None`` for ``ZEROS``): what elements of the
+    window past the end of ``src`` become. Here they are always zeros, which each mode
+    allows (``UNDEFINED`` leaves them unspecified, ``PROMISE_IN_BOUNDS`` promises there are
+    none)."""
     fn = "copy_gmem_to_smem"
+    from jax.experimental.mosaic.gpu import OOBFillMode
+
+    from pallas_mosaic_gpu.im2col import Im2colWindow, copy_im2col
+    if isinstance(src, Im2colWindow):
+        if collective_axes is not None or leader_tracked is not None or \
+                partitioned_axis is not None:
+            raise UnsupportedError(f"plgpu.{fn}: an im2col copy shared by a cluster "
+                                   "(collective_axes, leader_tracked) is not supported by "
+                                   "mosaic_gpu. Fix: copy in each block.")
+        copy_im2col(src, dst, barrier)
+        return
+    if oob_mode is not None and not isinstance(oob_mode, OOBFillMode):
+        raise PallasError(f"plgpu.{fn}(oob_mode={oob_mode!r}): expected None or a "
+                          "plgpu.OOBFillMode (ZEROS, UNDEFINED or PROMISE_IN_BOUNDS).")
     if partitioned_axis is not None:
         if leader_tracked is not None:
             raise PallasError(f"plgpu.{fn}: partitioned_axis={partitioned_axis!r} and "
@@ -161,7 +181,15 @@ def copy_smem_to_gmem(src: Any, dst: Any, *, commit_group: bool = True) -> None:
 
     ``commit_group``: the copy closes a bulk group (with any copies issued before it with
     ``commit_group=False``), which ``wait_smem_to_gmem(n)`` counts; with ``False`` the group
-    stays open until a later copy or ``plgpu.commit_smem_to_gmem_group()`` closes it."""
+    stays open until a later copy or ``plgpu.commit_smem_to_gmem_group()`` closes it.
+
+    ``dst`` may be a ``plgpu.multicast_ref`` view: ``src`` then lands in ``dst`` on every
+    device along its axes (``multimem_store``), complete on return."""
+    from pallas_mosaic_gpu.multidevice import MulticastRef, multimem_store
+    if isinstance(dst, MulticastRef):
+        _check_copy(src, dst.ref, "copy_smem_to_gmem", "SMEM", "GMEM")
+        multimem_store(src[...], dst.ref, dst.collective_axes)
+        return
     _check_copy(src, dst, "copy_smem_to_gmem", "SMEM", "GMEM")
     bind_views(copy_smem_to_gmem_p, [src, dst], [], "copy_smem_to_gmem",
                commit_group=bool(commit_group))

@@ -233,7 +233,10 @@ def _multiple_of(state: GPULowering, eqn: Any, x: Any, **_: Any) -> Any:
 # whichever module is imported first (they import this one, which is then already defined).
 from pallas_mosaic_gpu import (  # noqa: E402, F401 - they register their rules
     blackwell,
+    im2col,
+    inline,
     layout_rules,
+    more_ops,
     rules_arrays,
     rules_devices,
     rules_memory,

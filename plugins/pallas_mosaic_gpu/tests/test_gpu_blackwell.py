@@ -211,8 +211,8 @@ def test_tmem_options_refused(kwargs: dict[str, Any], match: str) -> None:
         plgpu.TMEM((128, 128), F16)
 
 
-@pytest.mark.parametrize("name", ["async_copy_smem_to_tmem", "TMEMLayout",
-                                  "format_tcgen05_sparse_metadata"])
+@pytest.mark.parametrize("name", ["async_copy_scales_to_tmem",
+                                  "async_copy_sparse_metadata_to_tmem"])
 def test_the_rest_of_blackwell_is_refused_by_name(name: str) -> None:
     with pytest.raises(pl.UnsupportedError, match=f"plgpu.{name}"):
         getattr(plgpu, name)()
