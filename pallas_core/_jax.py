@@ -773,6 +773,18 @@ def mosaic_serde_version() -> int:
 
 
 @functools.cache
+@functools.cache
+def sparsecore_adds_only_into_shared_vmem() -> bool:
+    """Whether JAX's own SparseCore lowering refuses an adding DMA (``add=True``) out of a
+    vector subcore's VMEM into anything but ``VMEM_SHARED`` (JAX 0.12), rather than also
+    lowering one into HBM (JAX 0.10). Reads the installed JAX's lowering."""
+    try:
+        from jax._src.pallas.mosaic import sc_lowering
+    except ImportError:  # no SparseCore lowering in this JAX: nothing to follow
+        return False
+    return "supported when the destination is in VMEM_SHARED" in inspect.getsource(sc_lowering)
+
+
 def mosaic_waits_name_both_ends() -> bool:
     """Whether JAX's own Pallas TPU lowering waits for a DMA with ``tpu.wait_dma`` (naming the
     copy's source and target, ``wait_target`` telling which side waits: JAX 0.12) rather than

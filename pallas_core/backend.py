@@ -52,7 +52,8 @@ skip, ``plsc.Indices``).
 **Emitting a call**: ``emit_custom_call``, ``manual_axes``, ``make_ir_context``,
 ``assume_device``, ``assumed_device`` (the chip a trace or lowering is for where no device
 of the platform is attached: what ``pltpu.get_tpu_info()`` answers for),
-``mosaic_serde_version``, ``mosaic_waits_name_both_ends``; ``pallas_use_mosaic_gpu`` (JAX's
+``mosaic_serde_version``, ``mosaic_waits_name_both_ends``,
+``sparsecore_adds_only_into_shared_vmem``; ``pallas_use_mosaic_gpu`` (JAX's
 choice between the two GPU backends, for ``BackendInfo.default_priority``);
 ``jax_lowering_rule_names`` (JAX's own rule registries, for parity tests).
 """
@@ -111,6 +112,7 @@ from pallas_core._jax import (
     scan_parts,
     shape_after_transforms,
     source_line,
+    sparsecore_adds_only_into_shared_vmem,
     stack_p,
     swap_p,
     trace_to_jaxpr,
@@ -190,5 +192,5 @@ __all__ = [
     # emitting a call
     "assume_device", "assumed_device", "emit_custom_call", "jax_lowering_rule_names",
     "make_ir_context", "manual_axes", "mosaic_serde_version", "mosaic_waits_name_both_ends",
-    "pallas_use_mosaic_gpu",
+    "pallas_use_mosaic_gpu", "sparsecore_adds_only_into_shared_vmem",
 ]

@@ -100,8 +100,16 @@ def _instructions(module: Any) -> collections.Counter[str]:
     return found
 
 
+def _multimem_key(ours_or_theirs: Any) -> str:
+    """The backend config's per-parameter multimem flags, as the installed Mosaic GPU library
+    names them: ``symmetric_memory_parameters`` (JAX 0.12) or ``multimem_parameters`` (0.10)."""
+    config = ours_or_theirs[0]
+    return "symmetric_memory_parameters" if "symmetric_memory_parameters" in config \
+        else "multimem_parameters"
+
+
 def _multicast(ours_or_theirs: Any) -> bytes:
-    return ours_or_theirs[0]["multimem_parameters"]  # type: ignore[no-any-return]
+    return ours_or_theirs[0][_multimem_key(ours_or_theirs)]  # type: ignore[no-any-return]
 
 
 # The one difference in the custom call: which of the call's parameters (operands, then
@@ -143,7 +151,7 @@ def test_jax_lowers_its_multidevice_kernel(case: str) -> None:
 def test_port_lowers_like_jax(case: str) -> None:
     ours, theirs = _lower(case, ours=True), _lower(case, ours=False)
     kind = CASES[case][1]
-    inspection.assert_same_kernel(ours, theirs, {"multimem_parameters": DIFFERENCES[kind]})
+    inspection.assert_same_kernel(ours, theirs, {_multimem_key(theirs): DIFFERENCES[kind]})
     a, b = _instructions(ours[1]), _instructions(theirs[1])
     barrier = "bar.sync $0, 128;"
     assert (a.pop(barrier), b.pop(barrier)) == BARRIERS[kind]

@@ -193,14 +193,15 @@ def layout_cast(x: Any, new_layout: SomeLayout) -> jax.Array:
     return layout_cast_p.bind(jax.numpy.asarray(x), new_layout=new_layout, optimized=False)
 
 
-def load(src: Any, idx: Any, *, layout: SomeLayout | None = None,
+def load(src: Any, idx: Any = None, *, layout: SomeLayout | None = None,
          optimized: bool = True) -> jax.Array:
-    """``src[idx]`` (an SMEM or GMEM Ref), read into the register layout ``layout`` (the
-    backend's choice when ``None``). ``optimized``: the read must use vectorised accesses
+    """``src[idx]`` (an SMEM or GMEM Ref; the whole Ref without ``idx``, as JAX 0.12 spells
+    it: ``plgpu.load(src.at[idx], layout=...)``), read into the register layout ``layout``
+    (the backend's choice when ``None``). ``optimized``: the read must use vectorised accesses
     (the lowering fails otherwise); ``False`` allows any."""
     from pallas_core.primitives import load as core_load
 
-    value = core_load(src, idx)
+    value = core_load(src, ... if idx is None else idx)
     if layout is None:
         return value  # type: ignore[no-any-return]
     _check_layout(layout, "load")

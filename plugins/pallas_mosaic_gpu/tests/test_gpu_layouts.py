@@ -37,7 +37,7 @@ def module_text(fn, *args) -> str:
     return str(module)
 
 
-def row_max_shift(x: jax.Array, backend: str = "mosaic_gpu") -> jax.Array:
+def row_max_shift(x: jax.Array, backend: str = "mosaic_gpu", whole: bool = False) -> jax.Array:
     """x - rowmax(x) + column index: a running maximum started in the row layout, the row
     maxima stored to SMEM and read back in the row layout, an iota in the wgmma layout."""
     @functools.partial(plgpu.kernel, out_type=S(x.shape, F32), backend=backend,
@@ -46,7 +46,9 @@ def row_max_shift(x: jax.Array, backend: str = "mosaic_gpu") -> jax.Array:
         m = plgpu.layout_cast(jnp.full((x.shape[0],), -jnp.inf, F32), L.WGMMA.reduce(1))
         v = plgpu.layout_cast(x_ref[...], L.WGMMA)
         rows[...] = jnp.maximum(m, v.max(axis=1))
-        r = plgpu.load(rows, (), layout=L.WGMMA.reduce(1))
+        # JAX 0.12's spelling reads the whole Ref (no index); JAX 0.10's takes one.
+        r = (plgpu.load(rows, layout=L.WGMMA.reduce(1)) if whole
+             else plgpu.load(rows, (), layout=L.WGMMA.reduce(1)))
         cols = plgpu.broadcasted_iota(jnp.int32, x.shape, 1, layout=L.WGMMA)
         o_ref[...] = v - lax.broadcast_in_dim(r, x.shape, [0]) + cols.astype(F32)
 
@@ -66,6 +68,15 @@ def test_layout_cast_load_and_iota_in_the_interpreter() -> None:
     x = rand(0, (64, 128))
     got = row_max_shift(x, backend="interpret")
     np.testing.assert_allclose(got, row_max_shift_ref(x), rtol=1e-6)
+
+
+def test_load_without_an_index_reads_the_whole_ref() -> None:
+    """``plgpu.load(ref, layout=...)`` (JAX 0.12) is ``plgpu.load(ref, (), layout=...)``."""
+    x = rand(1, (64, 128))
+    got = row_max_shift(x, backend="interpret", whole=True)
+    np.testing.assert_allclose(got, row_max_shift_ref(x), rtol=1e-6)
+    whole = module_text(lambda a: row_max_shift(a, whole=True), S((64, 128), F32))
+    assert whole == module_text(row_max_shift, S((64, 128), F32))
 
 
 def test_iota_without_layout_is_lax_iota() -> None:

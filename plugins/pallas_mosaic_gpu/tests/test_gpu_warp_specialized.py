@@ -7,6 +7,7 @@ small kernel of our own, and the refusals."""
 from __future__ import annotations
 
 import functools
+import re
 from typing import Any
 
 import jax
@@ -112,8 +113,9 @@ def test_warp_specialized_matmul_lowers_with_its_roles() -> None:
     assert "nvvm.setmaxregister decrease 40" in text
     assert "nvvm.setmaxregister increase 232" in text
     assert text.count("nvvm.setmaxregister") == 2
-    # A compute warpgroup releases a slot with one (predicated) arrival, not 128.
-    assert "@$2 mbarrier.arrive.release" in text
+    # A compute warpgroup releases a slot with one (predicated) arrival, not 128: inline PTX
+    # whose predicate is its 3rd operand (JAX 0.10's library) or its 2nd (JAX 0.12's).
+    assert re.search(r"@\$[12] mbarrier\.arrive\.release", text)
     for op in ("cp.async.bulk.tensor", "wgmma.mma_async", "mbarrier.try_wait"):
         assert op in text, op
     ((_, module),) = inspection.kernels(_lower(ws_matmul, a, b))
@@ -203,7 +205,7 @@ def test_manual_consumed_barriers_lower_per_input() -> None:
     ((_, module),) = inspection.kernels(_lower(functools.partial(ws_matmul, manual=True),
                                                a, b))
     assert inspection.launch(module)["smem_bytes"] == 2 * 8192 + 2 * 8192 + 2 * 16384 + 6 * 8
-    assert str(module).count("@$2 mbarrier.arrive.release") == 2
+    assert len(re.findall(r"@\$[12] mbarrier\.arrive\.release", str(module))) == 2
 
 
 def test_shared_memory_without_collective_axes_is_refused_with_warpgroups() -> None:

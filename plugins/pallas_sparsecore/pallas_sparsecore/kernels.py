@@ -60,12 +60,19 @@ def embedding_lookup(table: jax.Array, idx: jax.Array, *, num_cores: int | None 
     return kernel(table, idx.astype(jnp.int32))  # type: ignore[no-any-return]
 
 
+def _when_first_subcore(fn: Any) -> None:
+    """Run ``fn`` on the first vector subcore of each SparseCore only."""
+    pl.when(lax.axis_index("subcore") == 0)(fn)
+
+
 def scatter_add(updates: jax.Array, idx: jax.Array, num_rows: int, *,
                 num_cores: int | None = None, num_subcores: int | None = None,
                 target: str | None = None, interpret: bool = False) -> jax.Array:
     """``zeros((num_rows, d)).at[idx].add(updates)`` (the gradient of an embedding lookup):
-    each subcore scatter-adds its share of the rows into the HBM result with one adding
-    indirect DMA; repeated indices accumulate."""
+    each subcore scatter-adds its share of the rows into its SparseCore's ``VMEM_SHARED``
+    accumulator with one adding indirect DMA (repeated indices accumulate); each core writes
+    its total to its own slice of the HBM result, and the cores' totals are summed after the
+    kernel. (Adding DMAs go to ``VMEM_SHARED``, not HBM: JAX 0.12 lowers only those.)"""
     mesh = _mesh(num_cores, num_subcores, target)
     n = _share(idx.shape[0], mesh, "the number of updates")
     d = updates.shape[1]
@@ -75,18 +82,24 @@ def scatter_add(updates: jax.Array, idx: jax.Array, num_rows: int, *,
 
         @pl.core_map(mesh, interpret=interpret, name="scatter_add")
         def _() -> None:
-            def body(idx_vmem: Any, rows_vmem: Any) -> None:
+            core = lax.axis_index("core")
+
+            def body(acc: Any, idx_vmem: Any, rows_vmem: Any) -> None:
+                _when_first_subcore(lambda: pltpu.sync_copy(out.at[core], acc))  # zeros
+                plsc.subcore_barrier()  # the accumulator is zero before anyone adds
                 rows = pl.ds(_worker(mesh) * n, n)
                 pltpu.sync_copy(idx_ref.at[rows], idx_vmem)
                 pltpu.sync_copy(upd_ref.at[rows], rows_vmem)
-                pltpu.sync_copy(rows_vmem, out.at[idx_vmem], add=True)
+                pltpu.sync_copy(rows_vmem, acc.at[idx_vmem], add=True)
+                plsc.subcore_barrier()  # every update is in before the total is read
+                _when_first_subcore(lambda: pltpu.sync_copy(acc, out.at[core]))
 
-            pl.run_scoped(body, pltpu.VMEM((n,), jnp.int32),
-                          pltpu.VMEM((n, d), updates.dtype))
+            pl.run_scoped(body, scp.VMEM_SHARED((num_rows, d), updates.dtype),
+                          pltpu.VMEM((n,), jnp.int32), pltpu.VMEM((n, d), updates.dtype))
 
     _, _, result = pl.run_state(run)((updates, idx.astype(jnp.int32),
-                                      jnp.zeros((num_rows, d), updates.dtype)))
-    return result  # type: ignore[no-any-return]
+                                      jnp.zeros((mesh.num_cores, num_rows, d), updates.dtype)))
+    return result.sum(axis=0)  # type: ignore[no-any-return]
 
 
 def scatter_add_shared(updates: jax.Array, idx: jax.Array, num_rows: int, *,
@@ -95,8 +108,8 @@ def scatter_add_shared(updates: jax.Array, idx: jax.Array, num_rows: int, *,
     """``zeros((num_rows, d)).at[idx].add(updates)``, accumulated in each SparseCore's shared
     VMEM: the subcores zero their slices of a ``plsc.VMEM_SHARED`` accumulator, meet at a
     barrier, scatter-add their shares of the updates into it with adding indirect DMAs (repeated
-    indices accumulate), meet again, and add their slices of the core's total into the HBM
-    result. HBM sees one adding DMA per subcore instead of one per update row."""
+    indices accumulate), meet again, and copy their slices of the core's total into the core's
+    slice of the HBM result; the cores' totals are summed after the kernel."""
     mesh = _mesh(num_cores, num_subcores, target)
     n = _share(idx.shape[0], mesh, "the number of updates")
     subcores, lanes = mesh.num_subcores, mesh.info.num_lanes
@@ -112,9 +125,9 @@ def scatter_add_shared(updates: jax.Array, idx: jax.Array, num_rows: int, *,
 
         @pl.core_map(mesh, interpret=interpret, name="scatter_add_shared")
         def _() -> None:
-            subcore = lax.axis_index("subcore")
+            core, subcore = lax.axis_index("core"), lax.axis_index("subcore")
 
-            def body(acc: Any, idx_vmem: Any, upd_vmem: Any, tile: Any, slots: Any) -> None:
+            def body(acc: Any, idx_vmem: Any, upd_vmem: Any, tile: Any) -> None:
                 mine = pl.ds(subcore * rows, rows)
 
                 @pl.loop(0, rows)
@@ -122,10 +135,6 @@ def scatter_add_shared(updates: jax.Array, idx: jax.Array, num_rows: int, *,
                     @plsc.parallel_loop(0, d, lanes)
                     def _(j: Any) -> None:
                         tile[r, pl.ds(j, lanes)] = jnp.zeros((lanes,), tile.dtype)
-
-                @plsc.parallel_loop(0, rows, lanes)
-                def _slots(i: Any) -> None:
-                    slots[pl.ds(i, lanes)] = subcore * rows + i + lax.iota(jnp.int32, lanes)
 
                 pltpu.sync_copy(tile, acc.at[mine])
                 plsc.subcore_barrier()  # the accumulator is zero before anyone adds
@@ -135,15 +144,15 @@ def scatter_add_shared(updates: jax.Array, idx: jax.Array, num_rows: int, *,
                 pltpu.sync_copy(upd_vmem, acc.at[idx_vmem], add=True)
                 plsc.subcore_barrier()  # every update is in before anyone reads the total
                 pltpu.sync_copy(acc.at[mine], tile)
-                pltpu.sync_copy(tile, out.at[slots], add=True)
+                pltpu.sync_copy(tile, out.at[core, mine])
 
             pl.run_scoped(body, scp.VMEM_SHARED((num_rows, d), updates.dtype),
                           pltpu.VMEM((n,), jnp.int32), pltpu.VMEM((n, d), updates.dtype),
-                          pltpu.VMEM((rows, d), updates.dtype), pltpu.VMEM((rows,), jnp.int32))
+                          pltpu.VMEM((rows, d), updates.dtype))
 
     _, _, result = pl.run_state(run)((updates, idx.astype(jnp.int32),
-                                      jnp.zeros((num_rows, d), updates.dtype)))
-    return result  # type: ignore[no-any-return]
+                                      jnp.zeros((mesh.num_cores, num_rows, d), updates.dtype)))
+    return result.sum(axis=0)  # type: ignore[no-any-return]
 
 
 def segment_sum(values: jax.Array, segment_ids: jax.Array, num_segments: int, *,
@@ -153,7 +162,8 @@ def segment_sum(values: jax.Array, segment_ids: jax.Array, num_segments: int, *,
     float32 values: each subcore walks its share one register (``num_lanes`` values) at a
     time, adds every value into its segment's slot of a VMEM accumulator with
     ``plsc.addupdate_scatter`` (lanes of one segment accumulate), then adds the accumulator
-    into the HBM result with an adding DMA."""
+    into its SparseCore's ``VMEM_SHARED`` total with an adding DMA; each core writes its total
+    to its own slice of the HBM result, and the cores' totals are summed after the kernel."""
     mesh = _mesh(num_cores, num_subcores, target)
     lanes = mesh.info.num_lanes
     n = _share(values.shape[0], mesh, "the number of values")
@@ -167,7 +177,10 @@ def segment_sum(values: jax.Array, segment_ids: jax.Array, num_segments: int, *,
 
         @pl.core_map(mesh, interpret=interpret, name="segment_sum")
         def _() -> None:
-            def body(vals: Any, segs: Any, acc: Any, slots: Any) -> None:
+            core = lax.axis_index("core")
+
+            def body(total: Any, vals: Any, segs: Any, acc: Any, slots: Any) -> None:
+                _when_first_subcore(lambda: pltpu.sync_copy(out.at[core], total))  # zeros
                 share = pl.ds(_worker(mesh) * n, n)
                 pltpu.sync_copy(val_ref.at[share], vals)
                 pltpu.sync_copy(seg_ref.at[share], segs)
@@ -182,17 +195,21 @@ def segment_sum(values: jax.Array, segment_ids: jax.Array, num_segments: int, *,
                     plsc.addupdate_scatter(acc, [segs[pl.ds(i, lanes)]],
                                            vals[pl.ds(i, lanes)])
 
-                pltpu.sync_copy(acc, out.at[slots], add=True)
+                plsc.subcore_barrier()  # the core's total is zero before anyone adds
+                pltpu.sync_copy(acc, total.at[slots], add=True)
+                plsc.subcore_barrier()  # every subcore's sums are in before it is read
+                _when_first_subcore(lambda: pltpu.sync_copy(total, out.at[core]))
 
-            pl.run_scoped(body, pltpu.VMEM((n,), jnp.float32), pltpu.VMEM((n,), jnp.int32),
+            pl.run_scoped(body, scp.VMEM_SHARED((num_segments,), jnp.float32),
+                          pltpu.VMEM((n,), jnp.float32), pltpu.VMEM((n,), jnp.int32),
                           pltpu.VMEM((num_segments,), jnp.float32),
                           pltpu.VMEM((num_segments,), jnp.int32))
 
     *_, result = pl.run_state(run)((values.astype(jnp.float32),
                                     segment_ids.astype(jnp.int32),
                                     jnp.arange(num_segments, dtype=jnp.int32),
-                                    jnp.zeros((num_segments,), jnp.float32)))
-    return result  # type: ignore[no-any-return]
+                                    jnp.zeros((mesh.num_cores, num_segments), jnp.float32)))
+    return result.sum(axis=0)  # type: ignore[no-any-return]
 
 
 def sort_key_val(keys: jax.Array, values: jax.Array, *, descending: bool = False,

@@ -28,7 +28,7 @@ from pallas_mosaic_tpu.params import DMA_SEMAPHORE, HBM, SEMAPHORE, SMEM
 
 from pallas_core import backend as plb
 from pallas_core import copies, mlir_lowering
-from pallas_core.errors import PallasError
+from pallas_core.errors import PallasError, UnsupportedError
 from pallas_core.request import KernelCall
 from pallas_core.spec import ANY
 from pallas_sparsecore import primitives as sc
@@ -235,6 +235,18 @@ def _is_push_stream(kernel_type: str, src: str, dst: str) -> bool:
     return kernel_type == "vector" and src == "vmem" and dst != "vmem"
 
 
+def _check_adding_copy(lowering: Lowering, src: str, dst: str) -> None:
+    """Refuse, as the installed JAX's SparseCore lowering does (JAX 0.12), an adding copy out
+    of VMEM into anything but shared VMEM."""
+    if src == "vmem" and dst != "vmem_shared" and plb.sparsecore_adds_only_into_shared_vmem():
+        raise UnsupportedError(
+            f"an adding copy (add=True) from VMEM into {dst.upper()} is not supported by the "
+            f"{NAME!r} backend at JAX {jax.__version__} (kernel {lowering.call.name!r} at "
+            f"{lowering.location}): its SparseCore lowering adds out of VMEM only into "
+            "VMEM_SHARED. Fix: add into a plsc.VMEM_SHARED accumulator (pl.run_scoped), meet "
+            "at plsc.subcore_barrier(), then copy the total out with a plain copy.")
+
+
 @rule(copies.copy_start_p)
 def _copy_start(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
     if eqn.params["remote"]:
@@ -253,6 +265,8 @@ def _copy_start(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
                 shared.SparseCorePushStreamWarning, stacklevel=2)
         tpu.EnqueueDMAOp(src, dst, target_semaphore=sem)
     else:
+        if add:
+            _check_adding_copy(lowering, _space(src), _space(dst))
         offsets, skip = indirect
         # plsc.Indices(ignored_value=v): the DMA engine skips the offsets equal to v.
         skipped = None if skip is None else mir.constant(skip, np.int32)

@@ -98,38 +98,51 @@ def jax_embedding_lookup(table, idx):
 
 # Ours runs ``pl.core_map`` inside ``pl.run_state`` over (updates, idx, zeros) and allocates
 # its VMEM with ``pl.run_scoped``. JAX's ``core_map`` is deprecated (0.11), so JAX's version is
-# ``pl.kernel`` over a ``jax.new_ref`` of zeros (the zero-initialised accumulator, aliased in
-# and out) with the same ``pl.run_scoped`` allocations inside: the same body, the same scratch
-# (allocas, no scratch operands), the same copies.
-def jax_scatter_add(updates, idx, num_rows):
+# ``pl.kernel`` over a ``jax.new_ref`` of zeros (one slice per core, aliased in and out) with
+# the same ``pl.run_scoped`` allocations inside: the same body, the same scratch (allocas, no
+# scratch operands), the same copies. Adding DMAs go into VMEM_SHARED (JAX 0.12 refuses them
+# into HBM); each core's total is copied out to its slice and the slices summed after
+# (per_core=True: the slices, unsummed).
+def _first_subcore(fn):
+    jpl.when(lax.axis_index("subcore") == 0)(fn)
+
+
+def jax_scatter_add(updates, idx, num_rows, per_core=False):
     n, d = idx.shape[0] // (NC * NS), updates.shape[1]
-    acc = jax.new_ref(jnp.zeros((num_rows, d), updates.dtype))
+    result = jax.new_ref(jnp.zeros((NC, num_rows, d), updates.dtype))
 
     @jpl.kernel(mesh=_mesh(), name="scatter_add")
     def kernel(upd_ref, idx_ref, out):
-        def body(idx_vmem, rows_vmem):
+        core = lax.axis_index("core")
+
+        def body(acc, idx_vmem, rows_vmem):
+            _first_subcore(lambda: jpltpu.sync_copy(out.at[core], acc))
+            jplsc.subcore_barrier()
             rows = jpl.ds(_worker() * n, n)
             jpltpu.sync_copy(idx_ref.at[rows], idx_vmem)
             jpltpu.sync_copy(upd_ref.at[rows], rows_vmem)
-            jpltpu.sync_copy(rows_vmem, out.at[idx_vmem], add=True)
+            jpltpu.sync_copy(rows_vmem, acc.at[idx_vmem], add=True)
+            jplsc.subcore_barrier()
+            _first_subcore(lambda: jpltpu.sync_copy(acc, out.at[core]))
 
-        jpl.run_scoped(body, jpltpu.VMEM((n,), jnp.int32), jpltpu.VMEM((n, d), updates.dtype))
+        jpl.run_scoped(body, jpltpu.VMEM_SHARED((num_rows, d), updates.dtype),
+                       jpltpu.VMEM((n,), jnp.int32), jpltpu.VMEM((n, d), updates.dtype))
 
-    kernel(updates, idx, acc)
-    return acc[...]
+    kernel(updates, idx, result)
+    return result[...] if per_core else result[...].sum(axis=0)
 
 
-# As for scatter_add; the accumulator is a run_scoped VMEM_SHARED buffer between two barriers.
-def jax_scatter_add_shared(updates, idx, num_rows):
+# As for scatter_add; the subcores zero and copy out their own slices of the accumulator.
+def jax_scatter_add_shared(updates, idx, num_rows, per_core=False):
     n, d = idx.shape[0] // (NC * NS), updates.shape[1]
     rows = num_rows // NS
-    acc_hbm = jax.new_ref(jnp.zeros((num_rows, d), updates.dtype))
+    result = jax.new_ref(jnp.zeros((NC, num_rows, d), updates.dtype))
 
     @jpl.kernel(mesh=_mesh(), name="scatter_add_shared")
     def kernel(upd_ref, idx_ref, out):
-        subcore = lax.axis_index("subcore")
+        core, subcore = lax.axis_index("core"), lax.axis_index("subcore")
 
-        def body(acc, idx_vmem, upd_vmem, tile, slots):
+        def body(acc, idx_vmem, upd_vmem, tile):
             mine = jpl.ds(subcore * rows, rows)
 
             @jpl.loop(0, rows)
@@ -137,10 +150,6 @@ def jax_scatter_add_shared(updates, idx, num_rows):
                 @jplsc.parallel_loop(0, d, L)
                 def _(j):
                     tile[r, jpl.ds(j, L)] = jnp.zeros((L,), tile.dtype)
-
-            @jplsc.parallel_loop(0, rows, L)
-            def _slots(i):
-                slots[jpl.ds(i, L)] = subcore * rows + i + lax.iota(jnp.int32, L)
 
             jpltpu.sync_copy(tile, acc.at[mine])
             jplsc.subcore_barrier()
@@ -150,24 +159,27 @@ def jax_scatter_add_shared(updates, idx, num_rows):
             jpltpu.sync_copy(upd_vmem, acc.at[idx_vmem], add=True)
             jplsc.subcore_barrier()
             jpltpu.sync_copy(acc.at[mine], tile)
-            jpltpu.sync_copy(tile, out.at[slots], add=True)
+            jpltpu.sync_copy(tile, out.at[core, mine])
 
         jpl.run_scoped(body, jpltpu.VMEM_SHARED((num_rows, d), updates.dtype),
                        jpltpu.VMEM((n,), jnp.int32), jpltpu.VMEM((n, d), updates.dtype),
-                       jpltpu.VMEM((rows, d), updates.dtype), jpltpu.VMEM((rows,), jnp.int32))
+                       jpltpu.VMEM((rows, d), updates.dtype))
 
-    kernel(updates, idx, acc_hbm)
-    return acc_hbm[...]
+    kernel(updates, idx, result)
+    return result[...] if per_core else result[...].sum(axis=0)
 
 
-# As for scatter_add: ours is run_state + core_map, JAX's is pl.kernel over a zero new_ref.
-def jax_segment_sum(values, segment_ids, num_segments):
+# As for scatter_add: each subcore's VMEM sums are added into the core's VMEM_SHARED total.
+def jax_segment_sum(values, segment_ids, num_segments, per_core=False):
     n = values.shape[0] // (NC * NS)
-    result = jax.new_ref(jnp.zeros((num_segments,), jnp.float32))
+    result = jax.new_ref(jnp.zeros((NC, num_segments), jnp.float32))
 
     @jpl.kernel(mesh=_mesh(), name="segment_sum")
     def kernel(val_ref, seg_ref, slots_ref, out):
-        def body(vals, segs, acc, slots):
+        core = lax.axis_index("core")
+
+        def body(total, vals, segs, acc, slots):
+            _first_subcore(lambda: jpltpu.sync_copy(out.at[core], total))
             share = jpl.ds(_worker() * n, n)
             jpltpu.sync_copy(val_ref.at[share], vals)
             jpltpu.sync_copy(seg_ref.at[share], segs)
@@ -181,14 +193,18 @@ def jax_segment_sum(values, segment_ids, num_segments):
             def _add(i):
                 jplsc.addupdate_scatter(acc, [segs[jpl.ds(i, L)]], vals[jpl.ds(i, L)])
 
-            jpltpu.sync_copy(acc, out.at[slots], add=True)
+            jplsc.subcore_barrier()
+            jpltpu.sync_copy(acc, total.at[slots], add=True)
+            jplsc.subcore_barrier()
+            _first_subcore(lambda: jpltpu.sync_copy(total, out.at[core]))
 
-        jpl.run_scoped(body, jpltpu.VMEM((n,), jnp.float32), jpltpu.VMEM((n,), jnp.int32),
+        jpl.run_scoped(body, jpltpu.VMEM_SHARED((num_segments,), jnp.float32),
+                       jpltpu.VMEM((n,), jnp.float32), jpltpu.VMEM((n,), jnp.int32),
                        jpltpu.VMEM((num_segments,), jnp.float32),
                        jpltpu.VMEM((num_segments,), jnp.int32))
 
     kernel(values, segment_ids, jnp.arange(num_segments, dtype=jnp.int32), result)
-    return result[...]
+    return result[...] if per_core else result[...].sum(axis=0)
 
 
 def jax_sort_key_val(keys, values):
@@ -236,6 +252,8 @@ CASES = {
                      (S((64, 16), I32), S((64, 16), F32)), False),
 }
 NAMES = sorted(CASES)
+PER_CORE = ("scatter_add", "scatter_add_shared", "segment_sum")
+"""The cases whose JAX kernel takes ``per_core=True`` (returns each core's total unsummed)."""
 
 
 # --- Lowering and reading back ---------------------------------------------------------------

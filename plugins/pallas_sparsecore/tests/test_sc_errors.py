@@ -124,3 +124,31 @@ def test_adding_copy_needs_an_index_vector() -> None:
 
     with pytest.raises(pl.UnsupportedError, match=r"adding copy \(add=True\) without an index"):
         lower(one_subcore_kernel(body), jnp.ones((16,)))
+
+
+def test_adding_copy_into_hbm_follows_the_installed_jax() -> None:
+    """A scatter-adding copy out of VMEM into HBM: JAX 0.12's SparseCore lowering refuses it
+    (it adds out of VMEM only into VMEM_SHARED), and so does this backend there; where the
+    installed JAX lowers it (0.10), this backend lowers it to an adding indirect DMA."""
+    from pallas_core import backend as plb
+
+    mesh = plsc.VectorSubcoreMesh(core_axis_name="c", subcore_axis_name="s", num_cores=1,
+                                  num_subcores=1, target="v7x")
+
+    def fn(x, idx):
+        @pl.kernel(out_type=jax.ShapeDtypeStruct((16,), jnp.float32), mesh=mesh,
+                   scratch_types=[pltpu.VMEM((16,), jnp.float32), pltpu.VMEM((16,), jnp.int32)])
+        def k(x_hbm, i_hbm, o_hbm, v, i_vmem):
+            pltpu.sync_copy(x_hbm, v)
+            pltpu.sync_copy(i_hbm, i_vmem)
+            pltpu.sync_copy(v, o_hbm.at[i_vmem], add=True)
+        return k(x, idx)
+
+    args = (jnp.ones((16,)), jnp.arange(16, dtype=jnp.int32))
+    if plb.sparsecore_adds_only_into_shared_vmem():
+        with pytest.raises(pl.UnsupportedError,
+                           match=r"adding copy \(add=True\) from VMEM into HBM.*VMEM_SHARED"):
+            lower(fn, *args)
+    else:
+        ((_, module),) = inspection.kernels(lower(fn, *args).as_text())
+        assert "tpu.enqueue_indirect_dma" in str(module) and "add = true" in str(module)
