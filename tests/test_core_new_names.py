@@ -59,7 +59,9 @@ def test_semaphore_is_a_dtype_class_like_jaxs() -> None:
 
 
 def test_host_is_a_whole_array_memory_space() -> None:
-    assert pl.MemorySpace.HOST is pl.HOST and str(pl.HOST) == str(jax_pl.HOST).lower()
+    # JAX 0.10's HOST prints 'host'; 0.12's is the MemorySpace.Host member.
+    assert pl.MemorySpace.HOST is pl.HOST
+    assert str(pl.HOST) == str(jax_pl.HOST).lower().split(".")[-1]
     x = _x()
 
     def kernel(x_ref: Any, o_ref: Any) -> None:

@@ -18,8 +18,8 @@ from pallas_core import (
     atomic_or,
     atomic_xchg,
     atomic_xor,
-    dot,
 )
+from pallas_core.extras import dot  # pl.dot moved here in JAX 0.10
 from pallas_triton.gpu_info import (
     GpuInfo,
     GpuVersion,
