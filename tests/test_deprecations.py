@@ -37,7 +37,10 @@ def _lookup(module: object, name: str) -> tuple[object, list[str]]:
                          ids=[f"{m[1]}.{m[2]}" for m in MOVED])
 def test_moved_names_work_and_warn_where_jax_warns(jax_name: str, ours_name: str, name: str,
                                                    home: str) -> None:
-    theirs = importlib.import_module(jax_name)
+    try:
+        theirs = importlib.import_module(jax_name)
+    except ImportError as e:  # e.g. JAX's Mosaic GPU module without absl-py
+        pytest.skip(f"{jax_name} cannot be imported here: {e}")
     ours = pytest.importorskip(ours_name)
     # JAX warns for the names of its module's deprecation table (once a process: its lookup is
     # cached, so the table is asked, not the warning), and a name it removed altogether was
