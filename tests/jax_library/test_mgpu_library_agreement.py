@@ -51,6 +51,21 @@ from jax.experimental.pallas import mosaic_gpu as jgpu  # noqa: E402 - needs abs
 from pallas_mosaic_gpu import inspection  # noqa: E402
 from pallas_mosaic_gpu import kernels as K  # noqa: E402, N812
 
+from pallas_core import _jax  # noqa: E402
+
+_AT_012 = _jax.JAX_VERSION[:2] >= (0, 12)
+# Known gaps at JAX 0.12 (issue 28 goes on), each with its reason:
+_NO_JAX_PALLAS_CALL = pytest.mark.skipif(
+    _AT_012, reason="JAX 0.12 lowers Mosaic GPU kernels only through plgpu.kernel (mpmd_map): "
+    "its pallas_call has no Mosaic GPU rule, so there is no JAX lowering to compare with")
+_COUNTS_012 = pytest.mark.xfail(
+    _AT_012, strict=True, reason="JAX 0.12's Mosaic GPU library writes these instructions as "
+    "inline PTX where ours still emits nvvm ops; the counts are read in 0.10's form")
+_EVAL_JAXPR_012 = pytest.mark.xfail(
+    _AT_012, strict=True, reason="JAX 0.12's attention backward binds eval_jaxpr inside the "
+    "kernel, which the interpreter has no rule for yet")
+
+
 S = jax.ShapeDtypeStruct
 F16, F32 = jnp.float16, jnp.float32
 NUM_SMS = 4  # hopper_matmul asks the device for its SM count; there is no device here
@@ -378,6 +393,7 @@ def test_attention_backward_port_lowers_like_jax() -> None:
         inspection.assert_same_kernel(mine, jax_kernel, different)
 
 
+@_EVAL_JAXPR_012
 def test_attention_backward_port_runs_in_the_interpreter() -> None:
     """The gradient of the port (its forward kernel with residuals, then the dQ and dK/dV
     kernels, warp-specialised pipelines) in the interpreter, against the gradient of
@@ -556,6 +572,7 @@ PLUGIN_KERNELS: dict[str, tuple[Any, Any, tuple[S, ...], dict[str, tuple[Any, An
 }
 
 
+@_NO_JAX_PALLAS_CALL
 @pytest.mark.parametrize("name", sorted(PLUGIN_KERNELS))
 def test_plugin_kernel_launches_like_jax(name: str) -> None:
     ours_fn, jax_fn, args, differences = PLUGIN_KERNELS[name]
@@ -567,6 +584,7 @@ def test_plugin_kernel_launches_like_jax(name: str) -> None:
                    if "xi64," not in ty)
 
 
+@_NO_JAX_PALLAS_CALL
 def test_a_difference_is_reported() -> None:
     """The comparison can fail: the same kernel with another block shape launches another
     grid, and an unexpected difference names its field."""
@@ -643,6 +661,7 @@ def _jax_blackwell_matmul(a: jax.Array, b: jax.Array, tile: int = 128, tile_k: i
             jgpu.Barrier(orders_tensor_core=True)])(a, b)
 
 
+@_NO_JAX_PALLAS_CALL
 def test_blackwell_matmul_launches_like_jax() -> None:
     """The same kernel, ours and JAX's, both for sm_100a: identical launch, call and SMEM."""
     from pallas_mosaic_gpu import blackwell_kernels as BK  # noqa: N812
@@ -821,6 +840,7 @@ def _marks(module: Any) -> dict[str, int]:
     return {m: text.count(m) for m in COLLECTIVE_MARKS}
 
 
+@_COUNTS_012
 def test_blackwell_matmul_collective_port_lowers_like_jax() -> None:
     """The port's collective form (``collective=True``): a cluster of 2 blocks computing
     256x256 tiles together. Each block's TMA warp loads its half of the A rows and of the B
@@ -854,6 +874,7 @@ def test_blackwell_matmul_collective_port_lowers_like_jax() -> None:
     assert single["tcgen05.mma.cta_group::1"] == 4
 
 
+@_COUNTS_012
 def test_blackwell_ragged_dot_collective_port_lowers_like_jax(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The port of blackwell_ragged_dot, collective (the form JAX itself lowers), given an SM

@@ -37,6 +37,16 @@ plgpu = pytest.importorskip("pallas_mosaic_gpu")  # the mosaic_gpu environment r
 from jaxlib.mlir import ir  # noqa: E402
 from pallas_mosaic_gpu import inspection  # noqa: E402
 
+from pallas_core import _jax  # noqa: E402
+
+# A known gap at JAX 0.12 (issue 28 goes on): its Mosaic GPU library writes setmaxnreg, wgmma
+# fences, bulk commit groups and expect_tx as inline PTX where ours still emits nvvm ops, and
+# the pinned counts are read in 0.10's form.
+_COUNTS_012 = pytest.mark.xfail(
+    _jax.JAX_VERSION[:2] >= (0, 12), strict=True,
+    reason="JAX 0.12 writes these instructions as inline PTX; the counts are read as nvvm ops")
+
+
 P = jax.sharding.PartitionSpec
 BF16, F32 = jnp.bfloat16, jnp.float32
 NUM_BLOCKS = 4  # the kernels default to the device's SM count, which a CPU device lacks
@@ -274,6 +284,7 @@ def _cm_instructions(module: Any) -> collections.Counter[str]:
     return found
 
 
+@_COUNTS_012
 def test_collective_matmul_port_lowers_like_jax(monkeypatch: pytest.MonkeyPatch) -> None:
     """pl.get_global's semaphore (one for the whole launch: a (1,) int32 operand aliased to
     a result), plgpu.remote_ref's TMA stores into the next device's scratch (through XLA's
