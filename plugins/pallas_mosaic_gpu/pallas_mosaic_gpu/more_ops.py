@@ -20,6 +20,7 @@ from pallas_core.copies import RefViews, bind_views
 from pallas_core.errors import PallasError, UnsupportedError
 from pallas_mosaic_gpu import primitives as gp
 from pallas_mosaic_gpu import rules
+from pallas_mosaic_gpu.multidevice import RefView
 
 barrier_test_p = plb.Primitive("gpu_barrier_test")
 barrier_test_p.multiple_results = True
@@ -206,7 +207,7 @@ def _cluster_get_abstract(*avals: Any, shape: Any, dtype: Any, **_: Any) -> Any:
     return [plb.ShapedArray(shape, dtype)], {plb.ReadEffect(0)}
 
 
-class ClusterRef:
+class ClusterRef(RefView):
     """``plgpu.cluster_ref(ref, {axis: idx})``: the SMEM Ref ``ref`` of block ``idx`` along the
     cluster axis ``axis`` of this block's cluster. ``view[...]`` reads that block's buffer,
     ``view[...] = x`` writes it, ``view.at[...]`` narrows the view. The interpreter runs it
@@ -215,26 +216,8 @@ class ClusterRef:
     def __init__(self, ref: Any, axis: Any, index: Any) -> None:
         self.ref, self.axis, self.index = ref, axis, index
 
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """The shape of the view."""
-        return tuple(self.ref.shape)
-
-    @property
-    def dtype(self) -> Any:
-        """The dtype of the view."""
-        return self.ref.dtype
-
-    @property
-    def at(self) -> Any:
-        """``view.at[idx]``: the other block's ``ref.at[idx]``."""
-        outer = self
-
-        class _At:
-            def __getitem__(self, idx: Any) -> ClusterRef:
-                return ClusterRef(outer.ref.at[idx], outer.axis, outer.index)
-
-        return _At()
+    def _rewrap(self, ref: Any) -> ClusterRef:
+        return ClusterRef(ref, self.axis, self.index)
 
     def _narrowed(self, idx: Any) -> Any:
         return self.ref if idx is Ellipsis or idx == () else self.ref.at[idx]

@@ -134,16 +134,15 @@ def remote_ref(ref: Any, device_id: Any, device_id_type: Any = None) -> Any:
     return plb.remote_view(ref, device_id, device_id_type or DeviceIdType.MESH)
 
 
-class MulticastRef:
-    """``plgpu.multicast_ref(ref, collective_axes)``: ``ref`` (a GMEM Ref or a view of one) on
-    every device along ``collective_axes`` at once. ``copy_smem_to_gmem(src,
-    multicast_ref(dst, axes))`` writes ``src`` into ``dst`` on all of them (as
-    ``multimem_store(src[...], dst, axes)``, so the data has landed on return); ``.at[...]``
-    narrows the view. Reads and writes through it are refused, as in JAX."""
+class RefView:
+    """A view of the Ref ``self.ref`` that only some operations take (``plgpu.multicast_ref``,
+    ``plgpu.cluster_ref``): its shape and dtype are the Ref's, and ``view.at[idx]`` is the same
+    kind of view of ``ref.at[idx]`` (``_rewrap``)."""
 
-    def __init__(self, ref: Any, collective_axes: tuple[Any, ...]) -> None:
-        self.ref = ref
-        self.collective_axes = collective_axes
+    ref: Any
+
+    def _rewrap(self, ref: Any) -> RefView:
+        raise NotImplementedError
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -157,14 +156,29 @@ class MulticastRef:
 
     @property
     def at(self) -> Any:
-        """``view.at[idx]``: the multicast view of ``ref.at[idx]``."""
+        """``view.at[idx]``: the same kind of view of ``ref.at[idx]``."""
         outer = self
 
         class _At:
-            def __getitem__(self, idx: Any) -> MulticastRef:
-                return MulticastRef(outer.ref.at[idx], outer.collective_axes)
+            def __getitem__(self, idx: Any) -> RefView:
+                return outer._rewrap(outer.ref.at[idx])
 
         return _At()
+
+
+class MulticastRef(RefView):
+    """``plgpu.multicast_ref(ref, collective_axes)``: ``ref`` (a GMEM Ref or a view of one) on
+    every device along ``collective_axes`` at once. ``copy_smem_to_gmem(src,
+    multicast_ref(dst, axes))`` writes ``src`` into ``dst`` on all of them (as
+    ``multimem_store(src[...], dst, axes)``, so the data has landed on return); ``.at[...]``
+    narrows the view. Reads and writes through it are refused, as in JAX."""
+
+    def __init__(self, ref: Any, collective_axes: tuple[Any, ...]) -> None:
+        self.ref = ref
+        self.collective_axes = collective_axes
+
+    def _rewrap(self, ref: Any) -> MulticastRef:
+        return MulticastRef(ref, self.collective_axes)
 
     def _refuse(self, *_: Any) -> Any:
         raise PallasError("a read or write through plgpu.multicast_ref: only "
