@@ -827,7 +827,8 @@ def assume_device(device_kind: str, platform: str, num_cores: int = 1) -> Iterat
 
     device = AbstractDevice(device_kind, num_cores, platform)
     with chip_answers(device_kind, platform, num_cores), jax.sharding.use_abstract_mesh(
-            AbstractMesh((1,), ("_device",), abstract_device=device)):
+            AbstractMesh((1,), ("_device",), (jax.sharding.AxisType.Auto,),
+                         abstract_device=device)):
         yield
 
 
