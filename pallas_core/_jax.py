@@ -177,6 +177,19 @@ def out_of_bound_slice(error: BaseException) -> bool:
     return isinstance(error, ValueError) and str(error).startswith("Out of bound slice")
 
 
+def _plain_memory_space(x: Any) -> Any:
+    """``x`` as a value in the default memory space when its type carries a backend's own
+    memory space. JAX 0.12's ``run_state`` discharges a Ref into a value that keeps the Ref's
+    memory space, and every ``lax`` primitive then refuses a memory space that is not one of
+    JAX's (a Mosaic GPU ``SMEM`` operand read by a ``wgmma`` under ``pl.run_state``)."""
+    aval = core.typeof(x) if isinstance(x, core.Tracer) else None
+    space = getattr(aval, "memory_space", None)
+    if (not isinstance(aval, core.ShapedArray) or space is None
+            or isinstance(space, getattr(core, "MemorySpace", ()))):
+        return x
+    return state_primitives.with_memory_space_constraint(x, core.MemorySpace.Device)
+
+
 def register_discharge_rule(prim: Primitive) -> Callable[[Callable[..., Any]], Any]:
     """Decorator registering ``rule(in_avals, out_avals, *args, **params)`` for ``prim``.
 
@@ -186,7 +199,8 @@ def register_discharge_rule(prim: Primitive) -> Callable[[Callable[..., Any]], A
     def register(rule: Callable[..., Any]) -> Any:
         if hasattr(state_discharge, "DischargeContext"):
             def adapted(ctx: Any, *args: Any, **params: Any) -> Any:
-                return rule(ctx.in_avals, ctx.out_avals, *args, **params)
+                return rule(ctx.in_avals, ctx.out_avals, *map(_plain_memory_space, args),
+                            **params)
             state_discharge.register_discharge_rule(prim)(adapted)
         else:
             state_discharge.register_discharge_rule(prim)(rule)
