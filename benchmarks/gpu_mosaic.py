@@ -23,7 +23,9 @@ matmul >= 90% of ``jnp.dot``'s throughput; attention >= the ``jax.experimental.p
 written here. A markdown snippet for ``benchmarks/RESULTS.md`` is printed at the end.
 
 Run on a Hopper GPU machine: ``python benchmarks/gpu_mosaic.py [--quick] [--json PATH]
-[--markdown PATH]``. JAX's Mosaic GPU kernels below are written for JAX 0.11.2, where
+[--markdown PATH]`` (scripts/gpu_check.sh runs ``--quick``). ``--dry-run`` needs no GPU: every
+configuration of every way is built for ``cuda`` and not run (lowered, or where JAX's own
+lowering asks for an attached GPU, traced). JAX's Mosaic GPU kernels below are written for JAX 0.11.2, where
 ``pl.pallas_call`` has no Mosaic GPU lowering (only ``plgpu.kernel`` does).
 """
 
@@ -523,6 +525,35 @@ def run(quick: bool, warmup: int, repeats: int, inner: int) -> dict[str, Any]:
     return results
 
 
+def dry_run(quick: bool) -> None:
+    """Builds every configuration of every way of every case for ``cuda``, running none: this
+    project's and ``jax.numpy``'s are lowered; JAX's are lowered where its lowering needs no
+    attached GPU, else traced (JAX's shipped attention_mgpu, an extra, asks for the CUDA
+    runtime's version even then: it is left out where there is none)."""
+    for case in cases(quick):
+        structs = [jax.ShapeDtypeStruct(s, BF16) for s in case.shapes]
+        for key, way in case.ways.items():
+            for cfg, fn in way.configs:
+                def whole(*a: Any, fn: Callable[..., Any] = fn, way: Way = way) -> Any:
+                    return fn(*(way.prepare(*a) if way.prepare else a))
+
+                try:
+                    jax.jit(whole).trace(*structs).lower(lowering_platforms=("cuda",))
+                    done = "lowered for cuda"
+                except Exception as e:
+                    if key in ("pallas_core_mosaic_gpu", "jnp"):
+                        raise SystemExit(f"{case.name}/{key} [{cfg}] does not lower for cuda: "
+                                         f"{_first_line(e)}") from e
+                    try:
+                        jax.make_jaxpr(whole)(*structs)
+                        done = f"traced (lowering needs a GPU: {_first_line(e)[:60]})"
+                    except Exception as e2:
+                        if key != "jax_attention_mgpu":  # an extra, as in main()
+                            raise
+                        done = f"not built (needs the CUDA runtime: {_first_line(e2)[:60]})"
+                print(f"  {case.name:<20} {key:<24} {cfg:<70} {done}", flush=True)
+
+
 def _require_hopper(script: str) -> None:
     """Exits with a message (no traceback) unless JAX's default device is a Hopper GPU."""
     try:
@@ -556,9 +587,14 @@ def main() -> None:
                         help="back-to-back calls per timed sample (1: single calls)")
     parser.add_argument("--json", help="write the figures to this file")
     parser.add_argument("--markdown", help="also write the RESULTS.md snippet to this file")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="no GPU: build every configuration for cuda, run nothing")
     args = parser.parse_args()
     if args.warmup < 0 or args.repeats < 1 or args.inner < 1:
         parser.error("--warmup must be >= 0, --repeats and --inner >= 1")
+    if args.dry_run:
+        dry_run(args.quick)
+        return
     _require_hopper("benchmarks/gpu_mosaic.py")
     figures = run(args.quick, args.warmup, args.repeats, args.inner)
     command = "python benchmarks/gpu_mosaic.py " + " ".join(sys.argv[1:])

@@ -3,8 +3,15 @@
 Kernels (each written once, against the Pallas module it is run with): bf16 matmul 4096^3, row
 softmax 8192x8192 float32, flash attention (batch 4, 16 heads, 4096 tokens, head dim 64, bf16),
 fused add+ReLU on 2^28 float32. Also measured: device-to-device copy bandwidth, the yardstick of
-the two memory-bound kernels. Each way is warmed up, then timed as the median of repeated calls,
-in one run. Run on a GPU machine: ``python benchmarks/gpu_triton.py [--json PATH]``.
+the two memory-bound kernels. Each way is first checked against ``jax.numpy``, then warmed up
+and timed as the median of repeated calls, in one run; ratios > 1 mean this project is faster.
+
+Run on a GPU machine: ``python benchmarks/gpu_triton.py [--quick] [--json PATH]``. ``--quick``:
+small sizes (matmul 1024^3, softmax 2048x2048, attention 1x4x1024x64, add+ReLU on 2^24) and
+few repetitions, a smoke test of a minute or less (scripts/gpu_check.sh runs it).
+``--dry-run``: no GPU needed; every way of every case is built for ``cuda`` without running
+(this project's and ``jax.numpy``'s lowered, ``jax.experimental.pallas``'s traced: its Triton
+lowering asks for an attached GPU).
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import argparse
 import functools
 import json
 import math
+import platform
 from collections.abc import Callable
 from typing import Any
 
@@ -126,40 +134,86 @@ def _attention_ref(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
 
 
 BF16, F32 = jnp.bfloat16, jnp.float32
-CASES: dict[str, tuple[Callable[..., Any], Callable[..., Any], list[tuple[tuple[int, ...], Any]],
-                       float]] = {
-    # name: (kernel, jnp reference, input shapes and dtypes, tolerance)
-    "matmul_bf16_4096": (matmul, lambda x, y: jnp.dot(x, y), [((4096, 4096), BF16)] * 2, 0.1),
-    "softmax_8192": (softmax, functools.partial(jax.nn.softmax, axis=1),
-                     [((8192, 8192), F32)], 1e-5),
-    "flash_attention": (attention, _attention_ref, [((4, 16, 4096, 64), BF16)] * 3, 0.05),
-    "add_relu_2^28": (add_relu, lambda x, y: jnp.maximum(x + y, 0.0),
-                      [((1 << 28,), F32)] * 2, 1e-6),
-}
+Case = tuple[Callable[..., Any], Callable[..., Any], list[tuple[tuple[int, ...], Any]], float]
+"""(kernel, jnp reference, input shapes and dtypes, tolerance)."""
+
+
+def cases(quick: bool = False) -> dict[str, Case]:
+    """The cases by name, at full size or (``quick``) small."""
+    mm, sm, attn, ew = (1024, 2048, (1, 4, 1024, 64), 1 << 24) if quick else \
+        (4096, 8192, (4, 16, 4096, 64), 1 << 28)
+    ew_name = f"2^{ew.bit_length() - 1}"
+    return {
+        f"matmul_bf16_{mm}": (matmul, lambda x, y: jnp.dot(x, y), [((mm, mm), BF16)] * 2, 0.1),
+        f"softmax_{sm}": (softmax, functools.partial(jax.nn.softmax, axis=1),
+                          [((sm, sm), F32)], 1e-5),
+        "flash_attention": (attention, _attention_ref, [(attn, BF16)] * 3, 0.05),
+        f"add_relu_{ew_name}": (add_relu, lambda x, y: jnp.maximum(x + y, 0.0),
+                                [((ew,), F32)] * 2, 1e-6),
+    }
+
+
+CASES = cases()
+"""The full-size cases."""
+
+
+def ways(kernel: Callable[..., Any], reference: Callable[..., Any]
+         ) -> dict[str, Callable[..., Any]]:
+    """The three ways of a case: this project, ``jax.experimental.pallas``, ``jax.numpy``."""
+    return {"pallas_core_triton": jax.jit(functools.partial(kernel, our_pl)),
+            "jax_pallas_triton": jax.jit(functools.partial(kernel, jax_pl)),
+            "jnp": jax.jit(reference)}
+
+
+def dry_run(quick: bool) -> None:
+    """Builds every way of every case for ``cuda`` without a GPU and without running it."""
+    for name, (kernel, reference, shapes, _) in cases(quick).items():
+        structs = [jax.ShapeDtypeStruct(s, dt) for s, dt in shapes]
+        for way, fn in ways(kernel, reference).items():
+            if way == "jax_pallas_triton":  # JAX's Triton lowering needs an attached GPU
+                jax.make_jaxpr(fn)(*structs)
+                done = "traced"
+            else:
+                text = fn.trace(*structs).lower(lowering_platforms=("cuda",)).as_text()
+                if way == "pallas_core_triton" and "__gpu$xla.gpu.triton" not in text:
+                    raise SystemExit(f"{name}/{way}: no Triton kernel in the lowered program")
+                done = "lowered for cuda"
+            print(f"{name:<18} {way:<20} {done}", flush=True)
 
 
 
-def copy_bandwidth(warmup: int, repeats: int) -> float:
-    """Device-to-device bandwidth in bytes/s: read and write 2^28 float32 (a negation)."""
-    x = jnp.ones((1 << 28,), F32)
+def copy_bandwidth(warmup: int, repeats: int, size: int = 1 << 28) -> float:
+    """Device-to-device bandwidth in bytes/s: read and write ``size`` float32 (a negation)."""
+    x = jnp.ones((size,), F32)
     t = median_seconds(jax.jit(lambda a: -a), [x], warmup, repeats)
     return 2 * x.size * 4 / t
 
 
-def run(warmup: int, repeats: int) -> dict[str, Any]:
-    """Times every case three ways on the default device; returns the figures."""
+def environment(device: Any) -> dict[str, Any]:
+    """The device and the versions the figures were measured with."""
+    import jaxlib
+
+    return {"device": device.device_kind,
+            "compute_capability": getattr(device, "compute_capability", "?"),
+            "python": platform.python_version(), "jax": jax.__version__,
+            "jaxlib": jaxlib.__version__}
+
+
+def run(warmup: int, repeats: int, quick: bool = False) -> dict[str, Any]:
+    """Times every case three ways on the GPU; returns the figures."""
+    device = jax.devices("gpu")[0]  # the first call that needs a GPU
     rng = np.random.default_rng(0)
-    bandwidth = copy_bandwidth(warmup, repeats)
-    print(f"{jax.devices()[0].device_kind}: copy bandwidth {bandwidth / 1e9:.0f} GB/s")
-    results: dict[str, Any] = {"copy_bandwidth_bytes_per_s": bandwidth}
-    for name, (kernel, reference, shapes, tol) in CASES.items():
+    bandwidth = copy_bandwidth(warmup, repeats, 1 << 24 if quick else 1 << 28)
+    print(f"{device.device_kind}: copy bandwidth {bandwidth / 1e9:.0f} GB/s")
+    results: dict[str, Any] = {"environment": environment(device), "quick": quick,
+                               "warmup": warmup, "repeats": repeats,
+                               "copy_bandwidth_bytes_per_s": bandwidth}
+    for name, (kernel, reference, shapes, tol) in cases(quick).items():
         args = [jnp.asarray(rng.standard_normal(s), dt) for s, dt in shapes]
-        ways = {"pallas_core_triton": jax.jit(functools.partial(kernel, our_pl)),
-                "jax_pallas_triton": jax.jit(functools.partial(kernel, jax_pl)),
-                "jnp": jax.jit(reference)}
-        want = np.asarray(ways["jnp"](*args), np.float32)
+        three = ways(kernel, reference)
+        want = np.asarray(three["jnp"](*args), np.float32)
         row: dict[str, Any] = {}
-        for way, fn in ways.items():
+        for way, fn in three.items():
             got = np.asarray(fn(*args), np.float32)
             np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=f"{name}/{way}")
             row[way] = median_seconds(fn, args, warmup, repeats)
@@ -177,16 +231,27 @@ def run(warmup: int, repeats: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    """Command line: ``--warmup``, ``--repeats``, ``--json``."""
+    """Command line: ``--quick``, ``--dry-run``, ``--warmup``, ``--repeats``, ``--json``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes and (unless given) --warmup 1 --repeats 5: a smoke "
+                             "test, not figures to record")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="no GPU: build every way of every case for cuda, run nothing")
+    parser.add_argument("--warmup", type=int)
+    parser.add_argument("--repeats", type=int)
     parser.add_argument("--json", help="write the figures to this file")
     args = parser.parse_args()
-    if jax.default_backend() != "gpu":
-        raise SystemExit("benchmarks/gpu_triton.py needs a GPU (jax.default_backend() is "
-                         f"{jax.default_backend()!r}).")
-    figures = run(args.warmup, args.repeats)
+    if args.dry_run:
+        dry_run(args.quick)
+        return
+    try:
+        jax.devices("gpu")
+    except RuntimeError as e:
+        raise SystemExit(f"benchmarks/gpu_triton.py needs a GPU: JAX sees none ({e})") from None
+    warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
+    repeats = args.repeats if args.repeats is not None else (5 if args.quick else 20)
+    figures = run(warmup, repeats, args.quick)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(figures, f, indent=2)

@@ -1,0 +1,97 @@
+"""Every seed example (examples/*.py) run on the GPU by each GPU backend, against jax.numpy.
+
+The cases (example, inputs, ``jax.numpy`` reference, tolerance) are those of
+tests/test_seed_examples_emulated.py. The examples name no backend: a kernel's backend is the
+default for ``cuda`` (Triton at JAX 0.11 and 0.12), so each test makes its backend that default
+for its duration, and checks in the lowered program that the kernels went to it. Mosaic GPU
+refuses two examples with a ``PallasError`` (pinned in ``MOSAIC_GPU_REFUSES``, checked).
+
+One example, the matmul on a 3-D grid, also runs in this project's interpreter in checked mode
+(uninitialised memory poisoned): it must give what each backend gave on the GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import numpy as np
+import pytest
+
+import pallas_core as pl
+from pallas_core.call import force_interpret_mode
+from pallas_core.plugins import manager
+from tests.test_seed_examples_emulated import CASES, TF32_DOTS
+
+pytestmark = pytest.mark.gpu
+
+BACKENDS = ("triton", "mosaic_gpu")
+CUSTOM_CALL = {"triton": "__gpu$xla.gpu.triton", "mosaic_gpu": "mosaic_gpu_v2"}
+"""The call target a kernel of each backend becomes in the lowered program."""
+
+MOSAIC_GPU_REFUSES = {
+    "flash_attention": "its whole (256, 128) float32 K and V blocks need 320 KiB of shared "
+                       "memory (a Hopper block has 227 KiB)",
+    "multi_query_attention": "the same kernel as flash_attention, K and V shared by the heads",
+}
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A GPU backend, made the default for ``cuda`` while the test runs (JAX's compilation
+    caches cleared around it: a kernel compiled for the other backend is not reused)."""
+    name = request.param
+    pytest.importorskip(f"pallas_{name}")
+    default = manager.default_for_platform
+    monkeypatch.setattr(manager, "default_for_platform",
+                        lambda platform: name if platform == "cuda" else default(platform))
+    jax.clear_caches()
+    yield name
+    jax.clear_caches()
+
+
+def run_on_gpu(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` on the GPU, results ready."""
+    return jax.block_until_ready(fn(*args))
+
+
+def lowered_targets(fn: Any, *args: Any) -> set[str]:
+    """The custom-call targets of ``fn`` lowered for this machine's GPU."""
+    text = jax.jit(fn).trace(*args).lower().as_text()
+    return {t for t in CUSTOM_CALL.values() if t in text}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_seed_example_on_gpu(name: str, backend: str) -> None:
+    example, reference, inputs, tol = CASES[name]
+    args = inputs()
+    if backend == "mosaic_gpu" and name in MOSAIC_GPU_REFUSES:
+        with pytest.raises(pl.PallasError):
+            run_on_gpu(example, *args)
+        return
+    assert lowered_targets(example, *args) == {CUSTOM_CALL[backend]}
+    if name in TF32_DOTS:
+        tol = 5e-2  # float32 dots run in TensorFloat-32 on the GPU, as in the emulator
+    got = run_on_gpu(example, *args)
+    want = reference(*args)
+    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want),
+                    strict=True):
+        assert np.shape(g) == np.shape(w), (name, np.shape(g), np.shape(w))
+        np.testing.assert_allclose(np.asarray(g, np.float64), np.asarray(w, np.float64),
+                                   rtol=tol, atol=tol, err_msg=f"{name} on {backend} (GPU)")
+
+
+def test_checked_interpreter_matches_gpu(backend: str) -> None:
+    """The interpreter in checked mode against the GPU, on the 3-D grid matmul (accumulating
+    over K in its output block)."""
+    from pallas_interpret import InterpretParams
+
+    example, _, inputs, _ = CASES["matmul_3d_grid"]
+    args = inputs()
+    got = np.asarray(run_on_gpu(example, *args))
+    with force_interpret_mode(InterpretParams(checked=True)):
+        interpreted = np.asarray(jax.block_until_ready(example(*args)))
+    np.testing.assert_allclose(got, interpreted, rtol=5e-2, atol=5e-2)
+    print(f"matmul_3d_grid on {backend}: max |GPU - checked interpreter| "
+          f"{float(np.max(np.abs(got - interpreted))):.3g}")
