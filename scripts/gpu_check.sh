@@ -174,7 +174,14 @@ versions() {
     fi
     "$PYTHON" - <<'EOF'
 import importlib.metadata as md
+import importlib.util
 import platform
+
+
+def _has(module):
+    return importlib.util.find_spec(module) is not None
+
+
 print(f"Python {platform.python_version()} ({platform.python_implementation()})")
 for name in ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin", "jax-cuda13-pjrt",
              "jax-cuda12-pjrt", "triton", "pytest", "pluggy", "absl-py", "numpy",
@@ -189,7 +196,9 @@ for name, reason in sorted(manager.skipped().items()):
     print(f"  not loaded: {name}: {reason}")
 missing = {"triton", "mosaic_gpu"} - set(manager.backends())
 if missing:
-    raise SystemExit(f"the GPU backends {sorted(missing)} did not load (see above)")
+    hint = ("" if "mosaic_gpu" not in missing or _has("absl") else " (absl-py is not installed:"
+            " JAX's Mosaic GPU library, which the mosaic_gpu backend imports, needs it)")
+    raise SystemExit(f"the GPU backends {sorted(missing)} did not load{hint}")
 EOF
 }
 
@@ -237,7 +246,9 @@ if [ "$MODE" = dry ]; then
     exit 1
 fi
 step device 60 bash -c device
-step suite 240 "$PYTHON" -m pytest -m gpu tests/gpu -q -rfE --junitxml="$OUT/junit.xml"
+SUITE=(-m gpu tests/gpu -q -rfE --tb=short --durations=10 --junitxml="$OUT/junit.xml")
+[ "$MODE" = fake ] && SUITE+=(--maxfail=1)  # every test fails alike, at its first GPU call
+step suite 240 "$PYTHON" -m pytest "${SUITE[@]}"
 step bench_triton 75 "$PYTHON" benchmarks/gpu_triton.py --quick --json "$OUT/bench_triton.json"
 step bench_mosaic 90 "$PYTHON" benchmarks/gpu_mosaic.py --quick --repeats 5 --inner 5 \
     --json "$OUT/bench_mosaic.json" --markdown "$OUT/bench_mosaic.md"
