@@ -25,8 +25,8 @@ written here. A markdown snippet for ``benchmarks/RESULTS.md`` is printed at the
 Run on a Hopper GPU machine: ``python benchmarks/gpu_mosaic.py [--quick] [--json PATH]
 [--markdown PATH]`` (scripts/gpu_check.sh runs ``--quick``). ``--dry-run`` needs no GPU: every
 configuration of every way is built for ``cuda`` and not run (lowered, or where JAX's own
-lowering asks for an attached GPU, traced). JAX's Mosaic GPU kernels below are written for JAX 0.11.2, where
-``pl.pallas_call`` has no Mosaic GPU lowering (only ``plgpu.kernel`` does).
+lowering asks for an attached GPU, traced). JAX's Mosaic GPU kernels below are written for JAX
+0.11.2, where ``pl.pallas_call`` has no Mosaic GPU lowering (only ``plgpu.kernel`` does).
 """
 
 from __future__ import annotations
