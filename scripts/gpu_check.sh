@@ -39,7 +39,7 @@ OUT=""
 for arg in "$@"; do
     case "$arg" in
         --dry-run) DRY=1 ;;
-        -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,/^set /{/^#/p}' "$0"; exit 0 ;;
         -*) usage ;;
         *) [ -z "$OUT" ] || usage; OUT=$arg ;;
     esac
@@ -78,7 +78,6 @@ elif nvidia_lists_gpu; then
 else
     MODE=dry
 fi
-export PALLAS_GPU_CHECK_MODE=$MODE
 
 # --- running steps ----------------------------------------------------------------------------
 FAILED=()

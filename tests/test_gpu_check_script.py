@@ -1,6 +1,8 @@
 """scripts/gpu_check.sh on a machine without a GPU (CI): its dry run passes, and in fake-GPU mode
 (``PALLAS_GPU_CHECK_FAKE_GPU=1``) it goes through every step, each failing at its first call
-that needs the GPU, which shows the steps are wired. The two runs go side by side (about 30 s).
+that needs the GPU, which shows the steps are wired. The dry run installs with pip (a pip
+``--dry-run``), the fake-GPU run with the fallback (the checkout on ``PYTHONPATH`` beside
+generated package metadata). The two runs go side by side (about 45 s on 2 cores).
 """
 
 from __future__ import annotations
@@ -34,10 +36,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, str, 
     for module in ("pallas_triton", "pallas_mosaic_gpu"):
         pytest.importorskip(module, reason="the GPU check needs both GPU backends installed")
     env = dict(os.environ, PYTHON=sys.executable, JAX_PLATFORMS="cpu")
-    env.pop("PALLAS_GPU_CHECK_FAKE_GPU", None)
+    for name in ("PALLAS_GPU_CHECK_FAKE_GPU", "PALLAS_GPU_CHECK_INSTALL",
+                 "PALLAS_GPU_CHECK_BUDGET"):
+        env.pop(name, None)
     started = {}
     for mode, args, extra in (("dry", ["--dry-run"], {}),
-                              ("fake", [], {"PALLAS_GPU_CHECK_FAKE_GPU": "1"})):
+                              ("fake", [], {"PALLAS_GPU_CHECK_FAKE_GPU": "1",
+                                            "PALLAS_GPU_CHECK_INSTALL": "pythonpath"})):
         out = tmp_path_factory.mktemp(f"gpu_check_{mode}")
         started[mode] = (subprocess.Popen(
             ["bash", str(SCRIPT), *args, str(out)], cwd=ROOT, env={**env, **extra},
@@ -83,7 +88,10 @@ def test_fake_gpu_reaches_every_step_and_stops_at_the_gpu(runs: dict) -> None:
                              "suite": "FAILED", "bench_triton": "FAILED",
                              "bench_mosaic": "FAILED"}, (out / "summary.txt").read_text()
     assert "gpu_check: FAILED steps: device suite bench_triton bench_mosaic" in stdout
-    assert "pallas_core backends:" in _section(log, "versions")
+    # The fallback install: generated metadata first on PYTHONPATH, the backends found by it.
+    install = _section(log, "install")
+    assert f"PYTHONPATH={out}/site:{ROOT}/." in install, install
+    assert re.search(r"pallas_core backends: .*mosaic_gpu.*triton", _section(log, "versions"))
     assert NO_GPU in _section(log, "device")
     assert NO_GPU in _section(log, "bench_triton")
     assert "needs a Hopper GPU" in _section(log, "bench_mosaic")
