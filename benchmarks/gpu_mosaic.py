@@ -1,7 +1,9 @@
 """Mosaic GPU backend on a Hopper GPU: this project vs ``jax.experimental.pallas`` vs ``jax.numpy``.
 
-Kernels: bf16 matmul 4096^3 and 8192^3 (bf16 out, float32 accumulation) and flash attention
-(batch 4, 16 heads, 4096 tokens, head dim 128, bf16). Three ways each, timed in one run:
+Kernels: bf16 matmul 4096^3 and 8192^3 (bf16 out, float32 accumulation), flash attention
+(batch 4, 16 heads, 4096 tokens, head dim 128, bf16), and two memory-bound kernels, a bf16 row
+softmax (8192x1024) and a bf16 add (8192x8192), measured against the device's copy bandwidth.
+Up to three ways each, timed in one run:
 
 1. this project: ``pallas_mosaic_gpu.kernels.matmul`` / ``kernels.attention`` (``pallas_core`` on
    the ``mosaic_gpu`` backend); for the matmul, several tile configurations, the best reported;
@@ -10,7 +12,10 @@ Kernels: bf16 matmul 4096^3 and 8192^3 (bf16 out, float32 accumulation) and flas
    into swizzled SMEM, ``plgpu.wgmma`` into a ``plgpu.ACC``), also over a few configurations;
    for attention also JAX's shipped, tuned ``jax.experimental.pallas.ops.gpu.attention_mgpu``
    where it imports (float16: its SMEM buffers are float16);
-3. plain ``jax.numpy`` under ``jax.jit``: ``jnp.dot`` (XLA: cuBLAS) and softmax(QK^T/sqrt(d))V.
+   (JAX ships no Mosaic GPU softmax or add, and its ``pallas_call`` has no Mosaic GPU lowering
+   at 0.11: the memory-bound kernels have no such way);
+3. plain ``jax.numpy`` under ``jax.jit``: ``jnp.dot`` (XLA: cuBLAS), softmax(QK^T/sqrt(d))V,
+   ``jax.nn.softmax``, ``x + y``.
 
 Every way's output is first checked against a float32 ``jax.numpy`` reference (max error
 printed); a way that fails to build or is wrong is reported and not timed. Each way is then
@@ -263,6 +268,7 @@ class Case:
     tolerance: float  # on max |got - want| / max |want|
     ways: dict[str, Way]
     target: str  # "jnp90": ours >= 90% of jnp; "jax_pallas": ours >= jax_pallas
+    bytes: float = 0.0  # bytes a memory-bound kernel reads and writes (0: compute-bound)
 
 
 def _cfg_name(**kw: Any) -> str:
@@ -318,7 +324,52 @@ def cases(quick: bool) -> list[Case]:
         name="flash_attention", title=f"flash attention {batch}x{heads}x{tokens}x{d}",
         shapes=[(batch * heads, tokens, d)] * 3, flops=4.0 * batch * heads * tokens ** 2 * d,
         reference=_attention_f32, tolerance=2e-2, ways=ways, target="jax_pallas"))
+    out += memory_bound_cases(quick)
     return out
+
+
+def memory_bound_cases(quick: bool) -> list[Case]:
+    """A bf16 row softmax and a bf16 add: this project's ``kernels.softmax`` and
+    ``kernels.blocked_add`` against ``jax.numpy``, with the bytes they move."""
+    rows, (m, n) = (2048, (2048, 2048)) if quick else (8192, (8192, 8192))
+    softmax_ways = {
+        "pallas_core_mosaic_gpu": Way("this project", [
+            (_cfg_name(block_rows=r), jax.jit(functools.partial(ours.softmax, block_rows=r)))
+            for r in (64,)]),  # 32 rows: no layout for the row reductions
+        "jnp": Way("jax.numpy", [("jax.nn.softmax", jax.jit(jnp_softmax))])}
+    add_ways = {
+        "pallas_core_mosaic_gpu": Way("this project", [
+            (_cfg_name(block=b), jax.jit(functools.partial(ours.blocked_add, block=b)))
+            for b in ((64, 128), (128, 128))]),
+        "jnp": Way("jax.numpy", [("x + y", jax.jit(jnp.add))])}
+    return [
+        Case(name=f"softmax_bf16_{rows}", title=f"bf16 row softmax {rows}x1024",
+             shapes=[(rows, 1024)], flops=5.0 * rows * 1024, reference=_softmax_f32,
+             tolerance=2e-2, ways=softmax_ways, target="jnp90", bytes=2.0 * rows * 1024 * 2),
+        Case(name=f"add_bf16_{m}", title=f"bf16 add {m}x{n}", shapes=[(m, n)] * 2,
+             flops=1.0 * m * n, reference=_add_f32, tolerance=1e-2, ways=add_ways,
+             target="jnp90", bytes=3.0 * m * n * 2)]
+
+
+def jnp_softmax(x: jax.Array) -> jax.Array:
+    """``jax.nn.softmax`` over rows (float32 inside, bf16 out)."""
+    return jax.nn.softmax(x.astype(F32), axis=-1).astype(x.dtype)
+
+
+def _softmax_f32(x: jax.Array) -> jax.Array:
+    return jax.nn.softmax(x.astype(F32), axis=-1)
+
+
+def _add_f32(x: jax.Array, y: jax.Array) -> jax.Array:
+    return x.astype(F32) + y.astype(F32)
+
+
+def copy_bandwidth(quick: bool, warmup: int, repeats: int, inner: int) -> float:
+    """Device-to-device bandwidth in bytes/s: a bf16 negation reading and writing 2^26
+    elements (2^24 with ``quick``)."""
+    x = jnp.ones((1 << (24 if quick else 26),), BF16)
+    return 2.0 * x.size * 2 / per_call_seconds(jax.jit(lambda a: -a), [x], warmup, repeats,
+                                               inner)
 
 
 # --- running ---------------------------------------------------------------------------------
@@ -375,11 +426,13 @@ def run_case(case: Case, warmup: int, repeats: int, inner: int,
                         outputs[key] = got  # the best configuration's output so far
                     entry["seconds"] = seconds
                     entry["tflops"] = case.flops / seconds / 1e12
+                    if case.bytes:
+                        entry["gbps"] = case.bytes / seconds / 1e9
             except Exception as e:
                 entry["error"] = _first_line(e)
             error = (f"max err {entry['max_abs_error']:9.3g}  " if "max_abs_error" in entry
                      else "")
-            result = (f"{entry['seconds'] * 1e3:9.3f} ms {entry['tflops']:7.1f} TFLOP/s"
+            result = (f"{entry['seconds'] * 1e3:9.3f} ms {_rate(entry)}"
                       if "seconds" in entry else f"FAILED {entry['error']}")
             print(f"  {case.name:<20} {key:<24} {cfg:<70} {error}{result}", flush=True)
         timed = [t for t in tried if "seconds" in t]
@@ -390,6 +443,13 @@ def run_case(case: Case, warmup: int, repeats: int, inner: int,
             outputs["pallas_core_mosaic_gpu"] - outputs["jax_pallas_mosaic_gpu"])))
     _ratios(case, row)
     return row
+
+
+def _rate(entry: dict[str, Any]) -> str:
+    """Throughput: GB/s for a memory-bound case, else TFLOP/s."""
+    if "gbps" in entry:
+        return f"{entry['gbps']:.0f} GB/s"
+    return f"{entry['tflops']:.1f} TFLOP/s"
 
 
 def _seconds(row: dict[str, Any], key: str) -> float | None:
@@ -423,12 +483,14 @@ def summary_line(row: dict[str, Any]) -> str:
     parts = []
     for key, way in row["ways"].items():
         best = way["best"]
-        parts.append(f"{key} " + (f"{best['seconds'] * 1e3:.3f} ms ({best['tflops']:.0f} "
-                                  "TFLOP/s)" if best else "n/a"))
+        parts.append(f"{key} " + (f"{best['seconds'] * 1e3:.3f} ms ({_rate(best)})" if best
+                                  else "n/a"))
     ratios = ", ".join(f"vs {k[len('ours_over_'):]} {v:.2f}x" for k, v in row.items()
                        if k.startswith("ours_over_"))
+    copy = row.get("fraction_of_copy_bandwidth")
     return f"{row['title']}: " + "  ".join(parts) + f"\n    speed of ours {ratios or 'n/a'}; " \
-        + _fmt_target(row["target"])
+        + _fmt_target(row["target"]) + (f"; ours at {copy:.0%} of the copy bandwidth"
+                                        if copy is not None else "")
 
 
 def markdown(results: dict[str, Any], command: str) -> str:
@@ -438,7 +500,9 @@ def markdown(results: dict[str, Any], command: str) -> str:
     lines = [f"## Mosaic GPU backend on a GPU — {env['date']}{quick}", "",
              f"Machine: {env['device']} (compute capability {env['compute_capability']}), "
              f"{env['device_count']} device(s), Python {env['python']}, JAX {env['jax']}, "
-             f"jaxlib {env['jaxlib']}.", f"Command: `{command}`", "",
+             f"jaxlib {env['jaxlib']}; copy bandwidth "
+             f"{results['copy_bandwidth_bytes_per_s'] / 1e9:.0f} GB/s.",
+             f"Command: `{command}`", "",
              "| kernel | this project | `jax.experimental.pallas` (Mosaic GPU) | "
              "`attention_mgpu` (JAX's, f16) | `jax.numpy` | ours / jax.pallas | ours / jnp | "
              "target |",
@@ -449,7 +513,7 @@ def markdown(results: dict[str, Any], command: str) -> str:
         if way is None:
             return "—"
         best = way["best"]
-        return f"{best['seconds'] * 1e3:.3f} ms ({best['tflops']:.0f} TFLOP/s)" if best \
+        return f"{best['seconds'] * 1e3:.3f} ms ({_rate(best)})" if best \
             else "failed"
 
     def ratio(row: dict[str, Any], key: str) -> str:
@@ -486,7 +550,9 @@ def markdown(results: dict[str, Any], command: str) -> str:
                      + (f"; ours vs jax.pallas max |difference| {diff:.3g}" if diff is not None
                         else "")
                      + (f"; ours / JAX's attention_mgpu (f16) speed {shipped:.2f}"
-                        if shipped is not None else "") + ".")
+                        if shipped is not None else "")
+                     + (f"; ours at {row['fraction_of_copy_bandwidth']:.0%} of the copy "
+                        "bandwidth" if "fraction_of_copy_bandwidth" in row else "") + ".")
     return "\n".join(lines) + "\n"
 
 
@@ -514,11 +580,18 @@ def run(quick: bool, warmup: int, repeats: int, inner: int) -> dict[str, Any]:
           f"{env['compute_capability']}), JAX {env['jax']}, Python {env['python']}"
           f"{'  [--quick: small sizes]' if quick else ''}", flush=True)
     rng = np.random.default_rng(0)
+    bandwidth = copy_bandwidth(quick, warmup, repeats, inner)
+    print(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s", flush=True)
     results: dict[str, Any] = {"environment": env, "quick": quick, "warmup": warmup,
-                               "repeats": repeats, "inner": inner, "cases": {}}
+                               "repeats": repeats, "inner": inner,
+                               "copy_bandwidth_bytes_per_s": bandwidth, "cases": {}}
     for case in cases(quick):
         print(f"{case.title}:", flush=True)
-        results["cases"][case.name] = run_case(case, warmup, repeats, inner, rng)
+        row = run_case(case, warmup, repeats, inner, rng)
+        ours_s = _seconds(row, "pallas_core_mosaic_gpu")
+        if case.bytes and ours_s:
+            row["fraction_of_copy_bandwidth"] = case.bytes / ours_s / bandwidth
+        results["cases"][case.name] = row
     print("\nSummary (best configuration of each way):")
     for row in results["cases"].values():
         print(summary_line(row))
