@@ -18,7 +18,8 @@
 #                OUTDIR/bench_triton.json and OUTDIR/bench_mosaic.json;
 # logs everything to OUTDIR/gpu_check.log (and the terminal), writes one line per step to
 # OUTDIR/summary.txt, and exits 1 if any step failed. Every step runs under a time limit, cut
-# to what is left of 470 s in all (PALLAS_GPU_CHECK_BUDGET), so the whole fits in 8 minutes.
+# to what is left of 450 s from the start (PALLAS_GPU_CHECK_BUDGET; a step past its limit gets
+# 15 s to stop), so the whole fits in 8 minutes.
 #
 # Without a GPU (JAX sees none and nvidia-smi lists none) it checks that it would run: the
 # install as a pip --dry-run, the versions, `pytest --collect-only -m gpu` (which must collect
@@ -32,6 +33,9 @@
 # are wired (tests/test_gpu_check_script.py checks it). PYTHON names the interpreter (default
 # python3); PALLAS_GPU_CHECK_INSTALL=pythonpath skips pip and uses the PYTHONPATH fallback.
 set -u -o pipefail
+# The whole run's deadline: each step's limit is cut to the time left.
+BUDGET=${PALLAS_GPU_CHECK_BUDGET:-450}
+DEADLINE=$(( $(date +%s) + BUDGET ))
 
 usage() { echo "usage: $0 [--dry-run] OUTDIR" >&2; exit 2; }
 DRY=0
@@ -96,8 +100,6 @@ record() {
     say "=== step $1: $outcome in $(( $(date +%s) - $3 ))s"
     [ "$2" = 0 ] || FAILED+=("$1")
 }
-# The whole run's deadline: each step's limit is cut to the time left.
-DEADLINE=$(( $(date +%s) + ${PALLAS_GPU_CHECK_BUDGET:-470} ))
 # limited SECONDS COMMAND...: COMMAND under the smaller of SECONDS and the time left, stopped
 # by SIGINT (pytest still writes its JUnit XML; Python prints where it was), then SIGKILL.
 limited() {
@@ -105,7 +107,7 @@ limited() {
     shift
     [ "$left" -lt "$limit" ] && limit=$left
     if [ "$limit" -lt 5 ]; then
-        echo "no time left (PALLAS_GPU_CHECK_BUDGET=${PALLAS_GPU_CHECK_BUDGET:-470}s): not run"
+        echo "no time left (PALLAS_GPU_CHECK_BUDGET=${BUDGET}s): not run"
         return 124
     fi
     timeout -s INT -k 15 "$limit" "$@"
