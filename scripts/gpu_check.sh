@@ -181,7 +181,7 @@ step_install() {
 versions() {
     echo "mode: $MODE; checkout: $ROOT ($(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null \
         || echo 'not a git checkout'))"
-    echo "date: $(date -u '+%Y-%m-%d %H:%M:%S UTC'); host: $(hostname); cores: $(nproc)"
+    echo "date: $(date -u '+%Y-%m-%d %H:%M:%S UTC'); host: $(uname -n); cores: $(nproc)"
     if command -v nvidia-smi >/dev/null 2>&1; then
         nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv
         nvidia-smi | sed -n '1,4p'
