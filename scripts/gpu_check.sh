@@ -69,8 +69,10 @@ jax_sees_gpu() {
 nvidia_lists_gpu() {
     command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'
 }
+WHY="no GPU found (JAX sees none, nvidia-smi lists none)"
 if [ "$DRY" = 1 ]; then
     MODE=dry
+    WHY="--dry-run: no GPU used"
 elif [ "${PALLAS_GPU_CHECK_FAKE_GPU:-0}" = 1 ]; then
     MODE=fake
 elif jax_sees_gpu; then
@@ -230,7 +232,7 @@ EOF
 }
 
 collect() {
-    local listing modules
+    local listing
     listing=$("$PYTHON" -m pytest --collect-only -q -m gpu tests/gpu 2>&1)
     local rc=$?
     echo "$listing"
@@ -240,6 +242,34 @@ collect() {
         echo "$listing" | grep -q "^tests/gpu/$m.py::" \
             || { echo "no test of tests/gpu/$m.py was collected"; return 1; }
     done
+}
+
+# The figures to record (benchmarks/RESULTS.md): the suite's counts and the benchmarks' ratios.
+figures() {
+    "$PYTHON" - "$OUT" <<'EOF'
+import json, pathlib, sys
+import xml.etree.ElementTree as ET
+out = pathlib.Path(sys.argv[1])
+junit = out / "junit.xml"
+if junit.exists():
+    s = ET.parse(junit).getroot()
+    s = s if s.tag == "testsuite" else s.find("testsuite")
+    n, f, e, k = (int(s.get(a, 0)) for a in ("tests", "failures", "errors", "skipped"))
+    print(f"suite: {n - f - e - k} passed, {f} failed, {e} errors, {k} skipped of {n}")
+for name in ("bench_triton", "bench_mosaic"):
+    path = out / f"{name}.json"
+    if not path.exists():
+        continue
+    data = json.loads(path.read_text())
+    rows = data.get("cases", data)
+    for case, row in rows.items():
+        if isinstance(row, dict) and ("ways" in row or "pallas_core_triton" in row):
+            ratios = ", ".join(f"{k[len('ours_over_'):]} {v:.2f}x" for k, v in row.items()
+                               if k.startswith("ours_over_") and v is not None)
+            copy = row.get("fraction_of_copy_bandwidth")
+            extra = f", {copy:.0%} of copy bandwidth" if copy is not None else ""
+            print(f"{name}: {case}: speed of ours vs {ratios or 'n/a'}{extra}")
+EOF
 }
 
 export -f versions device collect
@@ -254,11 +284,11 @@ if [ "$MODE" = dry ]; then
     step bench_triton 60 "$PYTHON" benchmarks/gpu_triton.py --quick --dry-run
     step bench_mosaic 60 "$PYTHON" benchmarks/gpu_mosaic.py --quick --dry-run
     if [ ${#FAILED[@]} = 0 ]; then
-        echo "gpu_check: no GPU found (JAX sees none, nvidia-smi lists none); dry run passed:" \
+        echo "gpu_check: $WHY; dry run passed:" \
              "$(tr '\n' ';' < "$SUMMARY" | sed 's/;$//') (log: $LOG)"
         exit 0
     fi
-    echo "gpu_check: no GPU found, and the dry run FAILED: ${FAILED[*]} (see $LOG)"
+    echo "gpu_check: $WHY, and the dry run FAILED: ${FAILED[*]} (see $LOG)"
     exit 1
 fi
 step device 60 bash -c device
@@ -269,6 +299,7 @@ step suite 240 "$PYTHON" -m pytest "${SUITE[@]}"
 step bench_triton 75 "$PYTHON" benchmarks/gpu_triton.py --quick --json "$OUT/bench_triton.json"
 step bench_mosaic 90 "$PYTHON" benchmarks/gpu_mosaic.py --quick --warmup 1 --repeats 5 --inner 5 \
     --json "$OUT/bench_mosaic.json" --markdown "$OUT/bench_mosaic.md"
+figures >> "$SUMMARY" 2>> "$LOG"
 echo
 cat "$SUMMARY"
 if [ ${#FAILED[@]} != 0 ]; then
