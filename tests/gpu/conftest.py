@@ -4,6 +4,9 @@ where JAX sees no GPU).
 * Every test first asks JAX for the GPU (``jax.devices("gpu")``): that is the first call that
   needs one, where a run in scripts/gpu_check.sh's fake mode (``PALLAS_GPU_CHECK_FAKE_GPU=1``,
   on CPU) stops.
+* ``capfd`` flushes the C library's output buffers before it reads, a precaution: a GPU
+  kernel's prints (``pl.debug_print``) are written to the process's stdout by the CUDA runtime
+  at a synchronisation, and must not be left in a stdio buffer when the test reads them.
 * ``PALLAS_TEST_TIMEOUT=SECONDS`` fails a test that runs longer (SIGALRM, between Python
   operations: a call blocked inside the GPU runtime is interrupted when it returns), where the
   pytest-timeout plugin is not installed to do it. scripts/gpu_check.sh sets it.
@@ -11,6 +14,7 @@ where JAX sees no GPU).
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 from collections.abc import Iterator
@@ -26,6 +30,19 @@ TIMEOUT_ENV = "PALLAS_TEST_TIMEOUT"
 def gpu() -> Any:
     """The first GPU, as JAX sees it (the default device of a CUDA machine)."""
     return jax.devices("gpu")[0]
+
+
+@pytest.fixture
+def capfd(capfd: pytest.CaptureFixture[str]) -> pytest.CaptureFixture[str]:
+    """pytest's ``capfd``, its ``readouterr`` first flushing C's stdio buffers."""
+    read = capfd.readouterr
+
+    def readouterr() -> Any:
+        ctypes.CDLL(None).fflush(None)
+        return read()
+
+    capfd.readouterr = readouterr  # type: ignore[method-assign]
+    return capfd
 
 
 @pytest.hookimpl(hookwrapper=True)
