@@ -27,8 +27,34 @@ def gpu_present() -> bool:
         return False
 
 
+SAMPLE_ENV = "PALLAS_TEST_SAMPLE"
+"""Set to ``first``, each parametrized test runs only its first case (every unparametrized test
+still runs). tox.ini sets it where the README's test command runs a suite a second time under
+another JAX release, to stay within CI's time; ``PALLAS_TEST_SAMPLE=all`` runs every case."""
+
+
+def _first_cases(config, items):  # type: ignore[no-untyped-def]
+    """Keeps the first collected case of each test function, deselecting the others."""
+    seen: set[str] = set()
+    kept, dropped = [], []
+    for item in items:
+        function = item.nodeid.split("[", 1)[0]
+        (dropped if function in seen else kept).append(item)
+        seen.add(function)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
 def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]
-    """Tests marked ``gpu`` are skipped where JAX sees no GPU."""
+    """Tests marked ``gpu`` are skipped where JAX sees no GPU; ``PALLAS_TEST_SAMPLE=first``
+    keeps one case of each parametrized test."""
+    sample = os.environ.get(SAMPLE_ENV, "all")
+    if sample not in ("all", "first"):
+        raise ValueError(f"{SAMPLE_ENV}={sample!r}: expected 'all' (every case) or 'first' "
+                         "(the first case of each parametrized test)")
+    if sample == "first":
+        _first_cases(config, items)
     marked = [item for item in items if item.get_closest_marker("gpu") is not None]
     if marked and not gpu_present():
         import pytest

@@ -61,9 +61,9 @@ _NO_JAX_PALLAS_CALL = pytest.mark.skipif(
 _COUNTS_012 = pytest.mark.xfail(
     _AT_012, strict=True, reason="JAX 0.12's Mosaic GPU library writes these instructions as "
     "inline PTX where ours still emits nvvm ops; the counts are read in 0.10's form")
-_EVAL_JAXPR_012 = pytest.mark.xfail(
-    _AT_012, strict=True, reason="JAX 0.12's attention backward binds eval_jaxpr inside the "
-    "kernel, which the interpreter has no rule for yet")
+# The ports of the big kernels take minutes each in the interpreter (XLA compiles the whole
+# warp-specialised program on the host): `tox -e slow` runs them, not the README's test command.
+_SLOW = pytest.mark.slow
 
 
 S = jax.ShapeDtypeStruct
@@ -266,8 +266,9 @@ def test_ragged_dot_port_runs_in_the_interpreter(transpose_rhs: bool) -> None:
     _one_kernel(_lower(fn, lhs, operand))
 
 
-@pytest.mark.parametrize("wg_dimension", ["N", "M"])
-@pytest.mark.parametrize("with_c", [False, True])
+@pytest.mark.parametrize("wg_dimension,with_c", [
+    ("N", False), *(pytest.param(*case, marks=_SLOW) for case in
+                    [("M", False), ("N", True), ("M", True)])])
 def test_hopper_matmul_port_runs_in_the_interpreter(wg_dimension: str, with_c: bool) -> None:
     """The warp-specialised matmul's meaning: JAX's hopper_matmul, unchanged but for its
     imports, run by this project's interpreter (each compute warpgroup fetching its own
@@ -299,6 +300,7 @@ def test_hopper_matmul_port_runs_in_the_interpreter(wg_dimension: str, with_c: b
         _one_kernel(_lower(functools.partial(theirs.matmul, config=config(theirs)), a, b, c)))
 
 
+@_SLOW
 @pytest.mark.parametrize("wg_dimension", ["N", "M"])
 def test_mixed_type_matmul_port_runs_in_the_interpreter(wg_dimension: str) -> None:
     """JAX's hopper_mixed_type_matmul (int8 A blocks tiled (8, 128) in SMEM, read into
@@ -393,7 +395,7 @@ def test_attention_backward_port_lowers_like_jax() -> None:
         inspection.assert_same_kernel(mine, jax_kernel, different)
 
 
-@_EVAL_JAXPR_012
+@_SLOW
 def test_attention_backward_port_runs_in_the_interpreter() -> None:
     """The gradient of the port (its forward kernel with residuals, then the dQ and dK/dV
     kernels, warp-specialised pipelines) in the interpreter, against the gradient of
@@ -411,6 +413,7 @@ def test_attention_backward_port_runs_in_the_interpreter() -> None:
         np.testing.assert_allclose(g.astype(F32), e.astype(F32), rtol=1e-2, atol=5e-2)
 
 
+@_SLOW
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention_port_runs_in_the_interpreter(causal: bool) -> None:
     """The port's meaning: JAX's attention_mgpu forward kernel (two compute warpgroups and a
@@ -773,6 +776,7 @@ def test_blackwell_matmul_port_lowers_like_jax() -> None:
         assert op in body, op
 
 
+@_SLOW
 @pytest.mark.parametrize("minor", ["N", "M"])
 def test_blackwell_matmul_port_runs_in_the_interpreter(minor: str) -> None:
     """The port's meaning (collective=False), run by this project's interpreter on random
@@ -807,6 +811,7 @@ def _matmul_port_in_the_interpreter(lib: types.ModuleType, config: Any,
     np.testing.assert_allclose(got.astype(F32), expected, rtol=2e-2, atol=5e-2)
 
 
+@_SLOW
 def test_blackwell_matmul_collective_port_runs_in_the_interpreter() -> None:
     """The port's collective form (``collective=True``), run by this project's interpreter on
     random inputs against ``jnp.dot``: the two blocks of each cluster run together, each at
@@ -916,6 +921,7 @@ def test_blackwell_ragged_dot_collective_port_lowers_like_jax(
 
 
 
+@_SLOW
 def test_blackwell_ragged_dot_collective_port_runs_in_the_interpreter(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The collective port of blackwell_ragged_dot, run by this project's interpreter on random
