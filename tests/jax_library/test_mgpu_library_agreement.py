@@ -266,9 +266,9 @@ def test_ragged_dot_port_runs_in_the_interpreter(transpose_rhs: bool) -> None:
     _one_kernel(_lower(fn, lhs, operand))
 
 
-@pytest.mark.parametrize("wg_dimension,with_c", [
-    ("N", False), *(pytest.param(*case, marks=_SLOW) for case in
-                    [("M", False), ("N", True), ("M", True)])])
+@_SLOW
+@pytest.mark.parametrize("wg_dimension", ["N", "M"])
+@pytest.mark.parametrize("with_c", [False, True])
 def test_hopper_matmul_port_runs_in_the_interpreter(wg_dimension: str, with_c: bool) -> None:
     """The warp-specialised matmul's meaning: JAX's hopper_matmul, unchanged but for its
     imports, run by this project's interpreter (each compute warpgroup fetching its own
