@@ -85,7 +85,8 @@ def _operands(k: int = 256) -> tuple[jax.Array, jax.Array]:
             jax.random.normal(kb, (k, 128), F32).astype(F16))
 
 
-@pytest.mark.parametrize("manual", [False, True])
+# The manual form takes about a minute on the host: `tox -e slow` runs it.
+@pytest.mark.parametrize("manual", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_warp_specialized_matmul_in_the_interpreter(manual: bool) -> None:
     a, b = _operands()
     with force_interpret_mode():
