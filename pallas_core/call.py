@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import functools
 import inspect
+import re
 import traceback
 import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -276,6 +277,31 @@ def _source_of(fn: Any) -> str:
         return "<unknown>"
 
 
+_SHARED_MEMORY = re.compile(r"Shared memory size limit exceeded: requested (\d+), "
+                            r"available: (\d+)")
+
+
+@contextlib.contextmanager
+def _explained_resource_errors(kernel_name: str, kernel: Any) -> Iterator[None]:
+    """A GPU launch refused for want of shared memory (XLA's ``RESOURCE_EXHAUSTED``, found
+    only when the compiled kernel is loaded) becomes a ``BlockSpecError`` that names the
+    kernel and what to change."""
+    try:
+        yield
+    except jax.errors.JaxRuntimeError as e:
+        found = _SHARED_MEMORY.search(str(e))
+        if found is None:
+            raise
+        need, have = (int(g) for g in found.groups())
+        raise BlockSpecError(
+            f"kernel {kernel_name!r} ({_source_of(kernel)}) needs {need} bytes of shared "
+            f"memory per thread block as compiled, and this GPU allows {have}. The blocks "
+            "that a kernel loads (and, on Triton, the copies its software pipeline keeps of "
+            "the blocks loaded in a loop, num_stages of them) live in shared memory. Fix: "
+            "smaller blocks, or fewer pipeline stages (Triton: compiler_params="
+            "pltriton.CompilerParams(num_stages=1); Mosaic GPU: max_concurrent_steps).") from e
+
+
 def _raised_at(error: BaseException, kernel: Any) -> str:
     """``file:line`` of the innermost frame of ``error`` in the kernel's file (else the
     kernel's definition)."""
@@ -503,7 +529,7 @@ def pallas_call(
     @functools.wraps(kernel)
     def run(*args: Any) -> Any:
         # A report of checked mode (raised in a host callback) arrives as itself.
-        with reraising_reports():
+        with reraising_reports(), _explained_resource_errors(kernel_name, kernel):
             outs = jitted(*args, *(jnp.asarray(g, jnp.int32).reshape(()) for g in dynamic))
             if not _jax.being_staged(outs):  # run now: wait for the host callbacks it made
                 jax.effects_barrier()

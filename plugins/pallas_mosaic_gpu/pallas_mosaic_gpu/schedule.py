@@ -104,6 +104,39 @@ def _depends_on(jaxpr: Any, n_inputs: int) -> set[int]:
     return out
 
 
+def _carries_scratch(call: KernelCall) -> bool:
+    """Whether a step of the kernel reads a scratch buffer before it writes it, and so reads
+    what the step before left there (a running sum kept in scratch, as on TPU).
+
+    The kernel's top-level equations are taken in order. A load of a buffer not yet written
+    (``get``, ``+=``, a store that is partial or whose old value is used) is such a read; a
+    whole store makes the buffer written. A buffer first used in any other way (a TMA copy
+    into it, a barrier, a branch or loop) is taken as written: the pipelined kernels that
+    fill SMEM by copies stay parallel.
+    """
+    n = len(call.grid_mapping.scratch_avals)
+    if not n:
+        return False
+    jaxpr = call.jaxpr.jaxpr
+    pending = set(jaxpr.invars[len(jaxpr.invars) - n:])
+    used = {v for e in jaxpr.eqns for v in e.invars if not isinstance(v, plb.Literal)}
+    used |= {v for v in jaxpr.outvars if not isinstance(v, plb.Literal)}
+    for eqn in jaxpr.eqns:
+        touched = {v for v in eqn.invars if not isinstance(v, plb.Literal) and v in pending}
+        if not touched:
+            continue
+        ref = eqn.invars[0]
+        if ref in touched:
+            if eqn.primitive is plb.get_p or eqn.primitive is plb.addupdate_p:
+                return True
+            if eqn.primitive is plb.swap_p and (
+                    eqn.outvars[0] in used
+                    or tuple(eqn.invars[1].aval.shape) != tuple(ref.aval.shape)):
+                return True
+        pending -= touched
+    return False
+
+
 def plan(call: KernelCall) -> Plan:
     gm = call.grid_mapping
     params = call.compiler_params if isinstance(call.compiler_params, GPUCompilerParams) else \
@@ -132,6 +165,10 @@ def plan(call: KernelCall) -> Plan:
                 continue
             used = _depends_on(bm.index_map.jaxpr, len(grid))
             revisited |= {a for a in range(nb, len(grid)) if a not in used}
+        if _carries_scratch(call):
+            # A scratch buffer read before the step writes it keeps a value from the step
+            # before: the steps run in order, in one thread block (CUDA blocks share no SMEM).
+            revisited |= set(range(nb, len(grid)))
         first = min(revisited) if revisited else len(grid)
         user = [PARALLEL if nb + a < first else SEQUENTIAL for a in range(len(gm.user_grid))]
     sem = [PARALLEL] * nb + list(user)

@@ -34,6 +34,7 @@ from pallas_core import primitives as prims
 from pallas_core.grid_mapping import BlockMapping, block_index_tables
 from pallas_core.mlir_lowering import LoweringState
 from pallas_core.request import KernelCall
+from pallas_triton import barriers
 from pallas_triton import ir as tir
 from pallas_triton import primitives as tprims
 from pallas_triton import validation
@@ -106,6 +107,9 @@ def lower_kernel(call: KernelCall, platform: str = "cuda") -> tuple[ir.Module, s
                     gpu.BarrierOp()  # this step's stores are visible to the next step's loads
                     scf.YieldOp([])
             tt.ReturnOp([])
+        # Aliased operands are one buffer: an output's pointer is its input's.
+        same_array = {gm.num_inputs + o: i for i, o in call.input_output_aliases}
+        barriers.insert_barriers(fn, same_array)
         mlir_lowering.verify(module, "triton", call.name)
     return module, name
 
