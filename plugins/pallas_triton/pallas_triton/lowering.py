@@ -34,10 +34,9 @@ from pallas_core import primitives as prims
 from pallas_core.grid_mapping import BlockMapping, block_index_tables
 from pallas_core.mlir_lowering import LoweringState
 from pallas_core.request import KernelCall
-from pallas_triton import barriers
+from pallas_triton import barriers, validation
 from pallas_triton import ir as tir
 from pallas_triton import primitives as tprims
-from pallas_triton import validation
 
 
 @dataclasses.dataclass
