@@ -31,6 +31,7 @@ that only read what they do not write (a flash attention's K and V) keep their p
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -59,17 +60,66 @@ def insert_barriers(func: Any, same_array: Mapping[int, int]) -> int:
     ``same_array`` maps a kernel argument's index to the index of the array it is (aliases); an
     argument not in it is its own array.
     """
-    walk = _Walk(func.regions[0].blocks[0], dict(same_array))
-    walk.block(func.regions[0].blocks[0], {}, insert=True)
+    entry = func.regions[0].blocks[0]
+    reader = _Reader(entry, dict(same_array))
+    tree = reader.block(entry)  # MLIR is read once: each op visited costs Python binding calls
+    for op in reader.dead_loads:
+        op.erase()  # a load nothing uses (a store's old value): no access at all
+    walk = _Walk()
+    walk.nodes(tree, {}, insert=True)
     return walk.inserted
 
 
-class _Walk:
+@dataclasses.dataclass
+class _Access:
+    op: Any
+    arrays: frozenset[int]
+    kind: str
+
+
+@dataclasses.dataclass
+class _If:
+    branches: list[list[Any]]
+
+
+@dataclasses.dataclass
+class _Loop:
+    op: Any
+    is_for: bool
+    blocks: list[list[Any]]
+
+
+class _Barrier:
+    pass
+
+
+class _Reader:
+    """The memory accesses, barriers, branches and loops of a function, as a Python tree."""
+
     def __init__(self, entry: ir.Block, same_array: dict[int, int]) -> None:
         self.entry = entry
         self.same_array = same_array
-        self.inserted = 0
-        self.unpipelined = 0
+        self.dead_loads: list[Any] = []
+
+    def block(self, block: ir.Block) -> list[Any]:
+        out: list[Any] = []
+        for op in block.operations:
+            name = op.name
+            if name == "gpu.barrier":
+                out.append(_Barrier())
+                continue
+            kind = _ACCESS.get(name)
+            if kind is not None:
+                if kind == READ and not any(True for _ in op.result.uses):
+                    self.dead_loads.append(op)
+                else:
+                    out.append(_Access(op, self.array_of(op.operands[0]), kind))
+            elif name == "scf.if":
+                out.append(_If([self.block(r.blocks[0]) for r in op.regions if len(r.blocks)]))
+            elif name in ("scf.for", "scf.while"):
+                out.append(_Loop(op, name == "scf.for",
+                                 [self.block(r.blocks[0]) for r in op.regions if len(r.blocks)]))
+        return out
 
     def array_of(self, value: ir.Value, depth: int = 0) -> frozenset[int]:
         """The arrays a pointer (or tensor of pointers) may point into."""
@@ -89,101 +139,102 @@ class _Walk:
             out |= self.array_of(op.operands[i], depth + 1)
         return out
 
-    def block(self, block: ir.Block, state: State, *, insert: bool) -> State:
-        for op in list(block.operations):
-            state = self.op(op, state, insert=insert)
+
+class _Walk:
+    def __init__(self) -> None:
+        self.inserted = 0
+        self.unpipelined = 0
+
+    def nodes(self, nodes: list[Any], state: State, *, insert: bool) -> State:
+        for node in nodes:
+            state = self.node(node, state, insert=insert)
         return state
 
-    def op(self, op: Any, state: State, *, insert: bool) -> State:
-        name = op.name
-        if name == "gpu.barrier":
+    def node(self, node: Any, state: State, *, insert: bool) -> State:
+        if isinstance(node, _Barrier):
             return {}
-        kind = _ACCESS.get(name)
-        if kind == READ and not any(True for _ in op.result.uses):
-            if insert:
-                op.erase()  # a load nothing uses (a store's old value): no access at all
-            return state
-        if kind is not None:
-            arrays = self.array_of(op.operands[0])
-            if self.conflicts(state, arrays, kind):
+        if isinstance(node, _Access):
+            if _conflicts(state, node.arrays, node.kind):
                 if insert:
-                    with ir.InsertionPoint(op), op.location:
+                    with ir.InsertionPoint(node.op), node.op.location:
                         gpu.BarrierOp()
                     self.inserted += 1
                 state = {}
             state = dict(state)
-            for a in arrays:
-                state[a] = state.get(a, frozenset()) | {kind}
+            for a in node.arrays:
+                state[a] = state.get(a, frozenset()) | {node.kind}
             return state
-        if name == "scf.if":
-            then = self.block(op.regions[0].blocks[0], dict(state), insert=insert)
-            other = (self.block(op.regions[1].blocks[0], dict(state), insert=insert)
-                     if len(op.regions[1].blocks) else dict(state))
-            return _join(then, other)
-        if name in ("scf.for", "scf.while"):
-            return self.loop(op, state, insert=insert)
-        return state  # no memory access (reductions' combiners, arithmetic)
+        if isinstance(node, _If):
+            ends = [self.nodes(b, dict(state), insert=insert) for b in node.branches]
+            if len(ends) < 2:
+                ends.append(dict(state))  # no else: the state before it goes on
+            return _join(*ends)
+        return self.loop(node, state, insert=insert)
 
-    def loop(self, op: Any, state: State, *, insert: bool) -> State:
+    def loop(self, loop: _Loop, state: State, *, insert: bool) -> State:
         """A loop's body runs after the state before it, or after its own last iteration."""
-        blocks = [r.blocks[0] for r in op.regions if len(r.blocks)]
         entry = dict(state)
         while True:  # the state at the top of an iteration, to a fixed point (it only grows)
             exit_state = entry
-            for b in blocks:
-                exit_state = self.block(b, exit_state, insert=False)
+            for b in loop.blocks:
+                exit_state = self.nodes(b, exit_state, insert=False)
             grown = _join(entry, exit_state)
             if grown == entry:
                 break
             entry = grown
         exit_state = entry
-        for b in blocks:
-            exit_state = self.block(b, exit_state, insert=insert)
-        if insert and op.name == "scf.for" and self.carries_memory(blocks):
-            with op.location:
-                op.attributes["tt.num_stages"] = ir.IntegerAttr.get(
+        for b in loop.blocks:
+            exit_state = self.nodes(b, exit_state, insert=insert)
+        if insert and loop.is_for and _carries_memory(loop.blocks):
+            with loop.op.location:
+                loop.op.attributes["tt.num_stages"] = ir.IntegerAttr.get(
                     ir.IntegerType.get_signless(32), 1)
             self.unpipelined += 1
         # An scf.while leaves from its condition (the first region); an scf.for may run no
         # iteration: either way the state after it joins what came before with the body's end.
         return _join(entry, exit_state)
 
-    def accesses(self, block: ir.Block) -> list[tuple[frozenset[int], str]]:
-        """The memory accesses in ``block`` and the regions of its ops, in order."""
-        out = []
-        for op in block.operations:
-            kind = _ACCESS.get(op.name)
-            if kind is not None and not (kind == READ and not any(True for _ in op.result.uses)):
-                out.append((self.array_of(op.operands[0]), kind))
-            for region in op.regions:
-                for b in region.blocks:
-                    out += self.accesses(b)
-        return out
 
-    def carries_memory(self, blocks: list[ir.Block]) -> bool:
-        """Whether a loop writes an array that it also accesses elsewhere in its body."""
-        found = [a for b in blocks for a in self.accesses(b)]
-        for i, (arrays, kind) in enumerate(found):
-            if kind == READ:
-                continue
-            for j, (others, other_kind) in enumerate(found):
-                if kind == other_kind == ATOMIC:
-                    continue  # atomics are ordered among themselves
-                if j != i and (arrays & others or UNKNOWN in arrays | others):
-                    return True
-        return False
+def _accesses(nodes: list[Any]) -> list[_Access]:
+    """The memory accesses in ``nodes`` and in the branches and loops among them, in order."""
+    out: list[_Access] = []
+    for node in nodes:
+        if isinstance(node, _Access):
+            out.append(node)
+        elif isinstance(node, _If):
+            for b in node.branches:
+                out += _accesses(b)
+        elif isinstance(node, _Loop):
+            for b in node.blocks:
+                out += _accesses(b)
+    return out
 
-    @staticmethod
-    def conflicts(state: State, arrays: frozenset[int], kind: str) -> bool:
-        bad = _CONFLICTS[kind]
-        for a, kinds in state.items():
-            if (a in arrays or a == UNKNOWN or UNKNOWN in arrays) and kinds & bad:
+
+def _carries_memory(blocks: list[list[Any]]) -> bool:
+    """Whether a loop writes an array that it also accesses elsewhere in its body."""
+    found = [a for b in blocks for a in _accesses(b)]
+    for i, one in enumerate(found):
+        if one.kind == READ:
+            continue
+        for j, other in enumerate(found):
+            if one.kind == other.kind == ATOMIC:
+                continue  # atomics are ordered among themselves
+            if j != i and (one.arrays & other.arrays or UNKNOWN in one.arrays | other.arrays):
                 return True
-        return False
+    return False
 
 
-def _join(a: State, b: State) -> State:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = out.get(k, frozenset()) | v
+def _conflicts(state: State, arrays: frozenset[int], kind: str) -> bool:
+    bad = _CONFLICTS[kind]
+    for a, kinds in state.items():
+        if (a in arrays or a == UNKNOWN or UNKNOWN in arrays) and kinds & bad:
+            return True
+    return False
+
+
+def _join(*states: State) -> State:
+    out: State = {}
+    for state in states:
+        for k, v in state.items():
+            out[k] = out.get(k, frozenset()) | v
     return out
