@@ -39,9 +39,13 @@ from pallas_mosaic_gpu import inspection  # noqa: E402
 
 from pallas_core import _jax  # noqa: E402
 
-# A known gap at JAX 0.12 (issue 28 goes on): its Mosaic GPU library writes setmaxnreg, wgmma
-# fences, bulk commit groups and expect_tx as inline PTX where ours still emits nvvm ops, and
-# the pinned counts are read in 0.10's form.
+# A known gap at JAX 0.12 (issue 28 goes on). JAX 0.12's Pallas lowering writes setmaxnreg,
+# mbarrier init and expect_tx, the wgmma fence, commit and wait, and two bulk commit groups as
+# inline PTX. This backend's own rules still build those as NVVM ops (the same instructions
+# once LLVM lowers them), so the per-spelling counts below differ. JAX 0.12 also prefetches
+# five TMA descriptors where this backend prefetches four; that is not yet explained. (The
+# Blackwell collective ports in test_mgpu_library_agreement.py count each instruction in both
+# spellings. There the instructions come from the Mosaic GPU library itself, and they agree.)
 _COUNTS_012 = pytest.mark.xfail(
     _jax.JAX_VERSION[:2] >= (0, 12), strict=True,
     reason="JAX 0.12 writes these instructions as inline PTX; the counts are read as nvvm ops")
