@@ -362,11 +362,24 @@ def _register_acc_init() -> None:
 _register_acc_init()
 
 
+DEFAULT_NUM_BARRIERS = 1
+"""``plgpu.Barrier()``'s size: one barrier in an array of shape ``(1,)``, as in JAX 0.10. JAX
+0.11 made the default shape ``()``. A one-barrier array may be passed to ``barrier_wait`` and
+the copies without an index, so kernels written for either JAX run here; ``bar.at[0]`` of a
+default barrier also works here, where JAX 0.11 and later refuse it."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Barrier:
     """``num_barriers`` mbarriers in shared memory, each completing a phase after
     ``num_arrivals`` arrivals (``plgpu.barrier_arrive``) or, for barriers given to
     ``copy_gmem_to_smem``, once the copy's bytes have landed.
+
+    ``num_barriers`` is the shape of the barrier array, as in JAX 0.11 and later: an int ``n``
+    is ``(n,)``, a tuple is a shape (``()``: one barrier, its Ref indexed by nothing;
+    ``(2, 3)``: indexed ``bar.at[i, j]``). The default, ``1``, is JAX 0.10's (see
+    ``DEFAULT_NUM_BARRIERS``). A barrier array of one barrier may be passed to ``barrier_wait``
+    and the copies without indexing it.
 
     ``num_threads=`` is an older spelling of ``num_arrivals`` and means the same.
     ``orders_tensor_core=True`` (Blackwell) makes waits and arrivals order tcgen05 work too;
@@ -374,7 +387,7 @@ class Barrier:
     """
 
     num_arrivals: int = 1
-    num_barriers: int = 1
+    num_barriers: int | tuple[int, ...] = DEFAULT_NUM_BARRIERS
     num_threads: dataclasses.InitVar[int | None] = None
     orders_tensor_core: bool = False
 
@@ -399,7 +412,7 @@ class ClusterBarrier:
     cluster together where a kernel uses it (:mod:`pallas_mosaic_gpu.cluster`)."""
 
     collective_axes: tuple[str, ...]
-    num_barriers: int = 1
+    num_barriers: int | tuple[int, ...] = DEFAULT_NUM_BARRIERS
     num_arrivals: int = 1
     orders_tensor_core: bool = False
     leader_tracked: bool = False
@@ -424,17 +437,29 @@ class ClusterBarrier:
 
 
 def _check_counts(barrier: Any, what: str) -> None:
-    for field in ("num_arrivals", "num_barriers"):
-        v = getattr(barrier, field)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise PallasError(f"plgpu.{what}({field}={v!r}): expected an int >= 1.")
+    v = barrier.num_arrivals
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise PallasError(f"plgpu.{what}(num_arrivals={v!r}): expected an int >= 1.")
+    n = barrier.num_barriers
+    dims = (n,) if isinstance(n, (int, np.integer)) and not isinstance(n, bool) else n
+    if not isinstance(dims, (tuple, list)) or not all(
+            isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 1
+            for d in dims):
+        raise PallasError(f"plgpu.{what}(num_barriers={n!r}): expected an int >= 1 or a "
+                          "shape (a tuple of ints >= 1; () for one barrier).")
+
+
+def barrier_shape(barrier: Any) -> tuple[int, ...]:
+    """The shape of the barrier array of a :class:`Barrier` or :class:`ClusterBarrier`."""
+    n = barrier.num_barriers
+    return (int(n),) if isinstance(n, (int, np.integer)) else tuple(int(d) for d in n)
 
 
 def _barriers(barrier: Any, **space: Any) -> MemoryRef:
     """The scratch of ``barrier`` (a :class:`Barrier` or :class:`ClusterBarrier`)."""
     kind = BarrierSpace("BARRIER", backend=NAME, zeroed=True, num_arrivals=barrier.num_arrivals,
                         orders_tensor_core=bool(barrier.orders_tensor_core), **space)
-    return kind((barrier.num_barriers,), np.int32)
+    return kind(barrier_shape(barrier), np.int32)
 
 
 def kernel(body: Callable[..., None] | None = None, out_shape: Any = None, *,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -219,9 +220,10 @@ def _views(state: GPULowering, eqn: Any, args: Sequence[Any]) -> list[Ref]:
     if eqn.primitive is not gp.wgmma_p and any(v.transposed for v in views):
         raise state.fail(f"a transposed SMEM Ref given to {eqn.primitive.name} (only wgmma "
                          "reads transposed buffers)")
-    # A Barrier of one barrier may be passed without indexing it.
+    # A Barrier of one barrier (shape (), (1,), ...) may be passed without indexing it.
     return [dataclasses.replace(v, barrier=v.barrier[0], shape=())
-            if v.kind == "barrier" and v.shape == (1,) else v for v in views]
+            if v.kind == "barrier" and not t and math.prod(v.shape) == 1 else v
+            for v, t in zip(views, transforms)]
 
 
 def _gmem_window(state: GPULowering, eqn: Any, args: Sequence[Any], role: int

@@ -360,7 +360,7 @@ def build(call: KernelCall, devices: tuple[tuple[str, int], ...] = ()
     for a in gm.scratch_avals:
         shape, dtype, space = a.inner_aval.shape, a.inner_aval.dtype, a.memory_space
         if isinstance(space, BarrierSpace):
-            smem.append(_barriers(call, pl_.mesh, space, shape[0]))
+            smem.append(_barriers(call, pl_.mesh, space, math.prod(shape)))
             scratch_refs.append(("barrier", shape, dtype))
         elif space is ACC_SPACE:
             scratch_refs.append(("acc", shape, dtype))
@@ -380,7 +380,7 @@ def build(call: KernelCall, devices: tuple[tuple[str, int], ...] = ()
     for _, allocs in scoped:
         for kind, shape, dtype, space in allocs:
             if kind == "barrier":
-                smem.append(_barriers(call, pl_.mesh, space, shape[0]))
+                smem.append(_barriers(call, pl_.mesh, space, math.prod(shape)))
             elif kind == "smem":
                 smem.append(jax.ShapeDtypeStruct(buf_shape(shape, dtype), dtype))
             elif kind == "smem_tiled":

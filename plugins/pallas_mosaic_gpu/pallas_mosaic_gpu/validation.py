@@ -96,7 +96,7 @@ def smem_bytes(call: KernelCall) -> int:
         if isinstance(a.memory_space, TensorMemorySpace):
             used += 4  # TMEM itself is not shared memory; its address is kept there
             continue
-        used += (8 * a.inner_aval.shape[0] if isinstance(a.memory_space, BarrierSpace)
+        used += (8 * math.prod(a.inner_aval.shape) if isinstance(a.memory_space, BarrierSpace)
                  else buffer_bytes(a.inner_aval.shape, a.inner_aval.dtype))
     from pallas_mosaic_gpu.schedule import scoped_allocations
     for _, allocs in scoped_allocations(call):
@@ -104,5 +104,5 @@ def smem_bytes(call: KernelCall) -> int:
             if kind in ("smem", "smem_plain"):
                 used += buffer_bytes(shape, dtype)
             elif kind == "barrier":
-                used += 8 * shape[0]
+                used += 8 * math.prod(shape)
     return used
