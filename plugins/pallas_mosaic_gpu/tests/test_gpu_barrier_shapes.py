@@ -21,8 +21,9 @@ import pytest
 
 plgpu = pytest.importorskip("pallas_mosaic_gpu")
 jplgpu = pytest.importorskip("jax.experimental.pallas.mosaic_gpu")
-from pallas_core.call import force_interpret_mode  # noqa: E402
 from pallas_mosaic_gpu import inspection  # noqa: E402
+
+from pallas_core.call import force_interpret_mode  # noqa: E402
 
 S = jax.ShapeDtypeStruct
 
