@@ -60,13 +60,11 @@ def insert_barriers(func: Any, same_array: Mapping[int, int]) -> int:
     ``same_array`` maps a kernel argument's index to the index of the array it is (aliases); an
     argument not in it is its own array.
     """
-    entry = func.regions[0].blocks[0]
-    reader = _Reader(entry, dict(same_array))
-    tree = reader.block(entry)  # MLIR is read once: each op visited costs Python binding calls
+    reader = _Reader(func.operation, dict(same_array))
     for op in reader.dead_loads:
         op.erase()  # a load nothing uses (a store's old value): no access at all
     walk = _Walk()
-    walk.nodes(tree, {}, insert=True)
+    walk.nodes(reader.root, {}, insert=True)
     return walk.inserted
 
 
@@ -93,51 +91,67 @@ class _Barrier:
     pass
 
 
+_CONTROL = ("scf.if", "scf.for", "scf.while")
+
+
 class _Reader:
-    """The memory accesses, barriers, branches and loops of a function, as a Python tree."""
+    """The memory accesses, barriers, branches and loops of a function, as a Python tree.
 
-    def __init__(self, entry: ir.Block, same_array: dict[int, int]) -> None:
-        self.entry = entry
-        self.same_array = same_array
+    The function is read with ``Operation.walk`` (parents before their regions), which hands
+    over plain operations. Going through ``Block.operations`` instead makes a Python view of
+    every op, and for Triton's ops each costs a failed import of a dialect module (it tripled
+    the lowering's time).
+    """
+
+    def __init__(self, func: Any, same_array: dict[int, int]) -> None:
+        self.func = func
+        self.root: list[Any] = []
         self.dead_loads: list[Any] = []
+        self.regions: dict[Any, list[list[Any]]] = {}  # control-flow op -> its regions' lists
+        entry = func.regions[0].blocks[0]
+        self.arrays: dict[Any, frozenset[int]] = {
+            arg: frozenset({same_array.get(i, i)}) for i, arg in enumerate(entry.arguments)}
+        func.walk(self.visit, ir.WalkOrder.PRE_ORDER)
 
-    def block(self, block: ir.Block) -> list[Any]:
-        out: list[Any] = []
-        for op in block.operations:
-            name = op.name
-            if name == "gpu.barrier":
-                out.append(_Barrier())
-                continue
-            kind = _ACCESS.get(name)
-            if kind is not None:
-                if kind == READ and not any(True for _ in op.result.uses):
-                    self.dead_loads.append(op)
-                else:
-                    out.append(_Access(op, self.array_of(op.operands[0]), kind))
-            elif name == "scf.if":
-                out.append(_If([self.block(r.blocks[0]) for r in op.regions if len(r.blocks)]))
-            elif name in ("scf.for", "scf.while"):
-                out.append(_Loop(op, name == "scf.for",
-                                 [self.block(r.blocks[0]) for r in op.regions if len(r.blocks)]))
-        return out
+    def visit(self, op: Any) -> Any:
+        name = op.name
+        sources = _POINTER_FROM.get(name)
+        if sources is not None:
+            arrays: frozenset[int] = frozenset()
+            for i in sources:
+                arrays |= self.arrays.get(op.operands[i], frozenset({UNKNOWN}))
+            self.arrays[op.results[0]] = arrays
+            return ir.WalkResult.ADVANCE
+        kind = _ACCESS.get(name)
+        if kind is None and name != "gpu.barrier" and name not in _CONTROL:
+            return ir.WalkResult.ADVANCE
+        if kind == READ and not any(True for _ in op.results[0].uses):
+            self.dead_loads.append(op)
+            return ir.WalkResult.ADVANCE
+        if kind is not None:
+            node: Any = _Access(op, self.arrays.get(op.operands[0], frozenset({UNKNOWN})), kind)
+        elif name == "gpu.barrier":
+            node = _Barrier()
+        else:
+            lists: list[list[Any]] = [[] for _ in op.regions]
+            self.regions[op] = lists
+            node = (_If([b for b, r in zip(lists, op.regions) if len(r.blocks)])
+                    if name == "scf.if" else _Loop(op, name == "scf.for", lists))
+        self.container(op).append(node)
+        return ir.WalkResult.ADVANCE
 
-    def array_of(self, value: ir.Value, depth: int = 0) -> frozenset[int]:
-        """The arrays a pointer (or tensor of pointers) may point into."""
-        if depth > 64:
-            return frozenset({UNKNOWN})
-        if isinstance(value.owner, ir.Block):
-            arg = ir.BlockArgument(value)
-            if value.owner == self.entry:
-                return frozenset({self.same_array.get(arg.arg_number, arg.arg_number)})
-            return frozenset({UNKNOWN})  # a loop-carried pointer
-        op = value.owner
-        sources = _POINTER_FROM.get(op.name)
-        if sources is None:
-            return frozenset({UNKNOWN})
-        out: frozenset[int] = frozenset()
-        for i in sources:
-            out |= self.array_of(op.operands[i], depth + 1)
-        return out
+    def container(self, op: Any) -> list[Any]:
+        """The list of the block ``op`` is in (walks run parents before their regions)."""
+        parent = op.parent
+        while parent != self.func and parent not in self.regions:
+            op, parent = parent, parent.parent  # inside an op the tree does not model
+        if parent == self.func:
+            return self.root
+        block = op.block
+        for lst, region in zip(self.regions[parent], parent.regions):
+            if len(region.blocks) and region.blocks[0] == block:
+                return lst
+        raise AssertionError(f"{op.name} is in no region of its parent {parent.name}")
 
 
 class _Walk:
