@@ -152,3 +152,26 @@ def test_a_loop_that_only_reads_keeps_its_pipelining() -> None:
     q = _rand((256, 64), 7)
     ttir = _ttir(flash_attention.flash_attention, q, q, q)
     assert "scf.for" in ttir and "tt.num_stages" not in ttir
+
+
+def test_a_while_loop_accumulating_into_an_output_has_barriers_in_its_body() -> None:
+    """``lax.while_loop`` is an ``scf.while``: its body's load of the output follows the
+    previous iteration's store across a barrier, as in a ``fori_loop``."""
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = x_ref[...]
+
+        def body(i: Any) -> Any:
+            o_ref[...] += x_ref[...]
+            return i + 1
+
+        jax.lax.while_loop(lambda i: i < 3, body, 0)
+
+    x = _rand((32, 128), 8)
+    fn = _call(kernel, x.shape)
+    ttir = _ttir(fn, x)
+    assert "scf.while" in ttir
+    body = ttir[ttir.index("scf.while"):]
+    first_load = body.index("tt.load")
+    assert "gpu.barrier" in body[:first_load]  # after the store before the loop, or the last
+    got = pl.emulate(fn, backend="triton", checked=True)(x)
+    np.testing.assert_allclose(got, x * 4.0, rtol=1e-6)
