@@ -331,18 +331,11 @@ def _view_local(state: GPULowering, ref: Ref, transforms: Any, remote: list[Any]
         if ref.transposed:
             raise state.fail("indexing a transposed SMEM Ref (index it, then transpose it)")
         if ref.kind not in ("smem", "gmem"):
-            if ref.kind == "barrier" and len(indices) == len(ref.shape) == 1:
-                i = indices[0]
-                if isinstance(i, plb.Slice):
-                    raise state.fail("a slice of barriers")
-                ref = dataclasses.replace(ref, barrier=ref.barrier[index(state.value(i))],
-                                          shape=())
-                continue
-            if ref.kind == "barrier" and len(indices) == len(ref.shape) > 1:
+            if ref.kind == "barrier" and len(indices) == len(ref.shape) >= 1:
                 if any(isinstance(i, plb.Slice) for i in indices):
-                    raise state.fail("a slice of a multi-dimensional barrier array (index "
-                                     "every dimension)")
-                flat = index(state.value(indices[0]))
+                    raise state.fail("a slice of barriers (index every dimension of the "
+                                     "barrier array)")
+                flat = index(state.value(indices[0]))  # row-major over the array's shape
                 for i, d in zip(indices[1:], ref.shape[1:]):
                     flat = arith.addi(arith.muli(flat, index(d)), index(state.value(i)))
                 ref = dataclasses.replace(ref, barrier=ref.barrier[flat], shape=())

@@ -157,7 +157,6 @@ class _Reader:
 class _Walk:
     def __init__(self) -> None:
         self.inserted = 0
-        self.unpipelined = 0
 
     def nodes(self, nodes: list[Any], state: State, *, insert: bool) -> State:
         for node in nodes:
@@ -203,7 +202,6 @@ class _Walk:
             with loop.op.location:
                 loop.op.attributes["tt.num_stages"] = ir.IntegerAttr.get(
                     ir.IntegerType.get_signless(32), 1)
-            self.unpipelined += 1
         # An scf.while leaves from its condition (the first region); an scf.for may run no
         # iteration: either way the state after it joins what came before with the body's end.
         return _join(entry, exit_state)

@@ -103,8 +103,7 @@ def lower_kernel(call: KernelCall, platform: str = "cuda") -> tuple[ir.Module, s
                                        [gm.grid[a] for a in sequential])
                     ids = {**dict(zip(parallel, par_ids)), **dict(zip(sequential, seq_ids))}
                     _lower_step(call, platform, entry.arguments, ids)
-                    gpu.BarrierOp()  # this step's stores are visible to the next step's loads
-                    scf.YieldOp([])
+                    scf.YieldOp([])  # barriers between steps: pallas_triton.barriers
             tt.ReturnOp([])
         # Aliased operands are one buffer: an output's pointer is its input's.
         same_array = {gm.num_inputs + o: i for i, o in call.input_output_aliases}
