@@ -32,8 +32,7 @@ KNOWN_GAPS: dict[str, dict[str, str]] = {
     "jax.experimental.pallas": {},
     "jax.experimental.pallas.tpu": {},
     "jax.experimental.pallas.triton": {},
-    "jax.experimental.pallas.mosaic_gpu": {n: _MGPU for n in (
-        "alloc_semaphore", "async_copy_scales_to_tmem", "async_copy_sparse_metadata_to_tmem")},
+    "jax.experimental.pallas.mosaic_gpu": {"alloc_semaphore": _MGPU},
     "jax.experimental.pallas.tpu_sc": {},
 }
 """Names of JAX's modules (any supported version) that ours lack yet, with the reason."""

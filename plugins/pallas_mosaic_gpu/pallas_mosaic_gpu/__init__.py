@@ -33,6 +33,8 @@ from pallas_mosaic_gpu.additions import (
     wgmma_accumulator_load,
 )
 from pallas_mosaic_gpu.blackwell import (
+    async_copy_scales_to_tmem,
+    async_copy_sparse_metadata_to_tmem,
     async_load_tmem,
     async_store_tmem,
     commit_tmem,
@@ -147,6 +149,7 @@ __all__ += ["broadcasted_iota", "commit_smem_to_gmem_group", "Layout", "layout_c
 __all__ += ["emit_pipeline_warp_specialized", "set_max_registers", "WarpSpecializedPipeline"]
 __all__ += ["async_load_tmem", "async_store_tmem", "commit_tmem", "tcgen05_commit_arrive",
             "tcgen05_mma", "wait_load_tmem"]
+__all__ += ["async_copy_scales_to_tmem", "async_copy_sparse_metadata_to_tmem"]
 __all__ += ["dynamic_scheduling_loop", "query_cluster_cancel", "try_cluster_cancel",
             "TryClusterCancelResult", "WarpMesh"]
 __all__ += ["multimem_load_reduce", "multimem_store", "remote_ref", "SemaphoreType",

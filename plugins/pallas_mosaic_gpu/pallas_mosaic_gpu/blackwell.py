@@ -47,6 +47,8 @@ tcgen05_commit_arrive_p = gp._primitive("gpu_tcgen05_commit_arrive")
 async_store_tmem_p = gp._primitive("gpu_async_store_tmem")
 wait_load_tmem_p = gp._primitive("gpu_wait_load_tmem")
 commit_tmem_p = gp._primitive("gpu_commit_tmem")
+copy_scales_p = gp._primitive("gpu_async_copy_scales_to_tmem")
+copy_sparse_metadata_p = gp._primitive("gpu_async_copy_sparse_metadata_to_tmem")
 async_load_tmem_p = plb.Primitive("gpu_async_load_tmem")
 async_load_tmem_p.multiple_results = True
 
@@ -57,7 +59,7 @@ def _load_abstract(*avals: Any, shape: tuple[int, ...], dtype: Any, **_: Any) ->
 
 
 PRIMITIVES = (tcgen05_mma_p, tcgen05_commit_arrive_p, async_load_tmem_p, async_store_tmem_p,
-              wait_load_tmem_p, commit_tmem_p)
+              wait_load_tmem_p, commit_tmem_p, copy_scales_p, copy_sparse_metadata_p)
 
 
 # --- the user's functions ----------------------------------------------------------------------
@@ -86,9 +88,18 @@ def tcgen05_mma(acc: Any, a: Any, b: Any, barrier: Any = None, *, a_scale: Any =
     """``acc = a @ b + (acc if accumulate else 0)`` on Blackwell's tensor cores, asynchronous.
 
     ``acc`` is a TMEM Ref (M, N) of float32; ``a`` (M, K) and ``b`` (K, N) are SMEM Refs of
-    one 16-bit float dtype (``plgpu.transpose_ref`` views allowed), tiled as the backend
-    tiles such buffers (both dimensions multiples of 64). ``barrier`` (ordering the tensor
-    core) completes a phase when the matmul is done; ``accumulate`` may be traced.
+    one dtype (``plgpu.transpose_ref`` views allowed), tiled as the backend tiles such
+    buffers. ``barrier`` (ordering the tensor core) completes a phase when the matmul is done;
+    ``accumulate`` may be traced.
+
+    ``a_scale`` and ``b_scale`` (together; TMEM Refs of ``plgpu.TMEMLayout.SCALES_LAYOUT``,
+    (M, K // B) and (N, K // B)): a block-scaled matmul, each run of ``B`` elements along K of
+    a row of ``a`` (of a column of ``b``) multiplied by its scale; ``a`` and ``b`` are then
+    8-bit or 4-bit floats, of one dtype or two. ``a_sparse_metadata`` (a TMEM Ref of
+    ``SPARSE_METADATA_LAYOUT``, (M, K // 2) uint2): ``a`` is (M, K // 2), the two kept
+    elements of each group of four along K, and the metadata their positions in the group
+    (2:4 structured sparsity). Both are filled by ``async_copy_scales_to_tmem`` and
+    ``async_copy_sparse_metadata_to_tmem``.
 
     ``collective_axis`` (a cluster axis of 2 blocks, the first one): one matmul of both
     blocks (``cta_group::2``), issued by the first. Each block holds its half of the rows of
@@ -96,32 +107,90 @@ def tcgen05_mma(acc: Any, a: Any, b: Any, barrier: Any = None, *, a_scale: Any =
     (M, 2N); ``acc`` is a ``plgpu.TMEM(..., collective=True)`` buffer and ``barrier`` completes
     a phase in both blocks."""
     fn = "tcgen05_mma"
-    if a_scale is not None or b_scale is not None or a_sparse_metadata is not None:
+    scaled, sparse = a_scale is not None, a_sparse_metadata is not None
+    if scaled != (b_scale is not None):
+        raise PallasError("plgpu.tcgen05_mma: a_scale and b_scale go together (a block-scaled "
+                          "matmul scales both operands). Fix: pass both, or neither.")
+    if (scaled or sparse) and collective_axis is not None:
         raise UnsupportedError(
-            "plgpu.tcgen05_mma with a_scale/b_scale/a_sparse_metadata (block-scaled or sparse "
-            "matmuls) is not supported by the mosaic_gpu backend. Fix: scale the operands "
-            "before the matmul.")
+            f"plgpu.tcgen05_mma(collective_axis={collective_axis!r}) with "
+            f"{'a_scale/b_scale' if scaled else 'a_sparse_metadata'} (a block-scaled or sparse "
+            "matmul of both blocks of a cluster, whose scales take the M=64 collective TMEM "
+            "layouts) is not supported by the mosaic_gpu backend. Fix: issue one in each "
+            "block, without collective_axis.")
     acc_aval = _tmem_aval(acc, fn)
     a_aval, b_aval = gp._aval(a, fn)[0], gp._aval(b, fn)[0]
     (m, k), (k2, n) = a_aval.shape, b_aval.shape
     n_acc = n if collective_axis is None else 2 * n
-    if k != k2 or acc_aval.shape != (m, n_acc) or a_aval.dtype != b_aval.dtype:
+    one_dtype = a_aval.dtype == b_aval.dtype or (scaled and _narrow_float(a_aval.dtype)
+                                                 and _narrow_float(b_aval.dtype))
+    if k * (1 + sparse) != k2 or acc_aval.shape != (m, n_acc) or not one_dtype:
         expected = "acc (M, N)" if collective_axis is None else \
             "acc (M, 2 N) (collective: b holds this block's half of the columns)"
+        a_shape = "a (M, K // 2) (sparse: the kept half of each row)" if sparse else "a (M, K)"
+        dtypes = "8-bit or 4-bit floats" if scaled else "a and b of one dtype"
         raise PallasError(f"plgpu.tcgen05_mma: acc {list(acc_aval.shape)} += a {a_aval.dtype}"
                           f"{list(a_aval.shape)} @ b {b_aval.dtype}{list(b_aval.shape)} does "
-                          f"not fit: expected {expected}, a (M, K), b (K, N), a and b of one "
-                          "dtype.")
+                          f"not fit: expected {expected}, {a_shape}, b (K, N), {dtypes}.")
     if np.dtype(acc_aval.dtype) != np.float32:
         raise UnsupportedError(f"plgpu.tcgen05_mma into a {np.dtype(acc_aval.dtype)} "
                                "accumulator is not supported here. Fix: accumulate in float32.")
     views = [acc, a, b] + ([barrier] if barrier is not None else [])
     if barrier is not None:
         _check_tc_barrier(barrier, fn)
+    if scaled:
+        if not (_narrow_float(a_aval.dtype) and _narrow_float(b_aval.dtype)):
+            raise PallasError(f"plgpu.tcgen05_mma: a block-scaled matmul of {a_aval.dtype} and "
+                              f"{b_aval.dtype}; it takes float8_e5m2, float8_e4m3fn or "
+                              "float4_e2m1fn operands. Fix: cast them.")
+        _check_layout_ref(a_scale, "SCALES_LAYOUT", (m, None), k2, "a_scale")
+        _check_layout_ref(b_scale, "SCALES_LAYOUT", (n, None), k2, "b_scale")
+        if gp._aval(a_scale, fn)[0].shape[1] != gp._aval(b_scale, fn)[0].shape[1]:
+            raise PallasError("plgpu.tcgen05_mma: a_scale and b_scale have different numbers "
+                              "of columns (one scale per block of K for each). Fix: use one "
+                              "block size for both.")
+        views += [a_scale, b_scale]
+    if sparse:
+        _check_layout_ref(a_sparse_metadata, "SPARSE_METADATA_LAYOUT", (m, k2 // 2), k2,
+                          "a_sparse_metadata")
+        views.append(a_sparse_metadata)
     static = isinstance(accumulate, (bool, np.bool_))
     extra = [] if static else [jnp.asarray(accumulate, jnp.bool_)]
     bind_views(tcgen05_mma_p, views, extra, fn, arrive=barrier is not None,
-               accumulate=bool(accumulate) if static else None, collective_axis=collective_axis)
+               accumulate=bool(accumulate) if static else None, collective_axis=collective_axis,
+               scaled=scaled, sparse=sparse)
+
+
+_NARROW_FLOATS = ("float8_e5m2", "float8_e4m3fn", "float4_e2m1fn")
+"""The operand dtypes of a block-scaled ``tcgen05_mma``."""
+
+
+def _narrow_float(dtype: Any) -> bool:
+    return np.dtype(dtype).name in _NARROW_FLOATS
+
+
+def _check_layout_ref(ref: Any, layout: str, shape: tuple[Any, Any], k: int, what: str) -> None:
+    """``ref`` is a TMEM Ref of ``layout`` whose rows cover ``shape[0]``, whose columns are
+    ``shape[1]`` (when given) or divide ``k`` (block scales)."""
+    fn = "tcgen05_mma"
+    aval = _tmem_aval(ref, fn)
+    space = plb.ref_type_of(plb.ref_and_transforms(ref, None, fn)[0]).memory_space
+    found = getattr(space, "layout", None)
+    if found != layout:
+        raise PallasError(f"plgpu.tcgen05_mma: {what} is a TMEM Ref of "
+                          f"{'the default layout' if found is None else found}, expected one "
+                          f"of {layout}. Fix: allocate it with plgpu.TMEM(..., "
+                          f"layout=plgpu.TMEMLayout.{layout}).")
+    rows, cols = aval.shape
+    if layout == "SCALES_LAYOUT":
+        ok = rows >= shape[0] and cols and k % cols == 0
+        want = f"({shape[0]} or more rows, K // B columns for a block size B dividing K={k})"
+    else:
+        ok = (rows, cols) == shape
+        want = f"{shape} (M, K // 2: two positions per group of four along K={k})"
+    if not ok:
+        raise PallasError(f"plgpu.tcgen05_mma: {what} has shape {tuple(aval.shape)}, expected "
+                          f"{want}. Fix: allocate it with that shape.")
 
 
 def tcgen05_commit_arrive(barrier: Any, collective_axis: Any = None) -> None:
@@ -131,6 +200,62 @@ def tcgen05_commit_arrive(barrier: Any, collective_axis: Any = None) -> None:
     _check_tc_barrier(barrier, "tcgen05_commit_arrive")
     bind_views(tcgen05_commit_arrive_p, [barrier], [], "tcgen05_commit_arrive",
                collective_axis=collective_axis)
+
+
+def _copy_to_layout(smem_ref: Any, tmem_ref: Any, collective_axis: Any, fn: str,
+                    layout: str, prim: Any, smem_shape: Any) -> None:
+    """``smem_ref`` (an SMEM Ref in the layout the tensor core reads) into ``tmem_ref`` (a
+    TMEM Ref of ``layout``), asynchronously; ``smem_shape(tmem_shape)`` is the SMEM shape."""
+    if collective_axis is not None:
+        raise UnsupportedError(f"plgpu.{fn}(collective_axis={collective_axis!r}): a copy into "
+                               "the TMEM of both blocks of a cluster (for a collective "
+                               "block-scaled or sparse matmul) is not supported by mosaic_gpu. "
+                               "Fix: copy in each block, without collective_axis.")
+    src, base = gp._aval(smem_ref, fn)
+    if gp._space_name(base) != "SMEM":
+        raise PallasError(f"plgpu.{fn}: the source must be an SMEM Ref, found a Ref in "
+                          f"{gp._space_name(base)}.")
+    dst = _tmem_aval(tmem_ref, fn)
+    space = plb.ref_type_of(plb.ref_and_transforms(tmem_ref, None, fn)[0]).memory_space
+    if getattr(space, "layout", None) != layout:
+        raise PallasError(f"plgpu.{fn}: the destination must be a TMEM Ref of {layout}. Fix: "
+                          f"allocate it with plgpu.TMEM(..., layout=plgpu.TMEMLayout.{layout}).")
+    want = smem_shape(tuple(dst.shape))
+    if tuple(src.shape) != want or src.dtype != dst.dtype:
+        raise PallasError(f"plgpu.{fn}: source {src.dtype}{list(src.shape)} for a TMEM Ref "
+                          f"{dst.dtype}{list(dst.shape)}: expected an SMEM Ref "
+                          f"{dst.dtype}{list(want)}. Fix: lay the data out as the docstring "
+                          "says, in a buffer of that shape.")
+    bind_views(prim, [smem_ref, tmem_ref], [], fn)
+
+
+def async_copy_scales_to_tmem(smem_ref: Any, tmem_ref: Any, collective_axis: Any = None
+                              ) -> None:
+    """Copies block-scaling factors from SMEM into a TMEM Ref of
+    ``plgpu.TMEMLayout.SCALES_LAYOUT``, for a later scaled ``tcgen05_mma`` (which needs no
+    wait for it when issued by the same thread; ``tcgen05_commit_arrive`` orders it otherwise).
+
+    For a TMEM Ref (MN, C) the SMEM Ref is (MN // 128, C // 4, 32, 16), the layout PTX's
+    ``tcgen05.cp`` reads: element ``[i, j, r, 4 q + s]`` is the scale of row
+    ``128 i + 32 q + r`` and column ``4 j + s``. From scales ``x`` (MN, C)::
+
+        x.reshape(MN // 128, 4, 32, C // 4, 4).transpose(0, 3, 2, 1, 4)
+         .reshape(MN // 128, C // 4, 32, 16)
+    """
+    _copy_to_layout(smem_ref, tmem_ref, collective_axis, "async_copy_scales_to_tmem",
+                    "SCALES_LAYOUT", copy_scales_p,
+                    lambda t: (t[0] // 128, t[1] // 4, 32, 16))
+
+
+def async_copy_sparse_metadata_to_tmem(smem_ref: Any, tmem_ref: Any,
+                                       collective_axis: Any = None) -> None:
+    """Copies 2:4 sparsity metadata from SMEM into a TMEM Ref of
+    ``plgpu.TMEMLayout.SPARSE_METADATA_LAYOUT`` (M, K // 2), for a later sparse
+    ``tcgen05_mma``. The SMEM Ref is (M // 128, K // 128, 128, 64) uint2, as
+    ``plgpu.format_tcgen05_sparse_metadata`` lays the metadata out for the operand's dtype."""
+    _copy_to_layout(smem_ref, tmem_ref, collective_axis, "async_copy_sparse_metadata_to_tmem",
+                    "SPARSE_METADATA_LAYOUT", copy_sparse_metadata_p,
+                    lambda t: (t[0] // 128, t[1] // 64, 128, 64))
 
 
 _LOAD_LAYOUTS = {"TCGEN05": "LAYOUT", "TCGEN05_TMEM_NATIVE": "TMEM_NATIVE_LAYOUT"}
@@ -178,18 +303,76 @@ def commit_tmem() -> None:
 
 
 def _mma(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any, arrive: bool,
-         accumulate: bool | None, collective_axis: Any = None) -> Any:
+         accumulate: bool | None, collective_axis: Any = None, scaled: bool = False,
+         sparse: bool = False) -> Any:
     if collective_axis is not None:
         raise cluster.refused_in_interpreter(
             f"plgpu.tcgen05_mma(collective_axis={collective_axis!r})")
     state = RefViews(args, tree, roles)
     acc = state.read(0)
-    prod = lax.dot(gp._read_operand(state, 1), gp._read_operand(state, 2),
-                   preferred_element_type=acc.dtype, precision=lax.Precision.HIGHEST)
+    a, b = gp._read_operand(state, 1), gp._read_operand(state, 2)
+    if scaled or sparse:
+        a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+        more = 3 + arrive
+        if sparse:
+            a = _densify(a, state.read(more + 2 * scaled), in_avals[roles[1]].dtype)
+        if scaled:
+            a = a * _expand_scales(state.read(more), a.shape)
+            b = b * _expand_scales(state.read(more + 1), b.T.shape).T
+    prod = lax.dot(a, b, preferred_element_type=acc.dtype, precision=lax.Precision.HIGHEST)
     keep = jnp.asarray(accumulate) if accumulate is not None else state.rest[0]
     state.write(0, jnp.where(keep, acc, jnp.zeros_like(acc)) + prod)
     if arrive:
         state.write(3, state.read(3) + 1)
+    return state.new_values(), []
+
+
+def _expand_scales(scales: Any, shape: tuple[int, int]) -> Any:
+    """Scales (rows >= R, K // B) as a multiplier of shape (R, K): each scale repeated over its
+    block of ``B`` elements along K."""
+    rows, k = shape
+    scales = scales[:rows].astype(jnp.float32)
+    return jnp.repeat(scales, k // scales.shape[1], axis=1)
+
+
+def _sparse_tiles_16bit(meta: Any) -> Any:
+    """The exchange of halves that PTX's layout of sparsity metadata makes for 16-bit operands,
+    within each tile of 128 rows by 64 positions of (M, K // 2) metadata (its own inverse)."""
+    m, c = meta.shape
+    tiles = meta.reshape(m // 128, 8, 2, 8, c // 64, 4, 2, 8)
+    return jnp.swapaxes(tiles, 2, 6).reshape(m, c)
+
+
+def _densify(a: Any, meta: Any, dtype: Any) -> Any:
+    """The dense (M, K) operand of a 2:4 sparse matmul: ``a`` (M, K // 2) holds the two kept
+    elements of each group of four, ``meta`` (M, K // 2, as copied to TMEM) their positions."""
+    if np.dtype(dtype).itemsize == 2:
+        meta = _sparse_tiles_16bit(meta)
+    m, half = a.shape
+    pos = meta.astype(jnp.int32).reshape(m, half // 2, 2, 1)
+    kept = a.reshape(m, half // 2, 2, 1)
+    dense = jnp.sum(jnp.where(pos == jnp.arange(4), kept, 0.0), axis=2)
+    return dense.reshape(m, 2 * half)
+
+
+def _copy_scales(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any) -> Any:
+    """Scales laid out for ``tcgen05.cp`` (MN // 128, C // 4, 32, 16) into TMEM (MN, C)."""
+    state = RefViews(args, tree, roles)
+    x = state.read(0)
+    tiles, groups = x.shape[:2]
+    state.write(1, x.reshape(tiles, groups, 32, 4, 4).transpose(0, 3, 2, 1, 4)
+                .reshape(tiles * 128, groups * 4))
+    return state.new_values(), []
+
+
+def _copy_sparse_metadata(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any
+                          ) -> Any:
+    """Metadata tiles (M // 128, C // 64, 128, 64) into TMEM (M, C), tile by tile; the
+    matmul undoes the exchange made for 16-bit operands."""
+    state = RefViews(args, tree, roles)
+    x = state.read(0)
+    rows, cols = x.shape[0] * 128, x.shape[1] * 64
+    state.write(1, jnp.swapaxes(x, 1, 2).reshape(rows, cols))
     return state.new_values(), []
 
 
@@ -211,7 +394,7 @@ def _collective_axes(in_avals: Any, *, collective_axis: Any = None, **_: Any
 
 def _mma_cross(in_avals: Any, out_avals: Any, *args: Any, stacked: Any, marks: Any,
                block: Any, tree: Any, roles: Any, arrive: bool, accumulate: bool | None,
-               collective_axis: Any = None) -> Any:
+               collective_axis: Any = None, scaled: bool = False, sparse: bool = False) -> Any:
     """A collective matmul (``cta_group::2``), issued by the first block: ``a`` is every
     block's ``a`` stacked by rows, ``b`` every block's ``b`` side by side; block ``c``'s
     accumulator takes rows ``[c*M, (c+1)*M)`` of the product, and its barrier an arrival. An
@@ -265,6 +448,8 @@ SEMANTICS: tuple[semantics.PrimitiveSemantics, ...] = (
     semantics.PrimitiveSemantics(async_store_tmem_p, discharge=_store),
     semantics.PrimitiveSemantics(wait_load_tmem_p, evaluate=gp._no_op),
     semantics.PrimitiveSemantics(commit_tmem_p, evaluate=gp._no_op),
+    semantics.PrimitiveSemantics(copy_scales_p, discharge=_copy_scales),
+    semantics.PrimitiveSemantics(copy_sparse_metadata_p, discharge=_copy_sparse_metadata),
 )
 
 
@@ -352,7 +537,8 @@ def _issuer(state: Any, eqn: Any, collective_axis: Any, fn: str) -> Any:
 
 @rules.rule(tcgen05_mma_p, lazy=True)
 def _mma_rule(state: Any, eqn: Any, *args: Any, arrive: bool, accumulate: bool | None,
-              collective_axis: Any = None, **_: Any) -> Any:
+              collective_axis: Any = None, scaled: bool = False, sparse: bool = False,
+              **_: Any) -> Any:
     views = _role_views(state, eqn, args)
     if views[0].kind != "tmem":
         raise state.fail("plgpu.tcgen05_mma into something other than TMEM")
@@ -365,15 +551,45 @@ def _mma_rule(state: Any, eqn: Any, *args: Any, arrive: bool, accumulate: bool |
     i1 = ir.IntegerType.get_signless(1)
     acc_flag = arith.constant(i1, int(accumulate)) if accumulate is not None else \
         state.value(args[-1])
+    more = views[3 + arrive:]
+    extra: dict[str, Any] = {}
+    if scaled:
+        extra.update(a_scale=more[0].memref, b_scale=more[1].memref)
+    if sparse:
+        extra["a_sparse_metadata"] = more[-1].memref
     with mgpu.when(_issuer(state, eqn, collective_axis, "tcgen05_mma")):
         try:
             tcgen05.mma(views[0].memref, a, b, a_swizzle=values.SWIZZLE,
-                        b_swizzle=values.SWIZZLE, accumulate=acc_flag, collective=collective)
+                        b_swizzle=values.SWIZZLE, accumulate=acc_flag, collective=collective,
+                        **extra)
         except (NotImplementedError, ValueError) as e:
             raise state.fail(f"this tcgen05_mma ({e})") from None
         if arrive:
             tcgen05.commit_arrive(views[3].barrier, collective=collective, ctx=state.launch)
     return []
+
+
+def _copy_rule(impl: Any, fn: str) -> Any:
+    """Lowers an SMEM-to-TMEM copy of scales or metadata: the library's ``tcgen05.cp``s from
+    a contiguous SMEM buffer, issued by one thread."""
+    def rule(state: Any, eqn: Any, *args: Any, **_: Any) -> Any:
+        src, dst = _role_views(state, eqn, args)
+        if src.kind != "smem" or src.tiled:
+            raise state.fail(f"plgpu.{fn} from other than an untiled SMEM buffer")
+        with mgpu.when(_one_thread(state)):
+            try:
+                impl(src.memref, dst.memref)
+            except (NotImplementedError, ValueError) as e:
+                raise state.fail(f"this plgpu.{fn} ({e})") from None
+        return []
+    return rule
+
+
+rules.rule(copy_scales_p, lazy=True)(
+    _copy_rule(tcgen05.async_copy_scales_smem_to_tmem, "async_copy_scales_to_tmem"))
+rules.rule(copy_sparse_metadata_p, lazy=True)(
+    _copy_rule(tcgen05.async_copy_sparse_metadata_smem_to_tmem,
+               "async_copy_sparse_metadata_to_tmem"))
 
 
 @rules.rule(tcgen05_commit_arrive_p, lazy=True)

@@ -60,27 +60,77 @@ class TensorMemorySpace(MemorySpace):
     """Allocated by the two blocks of a cluster together (``cta_group::2``), as the
     accumulator of collective ``tcgen05_mma`` needs; each block still sees its own rows."""
 
+    layout: str | None = None
+    """The name of the buffer's ``plgpu.TMEMLayout`` member (``"SCALES_LAYOUT"``,
+    ``"SPARSE_METADATA_LAYOUT"``), or ``None`` for the library's default 32-bit layout."""
+
     def __call__(self, shape: Sequence[int], dtype: Any, *, transforms: Sequence[Any] = (),
                  packed: bool | None = None, collective: bool | None = None,
                  layout: Any = None) -> MemoryRef:
         """A TMEM buffer of ``shape`` (rows, columns) and a 32-bit ``dtype``; ``collective``:
         allocated by the two blocks of a cluster together, for collective ``tcgen05_mma``.
-        Packed 16-bit buffers and explicit layouts are refused."""
-        from pallas_core.errors import UnsupportedError
-
-        what = f"plgpu.TMEM({tuple(shape)}, {np.dtype(dtype).name})"
+        ``layout``: ``plgpu.TMEMLayout.SCALES_LAYOUT`` (block-scaling factors of a scaled
+        ``tcgen05_mma``: float8_e8m0fnu or float8_e4m3fn, (MN, K // block)) or
+        ``SPARSE_METADATA_LAYOUT`` (2:4 sparsity metadata: uint2, (M, K // 2)). Packed 16-bit
+        buffers and the collective M=64 layouts are refused."""
+        shape = tuple(shape)
+        what = f"plgpu.TMEM({shape}, {np.dtype(dtype).name})"
         if transforms:
             raise PallasError(f"{what}: TMEM buffers take no transforms. Fix: drop them.")
-        if packed or layout is not None:
+        if layout is not None:
+            if packed is not None:
+                raise PallasError(f"{what}: packed= and layout= together; a layout says how "
+                                  "the buffer is packed. Fix: drop packed=.")
+            name = _tmem_layout_name(layout, what)
+            _check_tmem_layout(name, shape, dtype, what)
+            return MemorySpace.__call__(
+                dataclasses.replace(self, collective=bool(collective), layout=name),
+                shape, dtype)
+        if packed:
             raise UnsupportedError(
-                f"{what} with packed= or layout= is not supported by the mosaic_gpu backend "
-                "(TMEM of 32-bit elements, in the library's default layout). Fix: drop them "
-                "and use a float32 or int32 buffer.")
-        if np.dtype(dtype).itemsize != 4 or len(tuple(shape)) != 2:
+                f"{what} with packed= is not supported by the mosaic_gpu backend (TMEM of "
+                "32-bit elements, in the library's default layout). Fix: drop it and use a "
+                "float32 or int32 buffer.")
+        if np.dtype(dtype).itemsize != 4 or len(shape) != 2:
             raise UnsupportedError(f"{what}: TMEM buffers here are 2-D and 32-bit. Fix: e.g. "
                                    "plgpu.TMEM((128, 128), jnp.float32).")
         space = TMEM_COLLECTIVE if collective else TMEM
         return MemorySpace.__call__(space, shape, dtype)
+
+
+TMEM_LAYOUTS = {"SCALES_LAYOUT": (("float8_e8m0fnu", "float8_e4m3fn"), 4),
+                "SPARSE_METADATA_LAYOUT": (("uint2",), 64)}
+"""The TMEM layouts supported here: their dtypes, and the multiple their columns must be (the
+rows one of 128, the lanes of TMEM)."""
+
+
+def _tmem_layout_name(layout: Any, what: str) -> str:
+    """The member name of a ``plgpu.TMEMLayout`` (called with no arguments or not at all)."""
+    if getattr(layout, "args", ()) or getattr(layout, "kwargs", {}):
+        raise PallasError(f"{what}: layout={layout!r} takes no arguments. Fix: pass the "
+                          "member itself, e.g. plgpu.TMEMLayout.SCALES_LAYOUT.")
+    member = getattr(layout, "layout", layout)
+    name = getattr(member, "name", None)
+    if type(member).__name__ != "TMEMLayout" or name is None:
+        raise PallasError(f"{what}: layout={layout!r} is not a plgpu.TMEMLayout. Fix: pass "
+                          "plgpu.TMEMLayout.SCALES_LAYOUT or SPARSE_METADATA_LAYOUT, or no "
+                          "layout for 32-bit data.")
+    if name not in TMEM_LAYOUTS:
+        raise UnsupportedError(
+            f"{what}: layout=plgpu.TMEMLayout.{name} (a layout of collective matmuls with "
+            "M=64 per block) is not supported by the mosaic_gpu backend. Fix: use blocks of "
+            f"128 rows, with {' or '.join(TMEM_LAYOUTS)}.")
+    return str(name)
+
+
+def _check_tmem_layout(name: str, shape: tuple[int, ...], dtype: Any, what: str) -> None:
+    dtypes, cols = TMEM_LAYOUTS[name]
+    if np.dtype(dtype).name not in dtypes:
+        raise PallasError(f"{what}: a TMEM buffer of {name} holds {' or '.join(dtypes)}, "
+                          f"found {np.dtype(dtype).name}. Fix: allocate it with that dtype.")
+    if len(shape) != 2 or shape[0] % 128 or shape[1] % cols:
+        raise PallasError(f"{what}: a TMEM buffer of {name} is 2-D, its rows a multiple of "
+                          f"128 and its columns of {cols}; found shape {shape}. Fix: pad it.")
 
 
 TMEM = TensorMemorySpace("TMEM", backend=NAME, shared=True)

@@ -14,12 +14,6 @@ from typing import Any, NoReturn
 
 from pallas_core.errors import UnsupportedError, UnsupportedNameError
 
-# Why a group of names is refused, and the usual fix: (why, fix).
-_BLACKWELL = ("the Blackwell (sm_100a) path here covers TMEM scratch, tcgen05_mma of SMEM "
-              "operands, tcgen05_commit_arrive and TMEM loads and stores; SMEM-to-TMEM copies, "
-              "block scaling, sparsity and explicit TMEM layouts are not supported",
-              "keep operands in SMEM and accumulate in a float32 plgpu.TMEM buffer")
-
 # name: (what it is in JAX, (why, fix)): the "refused" rows of docs/backends/mosaic_gpu_api.md,
 # and its "core" and "not applicable" rows, whose fix names the equivalent.
 REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
@@ -28,8 +22,6 @@ REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
                          "could not be passed to one",
                          "allocate semaphores as scratch, scratch_shapes=["
                          "plgpu.SemaphoreType.REGULAR((n,))], zeroed for each call")),
-    "async_copy_scales_to_tmem": ("copies block-scaling factors from SMEM to TMEM", _BLACKWELL),
-    "async_copy_sparse_metadata_to_tmem": ("copies sparsity metadata to TMEM", _BLACKWELL),
 }
 
 

@@ -62,6 +62,7 @@ from pallas_mosaic_gpu.values import (
     WARPGROUP,
     GPULowering,
     Ref,
+    bits,
     emit_for,
     i32,
     index,
@@ -210,6 +211,53 @@ def _check_spaces(call: KernelCall) -> tuple[int, int]:
     return arch
 
 
+class TmemPool:
+    """The kernel's TMEM buffers as JAX's Pallas lowering allocates them: one allocation of
+    128 lanes by the columns of them all (each buffer's a multiple of 4, the whole a multiple
+    of 8, as the tensor memory allocator hands out), and each buffer a view of it at its column
+    offset, in its layout (:data:`pallas_mosaic_gpu.params.TMEM_LAYOUTS`, or the library's
+    default for its shape)."""
+
+    def __init__(self) -> None:
+        self.buffers: list[tuple[tuple[int, ...], Any, Any, int]] = []
+        self.cols = 0
+        self.collective: set[bool] = set()
+
+    def add(self, shape: Any, dtype: Any, space: Any) -> None:
+        from jax.experimental.mosaic.gpu import tcgen05
+
+        shape = tuple(shape)
+        if space.layout is not None:
+            layout = {"SCALES_LAYOUT": tcgen05.scales_layout,
+                      "SPARSE_METADATA_LAYOUT": tcgen05.sparse_meta_layout}[space.layout]()
+        else:
+            layout = tcgen05._infer_tmem_layout(shape, space.collective, 1)
+        self.buffers.append((shape, dtype, layout, self.cols))
+        cols = layout.cols_in_shape(shape, bits(dtype))
+        self.cols += -(-cols // 4) * 4
+        self.collective.add(bool(space.collective))
+
+    def allocation(self, call: KernelCall) -> Any:
+        """The one TMEM allocation (after the kernel's SMEM buffers), or ``None``."""
+        if not self.buffers:
+            return None
+        if len(self.collective) > 1:
+            raise UnsupportedError(
+                f"kernel {call.name!r} allocates TMEM both with and without collective=True; "
+                "its TMEM is one allocation, made by one block or by the cluster's two. Fix: "
+                "allocate every TMEM buffer of the kernel the same way.")
+        return mgpu.TMEM((128, -(-self.cols // 8) * 8), np.int32,
+                         collective=self.collective.pop())
+
+    def refs(self, pool: Any) -> list[Any]:
+        """The buffers' views of ``pool`` (the allocation's ``TMEMRef``), in order."""
+        from jax.experimental.mosaic.gpu import tcgen05, utils
+
+        return [tcgen05.TMEMRef(arith.addi(pool.address, i32(offset)), shape,
+                                utils.dtype_to_ir_type(dtype), layout)
+                for shape, dtype, layout, offset in self.buffers]
+
+
 def scoped_allocations(call: KernelCall
                        ) -> list[tuple[int, list[tuple[str, tuple[int, ...], Any, Any]]]]:
     """The shared memory every ``pl.run_scoped`` of the kernel allocates, one region per
@@ -262,10 +310,7 @@ def _scoped_kind(mref: Any, body: Any, var: Any) -> str:
 
 
 def _nbytes(buf: jax.ShapeDtypeStruct) -> int:
-    dt = np.dtype(buf.dtype)
-    bits = (np.iinfo(dt).bits if np.issubdtype(dt, np.integer) else
-            np.finfo(dt).bits if np.issubdtype(dt, np.floating) else dt.itemsize * 8)
-    return math.prod(buf.shape) * bits // 8
+    return math.prod(buf.shape) * bits(buf.dtype) // 8
 
 
 def _barriers(call: KernelCall, mesh: Any, space: BarrierSpace, n: int) -> Any:
@@ -344,19 +389,30 @@ def build(call: KernelCall, devices: tuple[tuple[str, int], ...] = ()
     def buf_shape(shape: Sequence[int], dtype: Any) -> tuple[int, ...]:
         return tile_shape(shape, dtype) if is_tileable(shape, dtype) else tuple(shape)
 
+    def window_tiled(pos: int, bm: BlockMapping) -> bool:
+        # 16-bit blocks of whole tiles always; 8-bit and 32-bit ones that a matmul reads.
+        shape, body = bm.ref_shape, call.jaxpr.jaxpr
+        return is_tileable(shape, bm.dtype) or (is_tileable(shape, bm.dtype, asked=True) and
+                                                smem_layout.read_by_wgmma(body, body.invars[pos]))
+
+    def window_shape(tiled: bool, bm: BlockMapping) -> tuple[int, ...]:
+        return tile_shape(bm.ref_shape, bm.dtype) if tiled else tuple(bm.ref_shape)
+
     for k, bm in enumerate(ins):
         if _windowed(bm):
-            smem.append(jax.ShapeDtypeStruct((slots, *buf_shape(bm.ref_shape, bm.dtype)),
-                                             bm.dtype))
+            tiled = window_tiled(k, bm)
+            smem.append(jax.ShapeDtypeStruct((slots, *window_shape(tiled, bm)), bm.dtype))
             smem.append(mgpu.Barrier(1, slots))  # one arrival: the TMA's
-            buffers.append(("in", k, is_tileable(bm.ref_shape, bm.dtype)))
+            buffers.append(("in", k, tiled))
     from pallas_mosaic_gpu import smem_reuse
     reuse = smem_reuse.reused(call)  # outputs staged in an input's buffer
     for k, bm in enumerate(outs):
         if _windowed(bm) and k not in reuse:
-            smem.append(jax.ShapeDtypeStruct(buf_shape(bm.ref_shape, bm.dtype), bm.dtype))
-            buffers.append(("out", k, is_tileable(bm.ref_shape, bm.dtype)))
+            tiled = window_tiled(len(ins) + k, bm)
+            smem.append(jax.ShapeDtypeStruct(window_shape(tiled, bm), bm.dtype))
+            buffers.append(("out", k, tiled))
     scratch_refs: list[Any] = []
+    tmem = TmemPool()
     for a in gm.scratch_avals:
         shape, dtype, space = a.inner_aval.shape, a.inner_aval.dtype, a.memory_space
         if isinstance(space, BarrierSpace):
@@ -365,7 +421,7 @@ def build(call: KernelCall, devices: tuple[tuple[str, int], ...] = ()
         elif space is ACC_SPACE:
             scratch_refs.append(("acc", shape, dtype))
         elif isinstance(space, TensorMemorySpace):
-            smem.append(mgpu.TMEM(tuple(shape), dtype, collective=space.collective))
+            tmem.add(shape, dtype, space)
             scratch_refs.append(("tmem", shape, dtype))
         elif space is SEMAPHORE:
             scratch_refs.append(("sem", shape, dtype))
@@ -388,7 +444,11 @@ def build(call: KernelCall, devices: tuple[tuple[str, int], ...] = ()
             elif kind == "smem_plain":
                 smem.append(jax.ShapeDtypeStruct(tuple(shape), dtype))
             elif kind == "tmem":
-                smem.append(mgpu.TMEM(tuple(shape), dtype, collective=space.collective))
+                tmem.add(shape, dtype, space)
+    tmem_pool = tmem.allocation(call)
+    if tmem_pool is not None:
+        smem.append(tmem_pool)
+    n_main_tmem = sum(kind == "tmem" for kind, _, _ in scratch_refs)
     smem_tree, smem_positions = aligned_smem(smem)
 
     # Aliased inputs are the library's in-out operands: passed after the other inputs, their
@@ -428,16 +488,18 @@ def build(call: KernelCall, devices: tuple[tuple[str, int], ...] = ()
             state.global_sems[key] = mgpu.memref_reshape(
                 mgpu.memref_slice(sems, mgpu.ds(index(start), math.prod(shape))), shape)
         rest = iter(smem_refs[n_main:])
+        tmem_refs = tmem.refs(smem_refs[-1]) if tmem_pool is not None else []
+        scoped_tmem = iter(tmem_refs[n_main_tmem:])
         for key, allocs in scoped:
             state.scoped[key] = [
                 Ref(kind, tuple(shape), dtype, barrier=next(rest)) if kind == "barrier" else
-                Ref(kind, tuple(shape), dtype, memref=next(rest)) if kind == "tmem" else
+                Ref(kind, tuple(shape), dtype, memref=next(scoped_tmem)) if kind == "tmem" else
                 Ref("smem", tuple(shape), dtype, memref=next(rest),
                     tiled=kind == "smem_tiled" or (kind == "smem" and is_tileable(shape, dtype)))
                 if kind in ("smem", "smem_plain", "smem_tiled") else None
                 for kind, shape, dtype, _ in allocs]
         _emit(state, pl_, gmem, smem_refs[:n_main], buffers, scratch_refs, slots, steps,
-              params.delay_release, reuse, (sems, n_sems))
+              params.delay_release, reuse, (sems, n_sems), iter(tmem_refs[:n_main_tmem]))
 
     in_shapes = tuple(jax.ShapeDtypeStruct(ins[i].array_shape, ins[i].dtype) for i in plain_in)
     inout_shapes = tuple(jax.ShapeDtypeStruct(ins[i].array_shape, ins[i].dtype)
@@ -495,7 +557,7 @@ def _global_semaphores(call: KernelCall) -> dict[int, tuple[int, tuple[int, ...]
 def _emit(state: GPULowering, pl_: Plan, gmem: list[Any], smem: list[Any],
           buffers: list[tuple[str, int, Any]], scratch: list[Any], slots: int, steps: int,
           delay: int, reuse: dict[int, tuple[int, int]],
-          sems: tuple[Any, int] = (None, 0)) -> None:
+          sems: tuple[Any, int] = (None, 0), tmem: Any = None) -> None:
     call = state.call
     gm = call.grid_mapping
     ins, outs = _operands(call)
@@ -529,7 +591,7 @@ def _emit(state: GPULowering, pl_: Plan, gmem: list[Any], smem: list[Any],
         elif kind == "barrier":
             scratch_vals.append(Ref("barrier", tuple(shape), dtype, barrier=next(smem_it)))
         elif kind == "tmem":
-            scratch_vals.append(Ref("tmem", tuple(shape), dtype, memref=next(smem_it)))
+            scratch_vals.append(Ref("tmem", tuple(shape), dtype, memref=next(tmem)))
         else:
             scratch_vals.append(Ref("smem", tuple(shape), dtype, memref=next(smem_it),
                                     tiled=kind == "smem_tiled" or is_tileable(shape, dtype)))

@@ -81,16 +81,20 @@ def minor_sliced(jaxpr: Any, var: Any, shape: tuple[int, ...]) -> bool:
     return False
 
 
+_MMA_OPERANDS = {"gpu_wgmma": slice(1, None), "gpu_tcgen05_mma": slice(1, 3)}
+"""The roles of a matmul's equation that are its SMEM operands (the accumulator is role 0)."""
+
+
 def read_by_wgmma(jaxpr: Any, var: Any) -> bool:
     """Whether ``jaxpr`` (or a jaxpr it passes ``var`` to) gives the Ref ``var`` (a view of
-    it) to ``plgpu.wgmma`` as an operand."""
+    it) to ``plgpu.wgmma`` or ``plgpu.tcgen05_mma`` as an operand."""
     for eqn in jaxpr.eqns:
         positions = [k for k, v in enumerate(eqn.invars) if v is var]
         if not positions:
             continue
-        if eqn.primitive.name == "gpu_wgmma":
-            roles = eqn.params["roles"]
-            if any(roles[r] in positions for r in range(1, len(roles))):
+        operands = _MMA_OPERANDS.get(eqn.primitive.name)
+        if operands is not None:
+            if any(r in positions for r in eqn.params["roles"][operands]):
                 return True
             continue
         for sub, offset in _passed_to(eqn):

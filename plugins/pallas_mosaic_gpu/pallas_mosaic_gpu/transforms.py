@@ -87,7 +87,9 @@ def asked_layout(shape: Sequence[int], dtype: Any) -> tuple[tuple[int, int], int
     dt = np.dtype(dtype)
     if dt.itemsize not in (1, 4) or len(shape) < 2:
         return None
-    elems = SWIZZLE // dt.itemsize
+    from pallas_mosaic_gpu.values import swizzle_elems
+
+    elems = swizzle_elems(dt)
     if shape[-2] % 8 or shape[-1] % elems:
         return None
     return (8, elems), SWIZZLE

@@ -18,7 +18,7 @@ from pallas_mosaic_gpu.params import (
     GPUCompilerParams,
     TensorMemorySpace,
 )
-from pallas_mosaic_gpu.values import SMEM_ALIGNMENT, is_tileable
+from pallas_mosaic_gpu.values import SMEM_ALIGNMENT, bits, is_tileable
 
 SMEM_BYTES = 227 * 1024
 """Shared memory one thread block may use on Hopper (sm_90)."""
@@ -27,7 +27,7 @@ SMEM_BYTES = 227 * 1024
 def buffer_bytes(shape: Sequence[int], dtype: Any) -> int:
     """Bytes a shared-memory buffer of ``shape`` and ``dtype`` takes, rounded up to the
     alignment every buffer starts at (``values.SMEM_ALIGNMENT``)."""
-    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+    nbytes = math.prod(shape) * bits(dtype) // 8
     return -(-nbytes // SMEM_ALIGNMENT) * SMEM_ALIGNMENT
 
 
@@ -90,11 +90,12 @@ def smem_bytes(call: KernelCall) -> int:
             continue
         buffers = params.max_concurrent_steps if k < len(bms) - n_out else 1
         used += buffers * buffer_bytes(bm.ref_shape, bm.dtype)
+    tmem = False
     for a in gm.scratch_avals:
         if a.memory_space is GMEM or a.memory_space is ACC_SPACE:
             continue
         if isinstance(a.memory_space, TensorMemorySpace):
-            used += 4  # TMEM itself is not shared memory; its address is kept there
+            tmem = True
             continue
         used += (8 * math.prod(a.inner_aval.shape) if isinstance(a.memory_space, BarrierSpace)
                  else buffer_bytes(a.inner_aval.shape, a.inner_aval.dtype))
@@ -105,4 +106,6 @@ def smem_bytes(call: KernelCall) -> int:
                 used += buffer_bytes(shape, dtype)
             elif kind == "barrier":
                 used += 8 * math.prod(shape)
-    return used
+            tmem = tmem or kind == "tmem"
+    # TMEM is not shared memory, but the address of its one allocation is kept there.
+    return used + 4 * tmem

@@ -88,13 +88,29 @@ class Expanded:
     """Where the array's dimensions sit in ``shape``."""
 
 
+def bits(dtype: Any) -> int:
+    """The width of ``dtype`` in bits (4 for ``float4_e2m1fn``, 2 for ``uint2``)."""
+    jnp = jax.numpy
+    dt = np.dtype(dtype)
+    if jnp.issubdtype(dt, jnp.floating):
+        return int(jnp.finfo(dt).bits)
+    if jnp.issubdtype(dt, jnp.integer):
+        return int(jnp.iinfo(dt).bits)
+    return dt.itemsize * 8
+
+
+def swizzle_elems(dtype: Any) -> int:
+    """Elements of ``dtype`` in one swizzled row of a tile: 128 bytes (256 of a 4-bit float)."""
+    return SWIZZLE * 8 // bits(dtype)
+
+
 def is_tileable(shape: Sequence[int], dtype: Any, asked: bool = False) -> bool:
     """Whether an SMEM buffer of this shape is tiled and swizzled for wgmma: 16-bit buffers
     whose two minor dimensions are multiples of 64 always; with ``asked`` (the kernel's
     transforms ask for it, or wgmma reads the buffer) also 8-bit and 32-bit buffers whose
     minor dimensions are multiples of 8 rows and 128 bytes."""
     dt = np.dtype(dtype)
-    elems = SWIZZLE // dt.itemsize
+    elems = swizzle_elems(dt)
     if len(shape) < 2 or shape[-1] % elems:
         return False
     if dt.itemsize == 2:
@@ -104,13 +120,13 @@ def is_tileable(shape: Sequence[int], dtype: Any, asked: bool = False) -> bool:
 
 def tile_shape(shape: Sequence[int], dtype: Any) -> tuple[int, ...]:
     """The memref shape of a tiled SMEM buffer."""
-    elems = SWIZZLE // np.dtype(dtype).itemsize
+    elems = swizzle_elems(dtype)
     *lead, r, c = shape
     return (*lead, r // 8, c // elems, 8, elems)
 
 
 def tile_transform(dtype: Any) -> Any:
-    return mgpu.TileTransform((8, SWIZZLE // np.dtype(dtype).itemsize))
+    return mgpu.TileTransform((8, swizzle_elems(dtype)))
 
 
 def layout_for(shape: Sequence[int]) -> Any:
@@ -367,7 +383,7 @@ def _view_local(state: GPULowering, ref: Ref, transforms: Any, remote: list[Any]
             mem = tiled_slices.tiled_view(
                 ref.memref, idx[:n_lead], [] if all(
                     _full(i, d) for i, d in zip(minor, ref.shape[n_lead:])) else minor,
-                ref.shape[n_lead:], (8, SWIZZLE // np.dtype(ref.dtype).itemsize),
+                ref.shape[n_lead:], (8, swizzle_elems(ref.dtype)),
                 state.value, state.fail)
         else:
             mem = mgpu.memref_slice(ref.memref, tuple(idx))
