@@ -434,6 +434,7 @@ def pallas_call(
     backend: str | None = None,
     metadata: Mapping[str, str] | None = None,
     _grid_names: tuple[str, ...] | None = None,
+    _source: str | None = None,
 ) -> Callable[..., Any]:
     """Returns a function that runs ``kernel`` over ``grid``, blocked by the BlockSpecs.
 
@@ -512,7 +513,7 @@ def pallas_call(
             # A params object (``interpret=pallas_interpret.InterpretParams(...)``) is kept for
             # the interpreter to read; anything else counts as a flag.
             interpret=(mode if _is_params(mode) else bool(mode)),
-            source=_source_of(kernel),
+            source=_source or _source_of(kernel),
         )
         if debug:
             print(f"pallas_call {kernel_name} ({call.source}): grid {gm.grid}")
@@ -528,6 +529,12 @@ def pallas_call(
 
     @functools.wraps(kernel)
     def run(*args: Any) -> Any:
+        if any(_is_jax_ref(a) for a in jax.tree_util.tree_leaves(args)):
+            return _call_with_ref_operands(
+                kernel, kernel_name, out_shape, grid_spec, aliases, args,
+                dict(debug=debug, interpret=interpret, name=name, backend=backend,
+                     compiler_params=compiler_params, cost_estimate=cost_estimate,
+                     _grid_names=_grid_names))
         # A report of checked mode (raised in a host callback) arrives as itself.
         with reraising_reports(), _explained_resource_errors(kernel_name, kernel):
             outs = jitted(*args, *(jnp.asarray(g, jnp.int32).reshape(()) for g in dynamic))
@@ -539,6 +546,77 @@ def pallas_call(
     # such as jax.vmap copy attributes, and jax.make_jaxpr would call them on unbatched code).
     run._cache_size = jitted._cache_size  # type: ignore[attr-defined]
     return run
+
+
+def _is_jax_ref(x: Any) -> bool:
+    try:
+        return isinstance(_jax.typeof(x), _jax.AbstractRef)
+    except TypeError:
+        return False
+
+
+def _call_with_ref_operands(kernel: Callable[..., None], kernel_name: str, out_shape: Any,
+                            grid_spec: GridSpec, aliases: Any, args: Sequence[Any],
+                            options: dict[str, Any]) -> Any:
+    """A call whose operands include ``jax.Ref`` s (``jax.new_ref``, ``plgpu.alloc_semaphore``):
+    as JAX's state discharge of ``pallas_call`` does, each such operand is passed by value
+    and aliased to an extra output, whose Ref the kernel sees in the operand's place (what the
+    kernel writes stays in the buffer), and the output is written back into the ``jax.Ref``
+    when the call returns."""
+    n_args = len(args)
+    refs = [i for i, a in enumerate(args) if _is_jax_ref(a)]
+    nested = [a for i, a in enumerate(args) if i not in refs and
+              any(_is_jax_ref(x) for x in jax.tree_util.tree_leaves(a))]
+    what = f"pallas_call of kernel {kernel_name!r}"
+    if nested:
+        raise UnsupportedError(f"{what}: a jax.Ref inside a pytree operand. Fix: pass each "
+                               "jax.Ref as an operand of its own.")
+    if any(i < grid_spec.num_scalar_prefetch for i in refs):
+        raise UnsupportedError(f"{what}: a jax.Ref as a scalar-prefetch operand. Fix: pass its "
+                               "value (ref[...]).")
+    taken = sorted(i for i in refs if i in dict(aliases))
+    if taken:
+        raise ArgumentError(f"{what}: operand(s) {taken} are jax.Refs and also in "
+                            "input_output_aliases; a jax.Ref operand is written in place "
+                            "already. Fix: drop them from input_output_aliases.")
+    single = not isinstance(out_shape, (tuple, list))
+    outs = [out_shape] if single else list(out_shape)
+    if any(not hasattr(o, "shape") for o in outs):
+        raise UnsupportedError(f"{what}: jax.Ref operands with a nested out_shape. Fix: give "
+                               "out_shape as one jax.ShapeDtypeStruct or a tuple of them.")
+    n_out = len(outs)
+    in_specs = grid_spec.in_specs
+    if in_specs is no_block_spec:
+        in_specs = [no_block_spec] * (n_args - grid_spec.num_scalar_prefetch)
+    in_specs = list(in_specs)
+    if len(in_specs) != n_args - grid_spec.num_scalar_prefetch:
+        raise UnsupportedError(f"{what}: jax.Ref operands need one BlockSpec per operand "
+                               f"(in_specs has {len(in_specs)}, for {n_args} operands).")
+    out_specs = grid_spec.out_specs
+    if out_specs is no_block_spec:
+        out_specs = [no_block_spec] * n_out
+    elif single:
+        out_specs = [out_specs]
+    out_specs = list(out_specs)
+    extra_specs = [in_specs[i - grid_spec.num_scalar_prefetch] for i in refs]
+    extra_shapes = [jax.ShapeDtypeStruct(args[i].shape, args[i].dtype) for i in refs]
+    spec = dataclasses.replace(grid_spec, out_specs=tuple(out_specs + extra_specs))
+
+    def body(*kernel_refs: Any) -> None:
+        ins, rest = kernel_refs[:n_args], kernel_refs[n_args:]
+        written = rest[n_out:n_out + len(refs)]
+        ins = tuple(written[refs.index(i)] if i in refs else r for i, r in enumerate(ins))
+        kernel(*ins, *rest[:n_out], *rest[n_out + len(refs):])
+
+    body.__name__ = kernel_name
+    call = pallas_call(body, tuple(outs + extra_shapes), grid_spec=spec,
+                       input_output_aliases={**dict(aliases),
+                                             **{i: n_out + j for j, i in enumerate(refs)}},
+                       _source=_source_of(kernel), **options)
+    results = call(*(a[...] if i in refs else a for i, a in enumerate(args)))
+    for j, i in enumerate(refs):
+        args[i][...] = results[n_out + j]
+    return results[0] if single else type(out_shape)(results[:n_out])
 
 
 def _trace_checked(kernel: Callable[..., Any], gm: gmap.GridMapping, grid_spec: GridSpec,

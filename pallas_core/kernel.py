@@ -16,6 +16,9 @@ from pallas_core.spec import ANY, BlockSpec, CostEstimate, Mesh
 
 
 def _check_mesh(mesh: Any, fn: str) -> Mesh:
+    as_mesh = getattr(mesh, "pallas_mesh", None)
+    if not isinstance(mesh, Mesh) and callable(as_mesh):
+        mesh = as_mesh()  # a backend's own mesh class (plgpu.Mesh), as a core Mesh
     if not isinstance(mesh, Mesh):
         raise PallasError(
             f"pl.{fn} needs mesh= to be a pallas_core.Mesh (e.g. pl.Mesh(('x',), (2,)) or a "

@@ -26,13 +26,11 @@ OURS = {
 }
 """JAX's module -> ours."""
 
-_MGPU = "Mosaic GPU names still refused by plgpu's module __getattr__ (issue 28 goes on)"
-
 KNOWN_GAPS: dict[str, dict[str, str]] = {
     "jax.experimental.pallas": {},
     "jax.experimental.pallas.tpu": {},
     "jax.experimental.pallas.triton": {},
-    "jax.experimental.pallas.mosaic_gpu": {"alloc_semaphore": _MGPU},
+    "jax.experimental.pallas.mosaic_gpu": {},
     "jax.experimental.pallas.tpu_sc": {},
 }
 """Names of JAX's modules (any supported version) that ours lack yet, with the reason."""

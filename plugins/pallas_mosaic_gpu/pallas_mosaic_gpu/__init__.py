@@ -53,6 +53,7 @@ from pallas_mosaic_gpu.layouts import (
 )
 from pallas_mosaic_gpu.loops import NDLoopInfo, nd_loop, planar_snake
 from pallas_mosaic_gpu.more_ops import (
+    alloc_semaphore,
     async_copy_smem_to_tmem,
     async_store_smem,
     barrier_test,
@@ -149,7 +150,7 @@ __all__ += ["broadcasted_iota", "commit_smem_to_gmem_group", "Layout", "layout_c
 __all__ += ["emit_pipeline_warp_specialized", "set_max_registers", "WarpSpecializedPipeline"]
 __all__ += ["async_load_tmem", "async_store_tmem", "commit_tmem", "tcgen05_commit_arrive",
             "tcgen05_mma", "wait_load_tmem"]
-__all__ += ["async_copy_scales_to_tmem", "async_copy_sparse_metadata_to_tmem"]
+__all__ += ["alloc_semaphore", "async_copy_scales_to_tmem", "async_copy_sparse_metadata_to_tmem"]
 __all__ += ["dynamic_scheduling_loop", "query_cluster_cancel", "try_cluster_cancel",
             "TryClusterCancelResult", "WarpMesh"]
 __all__ += ["multimem_load_reduce", "multimem_store", "remote_ref", "SemaphoreType",

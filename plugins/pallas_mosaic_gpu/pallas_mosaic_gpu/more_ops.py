@@ -118,6 +118,28 @@ def format_tcgen05_sparse_metadata(meta: Any, operand_dtype: Any) -> jax.Array:
     return jnp.swapaxes(split, 3, 6).reshape(m // 128, k // 64, 128, 64)
 
 
+def alloc_semaphore(shape: tuple[int, ...] = ()) -> Any:
+    """A zeroed array of GMEM semaphores that outlives a kernel: a ``jax.Ref`` of int32
+    counters, made outside any kernel, that kernels take as an operand (their signals and
+    waits on it persist from one kernel to the next, as the ``jax.Ref`` holds them). As in
+    JAX, nothing synchronises devices here: the first kernel using it on several devices
+    should not skip the device barrier. For semaphores of one kernel, use scratch
+    (``plgpu.SemaphoreType.REGULAR``)."""
+    from pallas_core.primitives import current_kernel_context
+
+    fn = "plgpu.alloc_semaphore"
+    if isinstance(shape, (int, np.integer)):
+        shape = (int(shape),)
+    if not isinstance(shape, (tuple, list)) or not all(
+            isinstance(d, (int, np.integer)) and d >= 0 for d in shape):
+        raise PallasError(f"{fn}(shape={shape!r}): expected a tuple of sizes, e.g. (4,).")
+    if current_kernel_context() is not None:
+        raise PallasError(f"{fn} inside a kernel: it makes semaphores that outlive kernels. "
+                          "Fix: call it outside, or allocate scratch "
+                          "(plgpu.SemaphoreType.REGULAR((n,))) for semaphores of this kernel.")
+    return jax.new_ref(jnp.zeros(tuple(int(d) for d in shape), jnp.int32))
+
+
 async_store_smem_p = gp._primitive("gpu_async_store_smem")
 
 _COMBINE: dict[Any, Any] = {

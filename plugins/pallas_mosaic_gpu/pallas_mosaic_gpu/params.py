@@ -224,6 +224,11 @@ class Mesh:
     num_threads: int | None = None
     thread_name: str | None = None
 
+    def pallas_mesh(self) -> Any:
+        """This launch as the core's mesh, for ``pl.kernel(mesh=plgpu.Mesh(...))`` and
+        ``pl.core_map(plgpu.Mesh(...))`` (as ``plgpu.kernel`` runs it)."""
+        return _kernel_mesh(self)
+
     def __post_init__(self) -> None:
         for field in ("grid", "grid_names", "cluster", "cluster_names"):
             object.__setattr__(self, field, tuple(getattr(self, field)))
@@ -512,6 +517,26 @@ def _barriers(barrier: Any, **space: Any) -> MemoryRef:
     return kind(barrier_shape(barrier), np.int32)
 
 
+def _kernel_mesh(mesh: Mesh) -> Any:
+    """The core's mesh of the blocks (and warpgroups) of ``mesh``, whose kernels get
+    ``plgpu.CompilerParams`` naming ``mesh``."""
+    from pallas_core.spec import Mesh as CoreMesh
+
+    @dataclasses.dataclass(frozen=True)
+    class KernelMesh(CoreMesh):
+        def compiler_params_for(self, params: Any) -> Any:
+            if params is not None and not isinstance(params, GPUCompilerParams):
+                raise PallasError(f"a kernel on a plgpu.Mesh takes plgpu.CompilerParams, found "
+                                  f"{type(params).__name__}. Fix: pass plgpu.CompilerParams, "
+                                  "or choose another backend with backend=.")
+            return dataclasses.replace(params or GPUCompilerParams(), mesh=mesh)
+
+    names, sizes = mesh.names, mesh.sizes
+    if not names:  # a single block: a mesh of one point
+        names, sizes = ("_grid0",), (1,)
+    return KernelMesh(names, sizes, backend=NAME)
+
+
 def kernel(body: Callable[..., None] | None = None, out_shape: Any = None, *,
            scratch_shapes: Any = (), compiler_params: GPUCompilerParams | None = None,
            grid: Sequence[int] = (), grid_names: Sequence[str] = (),
@@ -527,7 +552,6 @@ def kernel(body: Callable[..., None] | None = None, out_shape: Any = None, *,
     ``scratch_shapes``, ``kernel_name`` (a field of JAX's ``plgpu.Mesh``) that of ``name``.
     Usable directly or as a decorator factory."""
     from pallas_core.kernel import kernel as core_kernel
-    from pallas_core.spec import Mesh as CoreMesh
 
     if kwargs:
         raise PallasError(f"plgpu.kernel got unknown arguments {sorted(kwargs)}. Fix: see "
@@ -551,12 +575,9 @@ def kernel(body: Callable[..., None] | None = None, out_shape: Any = None, *,
     params = dataclasses.replace(compiler_params or GPUCompilerParams(), mesh=mesh)
     if interpret and backend is None:
         backend = "interpret"
-    names, sizes = mesh.names, mesh.sizes
-    if not names:  # a single block: a mesh of one point
-        names, sizes = ("_grid0",), (1,)
 
     def decorate(fn: Callable[..., None]) -> Any:
-        return core_kernel(fn, out_shape, mesh=CoreMesh(names, sizes, backend=NAME),
+        return core_kernel(fn, out_shape, mesh=_kernel_mesh(mesh),
                            scratch_shapes=scratch_shapes, compiler_params=params,
                            name=name or kernel_name or getattr(fn, "__name__", "kernel"),
                            backend=backend, interpret=interpret)

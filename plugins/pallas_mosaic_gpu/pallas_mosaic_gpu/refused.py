@@ -16,13 +16,8 @@ from pallas_core.errors import UnsupportedError, UnsupportedNameError
 
 # name: (what it is in JAX, (why, fix)): the "refused" rows of docs/backends/mosaic_gpu_api.md,
 # and its "core" and "not applicable" rows, whose fix names the equivalent.
-REFUSED: dict[str, tuple[str, tuple[str, str]]] = {
-    "alloc_semaphore": ("a GMEM semaphore array that outlives a kernel, as a jax.Ref",
-                        ("kernels here take arrays, not jax.Ref arguments, so such a Ref "
-                         "could not be passed to one",
-                         "allocate semaphores as scratch, scratch_shapes=["
-                         "plgpu.SemaphoreType.REGULAR((n,))], zeroed for each call")),
-}
+REFUSED: dict[str, tuple[str, tuple[str, str]]] = {}
+"""Empty since every name of JAX's module works here; kept for names a later JAX adds."""
 
 
 def message(name: str) -> str:
