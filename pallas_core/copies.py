@@ -7,15 +7,20 @@ interpreter runs such kernels and a backend only lowers the two primitives.
 
 Reference semantics:
 
-* a local copy completes on ``wait``: ``start`` counts it on its semaphore, ``wait`` moves the
-  data (as read then) and takes the count back, so reading the destination before ``wait``
-  sees its old contents;
+* a local copy moves its data when it starts and adds its size in bytes to its semaphore;
+  ``wait`` takes back the bytes of the copy it describes, and waits until the semaphore holds
+  them. So one wait may stand for several copies of the same total size (JAX 0.12's paged
+  attention starts one copy per page and waits once for the whole buffer), as the DMA
+  semaphores of the hardware and of JAX's interpreter count bytes. Reading the destination
+  before ``wait`` is a race on hardware; here it sees the new contents (JAX's
+  ``dma_execution_mode="eager"``);
 * a remote copy (``device_id`` given) runs under ``shard_map``: at ``start`` every device sends
   its source to the device it names. The data lands in the destination slice, and its arrival
   is counted on the receive semaphore, that the *sender's* views name (each device may address
   a different slot); copies from several devices to one land in the order of the senders'
-  indices. The sender's send semaphore counts the departure. ``wait_recv`` and ``wait_send``
-  take the counts back (``wait`` does both, as in ``jax.experimental.pallas``);
+  indices. The sender's send semaphore counts the departure. Both count bytes too, and
+  ``wait_recv`` and ``wait_send`` take them back (``wait`` does both, as in
+  ``jax.experimental.pallas``);
 * ``priority`` (a DMA queue) has no meaning here and is accepted; a slice of traced length
   (``pl.ds(start, n)`` with ``n`` traced) is refused when the interpreter runs the copy.
 """
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import copy as copy_module
 import dataclasses
+import math
 from typing import Any
 
 import jax
@@ -412,11 +418,13 @@ def _copy_start_discharge(in_avals: Any, out_avals: Any, *args: Any, tree: Any,
     del priority  # which DMA queue: no meaning when copies run one at a time
     state = RefViews(args, tree, roles)
     _refuse_traced_lengths(state, (_SRC, _DST))
+    size = copy_bytes(state)
     if not remote:
-        state.write(_SEM, state.read(_SEM) + 1)
+        _move(state, add)
+        state.write(_SEM, state.read(_SEM) + size)
         return state.new_values(), []
     target = semantics.device_index(state.rest, device_id_type is DeviceIdType.MESH)
-    state.write(_SEND, state.read(_SEND) + 1)
+    state.write(_SEND, state.read(_SEND) + size)
 
     def deliver(values: list[Any], sent: tuple[Any, Any, Any]) -> list[Any]:
         data, dst_t, sem_t = sent  # where the data and its arrival land: the sender's views
@@ -425,7 +433,7 @@ def _copy_start_discharge(in_avals: Any, out_avals: Any, *args: Any, tree: Any,
             here.add(_DST, data, dst_t)
         else:
             here.write(_DST, data, dst_t)
-        here.write(_SEM, here.read(_SEM, sem_t) + 1, sem_t)
+        here.write(_SEM, here.read(_SEM, sem_t) + size, sem_t)
         return here.values
 
     payload = (state.read(_SRC), state.transforms[_DST], state.transforms[_SEM])
@@ -438,17 +446,30 @@ def _copy_wait_discharge(in_avals: Any, out_avals: Any, *args: Any, tree: Any,
                          device_id_type: DeviceIdType, add: bool = False) -> Any:
     state = RefViews(args, tree, roles)
     _refuse_traced_lengths(state, (_SRC, _DST))
-    count = state.read(_SEM)
-    semantics.check_wait(count, 1, f"the {kind} semaphore of an async copy")
-    state.write(_SEM, count - 1)
-    if kind == "local":
-        if _skipping(state.transforms[_SRC]) or _skipping(state.transforms[_DST]):
-            _copy_skipping(state, add)
-        elif add:
-            state.add(_DST, state.read(_SRC))
-        else:
-            state.write(_DST, state.read(_SRC))
+    count, size = state.read(_SEM), copy_bytes(state)
+    semantics.check_wait(count, size, f"the {kind} semaphore of an async copy")
+    state.write(_SEM, count - size)
     return state.new_values(), []
+
+
+def copy_bytes(state: RefViews) -> int:
+    """The size in bytes of the copy ``state`` describes (of its side not indexed through
+    ``Indices``: a gather's destination, a scatter's source)."""
+    role = _DST if _skipping(state.transforms[_SRC]) else _SRC
+    base = state.values[state.roles[role]]
+    view = _jax.shape_after_transforms(_jax.make_ref_aval(base.shape, base.dtype),
+                                       state.transforms[role])
+    return math.prod(view.shape) * np.dtype(view.dtype).itemsize
+
+
+def _move(state: RefViews, add: bool) -> None:
+    """A local copy's data: the source (as it is now) into the destination."""
+    if _skipping(state.transforms[_SRC]) or _skipping(state.transforms[_DST]):
+        _copy_skipping(state, add)
+    elif add:
+        state.add(_DST, state.read(_SRC))
+    else:
+        state.write(_DST, state.read(_SRC))
 
 
 def _skipping(transforms: Any) -> bool:

@@ -30,19 +30,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import pallas_core as pl
-from pallas_core import _jax
 from tests.jax_library import porting
-
-# JAX 0.12's paged attention starts one DMA per page on a semaphore and waits once, with a
-# descriptor of the whole VMEM buffer, for all their bytes. The interpreter counts copies on a
-# semaphore, not bytes, and moves a local copy's data when it is waited for, so that wait takes
-# one copy and moves none: the pages never arrive (NaN). A known gap of the interpreter
-# (issue 28 goes on); JAX 0.10/0.11's kernel waits once per page and runs.
-_WAITS_FOR_BYTES = pytest.mark.xfail(
-    _jax.JAX_VERSION[:2] >= (0, 12), strict=True,
-    reason="the interpreter's DMA semaphores count copies, not bytes (JAX 0.12's paged "
-           "attention waits once for many page copies)")
-
 
 interpreted = pltpu.force_tpu_interpret_mode
 
@@ -318,7 +306,6 @@ def _check_paged(num_kv: int, ratio: int, dtype: Any, quantized: bool, **kw: Any
     _close(out[nonempty], expected[nonempty], 2e-2 if dtype == jnp.bfloat16 else 1e-3)
 
 
-@_WAITS_FOR_BYTES
 @pytest.mark.parametrize(("num_kv", "ratio", "dtype", "quantized", "kw"), [
     (1, 1, jnp.float32, False, {}),
     (2, 4, jnp.float32, False, {"inline_seq_dim": False, "attn_logits_soft_cap": 1.0}),
@@ -331,7 +318,6 @@ def test_paged_attention(num_kv: int, ratio: int, dtype: Any, quantized: bool,
         _check_paged(num_kv, ratio, dtype, quantized, **kw)
 
 
-@_WAITS_FOR_BYTES
 @pytest.mark.parametrize("megacore_mode", ["batch", "kv_head"])
 def test_paged_attention_megacore(megacore_mode: str) -> None:
     with interpreted(pltpu.InterpretParams(num_cores_or_threads=2)):
@@ -339,7 +325,6 @@ def test_paged_attention_megacore(megacore_mode: str) -> None:
                      inline_seq_dim=False)
 
 
-@_WAITS_FOR_BYTES
 def test_paged_attention_megacore_on_one_core_reports_the_wait() -> None:
     """On one core the second half of a megacore grid waits for a prefetch that the first
     half's last step never started (its init flag lives in the shared scalar memory): the

@@ -360,20 +360,20 @@ class _Checker:
                          mask)
         return (new, None) + (None,) * len(args), old
 
-    def copy_wait(self, rule: Any, in_avals: Any, out_avals: Any, *args: Any, tree: Any,
-                  roles: tuple[int, ...], kind: str, **params: Any) -> Any:
+    def copy_start(self, rule: Any, in_avals: Any, out_avals: Any, *args: Any, tree: Any,
+                   roles: tuple[int, ...], remote: bool, **params: Any) -> Any:
         views = _copies.RefViews(args, tree, roles)
         src, dst = roles[0], roles[1]
         src_acc = access.locate(views.transforms[0], in_avals[src].shape)
         dst_acc = access.locate(views.transforms[1], in_avals[dst].shape)
-        if kind != "local" or params.get("add") or src_acc is None or dst_acc is None or (
+        if remote or params.get("add") or src_acc is None or dst_acc is None or (
                 access.statically_inside(src_acc, in_avals[src].shape)
                 and access.statically_inside(dst_acc, in_avals[dst].shape)):
-            return rule(in_avals, out_avals, *args, tree=tree, roles=roles, kind=kind, **params)
-        # A local copy completes on wait (as the core's rule has it), element by element here.
-        count = views.read(2)
-        semantics.check_wait(count, 1, "the local semaphore of an async copy")
-        views.write(2, count - 1)
+            return rule(in_avals, out_avals, *args, tree=tree, roles=roles, remote=remote,
+                        **params)
+        # A local copy moves its data when it starts (as the core's rule has it), element by
+        # element here, each access checked against its Ref's bounds.
+        views.write(2, views.read(2) + _copies.copy_bytes(views))
         value = access.read(args[src], src_acc, self.fill(args[src].dtype))
         value = self.guard(value, src_acc, in_avals[src], args[src], "read of", read=True)
         new_dst = access.write(args[dst], dst_acc, value)
@@ -427,7 +427,7 @@ def checked_rules(call: KernelCall, params: InterpretParams | None = None) -> It
     methods: dict[Any, Callable[..., Any]] = {
         plb.get_p: checker.get, plb.swap_p: checker.swap,
         prims.masked_load_p: checker.masked_load, prims.masked_swap_p: checker.masked_swap,
-        _copies.copy_wait_p: checker.copy_wait, prims.run_scoped_p: checker.run_scoped}
+        _copies.copy_start_p: checker.copy_start, prims.run_scoped_p: checker.run_scoped}
 
     def wrap(prim: Any, rule: Any) -> Any:
         return functools.partial(methods[prim], rule)

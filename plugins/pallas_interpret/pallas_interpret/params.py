@@ -154,9 +154,9 @@ class InterpretParams(CompilerParams):
 IGNORED_FIELDS = {
     "vector_clock_size": "races are found ahead of time from the index maps, without clocks",
     "logging_mode": "there is no simulated shared memory to log",
-    "dma_execution_mode": "copies complete when they are waited on; a kernel that waits on "
-                          "every copy before reading its destination sees the same values either "
-                          "way",
+    "dma_execution_mode": "copies move their data when they start (JAX's 'eager'); a kernel "
+                          "that waits on every copy before reading its destination sees the "
+                          "same values in either mode",
 }
 
 

@@ -127,7 +127,7 @@ class SemaphoreType(enum.Enum):
     """Semaphore scratch: ``SemaphoreType.DMA`` (one), ``SemaphoreType.DMA((4,))`` (an array).
 
     Semaphores are int32 Refs that start at zero; ``REGULAR`` ones count signals, ``DMA`` ones
-    count copies (``pltpu.async_copy``).
+    the bytes of copies (``pltpu.async_copy``) started and not yet waited for.
     """
 
     REGULAR = "regular"
