@@ -95,6 +95,7 @@ def test_warp_specialized_matmul_in_the_interpreter(manual: bool) -> None:
     np.testing.assert_allclose(got.astype(F32), expected, rtol=2e-2, atol=0.1)
 
 
+@pytest.mark.slow  # about a minute on CI's machine; test_gpu_scheduling's deadlocks are quick
 def test_the_interpreter_runs_the_hand_off_between_warpgroups() -> None:
     """The memory warpgroup fetches every block and waits for the compute warpgroups to hand
     each slot back before refilling it: a body that never hands them back (4 steps through 2
