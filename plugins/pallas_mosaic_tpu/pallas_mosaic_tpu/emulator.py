@@ -279,7 +279,8 @@ def _reduce_index(c: Compiler, op: ir.Operation) -> _Fn:
     fn = {"arg_max": np.argmax, "arg_min": np.argmin}.get(kind)
     if fn is None:
         raise _unsupported(op, f"the index reduction {kind}")
-    return lambda x: fn(np.asarray(x), axis=axis).astype(np.int32)
+    dtype = dtype_of(op.results[0].type)
+    return lambda x: fn(np.asarray(x), axis=axis).astype(dtype)
 
 
 def _dynamic_gather(c: Compiler, op: ir.Operation) -> _Fn:

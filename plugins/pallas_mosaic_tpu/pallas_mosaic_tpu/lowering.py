@@ -410,6 +410,47 @@ def _reduce(lowering: Lowering, eqn: Any, x: ir.Value, axes: Sequence[int],
                                       list(axes)).result
 
 
+_REDUCE_INDEX = {("float32", "int32")} | ({("bfloat16", "int16"), ("bfloat16", "int32")}
+                                           if jax.__version_info__ >= (0, 11) else set())
+"""(input, index) dtypes of ``tpu.reduce_index`` in the installed jaxlib (its own index type is
+int16 for bfloat16 input, from JAX 0.11 on, and int32 for float32)."""
+
+
+def _reduce_index(lowering: Lowering, eqn: Any, x: ir.Value, kind: str) -> ir.Value:
+    """``jnp.argmax``/``argmin`` along one axis: ``tpu.reduce_index`` (a 1-D input is seen as
+    one row), its int16 index widened where int32 is asked for."""
+    src, out = _in(eqn), _out(eqn)
+    axes = tuple(eqn.params["axes"])
+    index = np.dtype(eqn.params["index_dtype"]).name
+    if (np.dtype(src.dtype).name, index) not in _REDUCE_INDEX or len(axes) != 1:
+        name = kind.replace("_", "")
+        raise lowering.fail(f"jnp.{name} of {np.dtype(src.dtype).name} to {index} indices "
+                            f"over axes {axes} (tpu.reduce_index takes "
+                            f"{sorted(_REDUCE_INDEX)} (input, index) dtypes, along one axis)")
+    axis, out_shape = axes[0], tuple(out.shape)
+    if len(src.shape) == 1:
+        x = vector.ShapeCastOp(mir.value_type((1, *src.shape), src.dtype), x).result
+        axis, out_shape = axis + 1, (1, *out_shape)
+    native = np.int16 if np.dtype(src.dtype).name == "bfloat16" else np.int32
+    result = tpu.ReduceIndexOp(mir.value_type(out_shape, native), x, axis,
+                               ir.Attribute.parse(f"#tpu.reduction_kind<{kind}>")).result
+    if np.dtype(out.dtype) != native:
+        result = arith.ExtSIOp(mir.value_type(out_shape, out.dtype), result).result
+    if len(src.shape) == 1:
+        result = vector.ExtractOp(result, [], [0]).result
+    return result
+
+
+@rule(lax.argmax_p)
+def _argmax(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
+    return _reduce_index(lowering, eqn, x, "arg_max")
+
+
+@rule(lax.argmin_p)
+def _argmin(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
+    return _reduce_index(lowering, eqn, x, "arg_min")
+
+
 @rule(prims.program_id_p)
 def _program_id(lowering: Lowering, eqn: Any) -> ir.Value:
     gm = lowering.call.grid_mapping

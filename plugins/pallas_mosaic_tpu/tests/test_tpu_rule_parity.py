@@ -31,8 +31,6 @@ KNOWN_GAPS = {
     "broadcast_to", "gather", "pack_elementwise", "unpack_elementwise",
     # Memory.
     "empty_ref",
-    # Reductions to an index.
-    "argmax", "argmin",
     # Elementwise math with no MLIR op to lower to.
     "stochastic_round",
     # JAX's key arrays.
