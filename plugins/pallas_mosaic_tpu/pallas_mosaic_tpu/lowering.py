@@ -383,18 +383,71 @@ def _transpose(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
                               list(eqn.params["permutation"])).result
 
 
+_PRECISION = {lax.Precision.HIGH: "#tpu.contract_precision<bf16x3>",
+              lax.Precision.HIGHEST: "#tpu.contract_precision<fp32>"}
+"""The ``tpu.matmul`` precision of ``dot_general``'s; DEFAULT (and none) is Mosaic's own."""
+
+
 @rule(lax.dot_general_p)
 def _dot(lowering: Lowering, eqn: Any, a: ir.Value, b: ir.Value) -> ir.Value:
+    """``dot_general`` with any contracting and batch dimensions: ``tpu.matmul`` with
+    dimension numbers naming them (its result ordered batch, lhs free, rhs free, as
+    ``dot_general``'s), except a product with a one-row rhs of narrow floats, which is a
+    matrix-vector product: multiply and sum, as JAX's lowering does."""
     (ca, cb), (ba, bb) = eqn.params["dimension_numbers"]
-    if ba or bb or len(_in(eqn, 0).shape) != 2 or len(_in(eqn, 1).shape) != 2:
-        raise lowering.fail("dot_general other than a 2-D matrix product")
-    out = _out(eqn)
-    numbers = ir.Attribute.parse(
-        f"#tpu.dot_dimension_numbers<[{ca[0]}], [{cb[0]}], [{1 - ca[0]}], [{1 - cb[0]}], "
-        f"[0, {1 - ca[0]}, 1, {1 - cb[0]}], [], []>")
+    lhs, rhs, out = _in(eqn, 0), _in(eqn, 1), _out(eqn)
+    if any(mir.is_unsigned(x.dtype) for x in (lhs, rhs)):
+        raise lowering.fail("dot_general of unsigned integers (the MXU reads integers as "
+                            "signed; cast them to a signed type first)")
+    if (tuple(ca), tuple(cb)) == ((1,), (1,)) and len(lhs.shape) == len(rhs.shape) == 2 \
+            and rhs.shape[0] == 1 and not (np.dtype(lhs.dtype) == np.dtype(rhs.dtype)
+                                           == np.float32):
+        return _matvec(lowering, eqn, a, b)
+    lhs_free = sorted(set(range(len(lhs.shape))) - set(ca) - set(ba))
+    rhs_free = sorted(set(range(len(rhs.shape))) - set(cb) - set(bb))
+    order = [x for d in (*ba, *lhs_free) for x in (0, d)] + [x for d in rhs_free
+                                                            for x in (1, d)]
+    numbers = ir.Attribute.parse("#tpu.dot_dimension_numbers<" + ",".join(
+        "[" + ", ".join(str(d) for d in dims) + "]"
+        for dims in (ca, cb, lhs_free, rhs_free, order, ba, bb)) + ">")
+    precision = eqn.params.get("precision")
+    if isinstance(precision, tuple):
+        if precision[0] != precision[1]:
+            raise lowering.fail("dot_general with a precision for each operand")
+        precision = precision[0]
+    if precision not in (None, lax.Precision.DEFAULT, *_PRECISION):
+        raise lowering.fail(f"dot_general with precision {precision}")
     acc = mir.constant(0, out.dtype, out.shape)
+    kw = {"precision": ir.Attribute.parse(_PRECISION[precision])} \
+        if precision in _PRECISION else {}
     return tpu.MatmulOp(mir.value_type(out.shape, out.dtype), a, b, acc,
-                        transpose_lhs_hint=False, dimension_numbers=numbers).result
+                        transpose_lhs_hint=False, dimension_numbers=numbers, **kw).result
+
+
+def _matvec(lowering: Lowering, eqn: Any, a: ir.Value, b: ir.Value) -> ir.Value:
+    """(M, K) . (1, K)^T of narrow floats: both broadcast to the result's rows by K, widened to
+    the result's type, multiplied and summed along K (as JAX's lowering has it)."""
+    lhs, rhs, out = _in(eqn, 0), _in(eqn, 1), _out(eqn)
+    shape = tuple(np.broadcast_shapes(lhs.shape, out.shape))
+    if lhs.shape != rhs.shape:
+        if tuple(lhs.shape) != shape:
+            a = vector.BroadcastOp(mir.value_type(shape, lhs.dtype), a).result
+        if tuple(rhs.shape) != shape:
+            b = vector.BroadcastOp(mir.value_type(shape, rhs.dtype), b).result
+    else:
+        shape = tuple(lhs.shape)
+    wide = out.dtype
+    if np.dtype(wide) != np.float32 and np.dtype(wide) not in (np.dtype(lhs.dtype),
+                                                               np.dtype(rhs.dtype)):
+        raise lowering.fail(f"a matrix-vector dot_general into {np.dtype(wide)}")
+    if np.dtype(lhs.dtype) != np.dtype(wide):
+        a = arith.ExtFOp(mir.value_type(shape, wide), a).result
+    if np.dtype(rhs.dtype) != np.dtype(wide):
+        b = arith.ExtFOp(mir.value_type(shape, wide), b).result
+    acc = mir.constant(0, wide, (lhs.shape[0],))
+    summed = vector.MultiDimReductionOp(ir.Attribute.parse("#vector.kind<add>"),
+                                        arith.MulFOp(a, b).result, acc, [1]).result
+    return vector.ShapeCastOp(mir.value_type(out.shape, out.dtype), summed).result
 
 
 def _reduce(lowering: Lowering, eqn: Any, x: ir.Value, axes: Sequence[int],
