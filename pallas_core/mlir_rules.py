@@ -170,6 +170,17 @@ def table(d: Dialect) -> Rules:
                   else (arith.MaxSIOp, arith.MinSIOp))
         return mn(mx(x, lo).result, hi).result
 
+    if hasattr(lax, "one_minus_square_p"):  # JAX 0.11 on (tanh's derivative, for one)
+        @rule(lax.one_minus_square_p)
+        def _one_minus_square(state: LoweringState, eqn: Any, x: ir.Value) -> ir.Value:
+            """``1 - x**2`` as ``(1 + x) * (1 - x)``, as JAX computes it (exact where ``x``
+            is near 1, where ``x**2`` would round)."""
+            aval = _out(eqn)
+            if not is_float(aval.dtype):
+                raise _refuse(state, eqn, aval.dtype)
+            one = const(1.0, aval)
+            return arith.MulFOp(arith.AddFOp(one, x).result, arith.SubFOp(one, x).result).result
+
     @rule(lax.nextafter_p)
     def _nextafter(state: LoweringState, eqn: Any, x: ir.Value, y: ir.Value) -> ir.Value:
         """The float after ``x`` towards ``y``: one step of the bit pattern (away from zero

@@ -87,6 +87,8 @@ UNARY: dict[str, Callable[[Any], Any]] = {
     "reduce_max": lambda x: jnp.broadcast_to(jnp.max(x, axis=-1, keepdims=True), x.shape),
     "reduce_min": lambda x: jnp.broadcast_to(jnp.min(x, axis=-1, keepdims=True), x.shape),
     "scan": _fori, "while": _while, "cond": _cond,
+    # JAX 0.11 on: tanh's derivative.
+    **({"one_minus_square": lax.one_minus_square} if hasattr(lax, "one_minus_square") else {}),
 }
 BINARY: dict[str, Callable[[Any, Any], Any]] = {
     "add": lax.add, "sub": lax.sub, "mul": lax.mul, "div": lax.div, "rem": lax.rem,
@@ -95,7 +97,7 @@ BINARY: dict[str, Callable[[Any, Any], Any]] = {
     "shift_right_arithmetic": lax.shift_right_arithmetic,
     "shift_right_logical": lax.shift_right_logical, "eq": lax.eq, "ne": lax.ne, "lt": lax.lt,
     "le": lax.le, "gt": lax.gt, "ge": lax.ge,
-    "floor_divide": jnp.floor_divide, "remainder": jnp.remainder,
+    "floor_divide": jnp.floor_divide, "remainder": jnp.remainder, "nextafter": lax.nextafter,
 }
 TERNARY: dict[str, Callable[[Any, Any, Any], Any]] = {
     "select_n": lambda x, y, z: lax.select(x != z, x, y),

@@ -45,7 +45,7 @@ KNOWN_GAPS = {
     "dim_as_value", "platform_index", "stage", "add_dependency",
     # New in JAX 0.11.
     "approx_top_k", "top_k", "conv", "conv_general_dilated", "matmul_lhs_fifo",
-    "matmul_pop_fifo", "one_minus_square", "reduce_precision",
+    "matmul_pop_fifo", "reduce_precision",
     # New in JAX 0.12.
     "custom_fusion", "has_memory_space", "mulhi",
 }

@@ -22,10 +22,7 @@ OTHER_MEANS = {
 """JAX primitives whose feature this project provides under another primitive, or otherwise."""
 
 
-KNOWN_GAPS = {
-    # New in JAX 0.12 (JAX's derivative of tanh); lowering it raises an UnsupportedError.
-    "one_minus_square",
-}
+KNOWN_GAPS: set[str] = set()
 
 
 def _ours() -> set[str]:
