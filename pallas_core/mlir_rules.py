@@ -170,6 +170,17 @@ def table(d: Dialect) -> Rules:
                   else (arith.MaxSIOp, arith.MinSIOp))
         return mn(mx(x, lo).result, hi).result
 
+    @rule(lax.mulhi_p)
+    def _mulhi(state: LoweringState, eqn: Any, x: ir.Value, y: ir.Value) -> ir.Value:
+        """The high half of the double-width product of 32-bit integers (the widths JAX's
+        Mosaic lowering takes), signed or not."""
+        aval = _out(eqn)
+        if np.dtype(aval.dtype) not in (np.dtype(np.int32), np.dtype(np.uint32)):
+            raise _refuse(state, eqn, aval.dtype)
+        x, y = bcast(eqn, x, y)
+        op = arith.MulUIExtendedOp if is_unsigned(aval.dtype) else arith.MulSIExtendedOp
+        return op(x, y).high
+
     if hasattr(lax, "one_minus_square_p"):  # JAX 0.11 on (tanh's derivative, for one)
         @rule(lax.one_minus_square_p)
         def _one_minus_square(state: LoweringState, eqn: Any, x: ir.Value) -> ir.Value:

@@ -98,6 +98,7 @@ BINARY: dict[str, Callable[[Any, Any], Any]] = {
     "shift_right_logical": lax.shift_right_logical, "eq": lax.eq, "ne": lax.ne, "lt": lax.lt,
     "le": lax.le, "gt": lax.gt, "ge": lax.ge,
     "floor_divide": jnp.floor_divide, "remainder": jnp.remainder, "nextafter": lax.nextafter,
+    "mulhi": lax.mulhi,
 }
 TERNARY: dict[str, Callable[[Any, Any, Any], Any]] = {
     "select_n": lambda x, y, z: lax.select(x != z, x, y),

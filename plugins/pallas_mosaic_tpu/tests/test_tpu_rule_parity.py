@@ -47,7 +47,7 @@ KNOWN_GAPS = {
     "approx_top_k", "top_k", "conv", "conv_general_dilated", "matmul_lhs_fifo",
     "matmul_pop_fifo", "reduce_precision",
     # New in JAX 0.12.
-    "custom_fusion", "has_memory_space", "mulhi",
+    "custom_fusion", "has_memory_space",
 }
 """Known gaps: lowering any of these raises an UnsupportedError naming the primitive."""
 
