@@ -508,6 +508,33 @@ def _multi_device(c: Compiler, op: ir.Operation) -> _Fn:
     raise _unsupported(op, "barriers of the TensorCore")
 
 
+_LOG_FIELD = re.compile(r"\$[fsu]?\d+")
+
+
+def _log(c: Compiler, op: ir.Operation) -> _Fn:
+    """``tpu.log``: prints its tag with each ``$f0``/``$s1``/``$u2`` (``$0`` before JAX 0.11)
+    replaced by that operand,
+    as the interpreter prints ``pl.debug_print`` (``str`` of each value)."""
+    tag = ir.StringAttr(op.attributes["tag"]).value
+    formatted = "formatted" in op.attributes and ir.BoolAttr(op.attributes["formatted"]).value
+    fmt = _LOG_FIELD.sub("{}", tag.replace("{", "{{").replace("}", "}}")) if formatted \
+        else tag.replace("{", "{{").replace("}", "}}")
+
+    def run(*xs: Any) -> None:
+        print(fmt.format(*(np.asarray(x) for x in xs)) if formatted else fmt.format())
+    return run
+
+
+def _log_buffer(c: Compiler, op: ir.Operation) -> _Fn:
+    """``tpu.log_buffer``: prints its tag, then the buffer's logical ``shape``."""
+    tag = ir.StringAttr(op.attributes["tag"]).value
+    shape = tuple(ir.DenseI64ArrayAttr(op.attributes["shape"]))
+
+    def run(buf: Any) -> None:
+        print(tag + str(np.asarray(buf)[tuple(slice(0, n) for n in shape)]))
+    return run
+
+
 def _core_id(c: Compiler, op: ir.Operation) -> _Fn:
     state = _state(c)
     return lambda: np.asarray(state.core, np.int32)
@@ -532,6 +559,7 @@ RULES: dict[str, Rule] = {
     "tpu.iteration_bound": _iteration_bound,
     "tpu.device_id": _device_id, "tpu.sem_barrier": _sem_barrier,
     "tpu.barrier": _multi_device, "tpu.core_id": _core_id,
+    "tpu.log": _log, "tpu.log_buffer": _log_buffer,
 }
 """Every operation the TensorCore emulator runs, by name."""
 

@@ -739,6 +739,53 @@ def _run_scoped(lowering: Lowering, eqn: Any, *outer: Any) -> list[Any]:
     return []
 
 
+_TYPED_LOG = jax.__version_info__ >= (0, 11)
+"""Whether ``tpu.log`` placeholders name their type (``$s0``, ``$f1``: JAX 0.11 on, which logs
+floats too) or are bare (``$0``: JAX 0.10, 32-bit integers only)."""
+
+
+def _log_spec(dtype: Any) -> str | None:
+    """How ``tpu.log`` formats a 32-bit scalar (``f``, ``s``, ``u``; ``""`` before JAX 0.11),
+    else ``None``."""
+    dt = np.dtype(dtype)
+    if dt.itemsize != 4 or dt.kind not in ("fiu" if _TYPED_LOG else "iu"):
+        return None
+    return {"f": "f", "i": "s", "u": "u"}[dt.kind] if _TYPED_LOG else ""
+
+
+@rule(prims.debug_print_p)
+def _debug_print(lowering: Lowering, eqn: Any, *args: ir.Value) -> list[Any]:
+    """``pl.debug_print`` as JAX lowers it: scalars through ``tpu.log`` (placeholders become
+    ``$s0``, ``$u1``, ``$f2``...), one array (its placeholder last) copied into a VMEM buffer
+    for ``tpu.log_buffer``."""
+    fmt = eqn.params["fmt"]
+    avals = [v.aval for v in eqn.invars]
+    if all(a.shape == () for a in avals):
+        specs = [_log_spec(a.dtype) for a in avals]
+        if None in specs:
+            bad = next(a.dtype for a, sp in zip(avals, specs) if sp is None)
+            what = "32-bit integers and floats" if _TYPED_LOG else "32-bit integers (and floats " \
+                "from JAX 0.11 on)"
+            raise lowering.fail(f"pl.debug_print of a {np.dtype(bad).name} scalar (TPUs log "
+                                f"{what})", eqn)
+        pieces = fmt.split("{}")
+        tag = "".join(f"{p}${sp}{k}" for k, (p, sp) in enumerate(zip(pieces, specs)))
+        tpu.LogOp(list(args), tag + pieces[-1], formatted=bool(args))
+        return []
+    if len(args) != 1 or not fmt.endswith("{}"):
+        raise lowering.fail("pl.debug_print of an array with other values, or with its "
+                            "placeholder not at the end (TPUs log scalars, or one array "
+                            "after a prefix)", eqn)
+    (aval,), (value,) = avals, args
+    region = tpu.RegionOp([])
+    with ir.InsertionPoint(region.body):
+        buf = memref.AllocaOp(mir.memref(aval.shape, aval.dtype, "vmem"), [], []).result
+        vector.StoreOp(value, buf, [mir.index(0)] * len(aval.shape))
+        tpu.LogBufferOp(buf, list(aval.shape), fmt[:-2])
+        tpu.YieldOp([])
+    return []
+
+
 def _bitcast_view(lowering: Lowering, ref: ir.Value, dtype: Any) -> ir.Value:
     """``ref.bitcast(dtype)``: the same bits as ``dtype``; the second-minor dimension scales
     by the ratio of the bit widths (``tpu.memref_bitcast``, as JAX lowers it)."""

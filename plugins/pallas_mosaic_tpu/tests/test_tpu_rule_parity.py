@@ -28,6 +28,7 @@ OTHER_MEANS = {
     "einshape_lo": "pltpu.einshape is a reshape and a transpose (their rules)",
     "emit_pipeline": "pltpu.emit_pipeline is traced into the kernel body (its loops and copies)",
     "pipeline_body": "see emit_pipeline",
+    "debug_print": "the core's debug_print (pl.debug_print)",
 }
 """JAX primitives whose feature this project provides under another primitive."""
 
@@ -43,7 +44,7 @@ KNOWN_GAPS = {
     # The MXU driven by hand.
     "matmul_push_rhs", "matmul_acc_lhs", "matmul_pop",
     # Debugging and tracing.
-    "debug_print", "debug_callback", "check",
+    "debug_callback", "check",
     # Dynamic shapes, sharding and scheduling.
     "dim_as_value", "platform_index", "stage", "add_dependency",
     # New in JAX 0.11.
