@@ -131,7 +131,7 @@ def pallas_describe() -> BackendInfo:
                        capabilities=frozenset({"scalar_prefetch", "pipeline_mode",
                                                "dynamic_grid", "scratch", "aliasing",
                                                "run_scoped", "vmap", "semaphores",
-                                               "async_copy"}),
+                                               "async_copy", "debug_print"}),
                        device_kinds={"v5e": CHIPS["v5e"], **CHIPS})
 
 

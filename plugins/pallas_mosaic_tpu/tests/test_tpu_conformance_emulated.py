@@ -8,7 +8,7 @@ from typing import Any
 
 import pallas_mosaic_tpu as pltpu
 
-from pallas_core.testing import ATOMICS, DEBUG_PRINT, MASKED_ACCESS, MESH, ConformanceSuite
+from pallas_core.testing import ATOMICS, MASKED_ACCESS, MESH, ConformanceSuite
 
 
 class TestMosaicTPUEmulated(ConformanceSuite):
@@ -17,7 +17,6 @@ class TestMosaicTPUEmulated(ConformanceSuite):
     unsupported = frozenset({
         ATOMICS,  # a TensorCore has no atomic memory operations
         MASKED_ACCESS,  # masked loads: load the whole view and select with jnp.where
-        DEBUG_PRINT,  # not lowered yet (docs/backends/mosaic_tpu_api.md)
         MESH,  # pl.kernel's operands stay in HBM: the suite's kernel reads them directly
     })
     scratch_memory = pltpu.VMEM
