@@ -93,9 +93,13 @@ def test_ported_threefry_matches_jax_random(monkeypatch: pytest.MonkeyPatch) -> 
 # --- 2. devices under shard_map --------------------------------------------------------------
 
 
+SHARD_BYTES = 8 * 16 * 4
+"""A device's shard, (8, 16) float32: what its copy's arrival adds to a DMA semaphore."""
+
+
 def _gather_to(n_dev: int, receiver: Any) -> Any:
     """Device ``d`` sends its shard to ``receiver(d)``, into slot ``d`` (its own index) of the
-    receiver's output, and counts the arrival on the receiver's semaphore ``d``."""
+    receiver's output, and counts the arrival (its bytes) on the receiver's semaphore ``d``."""
 
     def kernel(x_ref: Any, o_ref: Any, counts_ref: Any, send: Any, recv: Any) -> None:
         me = lax.axis_index("x")
@@ -131,7 +135,7 @@ def test_remote_copy_lands_where_the_sender_addresses() -> None:
         sender = (d - 1) % n
         np.testing.assert_array_equal(out[d, sender], shards[sender])
         assert not np.any(np.delete(out[d], sender, axis=0))
-        np.testing.assert_array_equal(counts[d], np.eye(n, dtype=np.int32)[sender])
+        np.testing.assert_array_equal(counts[d], SHARD_BYTES * np.eye(n, dtype=np.int32)[sender])
 
 
 def test_copies_from_every_device_to_one_all_land() -> None:
@@ -141,7 +145,7 @@ def test_copies_from_every_device_to_one_all_land() -> None:
     out = np.asarray(out).reshape(n, n, 8, 16)
     counts = np.asarray(counts).reshape(n, n)
     np.testing.assert_array_equal(out[0], np.asarray(x).reshape(n, 8, 16))
-    np.testing.assert_array_equal(counts[0], np.ones(n))
+    np.testing.assert_array_equal(counts[0], SHARD_BYTES * np.ones(n))
     assert not np.any(out[1:]) and not np.any(counts[1:])
 
 
