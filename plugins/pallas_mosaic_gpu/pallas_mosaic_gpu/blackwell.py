@@ -74,9 +74,30 @@ def _tmem_aval(ref: Any, fn: str) -> Any:
     return aval
 
 
+def _space(ref: Any, fn: str) -> Any:
+    """The memory space of the Ref behind ``ref`` (a Ref or a view of one)."""
+    return plb.ref_type_of(plb.ref_and_transforms(ref, None, fn)[0]).memory_space
+
+
+def smem_to_tmem_avals(smem_ref: Any, tmem_ref: Any, collective_axis: Any, fn: str,
+                       purpose: str = "") -> tuple[Any, Any]:
+    """The avals of a copy from the SMEM Ref ``smem_ref`` into the TMEM Ref ``tmem_ref``
+    (``plgpu.<fn>``), refusing ``collective_axis`` (a copy into the TMEM of both blocks of a
+    cluster; ``purpose`` says what such a copy would be for)."""
+    if collective_axis is not None:
+        raise UnsupportedError(f"plgpu.{fn}(collective_axis={collective_axis!r}): a copy into "
+                               f"the TMEM of both blocks of a cluster{purpose} is not supported "
+                               "by mosaic_gpu. Fix: copy in each block, without collective_axis.")
+    src, base = gp._aval(smem_ref, fn)
+    if gp._space_name(base) != "SMEM":
+        raise PallasError(f"plgpu.{fn}: the source must be an SMEM Ref, found a Ref in "
+                          f"{gp._space_name(base)}.")
+    return src, _tmem_aval(tmem_ref, fn)
+
+
 def _check_tc_barrier(barrier: Any, fn: str) -> None:
     gp._check_barrier(barrier, fn)
-    space = plb.ref_type_of(plb.ref_and_transforms(barrier, None, fn)[0]).memory_space
+    space = _space(barrier, fn)
     if not getattr(space, "orders_tensor_core", False):
         raise PallasError(f"plgpu.{fn}: the barrier must order the tensor core. Fix: allocate "
                           "it with plgpu.Barrier(..., orders_tensor_core=True).")
@@ -174,8 +195,7 @@ def _check_layout_ref(ref: Any, layout: str, shape: tuple[Any, Any], k: int, wha
     ``shape[1]`` (when given) or divide ``k`` (block scales)."""
     fn = "tcgen05_mma"
     aval = _tmem_aval(ref, fn)
-    space = plb.ref_type_of(plb.ref_and_transforms(ref, None, fn)[0]).memory_space
-    found = getattr(space, "layout", None)
+    found = getattr(_space(ref, fn), "layout", None)
     if found != layout:
         raise PallasError(f"plgpu.tcgen05_mma: {what} is a TMEM Ref of "
                           f"{'the default layout' if found is None else found}, expected one "
@@ -206,18 +226,9 @@ def _copy_to_layout(smem_ref: Any, tmem_ref: Any, collective_axis: Any, fn: str,
                     layout: str, prim: Any, smem_shape: Any) -> None:
     """``smem_ref`` (an SMEM Ref in the layout the tensor core reads) into ``tmem_ref`` (a
     TMEM Ref of ``layout``), asynchronously; ``smem_shape(tmem_shape)`` is the SMEM shape."""
-    if collective_axis is not None:
-        raise UnsupportedError(f"plgpu.{fn}(collective_axis={collective_axis!r}): a copy into "
-                               "the TMEM of both blocks of a cluster (for a collective "
-                               "block-scaled or sparse matmul) is not supported by mosaic_gpu. "
-                               "Fix: copy in each block, without collective_axis.")
-    src, base = gp._aval(smem_ref, fn)
-    if gp._space_name(base) != "SMEM":
-        raise PallasError(f"plgpu.{fn}: the source must be an SMEM Ref, found a Ref in "
-                          f"{gp._space_name(base)}.")
-    dst = _tmem_aval(tmem_ref, fn)
-    space = plb.ref_type_of(plb.ref_and_transforms(tmem_ref, None, fn)[0]).memory_space
-    if getattr(space, "layout", None) != layout:
+    src, dst = smem_to_tmem_avals(smem_ref, tmem_ref, collective_axis, fn,
+                                  " (for a collective block-scaled or sparse matmul)")
+    if getattr(_space(tmem_ref, fn), "layout", None) != layout:
         raise PallasError(f"plgpu.{fn}: the destination must be a TMEM Ref of {layout}. Fix: "
                           f"allocate it with plgpu.TMEM(..., layout=plgpu.TMEMLayout.{layout}).")
     want = smem_shape(tuple(dst.shape))

@@ -69,18 +69,10 @@ def async_copy_smem_to_tmem(smem_ref: Any, tmem_ref: Any, collective_axis: Any =
     in JAX). Here the warpgroup reads the buffer into registers and stores it into TMEM
     (``async_store_tmem``, then ``commit_tmem``), so the copy is complete on return.
     ``collective_axis`` (a copy into both blocks' TMEM of a cluster) is refused."""
-    from pallas_mosaic_gpu.blackwell import _tmem_aval, async_store_tmem, commit_tmem
+    from pallas_mosaic_gpu.blackwell import async_store_tmem, commit_tmem, smem_to_tmem_avals
 
     fn = "async_copy_smem_to_tmem"
-    if collective_axis is not None:
-        raise UnsupportedError(f"plgpu.{fn}(collective_axis={collective_axis!r}): a copy into "
-                               "the TMEM of both blocks of a cluster is not supported by "
-                               "mosaic_gpu. Fix: copy in each block, without collective_axis.")
-    src, base = gp._aval(smem_ref, fn)
-    if gp._space_name(base) != "SMEM":
-        raise PallasError(f"plgpu.{fn}: the source must be an SMEM Ref, found a Ref in "
-                          f"{gp._space_name(base)}.")
-    dst = _tmem_aval(tmem_ref, fn)
+    src, dst = smem_to_tmem_avals(smem_ref, tmem_ref, collective_axis, fn)
     if tuple(src.shape) != tuple(dst.shape) or src.dtype != dst.dtype:
         raise PallasError(f"plgpu.{fn}: source {src.dtype}{list(src.shape)} and destination "
                           f"{dst.dtype}{list(dst.shape)} differ. Fix: slice them to match.")

@@ -434,8 +434,6 @@ def _matvec(lowering: Lowering, eqn: Any, a: ir.Value, b: ir.Value) -> ir.Value:
             a = vector.BroadcastOp(mir.value_type(shape, lhs.dtype), a).result
         if tuple(rhs.shape) != shape:
             b = vector.BroadcastOp(mir.value_type(shape, rhs.dtype), b).result
-    else:
-        shape = tuple(lhs.shape)
     wide = out.dtype
     if np.dtype(wide) != np.float32 and np.dtype(wide) not in (np.dtype(lhs.dtype),
                                                                np.dtype(rhs.dtype)):
