@@ -20,6 +20,7 @@ import pytest
 from jax.experimental.pallas import tpu as jax_pltpu
 
 import pallas_core as pl
+from pallas_core.testing.deprecations import warns_from
 
 pltpu = pytest.importorskip("pallas_mosaic_tpu")
 from pallas_mosaic_tpu import inspection  # noqa: E402
@@ -310,13 +311,8 @@ def test_reciprocal_moved_to_pltpu_and_the_old_spelling_warns() -> None:
         ours = pl.pallas_call(k(pltpu.reciprocal), jax.ShapeDtypeStruct(x.shape, F32),
                               backend="interpret")(x)
     np.testing.assert_allclose(ours, 1.0 / x, rtol=1e-6)
-    if jax.__version_info__ < (0, 11):  # JAX warns from 0.11 on, and so does this project
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            old = pl.reciprocal
-    else:
-        with pytest.warns(DeprecationWarning, match="pltpu.reciprocal"):
-            old = pl.reciprocal
+    with warns_from((0, 11), "pltpu.reciprocal"):  # where JAX warns
+        old = pl.reciprocal
     assert old is pltpu.reciprocal and "reciprocal" in dir(pl)
 
 

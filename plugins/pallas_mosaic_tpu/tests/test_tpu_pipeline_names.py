@@ -6,7 +6,6 @@ deprecated ``BufferedRefBase``; on the interpreter against ``jax.numpy``, lowere
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import jax
@@ -16,6 +15,7 @@ import pytest
 from jax.experimental.pallas import tpu as jax_pltpu
 
 import pallas_core as pl
+from pallas_core.testing.deprecations import warns_from
 
 pltpu = pytest.importorskip("pallas_mosaic_tpu")
 from pallas_mosaic_tpu import inspection  # noqa: E402
@@ -131,13 +131,8 @@ def test_async_prefetch_pipeline_gives_the_pipelines_results() -> None:
 
 def test_buffered_ref_base_is_deprecated_as_in_jax_012() -> None:
     """It warns where JAX warns: from 0.12 on."""
-    if jax.__version_info__ < (0, 12):
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            base = pltpu.BufferedRefBase
-    else:
-        with pytest.warns(DeprecationWarning, match="BufferedRefBase"):
-            base = pltpu.BufferedRefBase
+    with warns_from((0, 12), "BufferedRefBase"):
+        base = pltpu.BufferedRefBase
     assert issubclass(pltpu.BufferedRef, base) and "BufferedRefBase" in dir(pltpu)
 
 
