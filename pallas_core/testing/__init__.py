@@ -16,6 +16,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 from pallas_core.testing.conformance import (
     ACCUMULATION,
     ALIASING,
+    ARG_REDUCTION,
     ASYNC_COPY,
     ATOMICS,
     BLOCKED_GRID,
@@ -24,6 +25,7 @@ from pallas_core.testing.conformance import (
     ELEMENTWISE,
     FEATURES,
     FORI_LOOP,
+    GATHER,
     JIT,
     MASKED_ACCESS,
     MESH,
@@ -40,8 +42,8 @@ from pallas_core.testing.conformance import (
 )
 
 __all__ = [
-    "ACCUMULATION", "ALIASING", "ASYNC_COPY", "ATOMICS", "BLOCKED_GRID", "CAPABILITIES",
-    "DEBUG_PRINT", "ELEMENTWISE", "FEATURES", "FORI_LOOP", "JIT", "MASKED_ACCESS", "MESH",
-    "PROGRAM_ID", "RUN_SCOPED", "SCALAR_PREFETCH", "SCRATCH", "SEMAPHORES", "VMAP", "WHEN",
-    "ConformanceSuite", "feature", "unknown_p",
+    "ACCUMULATION", "ALIASING", "ARG_REDUCTION", "ASYNC_COPY", "ATOMICS", "BLOCKED_GRID",
+    "CAPABILITIES", "DEBUG_PRINT", "ELEMENTWISE", "FEATURES", "FORI_LOOP", "GATHER", "JIT",
+    "MASKED_ACCESS", "MESH", "PROGRAM_ID", "RUN_SCOPED", "SCALAR_PREFETCH", "SCRATCH",
+    "SEMAPHORES", "VMAP", "WHEN", "ConformanceSuite", "feature", "unknown_p",
 ]

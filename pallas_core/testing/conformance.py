@@ -13,7 +13,8 @@ feature and compares the kernel's result with plain ``jax.numpy`` on random inpu
 are named by the constants of this module (``ELEMENTWISE``, ``PROGRAM_ID``, ``BLOCKED_GRID``,
 ``ACCUMULATION``, ``WHEN``, ``FORI_LOOP``, ``SCRATCH``, ``ALIASING``, ``MASKED_ACCESS``,
 ``ATOMICS``, ``DEBUG_PRINT``, ``RUN_SCOPED``, ``MESH``, ``JIT``, ``VMAP``,
-``SCALAR_PREFETCH``, ``SEMAPHORES``, ``ASYNC_COPY``); :data:`FEATURES` says
+``SCALAR_PREFETCH``, ``SEMAPHORES``, ``ASYNC_COPY``, ``ARG_REDUCTION``, ``GATHER``);
+:data:`FEATURES` says
 what each one's tests check.
 
 A feature listed in ``unsupported`` is not passed over in silence: its tests are skipped with a
@@ -66,6 +67,8 @@ VMAP = "vmap"
 SCALAR_PREFETCH = "scalar_prefetch"
 SEMAPHORES = "semaphores"
 ASYNC_COPY = "async_copy"
+ARG_REDUCTION = "arg_reduction"
+GATHER = "gather"
 
 FEATURES: Mapping[str, str] = {
     ELEMENTWISE: "a kernel without a grid: whole arrays in, whole arrays out",
@@ -87,6 +90,8 @@ FEATURES: Mapping[str, str] = {
     SCALAR_PREFETCH: "GridSpec(num_scalar_prefetch=1): index maps choose blocks by data",
     SEMAPHORES: "pl.semaphore_signal/wait/read on semaphores that persist across grid steps",
     ASYNC_COPY: "pallas_core.copies: a local async copy, started then waited on",
+    ARG_REDUCTION: "jnp.argmax and jnp.argmin along each axis of a block",
+    GATHER: "jnp.take_along_axis along the minor axis of a block, with random indices",
 }
 """Every feature the suite tests, by name, with what its tests check."""
 
@@ -675,3 +680,30 @@ class ConformanceSuite:
         out = self.pallas_call(kernel, _like(x), scratch_shapes=[
             self.scratch_memory((8, 128), jnp.float32), self.semaphores(1, dma=True)])(x)
         self.assert_close(out, x * 2.0)
+
+    @feature(ARG_REDUCTION)
+    def test_argmax_argmin(self) -> None:
+        """``jnp.argmax`` along the lanes and ``jnp.argmin`` along the rows of a block (distinct
+        values, so that each extreme has one index)."""
+        def kernel(x_ref: Any, max_ref: Any, min_ref: Any) -> None:
+            x = x_ref[...]
+            max_ref[...] = jnp.argmax(x, axis=1).astype(jnp.int32)
+            min_ref[...] = jnp.argmin(x, axis=0).astype(jnp.int32)
+
+        x = jnp.asarray(self.rng.permutation(8 * 128).reshape(8, 128) / 7.0, jnp.float32)
+        out = (jax.ShapeDtypeStruct((8,), jnp.int32), jax.ShapeDtypeStruct((128,), jnp.int32))
+        got_max, got_min = self.pallas_call(kernel, out)(x)
+        np.testing.assert_array_equal(np.asarray(got_max), np.asarray(jnp.argmax(x, axis=1)))
+        np.testing.assert_array_equal(np.asarray(got_min), np.asarray(jnp.argmin(x, axis=0)))
+
+    @feature(GATHER)
+    def test_take_along_axis(self) -> None:
+        """``jnp.take_along_axis`` along the minor axis with random in-range indices."""
+        def kernel(x_ref: Any, i_ref: Any, o_ref: Any) -> None:
+            o_ref[...] = jnp.take_along_axis(x_ref[...], i_ref[...], axis=1)
+
+        x = self.random((8, 128))
+        idx = jnp.asarray(self.rng.integers(0, 128, (8, 128)), jnp.int32)
+        out = self.pallas_call(kernel, _like(x))(x, idx)
+        np.testing.assert_array_equal(np.asarray(out),
+                                      np.asarray(jnp.take_along_axis(x, idx, axis=1)))

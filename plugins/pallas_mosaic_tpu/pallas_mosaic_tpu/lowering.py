@@ -502,6 +502,37 @@ def _argmin(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
     return _reduce_index(lowering, eqn, x, "arg_min")
 
 
+_GATHER_MODES = (lax.GatherScatterMode.FILL_OR_DROP, lax.GatherScatterMode.PROMISE_IN_BOUNDS)
+
+
+@rule(lax.gather_p)
+def _gather(lowering: Lowering, eqn: Any, x: ir.Value, indices: ir.Value) -> ir.Value:
+    """``jnp.take_along_axis`` along one of the two minor dimensions: ``tpu.dynamic_gather``
+    of the indices without the trailing unit dimension that ``take_along_axis`` appends (the
+    one gather form Mosaic has)."""
+    src, idx, out = _in(eqn), _in(eqn, 1), _out(eqn)
+    rank, p = len(out.shape), eqn.params
+    dn = p["dimension_numbers"]
+    axes = tuple(dn.collapsed_slice_dims)
+    like_take_along_axis = (
+        len(src.shape) == rank and tuple(idx.shape) == (*out.shape, 1)
+        and tuple(p["slice_sizes"]) == (1,) * rank and p["mode"] in _GATHER_MODES
+        and not dn.offset_dims and axes == tuple(dn.start_index_map) and len(axes) == 1
+        and tuple(dn.operand_batching_dims) == tuple(dn.start_indices_batching_dims)
+        and len(dn.operand_batching_dims) == rank - 1)
+    if not like_take_along_axis:
+        raise lowering.fail(
+            f"lax.gather with {dn} and slice sizes {tuple(p['slice_sizes'])} (Mosaic gathers "
+            "only as jnp.take_along_axis(x, indices, axis) does, with indices of x's shape "
+            "and mode 'fill' or 'promise_in_bounds')")
+    if axes[0] < rank - 2:
+        raise lowering.fail(f"jnp.take_along_axis along axis {axes[0]} of a rank-{rank} "
+                            "array (Mosaic gathers along the two minor dimensions only; "
+                            "move the axis there with jnp.swapaxes)")
+    recovered = vector.ShapeCastOp(mir.value_type(out.shape, idx.dtype), indices).result
+    return tpu.DynamicGatherOp(x, recovered, list(axes)).result
+
+
 @rule(prims.program_id_p)
 def _program_id(lowering: Lowering, eqn: Any) -> ir.Value:
     gm = lowering.call.grid_mapping

@@ -34,7 +34,7 @@ OTHER_MEANS = {
 
 KNOWN_GAPS = {
     # Shapes and layout.
-    "broadcast_to", "gather",
+    "broadcast_to",
     # Memory.
     "empty_ref",
     # JAX's key arrays.
