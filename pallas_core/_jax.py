@@ -927,6 +927,57 @@ def jax_lowering_rule_names(backend: str) -> dict[str, frozenset[str]]:
     raise ValueError(f"no JAX rule registry known for {backend!r}")
 
 
+# --- primitives of JAX's own that kernels may hold, beyond lax's -------------------------
+from jax._src import checkify as _checkify  # noqa: E402
+from jax._src import debugging as _debugging  # noqa: E402
+from jax._src.lax import control_flow as _control_flow  # noqa: E402
+
+stage_p = core.stage_p
+"""JAX's staging of a value (an identity once traced)."""
+platform_index_p = _control_flow.platform_index_p
+"""``lax.platform_dependent``'s choice of a branch by the platform lowered for."""
+debug_callback_p = _debugging.debug_callback_p
+"""``jax.debug.callback`` (and ``jax.debug.print``)."""
+check_p = _checkify.check_p
+"""``checkify.check`` and ``checkify.debug_check``."""
+empty_ref_p = core.empty_ref_p
+"""``jax.empty_ref``: a new mutable Ref of unspecified contents."""
+try:
+    from jax._src.pallas.fuser import custom_fusion_lib as _custom_fusion
+
+    custom_fusion_p: Primitive | None = _custom_fusion.custom_fusion_p
+    """JAX's ``custom_fusion`` (JAX 0.11 on): a function with a Pallas form of its own."""
+except ImportError:  # JAX 0.10
+    custom_fusion_p = None
+__all__ += ["check_p", "custom_fusion_p", "debug_callback_p", "empty_ref_p", "platform_index_p",
+            "stage_p"]
+
+
+def platform_branch(eqn: Any, names: Sequence[str]) -> int | None:
+    """The branch ``lax.platform_dependent`` takes (a ``platform_index`` equation) where the
+    platform is one of ``names``: the first naming one of them, else the default one (a
+    ``None`` entry); ``None`` if neither."""
+    for i, platforms in enumerate(eqn.params["platforms"]):
+        if platforms is None or any(n in platforms for n in names):
+            return i
+    return None
+
+
+def failed_check(eqn: Any) -> tuple[int, str] | None:
+    """``(operand, message)`` of a ``checkify`` check equation made with ``debug=True``: the
+    index of its boolean operand, True where the check fails, and the check's message (a
+    format string; its arguments are not filled in). ``None`` for a check made to be
+    functionalized (``debug=False``)."""
+    if not eqn.params.get("debug", False):
+        return None
+    error = jax.tree.unflatten(eqn.params["err_tree"], list(range(len(eqn.invars))))
+    (pred,) = error._pred.values()
+    (exception_tree,) = error._metadata.values()
+    (payload,) = error._payload.values()
+    exception = jax.tree.unflatten(exception_tree, payload)
+    return int(pred), str(getattr(exception, "fmt_string", exception))
+
+
 def threefry2x32_expansion(avals: Sequence[Any]) -> ClosedJaxpr:
     """``threefry2x32`` on operands of ``avals`` written as plain ``lax`` ops (its rounds
     unrolled), as JAX's own TPU lowering inlines it: for backends without the primitive."""

@@ -37,7 +37,11 @@ signature every backend's rules share), :class:`Rules` (a table), :class:`Loweri
 is a change in the core alone): ``Primitive``, ``Jaxpr``, ``ClosedJaxpr``, ``Literal``,
 ``ShapedArray``, ``Tracer``, ``typeof``, ``is_var``, ``source_line``, ``user_context``,
 ``jaxpr_from_eqns``, ``trace_to_jaxpr``, ``written_invars``, ``scan_parts``; the control-flow
-primitives ``cond_p``, ``while_p``, ``scan_p``, ``axis_index_p``, ``stack_p``, ``unstack_p``.
+primitives ``cond_p``, ``while_p``, ``scan_p``, ``axis_index_p``, ``stack_p``, ``unstack_p``;
+JAX's own primitives that kernels may hold, for backends that lower them as JAX does:
+``stage_p``, ``custom_fusion_p`` (``None`` where JAX lacks it), ``platform_index_p`` (with
+``platform_branch``, the branch a platform takes), ``debug_callback_p``, ``check_p`` (with
+``failed_check``, a debug check's predicate and message), ``empty_ref_p``.
 
 **Refs and effects**: ``AbstractRef``, ``ref_type_of``, ``shape_after_transforms``,
 ``NDIndexer``, ``Slice``, ``ds``, ``BitcastTransform``, ``ReshapeTransform``, the state
@@ -86,12 +90,17 @@ from pallas_core._jax import (
     assumed_device,
     axis_index_p,
     broadcast_to_p,
+    check_p,
     cond_p,
+    custom_fusion_p,
+    debug_callback_p,
     discharge_rules_wrapped,
     discharge_state,
     ds,
     emit_custom_call,
+    empty_ref_p,
     extend_axis_env,
+    failed_check,
     get_p,
     internal_mutable_array_effect,
     is_ref_effect,
@@ -104,6 +113,8 @@ from pallas_core._jax import (
     mosaic_serde_version,
     mosaic_waits_name_both_ends,
     pallas_use_mosaic_gpu,
+    platform_branch,
+    platform_index_p,
     ref_type_of,
     register_initial_ref,
     register_side_effect,
@@ -114,6 +125,7 @@ from pallas_core._jax import (
     source_line,
     sparsecore_adds_only_into_shared_vmem,
     stack_p,
+    stage_p,
     swap_p,
     trace_to_jaxpr,
     typeof,
@@ -182,6 +194,8 @@ __all__ = [
     "cond_p", "is_var", "jaxpr_from_eqns", "scan_p", "scan_parts", "source_line", "stack_p",
     "extend_axis_env", "trace_to_jaxpr", "typeof", "unstack_p", "user_context", "while_p",
     "written_invars",
+    "check_p", "custom_fusion_p", "debug_callback_p", "empty_ref_p", "failed_check",
+    "platform_branch", "platform_index_p", "stage_p",
     # Refs and effects
     "AbstractRef", "BitcastTransform", "Effect", "NDIndexer", "PeerRefTransform",
     "ReadEffect", "ReshapeTransform", "remote_view",

@@ -152,8 +152,9 @@ def debug_check(condition: Any, message: str) -> None:
     """Reports ``message`` where ``condition`` is False, while ``pl.enable_debug_checks`` is on
     (when the kernel is traced); otherwise does nothing.
 
-    The interpreter raises a ``PallasError`` carrying ``message`` when the kernel runs; hardware
-    backends refuse kernels holding an enabled check.
+    The interpreter raises a ``PallasError`` carrying ``message`` when the kernel runs; Mosaic
+    TPU lowers the check to ``cf.assert`` as JAX does; the other hardware backends refuse
+    kernels holding an enabled check.
     """
     if not isinstance(message, str):
         raise ArgumentError(f"pl.debug_check(condition, message): message must be a str, "

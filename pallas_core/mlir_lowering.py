@@ -78,16 +78,17 @@ def lower_jaxpr(state: LoweringState, rules: Rules, jaxpr: Any, consts: Sequence
         if line != "<unknown>":
             state.location = line
         fn = rules.get(eqn.primitive)
+        dtypes = ", ".join(sorted({np.dtype(v.aval.dtype).name for v in eqn.invars
+                                   if hasattr(v.aval, "dtype")}))
         if fn is None:
-            raise state.fail(f"the primitive {eqn.primitive.name!r}", eqn)
+            on = f" on {dtypes}" if dtypes else ""
+            raise state.fail(f"the primitive {eqn.primitive.name!r}{on}", eqn)
         try:
             outs = fn(state, eqn, *[read(v) for v in eqn.invars])
         except PallasError:
             raise
         except Exception as e:  # a rule's or MLIR's own error: name what was being lowered
-            dtypes = sorted({np.dtype(v.aval.dtype).name for v in eqn.invars
-                             if hasattr(v.aval, "dtype")})
-            what = f"{eqn.primitive.name} on {', '.join(dtypes) or 'no operands'}"
+            what = f"{eqn.primitive.name} on {dtypes or 'no operands'}"
             raise state.fail(f"{what} ({type(e).__name__}: {' '.join(str(e).split())})",
                              eqn) from e
         if eqn.primitive.multiple_results:

@@ -427,6 +427,24 @@ def table(d: Dialect) -> Rules:
         jaxpr, consts = called_jaxpr(eqn)
         return d.lower_jaxpr(state, jaxpr, consts, args)
 
+    @rule(_jax.stage_p)
+    def _stage(state: LoweringState, eqn: Any, x: Any) -> Any:
+        return x  # staging a value for tracing: the value itself once traced
+
+    if _jax.custom_fusion_p is not None:
+        @rule(_jax.custom_fusion_p)
+        def _custom_fusion(state: LoweringState, eqn: Any, *args: Any) -> list[Any]:
+            """A ``custom_fusion`` in a kernel: its Pallas form, where it has one (its
+            ``pallas_jaxpr``), else its ordinary one, inlined (as JAX's lowering does)."""
+            p = eqn.params
+            n, m = p["num_consts"], p["pallas_num_consts"]
+            consts, pallas_consts, rest = args[:n], args[n:n + m], args[n + m:]
+            jaxpr, these = ((p["jaxpr"], consts) if p["pallas_jaxpr"] is None
+                            else (p["pallas_jaxpr"], pallas_consts))
+            if isinstance(jaxpr, _jax.ClosedJaxpr):
+                return d.lower_jaxpr(state, jaxpr.jaxpr, jaxpr.consts, [*these, *rest])
+            return d.lower_jaxpr(state, jaxpr, (), [*these, *rest])
+
     def types(avals: Sequence[Any]) -> list[ir.Type]:
         return [d.value_type(a.shape, a.dtype) for a in avals]
 

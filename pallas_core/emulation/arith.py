@@ -36,7 +36,7 @@ from pallas_core.emulation.types import (
     signed,
     unsigned,
 )
-from pallas_core.errors import UnsupportedError
+from pallas_core.errors import PallasError, UnsupportedError
 
 _Fn = Callable[..., Any]
 
@@ -492,7 +492,22 @@ def _quiet(rule: Rule) -> Rule:
     return quiet_rule
 
 
+class CheckFailedError(PallasError, AssertionError):
+    """A ``cf.assert`` of an emulated kernel (a ``pl.debug_check`` or ``checkify.debug_check``
+    lowered for the hardware) failed."""
+
+
+def _cf_assert(c: Compiler, op: ir.Operation) -> _Fn:
+    message = ir.StringAttr(op.attributes["msg"]).value
+
+    def run(ok: Any) -> None:
+        if not np.asarray(ok).all():
+            raise CheckFailedError(f"a check in the emulated kernel failed: {message}")
+    return run
+
+
 RULES: dict[str, Rule] = {
+    "cf.assert": _cf_assert,
     "arith.constant": _constant,
     "arith.addi": _ints(np.add), "arith.subi": _ints(np.subtract),
     "arith.muli": _ints(np.multiply),
@@ -561,4 +576,4 @@ if hasattr(arith_dialect, "MaximumNumFOp"):
     RULES["arith.maximumnumf"] = _max_min_f(True, False)
     RULES["arith.minimumnumf"] = _max_min_f(False, False)
 RULES = {name: rule if name == "arith.constant" else _quiet(rule) for name, rule in RULES.items()}
-"""``arith`` and ``math`` operation name -> rule."""
+"""``arith`` and ``math`` operation name (and ``cf.assert``) -> rule."""

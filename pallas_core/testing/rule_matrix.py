@@ -87,6 +87,7 @@ UNARY: dict[str, Callable[[Any], Any]] = {
     "reduce_max": lambda x: jnp.broadcast_to(jnp.max(x, axis=-1, keepdims=True), x.shape),
     "reduce_min": lambda x: jnp.broadcast_to(jnp.min(x, axis=-1, keepdims=True), x.shape),
     "scan": _fori, "while": _while, "cond": _cond,
+    "reduce_precision": lambda x: lax.reduce_precision(x, exponent_bits=5, mantissa_bits=2),
     # JAX 0.11 on: tanh's derivative.
     **({"one_minus_square": lax.one_minus_square} if hasattr(lax, "one_minus_square") else {}),
 }

@@ -41,9 +41,10 @@ class TestMosaicGPUOnGPU(ConformanceSuite):
     ``UnsupportedError`` the suite's accumulating matmul (its float32 B block is no wgmma
     operand), uneven edge blocks and ``pl.when`` on a reduction (their register layouts), so
     those are declared unsupported here, and so are ``jnp.argmax`` and ``jnp.take_along_axis``
-    (JAX's Mosaic GPU lowering has no rule for either; both are refused by name). The plugin declares no capability, but four of the
-    suite's capability kernels lower (scratch, aliasing, ``run_scoped``, ``vmap``): they run
-    here as declared ones, so that the GPU says whether the plugin may declare them."""
+    (JAX's Mosaic GPU lowering has no rule for either; both are refused by name). The plugin
+    declares no capability, but four of the suite's capability kernels lower (scratch,
+    aliasing, ``run_scoped``, ``vmap``): they run here as declared ones, so that the GPU says
+    whether the plugin may declare them."""
 
     backend = "mosaic_gpu"
     unsupported = frozenset({ACCUMULATION, ARG_REDUCTION, BLOCKED_GRID, GATHER, WHEN})

@@ -38,6 +38,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 from jaxlib.mlir import ir
 
@@ -281,6 +282,39 @@ def _reduce_index(c: Compiler, op: ir.Operation) -> _Fn:
         raise _unsupported(op, f"the index reduction {kind}")
     dtype = dtype_of(op.results[0].type)
     return lambda x: fn(np.asarray(x), axis=axis).astype(dtype)
+
+
+def reduce_precision(x: np.ndarray, exponent_bits: int, mantissa_bits: int) -> np.ndarray:
+    """``x`` rounded to a float of ``exponent_bits`` and ``mantissa_bits`` and kept in its
+    own type, as XLA's ``ReducePrecision`` defines it: the mantissa rounded to nearest even
+    on the bits, then exponents past the narrow range flushed to signed infinity (above) or
+    signed zero (at or below its smallest normal); NaNs stay NaN."""
+    x = np.asarray(x)
+    info = ml_dtypes.finfo(x.dtype)
+    width, mant = x.dtype.itemsize * 8, int(info.nmant)
+    exp = width - 1 - mant
+    u = np.dtype(f"uint{width}")
+    bits = x.view(u).astype(np.uint64)
+    if mantissa_bits < mant:
+        last = 1 << (mant - mantissa_bits)
+        bias = ((bits & last) >> (mant - mantissa_bits)) + ((last >> 1) - 1)
+        bits = (bits + bias) & ~np.uint64(last - 1) & np.uint64((1 << width) - 1)
+    if exponent_bits < exp:
+        exp_mask = ((1 << exp) - 1) << mant
+        src_bias, narrow_bias = (1 << (exp - 1)) - 1, (1 << (exponent_bits - 1)) - 1
+        exponent = bits & np.uint64(exp_mask)
+        sign = bits & np.uint64(1 << (width - 1))
+        bits = np.where(exponent > np.uint64((src_bias + narrow_bias) << mant),
+                        sign | np.uint64(exp_mask),
+                        np.where(exponent <= np.uint64((src_bias - narrow_bias) << mant),
+                                 sign, bits))
+    out = bits.astype(u).view(x.dtype)
+    return np.where(np.isnan(x), x, out)
+
+
+def _reduce_precision(c: Compiler, op: ir.Operation) -> _Fn:
+    exponent, mantissa = _int(op, "exponent_bits"), _int(op, "mantissa_bits")
+    return lambda x: reduce_precision(np.asarray(x), exponent, mantissa)
 
 
 def _dynamic_gather(c: Compiler, op: ir.Operation) -> _Fn:
@@ -545,7 +579,7 @@ RULES: dict[str, Rule] = {
     "tpu.matmul": _matmul, "tpu.iota": _iota, "tpu.dynamic_rotate": _rotate,
     "tpu.repeat": _repeat, "tpu.concatenate": _concatenate, "tpu.bitcast": _tpu_bitcast,
     "tpu.reciprocal": _reciprocal, "tpu.reduce_index": _reduce_index,
-    "tpu.dynamic_gather": _dynamic_gather,
+    "tpu.dynamic_gather": _dynamic_gather, "tpu.reduce_precision": _reduce_precision,
     "tpu.transpose": MEMORY_RULES["vector.transpose"],
     "tpu.fptosi": _float_to_int, "tpu.sitofp": _convert, "tpu.extf": _convert,
     "tpu.truncf": _convert,

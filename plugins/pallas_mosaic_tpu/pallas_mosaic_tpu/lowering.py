@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import types
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -25,7 +26,7 @@ import jax
 import numpy as np
 from jax import lax
 from jaxlib.mlir import ir
-from jaxlib.mlir.dialects import arith, func, memref, vector
+from jaxlib.mlir.dialects import arith, cf, func, memref, vector
 from jaxlib.mosaic.python import tpu
 
 from pallas_core import backend as plb
@@ -766,6 +767,94 @@ def _run_scoped(lowering: Lowering, eqn: Any, *outer: Any) -> list[Any]:
         lower_jaxpr(lowering, body.jaxpr, body.consts, [*outer, *scoped])
         tpu.YieldOp([])
     return []
+
+
+@rule(plb.empty_ref_p)
+def _empty_ref(lowering: Lowering, eqn: Any) -> ir.Value:
+    """``jax.empty_ref`` (``pl.empty_ref_like``) in a kernel: a buffer of the kernel's own, in
+    its memory space (VMEM when none is named), as JAX's lowering allocates it."""
+    aval, space = eqn.params["ty"], eqn.params["memory_space"]
+    if space is not None and not isinstance(space, plb.MemorySpace):
+        raise lowering.fail(f"jax.empty_ref in memory space {space!r} (a kernel allocates "
+                            "in this backend's memory spaces: pltpu.VMEM, pltpu.SMEM, ...)")
+    ty = (lowering.scratch_type or _scratch_type)(aval.shape, aval.dtype, space)
+    if space in (SEMAPHORE, DMA_SEMAPHORE):
+        return tpu.AllocaSemaphoreOp(ty).result
+    return memref.AllocaOp(ty, [], []).result
+
+
+@rule(plb.debug_callback_p)
+def _debug_callback(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
+    """``jax.debug.callback`` (and ``jax.debug.print``): a TPU kernel cannot call the host,
+    so nothing is emitted, as in JAX's lowering; a warning says so where the kernel is
+    lowered (``pl.debug_print`` prints from a TPU kernel)."""
+    warnings.warn(f"jax.debug.callback in Mosaic TPU kernel {lowering.call.name!r} at "
+                  f"{plb.source_line(eqn)} does nothing on a TPU (a kernel cannot call the "
+                  "host; JAX's lowering drops it too). Fix: print with pl.debug_print, or run "
+                  "the kernel with backend='interpret', where the callback runs.",
+                  stacklevel=2)
+    return []
+
+
+def _assert(ok: ir.Value, message: str) -> None:
+    """``cf.assert`` of a scalar ``ok`` (an ``i1``, or a vector of one element)."""
+    if mir.shape_of(ok):
+        ok = vector.ExtractOp(ok, [], [0] * len(mir.shape_of(ok))).result
+    cf.AssertOp(ok, message)
+
+
+@rule(plb.check_p)
+def _check(lowering: Lowering, eqn: Any, *args: ir.Value) -> list[Any]:
+    """``checkify.debug_check`` as JAX lowers it: ``cf.assert`` that the failure predicate is
+    False, while ``pl.enable_debug_checks`` is on (nothing otherwise)."""
+    found = plb.failed_check(eqn)
+    if found is None:
+        raise lowering.fail("checkify.check in a kernel (Mosaic asserts debug checks only; "
+                            "use checkify.debug_check, or functionalize the check with "
+                            "checkify.checkify around the pallas_call)")
+    if not extras.enable_debug_checks.value:
+        return []
+    index, message = found
+    fails = args[index]
+    _assert(arith.XOrIOp(fails, mir.constant(True, np.bool_, ())).result, message)
+    return []
+
+
+@rule(extras.debug_check_p)
+def _debug_check(lowering: Lowering, eqn: Any, ok: ir.Value) -> list[Any]:
+    """``pl.debug_check`` (traced only while ``pl.enable_debug_checks`` is on): ``cf.assert``,
+    as JAX lowers it."""
+    _assert(ok, eqn.params["message"])
+    return []
+
+
+@rule(plb.platform_index_p)
+def _platform_index(lowering: Lowering, eqn: Any, *args: Any) -> ir.Value:
+    """``lax.platform_dependent`` in a kernel: the branch for ``mosaic``, else the default
+    one, as JAX's lowering picks it."""
+    branch = plb.platform_branch(eqn, ("mosaic",))
+    if branch is None:
+        raise lowering.fail(f"lax.platform_dependent with branches for "
+                            f"{eqn.params['platforms']} and no default (a Mosaic TPU kernel "
+                            "takes the branch named mosaic=..., else default=...)")
+    return mir.constant(branch, np.int32, ())
+
+
+_REDUCE_PRECISION = hasattr(tpu, "ReducePrecisionOp")
+"""Whether the installed jaxlib has ``tpu.reduce_precision`` (JAX 0.11 on)."""
+
+
+@rule(lax.reduce_precision_p)
+def _reduce_precision(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
+    if not _REDUCE_PRECISION:
+        raise lowering.fail(f"lax.reduce_precision of {np.dtype(_in(eqn).dtype).name} with "
+                            "this jaxlib (tpu.reduce_precision is new in JAX 0.11, and JAX's "
+                            "lowering refuses it before)")
+    if not mir.shape_of(x):
+        raise lowering.fail("lax.reduce_precision of a scalar (tpu.reduce_precision takes "
+                            "vectors; reduce a one-element array)")
+    p = eqn.params
+    return tpu.ReducePrecisionOp(x, p["exponent_bits"], p["mantissa_bits"]).result
 
 
 _TYPED_LOG = jax.__version_info__ >= (0, 11)

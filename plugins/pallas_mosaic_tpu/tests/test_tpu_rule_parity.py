@@ -29,29 +29,27 @@ OTHER_MEANS = {
     "emit_pipeline": "pltpu.emit_pipeline is traced into the kernel body (its loops and copies)",
     "pipeline_body": "see emit_pipeline",
     "debug_print": "the core's debug_print (pl.debug_print)",
+    "add_dependency": "pltpu.touch emits nothing (kernels here access Refs in program order), "
+                      "as JAX's rule for its primitive emits nothing",
+    "prng_split": "keys of pltpu.to_pallas_key are jax.random's threefry keys here (the key "
+                  "primitives lower them); JAX's split a key of its TPU-PRNG implementation",
+    "prng_join": "see prng_split",
 }
 """JAX primitives whose feature this project provides under another primitive."""
 
 KNOWN_GAPS = {
-    # Shapes and layout.
+    # Shapes and layout: JAX's lowering refuses broadcast_to too (a Triton primitive).
     "broadcast_to",
-    # Memory.
-    "empty_ref",
     # JAX's key arrays.
-    "prng_split", "prng_join", "random_bits",
-    "random_fold_in", "random_seed", "random_unwrap", "random_wrap",
+    "random_bits", "random_fold_in", "random_seed", "random_unwrap", "random_wrap",
     "iota_2x32_shape",
     # The MXU driven by hand.
     "matmul_push_rhs", "matmul_acc_lhs", "matmul_pop",
-    # Debugging and tracing.
-    "debug_callback", "check",
-    # Dynamic shapes, sharding and scheduling.
-    "dim_as_value", "platform_index", "stage", "add_dependency",
+    # Symbolic shapes (jax.export with symbolic dimensions: kernels here have static shapes).
+    "dim_as_value",
     # New in JAX 0.11.
     "approx_top_k", "top_k", "conv", "conv_general_dilated", "matmul_lhs_fifo",
-    "matmul_pop_fifo", "reduce_precision",
-    # New in JAX 0.12.
-    "custom_fusion",
+    "matmul_pop_fifo",
 }
 """Known gaps: lowering any of these raises an UnsupportedError naming the primitive."""
 
