@@ -486,10 +486,15 @@ def _device_id_from_axes(device_id: dict[Any, Any], fn: str) -> tuple[list[jax.A
         value = _int32_operand(value, f"device_id[{key!r}]", fn)
         if len(names) == 1 and names[0] in cores and names[0] not in sizes:
             core = value
+        elif len(names) == 1 and names[0] in sizes:
+            coords[names[0]] = value  # the coordinate itself, as JAX passes it on
         elif all(n in sizes for n in names):
             for k, n in enumerate(names):  # a linear index over several axes, row-major
                 inner = int(np.prod([sizes[m] for m in names[k + 1:]], dtype=np.int64))
-                coords[n] = (value // inner) % sizes[n]
+                # lax's division and remainder (truncating, one op each, as JAX's own
+                # conversion): an index in range is non-negative, where they agree with
+                # floor division, and a backend can follow the value back through them.
+                coords[n] = lax.rem(lax.div(value, np.int32(inner)), np.int32(sizes[n]))
         else:
             raise PallasError(
                 f"pl.{fn}: device_id names the axis {key!r}, but the shard_map mesh axes are "

@@ -70,8 +70,11 @@ def _logical_device(state: GPULowering, ids: list[Any], mesh_coordinates: bool) 
     if len(ids) != len(state.devices):
         raise state.fail(f"a device_id of {len(ids)} coordinates on a mesh of "
                          f"{len(state.devices)} axes")
-    out = i32(0)
-    for (_, size), coord in zip(state.devices, ids):
+    # Row-major over the mesh axes, from the first coordinate (on a 1-axis mesh the id is
+    # the coordinate itself: the same value at every use, which the Mosaic GPU library's TMA
+    # descriptor cache needs to recognise one peer).
+    out = _int(state, ids[0])
+    for (_, size), coord in zip(state.devices[1:], ids[1:]):
         out = arith.addi(arith.muli(out, i32(size)), _int(state, coord))
     return out
 

@@ -82,6 +82,30 @@ def _cast_reads(state: GPULowering) -> set[int]:
     return found
 
 
+def _unread_results(state: GPULowering) -> set[int]:
+    """``id`` of every variable an equation of the kernel's jaxpr (nested ones included)
+    defines and nothing reads: no equation takes it, no jaxpr returns it."""
+    found = getattr(state, "_unread", None)
+    if found is None:
+        from pallas_core import reference
+
+        defined: set[int] = set()
+        read: set[int] = set()
+
+        def visit(jaxpr: Any) -> None:
+            read.update(id(v) for v in jaxpr.outvars)
+            for e in jaxpr.eqns:
+                read.update(id(v) for v in e.invars)
+                defined.update(id(v) for v in e.outvars)
+                for sub in reference.sub_jaxprs(e.params):
+                    visit(sub)
+
+        visit(state.call.jaxpr.jaxpr)
+        found = defined - read
+        state._unread = found  # type: ignore[attr-defined]
+    return found
+
+
 @rule(plb.swap_p, lazy=True)
 def _swap(state: GPULowering, eqn: Any, ref: Ref, value: Any, *flat: Any, **_: Any
           ) -> Any:
@@ -98,7 +122,10 @@ def _swap(state: GPULowering, eqn: Any, ref: Ref, value: Any, *flat: Any, **_: A
     if view.transposed:
         raise state.fail("storing to a transposed SMEM Ref")
     old = None
-    if eqn.outvars and type(eqn.outvars[0]).__name__ != "DropVar":
+    # The previous contents are read only where something reads them (``ref[...] = v``
+    # traces a swap whose result nothing uses; JAX's lowering drops that read as dead code).
+    if (eqn.outvars and type(eqn.outvars[0]).__name__ != "DropVar"
+            and id(eqn.outvars[0]) not in _unread_results(state)):
         try:
             old = load(view)
         except (NotImplementedError, ValueError) as e:  # e.g. 64 floats in no strided layout
@@ -172,9 +199,14 @@ def wgmma_into(state: GPULowering, acc: Any, a: Any, b: Any, a_t: bool = False,
     b_ref = b.ref if isinstance(b, Loaded) else b
     b_op = _transposed(b_ref) if b_t else b_ref.memref
     try:
-        return mgpu.wgmma(acc, a_op, b_op, swizzle=SWIZZLE)
+        out = mgpu.wgmma(acc, a_op, b_op, swizzle=SWIZZLE)
     except (NotImplementedError, ValueError) as e:
         raise state.fail(f"this wgmma ({e})") from None
+    # Close a wgmma group holding these matmuls, as JAX's lowering does after each wgmma:
+    # wgmma.wait_group counts committed groups only, so without it a later wait would not
+    # wait for them.
+    nvvm.wgmma_commit_group_sync_aligned()
+    return out
 
 
 @rule(lax.dot_general_p, lazy=True)
