@@ -39,8 +39,6 @@ plgpu = pytest.importorskip("pallas_mosaic_gpu")  # the mosaic_gpu environment r
 from jaxlib.mlir import ir  # noqa: E402
 from pallas_mosaic_gpu import inspection  # noqa: E402
 
-from pallas_core import _jax  # noqa: E402
-
 P = jax.sharding.PartitionSpec
 BF16, F32 = jnp.bfloat16, jnp.float32
 NUM_BLOCKS = 4  # the kernels default to the device's SM count, which a CPU device lacks
