@@ -13,12 +13,16 @@ import dataclasses
 import functools
 import importlib
 import inspect
+import math
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
 from jax._src import ad_checkpoint as _ad_checkpoint
 from jax._src import ad_util, api_util, core, dispatch, effects, source_info_util
 from jax._src import config as _config
@@ -976,6 +980,74 @@ def failed_check(eqn: Any) -> tuple[int, str] | None:
     (payload,) = error._payload.values()
     exception = jax.tree.unflatten(exception_tree, payload)
     return int(pred), str(getattr(exception, "fmt_string", exception))
+
+
+# --- jax.random's key arrays in kernels ---------------------------------------------------
+from jax._src.random import prng as _prng  # noqa: E402
+
+random_seed_p = _prng.random_seed_p
+random_bits_p = _prng.random_bits_p
+random_fold_in_p = _prng.random_fold_in_p
+random_wrap_p = _prng.random_wrap_p
+random_unwrap_p = _prng.random_unwrap_p
+iota_2x32_shape_p = _prng.iota_2x32_shape_p
+KEY_PRIMITIVES = (random_seed_p, random_bits_p, random_fold_in_p, iota_2x32_shape_p)
+"""``jax.random``'s primitives on key arrays that backends lower as the key implementation's
+functions on the keys' words (:func:`key_expansion`), as JAX's TPU lowering does;
+``random_wrap_p``/``random_unwrap_p`` change the type only (a key is its words)."""
+__all__ += ["KEY_PRIMITIVES", "iota_2x32_shape_p", "random_bits_p", "random_fold_in_p",
+            "random_seed_p", "random_unwrap_p", "random_wrap_p"]
+
+
+def physical_aval(aval: Any) -> Any:
+    """``aval`` as it is held: a key array as its words (``uint32``, the key's shape plus the
+    implementation's key shape); any other aval unchanged."""
+    return core.physical_aval(aval)
+
+
+def is_key(aval: Any) -> bool:
+    """Whether ``aval`` is a ``jax.random`` key array's."""
+    return isinstance(getattr(aval, "dtype", None), _prng.KeyTy)
+
+
+def _iota_2x32(shape: tuple[int, ...]) -> tuple[Any, Any]:
+    """``iota_2x32_shape``: the row-major index of each element as two 32-bit words (high,
+    low); built from int32 iotas, as JAX's TPU lowering builds it."""
+    low = jnp.zeros(shape, jnp.int32)
+    step = 1
+    for dim in range(len(shape) - 1, -1, -1):
+        low = low + lax.broadcasted_iota(jnp.int32, shape, dim) * step
+        step *= shape[dim]
+    return (jnp.zeros(shape, jnp.uint32), lax.convert_element_type(low, jnp.uint32))
+
+
+def key_expansion(eqn: Any) -> ClosedJaxpr | str:
+    """One of :data:`KEY_PRIMITIVES`' equations as plain ``lax`` ops (and ``threefry2x32``)
+    on the keys' words: the key implementation's ``seed``, ``random_bits`` or ``fold_in``,
+    or the index words of ``iota_2x32_shape``. A string says why it cannot be: a batch of
+    keys (a kernel holds one key at a time), or an index past 2**31."""
+    p = eqn.params
+    if eqn.primitive is iota_2x32_shape_p:
+        shape = tuple(p["shape"])
+        if math.prod(shape) > np.iinfo(np.int32).max:
+            return f"iota_2x32_shape of {math.prod(shape)} elements (more than 2**31 - 1)"
+        return jax.make_jaxpr(lambda: _iota_2x32(shape))()
+    key = eqn.invars[0].aval
+    if eqn.primitive is random_seed_p:
+        fn, impl = p["impl"].seed, p["impl"]
+    else:
+        impl = key.dtype._impl
+        fn = (impl.fold_in if eqn.primitive is random_fold_in_p else
+              functools.partial(_random_bits, impl, p["bit_width"], tuple(p["shape"])))
+    if tuple(key.shape) != ():
+        return f"a batch of {tuple(key.shape)} keys (a kernel draws from one key at a time)"
+    structs = [jax.ShapeDtypeStruct(physical_aval(v.aval).shape, physical_aval(v.aval).dtype)
+               for v in eqn.invars]
+    return jax.make_jaxpr(fn)(*structs)
+
+
+def _random_bits(impl: Any, bit_width: int, shape: tuple[int, ...], key: Any) -> Any:
+    return impl.random_bits(key, bit_width, shape)
 
 
 def threefry2x32_expansion(avals: Sequence[Any]) -> ClosedJaxpr:

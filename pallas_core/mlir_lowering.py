@@ -78,17 +78,15 @@ def lower_jaxpr(state: LoweringState, rules: Rules, jaxpr: Any, consts: Sequence
         if line != "<unknown>":
             state.location = line
         fn = rules.get(eqn.primitive)
-        dtypes = ", ".join(sorted({np.dtype(v.aval.dtype).name for v in eqn.invars
-                                   if hasattr(v.aval, "dtype")}))
         if fn is None:
-            on = f" on {dtypes}" if dtypes else ""
+            on = f" on {_dtype_names(eqn)}" if _dtype_names(eqn) else ""
             raise state.fail(f"the primitive {eqn.primitive.name!r}{on}", eqn)
         try:
             outs = fn(state, eqn, *[read(v) for v in eqn.invars])
         except PallasError:
             raise
         except Exception as e:  # a rule's or MLIR's own error: name what was being lowered
-            what = f"{eqn.primitive.name} on {dtypes or 'no operands'}"
+            what = f"{eqn.primitive.name} on {_dtype_names(eqn) or 'no operands'}"
             raise state.fail(f"{what} ({type(e).__name__}: {' '.join(str(e).split())})",
                              eqn) from e
         if eqn.primitive.multiple_results:
@@ -144,6 +142,19 @@ def called_jaxpr(eqn: Any) -> tuple[Any, Sequence[Any]]:
     if isinstance(sub, _jax.ClosedJaxpr):
         return sub.jaxpr, sub.consts
     return sub, ()
+
+
+def _dtype_names(eqn: Any) -> str:
+    """The dtypes of ``eqn``'s operands, for an error message (a key type by its name)."""
+    names = set()
+    for v in eqn.invars:
+        dtype = getattr(v.aval, "dtype", None)
+        if dtype is not None:
+            try:
+                names.add(np.dtype(dtype).name)
+            except TypeError:  # an extended dtype, such as a jax.random key's
+                names.add(str(dtype))
+    return ", ".join(sorted(names))
 
 
 CALL_PRIMITIVES = (_jax.jit_p, _jax.closed_call_p, _jax.custom_jvp_call_p,

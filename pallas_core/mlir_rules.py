@@ -420,6 +420,20 @@ def table(d: Dialect) -> Rules:
         expansion = _jax.threefry2x32_expansion([v.aval for v in eqn.invars])
         return d.lower_jaxpr(state, expansion.jaxpr, expansion.consts, args)
 
+    @rule(*_jax.KEY_PRIMITIVES)
+    def _keys(state: LoweringState, eqn: Any, *args: Any) -> Any:
+        """``jax.random`` on a key array: the key implementation's function on the key's
+        words, inlined (as JAX's TPU lowering does)."""
+        expansion = _jax.key_expansion(eqn)
+        if isinstance(expansion, str):
+            raise state.fail(f"{eqn.primitive.name}: {expansion}", eqn)
+        outs = d.lower_jaxpr(state, expansion.jaxpr, expansion.consts, args)
+        return outs if eqn.primitive.multiple_results else outs[0]
+
+    @rule(_jax.random_wrap_p, _jax.random_unwrap_p)
+    def _key_words(state: LoweringState, eqn: Any, x: Any) -> Any:
+        return x  # a key is held as its words: wrapping and unwrapping change the type only
+
     # --- control flow
 
     @rule(*CALL_PRIMITIVES)
@@ -446,7 +460,8 @@ def table(d: Dialect) -> Rules:
             return d.lower_jaxpr(state, jaxpr, (), [*these, *rest])
 
     def types(avals: Sequence[Any]) -> list[ir.Type]:
-        return [d.value_type(a.shape, a.dtype) for a in avals]
+        physical = [_jax.physical_aval(a) for a in avals]  # a key array as its words
+        return [d.value_type(a.shape, a.dtype) for a in physical]
 
     @rule(_jax.cond_p)
     def _cond(state: LoweringState, eqn: Any, index: ir.Value, *ops: Any) -> list[Any]:

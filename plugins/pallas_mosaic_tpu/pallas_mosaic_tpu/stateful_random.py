@@ -159,8 +159,9 @@ def sample_block(sampler_fn: Any, global_key: Any, block_size: Sequence[int],
     array) is ``sampler_fn(jax.random.fold_in(global_key, t), shape=tile_size, **kwargs)``.
 
     ``global_key`` is a key from :func:`to_pallas_key`, or its two uint32 words (e.g. read
-    from an SMEM Ref: ``key_ref[...]``). The interpreter runs it; the Mosaic TPU lowering
-    has no rule for ``jax.random``'s threefry primitives yet and raises naming them.
+    from an SMEM Ref: ``(key_ref[0], key_ref[1])``). The interpreter runs it, and the Mosaic
+    TPU lowering lowers it (``jax.random``'s key primitives inlined on the key's words, as
+    JAX lowers them): the samples are the same on both.
     """
     from pallas_core.primitives import program_id
 

@@ -40,9 +40,6 @@ OTHER_MEANS = {
 KNOWN_GAPS = {
     # Shapes and layout: JAX's lowering refuses broadcast_to too (a Triton primitive).
     "broadcast_to",
-    # JAX's key arrays.
-    "random_bits", "random_fold_in", "random_seed", "random_unwrap", "random_wrap",
-    "iota_2x32_shape",
     # The MXU driven by hand.
     "matmul_push_rhs", "matmul_acc_lhs", "matmul_pop",
     # Symbolic shapes (jax.export with symbolic dimensions: kernels here have static shapes).
