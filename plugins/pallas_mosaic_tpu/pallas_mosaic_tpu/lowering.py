@@ -266,6 +266,18 @@ def _broadcast_in_dim(lowering: Lowering, eqn: Any, x: ir.Value, *_: Any) -> ir.
     return mir.broadcast_to(x, shape)
 
 
+@rule(plb.broadcast_to_p)
+def _broadcast_to(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
+    """The state primitive ``broadcast_to`` (NumPy's broadcast, missing leading dimensions
+    added, as the Triton backend lowers it; JAX's Mosaic lowering refuses it)."""
+    shape = tuple(eqn.params["shape"])
+    src = mir.shape_of(x)
+    if src and len(src) < len(shape):
+        x = vector.ShapeCastOp(mir.value_type((1,) * (len(shape) - len(src)) + src,
+                                              _in(eqn).dtype), x).result
+    return mir.broadcast_to(x, shape)
+
+
 @rule(lax.reshape_p, lax.squeeze_p)
 def _reshape(lowering: Lowering, eqn: Any, x: ir.Value, *_: Any) -> ir.Value:
     out = _out(eqn)

@@ -235,3 +235,18 @@ def test_custom_fusion_inlines_its_pallas_form() -> None:
         _, theirs = _theirs(jax_pl.pallas_call(kernel, out), x)
         inspection.assert_same_kernel(ours, theirs)
         assert "arith.mulf" not in _ops(theirs)
+
+
+def test_the_state_primitive_broadcast_to_lowers() -> None:
+    """``broadcast_to`` (a state primitive that JAX's Mosaic lowering refuses as
+    Triton-specific) broadcasts as NumPy does, leading dimensions added."""
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = plb.broadcast_to_p.bind(x_ref[...], shape=(2, 8, 128))
+
+    x = _x((1, 128))
+    out = jax.ShapeDtypeStruct((2, 8, 128), x.dtype)
+    np.testing.assert_array_equal(pl.emulate(pl.pallas_call(kernel, out),
+                                             backend="mosaic_tpu")(x),
+                                  np.broadcast_to(np.asarray(x), (2, 8, 128)))
+    _, ours = _lower(pl.pallas_call(kernel, out), x)
+    assert "vector.broadcast" in _ops(ours)

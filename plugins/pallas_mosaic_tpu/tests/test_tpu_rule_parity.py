@@ -38,8 +38,6 @@ OTHER_MEANS = {
 """JAX primitives whose feature this project provides under another primitive."""
 
 KNOWN_GAPS = {
-    # Shapes and layout: JAX's lowering refuses broadcast_to too (a Triton primitive).
-    "broadcast_to",
     # The MXU driven by hand.
     "matmul_push_rhs", "matmul_acc_lhs", "matmul_pop",
     # Symbolic shapes (jax.export with symbolic dimensions: kernels here have static shapes).
