@@ -546,6 +546,57 @@ def _gather(lowering: Lowering, eqn: Any, x: ir.Value, indices: ir.Value) -> ir.
     return tpu.DynamicGatherOp(x, recovered, list(axes)).result
 
 
+def _top_k_dtype(lowering: Lowering, eqn: Any, what: str) -> None:
+    """JAX's conditions on a top-k's input: float32 (TPU v4 on) or bfloat16 (v6 on)."""
+    from pallas_mosaic_tpu.tpu_info import get_tpu_info
+
+    dtype = np.dtype(_in(eqn).dtype)
+    if dtype.name not in ("float32", "bfloat16"):
+        raise lowering.fail(f"{what} of {dtype.name} (Mosaic takes float32 and bfloat16)")
+    needs = 4 if dtype.name == "float32" else 6
+    info = get_tpu_info()
+    if info.generation < needs:
+        raise lowering.fail(f"{what} of {dtype.name} on {info.chip_version} (from TPU "
+                            f"generation {needs} on; pass target= a later chip)")
+
+
+@rule(lax.top_k_p)
+def _top_k(lowering: Lowering, eqn: Any, x: ir.Value) -> list[Any]:
+    """``lax.top_k(x, k, is_stable=False)``: ``k`` rounds of ``argmax`` and masking, as JAX
+    lowers it (``pallas_mosaic_tpu.topk``)."""
+    from pallas_mosaic_tpu import topk
+
+    if eqn.params.get("is_stable", True):
+        raise lowering.fail("lax.top_k with is_stable=True (ties at -inf can repeat an index "
+                            "in the rounds of argmax Mosaic takes the top k with; JAX's "
+                            "lowering asks the same). Fix: lax.top_k(x, k, is_stable=False)")
+    _top_k_dtype(lowering, eqn, "lax.top_k")
+    jaxpr = topk.expansion(topk.top_k, _in(eqn), k=eqn.params["k"],
+                           axis=eqn.params.get("axis", -1))
+    return lower_jaxpr(lowering, jaxpr.jaxpr, jaxpr.consts, [x])
+
+
+@rule(lax.approx_top_k_p)
+def _approx_top_k(lowering: Lowering, eqn: Any, x: ir.Value) -> list[Any]:
+    """``lax.approx_max_k``: the top k of per-bin maxima, as JAX lowers it."""
+    from pallas_mosaic_tpu import topk
+
+    p = eqn.params
+    _top_k_dtype(lowering, eqn, "lax.approx_max_k")
+    if not p["is_max_k"]:
+        raise lowering.fail("lax.approx_min_k (Mosaic's lowering takes the largest k only, as "
+                            "JAX's does). Fix: lax.approx_max_k(-x, k) and negate the values")
+    if not p["aggregate_to_topk"]:
+        raise lowering.fail("lax.approx_max_k with aggregate_to_topk=False (as JAX's lowering, "
+                            "this one returns the top k themselves)")
+    if not 0.0 < p["recall_target"] <= 1.0:
+        raise lowering.fail(f"lax.approx_max_k with recall_target={p['recall_target']} "
+                            "(expected a value in (0, 1])")
+    jaxpr = topk.expansion(topk.approx_max_k, _in(eqn), k=p["k"],
+                           axis=p["reduction_dimension"], recall_target=p["recall_target"])
+    return lower_jaxpr(lowering, jaxpr.jaxpr, jaxpr.consts, [x])
+
+
 @rule(prims.program_id_p)
 def _program_id(lowering: Lowering, eqn: Any) -> ir.Value:
     gm = lowering.call.grid_mapping

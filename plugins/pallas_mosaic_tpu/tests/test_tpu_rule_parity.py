@@ -43,7 +43,7 @@ KNOWN_GAPS = {
     # Symbolic shapes (jax.export with symbolic dimensions: kernels here have static shapes).
     "dim_as_value",
     # New in JAX 0.11.
-    "approx_top_k", "top_k", "conv", "conv_general_dilated", "matmul_lhs_fifo",
+    "conv", "conv_general_dilated", "matmul_lhs_fifo",
     "matmul_pop_fifo",
 }
 """Known gaps: lowering any of these raises an UnsupportedError naming the primitive."""
