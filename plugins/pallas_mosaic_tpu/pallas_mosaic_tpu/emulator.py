@@ -222,6 +222,78 @@ def _matmul(c: Compiler, op: ir.Operation) -> _Fn:
     return run
 
 
+def _dilate(x: np.ndarray, axis: int, by: int) -> np.ndarray:
+    """``by - 1`` zeros between neighbours along ``axis``."""
+    if by == 1:
+        return x
+    shape = list(x.shape)
+    shape[axis] = (shape[axis] - 1) * by + 1
+    out = np.zeros(shape, x.dtype)
+    index = [slice(None)] * x.ndim
+    index[axis] = slice(None, None, by)
+    out[tuple(index)] = x
+    return out
+
+
+def _conv(c: Compiler, op: ir.Operation) -> _Fn:
+    """``tpu.conv``: ``acc`` plus the convolution XLA's ``ConvGeneralDilated`` defines
+    (dimension numbers, strides, padding that may be negative, both dilations, window
+    reversal, feature groups), summed in float32 (int64 for integers) or wider."""
+    found = [int(v) for v in re.findall(r"-?\d+", str(op.attributes["dimension_numbers"]))]
+    rank = len(shape_of(op.operands[0].type))
+    n = rank - 2
+    lb, lf, ls = found[0], found[1], found[2:2 + n]
+    ri, ro, rs = found[2 + n], found[3 + n], found[4 + n:4 + 2 * n]
+    ob, of, os_ = found[4 + 2 * n], found[5 + 2 * n], found[6 + 2 * n:6 + 3 * n]
+    strides, padding = _ints(op.attributes["window_strides"]), _ints(op.attributes["padding"])
+    lhs_dil, rhs_dil = _ints(op.attributes["lhs_dilation"]), _ints(op.attributes["rhs_dilation"])
+    reversal = [bool(v) for v in ir.DenseBoolArrayAttr(op.attributes["window_reversal"])]
+    groups = _int(op, "feature_group_count", 1)
+    if _int(op, "batch_group_count", 1) != 1:
+        raise _unsupported(op, "a convolution with batch_group_count > 1")
+    dtype = dtype_of(op.results[0].type)
+
+    def run(lhs: Any, rhs: Any, acc: Any) -> Any:
+        wide: Any = np.float32 if dtype.kind == "f" else np.int64
+        if dtype.kind == "f" and dtype.itemsize > 4:
+            wide = np.float64
+        x = np.transpose(np.asarray(lhs), [lb, lf, *ls]).astype(wide)  # N C spatial
+        w = np.transpose(np.asarray(rhs), [ro, ri, *rs]).astype(wide)  # O I spatial
+        for d in range(n):
+            x = _dilate(x, 2 + d, lhs_dil[d])
+            lo, hi = padding[2 * d], padding[2 * d + 1]
+            pad = [(0, 0)] * x.ndim
+            pad[2 + d] = (max(lo, 0), max(hi, 0))
+            x = np.pad(x, pad)
+            cut = [slice(None)] * x.ndim
+            cut[2 + d] = slice(max(-lo, 0), x.shape[2 + d] - max(-hi, 0))
+            x = x[tuple(cut)]
+            w = _dilate(w, 2 + d, rhs_dil[d])
+            if reversal[d]:
+                w = np.flip(w, 2 + d)
+        window = w.shape[2:]
+        out_sizes = [(x.shape[2 + d] - window[d]) // strides[d] + 1 for d in range(n)]
+        per = x.shape[1] // groups
+        outs_per = w.shape[0] // groups
+        out = np.zeros((x.shape[0], w.shape[0], *out_sizes), wide)
+        for offset in itertools.product(*(range(k) for k in window)):
+            where: list[Any] = [slice(None), slice(None)]
+            where += [slice(offset[d], offset[d] + strides[d] * (out_sizes[d] - 1) + 1,
+                            strides[d]) for d in range(n)]
+            taps = x[tuple(where)]
+            at: list[Any] = [slice(None), slice(None), *offset]
+            weights = w[tuple(at)]  # O I
+            for g in range(groups):
+                out[:, g * outs_per:(g + 1) * outs_per] += np.einsum(
+                    "nc...,oc->no...", taps[:, g * per:(g + 1) * per],
+                    weights[g * outs_per:(g + 1) * outs_per])
+        order = [0] * rank  # where each of N, O, spatial goes in the result
+        for k, dim in enumerate([ob, of, *os_]):
+            order[dim] = k
+        return (np.asarray(acc).astype(wide) + np.transpose(out, order)).astype(dtype)
+    return run
+
+
 def _iota(c: Compiler, op: ir.Operation) -> _Fn:
     shape = shape_of(op.results[0].type)
     dims = _ints(op.attributes["dimensions"]) if "dimensions" in op.attributes else []
@@ -576,7 +648,7 @@ def _core_id(c: Compiler, op: ir.Operation) -> _Fn:
 
 RULES: dict[str, Rule] = {
     **ARITH_RULES, **MEMORY_RULES, **BIT_RULES,
-    "tpu.matmul": _matmul, "tpu.iota": _iota, "tpu.dynamic_rotate": _rotate,
+    "tpu.matmul": _matmul, "tpu.conv": _conv, "tpu.iota": _iota, "tpu.dynamic_rotate": _rotate,
     "tpu.repeat": _repeat, "tpu.concatenate": _concatenate, "tpu.bitcast": _tpu_bitcast,
     "tpu.reciprocal": _reciprocal, "tpu.reduce_index": _reduce_index,
     "tpu.dynamic_gather": _dynamic_gather, "tpu.reduce_precision": _reduce_precision,

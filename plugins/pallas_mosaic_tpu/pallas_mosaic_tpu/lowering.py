@@ -597,6 +597,55 @@ def _approx_top_k(lowering: Lowering, eqn: Any, x: ir.Value) -> list[Any]:
     return lower_jaxpr(lowering, jaxpr.jaxpr, jaxpr.consts, [x])
 
 
+def _conv_precision(lowering: Lowering, precision: Any) -> ir.Attribute | None:
+    if isinstance(precision, tuple):
+        if precision[0] != precision[1]:
+            raise lowering.fail(f"a convolution with per-operand precision {precision}")
+        precision = precision[0]
+    if precision is None or precision == lax.Precision.DEFAULT:
+        return None
+    if precision == lax.Precision.HIGHEST:
+        return ir.Attribute.parse("#tpu.contract_precision<fp32>")
+    raise lowering.fail(f"a convolution with precision {precision} (Mosaic takes DEFAULT or "
+                        "HIGHEST)")
+
+
+@rule(lax.conv_general_dilated_p)
+def _conv(lowering: Lowering, eqn: Any, lhs: ir.Value, rhs: ir.Value) -> ir.Value:
+    """``lax.conv_general_dilated`` (and ``pltpu.conv``) as JAX lowers it: ``tpu.conv`` into a
+    zero accumulator, with JAX's dimension numbers, strides, padding and dilations."""
+    if not hasattr(tpu, "ConvOp"):
+        raise lowering.fail("a convolution with this jaxlib (tpu.conv is new in JAX 0.11, and "
+                            "JAX's lowering has no rule for it before)")
+    p = eqn.params
+    for aval in (_in(eqn), _in(eqn, 1)):
+        if mir.is_unsigned(aval.dtype):
+            raise lowering.fail(f"a convolution of {np.dtype(aval.dtype).name} (Mosaic's takes "
+                                "floats and signed integers)")
+    out = _out(eqn)
+    dn = p["dimension_numbers"]
+    lhs_spec, rhs_spec, out_spec = dn.lhs_spec, dn.rhs_spec, dn.out_spec
+
+    def dims(ds: Sequence[int]) -> str:
+        return "[" + ", ".join(str(d) for d in ds) + "]"
+
+    dimension_numbers = ir.Attribute.parse(
+        f"#tpu.conv_dimension_numbers<{lhs_spec[0]}, {lhs_spec[1]}, {dims(lhs_spec[2:])}, "
+        f"{rhs_spec[1]}, {rhs_spec[0]}, {dims(rhs_spec[2:])}, {out_spec[0]}, {out_spec[1]}, "
+        f"{dims(out_spec[2:])}>")
+    spatial = len(lhs_spec) - 2
+    acc = mir.constant(0, out.dtype, out.shape)
+    return tpu.ConvOp(
+        mir.value_type(out.shape, out.dtype), lhs, rhs, acc, dimension_numbers,
+        [int(x) for x in p["window_strides"] or (1,) * spatial],
+        [int(x) for pair in (p["padding"] or ((0, 0),) * spatial) for x in pair],
+        [int(x) for x in p["lhs_dilation"] or (1,) * spatial],
+        [int(x) for x in p["rhs_dilation"] or (1,) * spatial], [False] * spatial,
+        feature_group_count=p["feature_group_count"],
+        batch_group_count=p["batch_group_count"],
+        precision=_conv_precision(lowering, p.get("precision"))).result
+
+
 @rule(prims.program_id_p)
 def _program_id(lowering: Lowering, eqn: Any) -> ir.Value:
     gm = lowering.call.grid_mapping

@@ -236,8 +236,9 @@ def conv(lhs: jax.Array, rhs: jax.Array, acc: jax.Array | None = None, *,
          preferred_element_type: Any = None) -> jax.Array:
     """``lax.conv_general_dilated`` inside a kernel, plus ``acc`` when given (whose shape and
     dtype the result then has). ``window_reversal`` flips the kernel along the spatial
-    dimensions where it is True. Runs on the interpreter; the Mosaic lowering has no rule
-    for the convolution yet and raises naming it."""
+    dimensions where it is True. Runs on the interpreter; Mosaic TPU lowers the convolution
+    to ``tpu.conv`` from JAX 0.11 on (``lax.conv_general_dilated``'s rule) and adds ``acc``
+    to it."""
     lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
     dn = lax.conv_dimension_numbers(lhs.shape, rhs.shape, dimension_numbers)
     spatial = len(dn.rhs_spec) - 2

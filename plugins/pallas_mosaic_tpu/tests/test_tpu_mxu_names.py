@@ -127,12 +127,21 @@ def test_conv_matches_lax_with_accumulator(reverse: bool) -> None:
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
 
 
-def test_conv_lowering_names_what_it_lacks() -> None:
-    def kernel(x_ref: Any, k_ref: Any, o_ref: Any) -> None:
-        o_ref[...] = pltpu.conv(x_ref[...], k_ref[...],
+@pytest.mark.skipif(jax.__version_info__ < (0, 11), reason="tpu.conv is new in JAX 0.11")
+def test_conv_with_accumulator_lowers_and_emulates() -> None:
+    """pltpu.conv lowers to tpu.conv (lax.conv_general_dilated's rule) plus the accumulator;
+    the emulated module matches lax."""
+    x, k, acc = _x((1, 10, 130, 4)), _x((3, 3, 4, 8)), _x((1, 8, 128, 8))
+
+    def kernel(x_ref: Any, k_ref: Any, a_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = pltpu.conv(x_ref[...], k_ref[...], a_ref[...],
                                 dimension_numbers=("NHWC", "HWIO", "NHWC"))
 
-    f = pl.pallas_call(kernel, jax.ShapeDtypeStruct((1, 8, 128, 8), F32))
-    with pytest.raises(pltpu.LoweringException, match="conv_general_dilated"):
-        jax.jit(f).trace(_x((1, 10, 130, 4)), _x((3, 3, 4, 8))).lower(
-            lowering_platforms=("tpu",))
+    f = pl.pallas_call(kernel, jax.ShapeDtypeStruct(acc.shape, F32))
+    expected = acc + lax.conv_general_dilated(x, k, (1, 1), "VALID",
+                                              dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                              precision=lax.Precision.HIGHEST)
+    np.testing.assert_allclose(pl.emulate(f, backend="mosaic_tpu")(x, k, acc), expected,
+                               rtol=1e-4, atol=1e-4)
+    text = jax.jit(f).trace(x, k, acc).lower(lowering_platforms=("tpu",)).as_text()
+    assert "tpu_custom_call" in text

@@ -34,6 +34,7 @@ OTHER_MEANS = {
     "prng_split": "keys of pltpu.to_pallas_key are jax.random's threefry keys here (the key "
                   "primitives lower them); JAX's split a key of its TPU-PRNG implementation",
     "prng_join": "see prng_split",
+    "conv": "pltpu.conv is lax.conv_general_dilated (tpu.conv) plus its accumulator",
 }
 """JAX primitives whose feature this project provides under another primitive."""
 
@@ -43,8 +44,7 @@ KNOWN_GAPS = {
     # Symbolic shapes (jax.export with symbolic dimensions: kernels here have static shapes).
     "dim_as_value",
     # New in JAX 0.11.
-    "conv", "conv_general_dilated", "matmul_lhs_fifo",
-    "matmul_pop_fifo",
+    "matmul_lhs_fifo", "matmul_pop_fifo",
 }
 """Known gaps: lowering any of these raises an UnsupportedError naming the primitive."""
 
