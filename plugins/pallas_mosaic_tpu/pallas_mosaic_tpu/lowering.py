@@ -839,20 +839,49 @@ def _swap(lowering: Lowering, eqn: Any, ref: ir.Value, value: ir.Value, *args: A
 @rule(prims.masked_swap_p)
 def _masked_swap(lowering: Lowering, eqn: Any, ref: ir.Value, value: ir.Value,
                  *args: Any) -> ir.Value:
-    """``pl.store``/``pltpu.store`` with ``mask=``: a VMEM store of the lanes the mask sets."""
-    if np.dtype(_in(eqn, 1).dtype).itemsize != 4:
-        raise lowering.fail(f"a masked store of {np.dtype(_in(eqn, 1).dtype).name} data "
-                            "(Mosaic masks 32-bit stores: store a 32-bit type)")
+    """``pl.store``/``pltpu.store`` with ``mask=``: a VMEM store of the lanes the mask sets
+    (32-bit data, as JAX lowers it); narrower data, whose stores Mosaic does not mask, is
+    merged with the view's contents and stored whole (the view belongs to this core)."""
     transforms = jax.tree_util.tree_unflatten(eqn.params["tree"], args[:-1])
     old = _read(lowering, eqn, ref, transforms)
-    _write(lowering, eqn, ref, value, transforms, mask=args[-1])
+    if np.dtype(_in(eqn, 1).dtype).itemsize == 4:
+        _write(lowering, eqn, ref, value, transforms, mask=args[-1])
+        return old
+    shape = _out(eqn).shape
+    merged = arith.SelectOp(mir.broadcast_to(args[-1], shape), mir.broadcast_to(value, shape),
+                            old).result
+    _write(lowering, eqn, ref, merged, transforms)
     return old
 
 
 @rule(prims.masked_load_p)
-def _masked_load(lowering: Lowering, eqn: Any, *args: Any) -> ir.Value:
-    raise lowering.fail("a masked load (pl.load/pltpu.load with mask=, as in JAX's Mosaic "
-                        "lowering; load the whole view and select with jnp.where)")
+def _masked_load(lowering: Lowering, eqn: Any, ref: ir.Value, *args: Any) -> ir.Value:
+    """``pl.load``/``pltpu.load`` with ``mask=`` (and ``other=``): the view read whole from
+    VMEM, then ``other`` (or the value read: masked lanes are undefined) where the mask is
+    False. (JAX's Mosaic lowering refuses masked loads; a VMEM read of the lanes the mask
+    leaves out is harmless when the view lies in the block, which the static part of each
+    slice is checked for.)"""
+    has_other = eqn.params["has_other"]
+    n = eqn.params["tree"].num_leaves
+    transforms = jax.tree_util.tree_unflatten(eqn.params["tree"], args[:n])
+    mask = args[n]
+    view, last = _accessed(lowering, ref, transforms)
+    if _is_smem(view):
+        raise lowering.fail("a masked load from SMEM (load scalars under pl.when instead)")
+    if last:
+        shape = list(ir.MemRefType(view.type).shape)
+        for d, idx in enumerate(last[0].indices):
+            if isinstance(idx, plb.Slice) and isinstance(idx.start, int) and isinstance(
+                    idx.size, int) and idx.start + (idx.size - 1) * idx.stride >= shape[d]:
+                raise lowering.fail(f"a masked load reaching past the end of the Ref's "
+                                    f"dimension {d} ({shape[d]}): Mosaic reads the whole "
+                                    "view, so it must lie in the Ref")
+    out = _out(eqn)
+    value = _read(lowering, eqn, ref, transforms)
+    if not has_other:
+        return value
+    mask = mir.broadcast_to(mask, out.shape)
+    return arith.SelectOp(mask, value, mir.broadcast_to(args[n + 1], out.shape)).result
 
 
 # --- scoped allocation, semaphores, DMA -------------------------------------------------------
