@@ -797,7 +797,11 @@ def _write(lowering: Lowering, eqn: Any, ref: ir.Value, value: ir.Value,
            transforms: Sequence[Any], mask: ir.Value | None = None) -> None:
     ref, transforms = _accessed(lowering, ref, transforms)
     _check_direct(lowering, ref, "writing")
-    starts, sizes, dropped = _indices(lowering, ref, transforms)
+    strides = _strides(transforms)
+    starts, sizes, dropped = _indices(lowering, ref, transforms, strided=strides is not None)
+    if strides is not None and (mask is not None or _is_smem(ref)):
+        raise lowering.fail("a strided store with a mask, or to SMEM (as in JAX's lowering: "
+                            "store the strided rows unmasked, or a contiguous view)")
     value = mir.to_memory(value, _in(eqn, 1).dtype)
     dtype = mir.memory_dtype(_in(eqn, 1).dtype)
     if _is_smem(ref):
@@ -815,6 +819,9 @@ def _write(lowering: Lowering, eqn: Any, ref: ir.Value, value: ir.Value,
         mask = mir.broadcast_to(mask, kept)
         if list(mir.shape_of(mask)) != sizes:
             mask = vector.ShapeCastOp(mir.value_type(sizes, np.bool_), mask).result
+    if strides is not None:  # every stride-th row (or column), as JAX lowers ref[a::k] = v
+        tpu.StridedStoreOp(value, ref, starts, strides)
+        return
     tpu.VectorStoreOp(value, ref, starts, strides=[], mask=mask)
 
 
