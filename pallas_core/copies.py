@@ -21,8 +21,11 @@ Reference semantics:
   indices. The sender's send semaphore counts the departure. Both count bytes too, and
   ``wait_recv`` and ``wait_send`` take them back (``wait`` does both, as in
   ``jax.experimental.pallas``);
-* ``priority`` (a DMA queue) has no meaning here and is accepted; a slice of traced length
-  (``pl.ds(start, n)`` with ``n`` traced) is refused when the interpreter runs the copy.
+* ``priority`` (a DMA queue) has no meaning here and is accepted;
+* a local copy may have one slice of traced length on each side (``pl.ds(start, n)``, ``n``
+  known when the kernel runs, as ragged attention copies its pages): it moves ``n`` rows, one
+  at a time (a loop), and counts ``n`` rows' bytes (JAX's interpreter refuses such copies; its
+  Mosaic lowering takes them, as a memref of dynamic size).
 """
 
 from __future__ import annotations
@@ -401,14 +404,73 @@ def _scatter_form(indexer: Any, shape: tuple[int, ...]) -> bool:
                and r.size == d and r.stride == 1 for r, d in zip(rest, shape[1:]))
 
 
-def _refuse_traced_lengths(state: RefViews, roles: tuple[int, ...]) -> None:
-    for role, name in zip(roles, ("source", "destination")):
-        if _traced_length(state.transforms[role]):
-            raise UnsupportedError(
-                f"an async copy whose {name} is a slice of traced length (pl.ds(start, n) "
-                "with n known only when the kernel runs): the interpreter, like JAX's, runs "
-                "copies of static shape only. Fix: copy a static maximum length and ignore the "
-                "rest, or branch (lax.switch) over the few lengths that occur.")
+def _dynamic_slice_at(transforms: Any) -> tuple[int, int, Any] | None:
+    """``(transform, dimension, slice)`` of the one slice of traced length in a view's
+    transforms (``pl.ds(start, n)`` with ``n`` known when the kernel runs), else ``None``;
+    more than one is refused."""
+    found = [(k, d, i) for k, t in enumerate(transforms)
+             for d, i in enumerate(getattr(t, "indices", ()))
+             if isinstance(i, _jax.Slice) and i.is_dynamic_size]
+    if len(found) > 1:
+        raise UnsupportedError(
+            "an async copy of a view with several slices of traced length: one dimension of "
+            "a copy may have a length known only when the kernel runs. Fix: give the other "
+            "slices static lengths.")
+    return found[0] if found else None
+
+
+def _with_row(transforms: Any, at: tuple[int, int, Any], row: Any) -> tuple[Any, ...]:
+    """The transforms with the traced-length slice ``at`` narrowed to its row ``row``."""
+    k, d, piece = at
+    t = transforms[k]
+    indices = list(t.indices)
+    indices[d] = _jax.Slice(piece.start + row, 1)
+    narrowed = _jax.NDIndexer(tuple(indices), t.shape, t.int_indexer_shape)
+    return (*transforms[:k], narrowed, *transforms[k + 1:])
+
+
+def _traced_rows(state: RefViews) -> tuple[tuple[int, int, Any], tuple[int, int, Any]] | None:
+    """Where a copy's source and destination have their traced lengths (both, or neither)."""
+    src, dst = (_dynamic_slice_at(state.transforms[r]) for r in (_SRC, _DST))
+    if src is None and dst is None:
+        return None
+    if src is None or dst is None:
+        raise UnsupportedError(
+            "an async copy with a slice of traced length (pl.ds(start, n), n known only when "
+            f"the kernel runs) on its {'source' if src is not None else 'destination'} only. "
+            "Fix: give both sides the same traced length n.")
+    return src, dst
+
+
+def _traced_copy_bytes(state: RefViews, rows: Any) -> Any:
+    """The size in bytes of a copy of ``n`` rows, ``n`` the source's traced length."""
+    src, _ = rows
+    one = _jax.shape_after_transforms(
+        _jax.make_ref_aval(state.values[state.roles[_SRC]].shape,
+                           state.values[state.roles[_SRC]].dtype),
+        _with_row(state.transforms[_SRC], src, 0))
+    row = math.prod(one.shape) * np.dtype(one.dtype).itemsize
+    return jax.numpy.asarray(src[2].size, jax.numpy.int32) * row
+
+
+def _move_rows(state: RefViews, rows: Any, add: bool) -> None:
+    """A copy of traced length ``n``: row ``i`` of the source's slice into row ``i`` of the
+    destination's, for ``i`` below ``n`` (a loop when the kernel runs)."""
+    src, dst = rows
+
+    def step(i: Any, values: list[Any]) -> list[Any]:
+        here = state.with_values(values)
+        data = here.read(_SRC, _with_row(state.transforms[_SRC], src, i))
+        to = _with_row(state.transforms[_DST], dst, i)
+        shape = here.read(_DST, to).shape
+        if add:
+            here.add(_DST, data.reshape(shape), to)
+        else:
+            here.write(_DST, data.reshape(shape), to)
+        return here.values
+
+    state.values = jax.lax.fori_loop(0, jax.numpy.asarray(src[2].size, jax.numpy.int32),
+                                     step, state.values)
 
 
 def _copy_start_discharge(in_avals: Any, out_avals: Any, *args: Any, tree: Any,
@@ -417,7 +479,15 @@ def _copy_start_discharge(in_avals: Any, out_avals: Any, *args: Any, tree: Any,
                           priority: int = 0) -> Any:
     del priority  # which DMA queue: no meaning when copies run one at a time
     state = RefViews(args, tree, roles)
-    _refuse_traced_lengths(state, (_SRC, _DST))
+    rows = _traced_rows(state)
+    if rows is not None:
+        if remote:
+            raise UnsupportedError(
+                "a remote copy with a slice of traced length (pl.ds(start, n), n known only "
+                "when the kernel runs). Fix: send a static maximum length.")
+        _move_rows(state, rows, add)
+        state.write(_SEM, state.read(_SEM) + _traced_copy_bytes(state, rows))
+        return state.new_values(), []
     size = copy_bytes(state)
     if not remote:
         _move(state, add)
@@ -445,8 +515,9 @@ def _copy_wait_discharge(in_avals: Any, out_avals: Any, *args: Any, tree: Any,
                          roles: tuple[int, ...], kind: str,
                          device_id_type: DeviceIdType, add: bool = False) -> Any:
     state = RefViews(args, tree, roles)
-    _refuse_traced_lengths(state, (_SRC, _DST))
-    count, size = state.read(_SEM), copy_bytes(state)
+    rows = _traced_rows(state)
+    count = state.read(_SEM)
+    size = copy_bytes(state) if rows is None else _traced_copy_bytes(state, rows)
     semantics.check_wait(count, size, f"the {kind} semaphore of an async copy")
     state.write(_SEM, count - size)
     return state.new_values(), []

@@ -5,7 +5,8 @@ semaphores and DMAs (JAX 0.10.2): each test fails without its fix.
 * remote copies and signals land where the *sender's* views address them (JAX's all-gather);
 * constants folded while a kernel runs inside an eager ``shard_map``;
 * ``core_index=``, dict ``device_id``, ``priority=``, ``start(add=True)``;
-* slices of traced length are refused with a PallasError.
+* reads of traced length are refused with a PallasError; copies of traced length move that
+  many elements.
 """
 
 from __future__ import annotations
@@ -396,10 +397,17 @@ def test_read_of_traced_length_is_refused() -> None:
         _traced_length_call(kernel)(jnp.array([3], jnp.int32), jnp.arange(8.0))
 
 
-def test_copy_of_traced_length_is_refused() -> None:
+def test_copy_of_traced_length_moves_that_many_elements() -> None:
+    """A copy of ``pl.ds(start, n)`` with ``n`` read when the kernel runs (as ragged
+    attention copies its pages) moves exactly ``n`` elements, for random ``n``."""
     def kernel(n_ref: Any, x_ref: Any, o_ref: Any, sem: Any) -> None:
         n = n_ref[0]
-        pltpu.async_copy(x_ref.at[pl.ds(0, n)], o_ref.at[pl.ds(0, n)], sem).wait()
+        o_ref[...] = jnp.full((8,), -1.0)
+        pltpu.async_copy(x_ref.at[pl.ds(1, n)], o_ref.at[pl.ds(0, n)], sem).wait()
 
-    with pytest.raises(pl.UnsupportedError, match=r"source is a slice of traced length.*Fix"):
-        _traced_length_call(kernel)(jnp.array([3], jnp.int32), jnp.arange(8.0))
+    x = jax.random.normal(jax.random.key(4), (8,))
+    for n in np.random.default_rng(0).integers(0, 8, 4):
+        want = np.full((8,), -1.0, np.float32)
+        want[:n] = np.asarray(x)[1:1 + n]
+        got = _traced_length_call(kernel)(jnp.array([n], jnp.int32), x)
+        np.testing.assert_array_equal(got, want)

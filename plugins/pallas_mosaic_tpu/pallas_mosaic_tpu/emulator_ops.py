@@ -191,12 +191,21 @@ def _alloca(c: Compiler, op: ir.Operation) -> _Fn:
 # -- ref views --------------------------------------------------------------------------------
 
 def _memref_slice(c: Compiler, op: ir.Operation) -> _Fn:
-    shape = shape_of(op.results[0].type)
-    (_, _), (b0, b1), _ = segments(op)
+    """``tpu.memref_slice``: a window of the ref; its dynamic dimensions (``?``) take their
+    sizes from the operands that follow the indices, in order."""
+    result = ir.ShapedType(op.results[0].type)
+    dynamic = ir.ShapedType.get_dynamic_size()
+    static = [int(s) for s in result.shape]
+    (_, _), (b0, b1), (d0, d1) = segments(op)
 
     def run(ref: np.ndarray, *rest: Any) -> Any:
         if not isinstance(ref, np.ndarray):
             raise _unsupported(op, "slices of a ref viewed as elements of another width")
+        sizes = iter(rest[d0 - 1:d1 - 1])
+        shape = [int(next(sizes)) if s == dynamic else s for s in static]
+        if any(s < 0 for s in shape):
+            raise EmulationError(f"{op.name} at {op.location}: a view of negative size "
+                                 f"{shape}. Fix: keep pl.ds sizes non-negative.")
         return ref[_key(op, ref, rest[b0 - 1:b1 - 1], shape)]
     return run
 

@@ -1084,12 +1084,17 @@ def _view(lowering: Lowering, ref: ir.Value, transforms: Sequence[Any]) -> ir.Va
     if not isinstance(transforms[-1], plb.NDIndexer):
         raise lowering.fail("Ref transforms other than indexing")
     ref_type = ir.MemRefType(ref.type)
-    starts, sizes, dropped = [], [], []
+    starts, sizes, dropped, dynamic = [], [], [], []
     for d, idx in enumerate(transforms[-1].indices):
         if isinstance(idx, plb.Slice):
-            if idx.stride != 1 or not isinstance(idx.size, int):
-                raise lowering.fail("strided or dynamically sized views of a Ref")
+            if idx.stride != 1:
+                raise lowering.fail("a strided view of a Ref (as in JAX's lowering: read or "
+                                    "write it with a strided index instead, ref[pl.ds(a, n, "
+                                    "stride=k)], or copy a contiguous view)")
             start, size = idx.start, idx.size
+            if isinstance(size, ir.Value):  # known when the kernel runs: a dynamic dimension
+                dynamic.append(size)
+                size = ir.ShapedType.get_dynamic_size()
         else:
             if isinstance(idx, ir.Value) and mir.shape_of(idx):
                 raise lowering.fail("a copy indexed by a vector of indices (a gather or "
@@ -1102,7 +1107,7 @@ def _view(lowering: Lowering, ref: ir.Value, transforms: Sequence[Any]) -> ir.Va
         return ref
     sliced = tpu.MemRefSliceOp(ir.MemRefType.get(sizes, ref_type.element_type,
                                                  memory_space=ref_type.memory_space),
-                               ref, starts, []).result
+                               ref, starts, dynamic).result
     if not dropped:
         return sliced
     kept = [s for d, s in enumerate(sizes) if d not in dropped]

@@ -1,6 +1,8 @@
-"""Strided Ref access in Mosaic TPU kernels: ``ref[pl.ds(a, n, stride=k)]`` read
-(``tpu.strided_load``) and written (``tpu.strided_store``) as JAX lowers them, agreeing with
-JAX's module; the emulated module and the interpreter match ``jax.numpy`` on random data."""
+"""Strided and dynamically sized Ref access in Mosaic TPU kernels: ``ref[pl.ds(a, n,
+stride=k)]`` read (``tpu.strided_load``) and written (``tpu.strided_store``), and copies of
+``pl.ds(a, n)`` with ``n`` read when the kernel runs (``tpu.memref_slice`` of dynamic size),
+as JAX lowers them, agreeing with JAX's module; the emulated module and the interpreter match
+``jax.numpy`` on random data."""
 
 from __future__ import annotations
 
@@ -62,3 +64,45 @@ def test_a_masked_strided_store_is_refused_by_name() -> None:
     f = pl.pallas_call(kernel, jax.ShapeDtypeStruct((16, 128), jnp.float32))
     with pytest.raises(pl.UnsupportedError, match="a strided store with a mask"):
         _lower(f, x)
+
+
+def _ragged(m: Any, tpu: Any, dtype: Any, **kw: Any) -> Any:
+    """``n`` rows (read from SMEM) copied from HBM row 8 on into a zeroed VMEM buffer, as
+    ragged attention copies its pages: views of dynamic size."""
+    def kernel(n_ref: Any, x_hbm: Any, o_ref: Any, buf: Any, sem: Any) -> None:
+        n = n_ref[0]
+        buf[...] = jnp.zeros_like(buf)
+        tpu.async_copy(x_hbm.at[m.ds(8, n)], buf.at[m.ds(0, n)], sem).wait()
+        o_ref[...] = buf[...]
+
+    return m.pallas_call(kernel, jax.ShapeDtypeStruct((32, 128), dtype),
+                         in_specs=[m.BlockSpec(memory_space=tpu.SMEM),
+                                   m.BlockSpec(memory_space=m.ANY)],
+                         scratch_shapes=[tpu.VMEM((32, 128), dtype), tpu.SemaphoreType.DMA],
+                         **kw)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.int32, jnp.bfloat16])
+def test_copies_of_dynamic_size(dtype: Any) -> None:
+    from jax.experimental.pallas import tpu as jax_pltpu
+
+    x = (jax.random.normal(jax.random.key(5), (64, 128)) * 50).astype(dtype)
+    emulated = pl.emulate(_ragged(pl, pltpu, dtype), backend="mosaic_tpu")
+    for n in (0, 5, 24, 32):
+        want = np.zeros((32, 128), dtype)
+        want[:n] = np.asarray(x)[8:8 + n]
+        count = jnp.array([n], jnp.int32)
+        np.testing.assert_array_equal(emulated(count, x), want)
+        np.testing.assert_array_equal(_ragged(pl, pltpu, dtype, backend="interpret")(count, x),
+                                      want)
+    count = jnp.array([5], jnp.int32)
+    with plb.assume_device("TPU v5 lite", "tpu"):
+        _, ours = _lower(_ragged(pl, pltpu, dtype), count, x)
+        _, theirs = _lower(_ragged(jax_pl, jax_pltpu, dtype), count, x)
+    inspection.assert_same_kernel(ours, theirs)
+
+    def slices(module: Any) -> list[str]:  # the memref types of each dynamic slice
+        return [ln.split(":", 1)[1].strip() for ln in str(module).splitlines()
+                if "tpu.memref_slice" in ln]
+    assert sorted(slices(ours)) == sorted(slices(theirs))
+    assert all("?x128" in t for t in slices(ours))
