@@ -916,13 +916,21 @@ def jax_lowering_rule_names(backend: str) -> dict[str, frozenset[str]]:
     """The names of the primitives JAX's own Pallas lowering for ``backend`` has a rule for,
     per kernel type: what this project's backends are compared against. ``"mosaic_tpu"`` keys
     them by kernel type (``"tc"``, ``"sc_vector_subcore"``, ...); ``"triton"`` has one registry,
-    under ``"triton"``."""
+    under ``"triton"``; ``"mosaic_gpu"`` the union of its lowering semantics' registries, under
+    ``"mosaic_gpu"``."""
     if backend == "mosaic_tpu":
         import jax.experimental.pallas.tpu
         from jax._src.pallas.mosaic import lowering as mosaic_lowering
 
         return {str(getattr(kind, "value", kind)): frozenset(p.name for p in rules)
                 for kind, rules in mosaic_lowering.lowering_rules.items()}
+    if backend == "mosaic_gpu":
+        import jax.experimental.pallas.mosaic_gpu
+        from jax._src.pallas.mosaic_gpu import lowering as mgpu_lowering
+
+        return {"mosaic_gpu": frozenset(p.name for rules in
+                                        mgpu_lowering.mosaic_lowering_rules.values()
+                                        for p in rules)}
     if backend == "triton":
         import jax.experimental.pallas.triton  # noqa: F401 - registers its primitives' rules
         from jax._src.pallas.triton import lowering as triton_lowering
