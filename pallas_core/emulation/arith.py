@@ -506,8 +506,10 @@ def _cf_assert(c: Compiler, op: ir.Operation) -> _Fn:
     return run
 
 
+ASSERT_RULES: dict[str, Rule] = {"cf.assert": _cf_assert}
+"""``cf.assert`` (how Mosaic TPU lowers a debug check) -> rule."""
+
 RULES: dict[str, Rule] = {
-    "cf.assert": _cf_assert,
     "arith.constant": _constant,
     "arith.addi": _ints(np.add), "arith.subi": _ints(np.subtract),
     "arith.muli": _ints(np.multiply),
@@ -576,4 +578,4 @@ if hasattr(arith_dialect, "MaximumNumFOp"):
     RULES["arith.maximumnumf"] = _max_min_f(True, False)
     RULES["arith.minimumnumf"] = _max_min_f(False, False)
 RULES = {name: rule if name == "arith.constant" else _quiet(rule) for name, rule in RULES.items()}
-"""``arith`` and ``math`` operation name (and ``cf.assert``) -> rule."""
+"""``arith`` and ``math`` operation name -> rule."""

@@ -42,6 +42,7 @@ import ml_dtypes
 import numpy as np
 from jaxlib.mlir import ir
 
+from pallas_core.emulation.arith import ASSERT_RULES
 from pallas_core.emulation.arith import RULES as ARITH_RULES
 from pallas_core.emulation.call import EmulatedCall, EmulateOptions
 from pallas_core.emulation.machine import Compiler, Rule
@@ -647,7 +648,7 @@ def _core_id(c: Compiler, op: ir.Operation) -> _Fn:
 
 
 RULES: dict[str, Rule] = {
-    **ARITH_RULES, **MEMORY_RULES, **BIT_RULES,
+    **ARITH_RULES, **ASSERT_RULES, **MEMORY_RULES, **BIT_RULES,
     "tpu.matmul": _matmul, "tpu.conv": _conv, "tpu.iota": _iota, "tpu.dynamic_rotate": _rotate,
     "tpu.repeat": _repeat, "tpu.concatenate": _concatenate, "tpu.bitcast": _tpu_bitcast,
     "tpu.reciprocal": _reciprocal, "tpu.reduce_index": _reduce_index,
