@@ -23,6 +23,7 @@ from jaxlib.mlir.dialects import arith
 
 from pallas_core import primitives as prims
 from pallas_mosaic_gpu import multidevice as md
+from pallas_mosaic_gpu import values
 from pallas_mosaic_gpu.rules import rule
 from pallas_mosaic_gpu.values import FA, GPULowering, Ref, _view, i32, signed
 
@@ -101,7 +102,7 @@ def _signal(state: GPULowering, eqn: Any, *args: Any, tree: Any, has_device_id: 
         sem = state.launch.to_remote(sem, peer)
     mgpu.warpgroup_barrier()  # the warpgroup's earlier writes come first
     mgpu.SemaphoreRef(mgpu.utils.memref_ptr(sem)).signal(
-        inc, predicate=mgpu.single_thread_predicate(_WG))
+        inc, predicate=values.one_thread(_WG))
     return []
 
 
@@ -121,7 +122,7 @@ def _signal_multicast(state: GPULowering, eqn: Any, *args: Any, tree: Any,
     multi = state.launch.to_remote_multicast(view.memref).ref
     mgpu.warpgroup_barrier()
     mgpu.SemaphoreRef.signal_multimem(mgpu.utils.memref_ptr(multi), _int(state, rest[0]),
-                                      predicate=mgpu.single_thread_predicate(_WG))
+                                      predicate=values.one_thread(_WG))
     return []
 
 

@@ -21,7 +21,7 @@ from jaxlib.mlir.dialects import arith, nvvm
 from pallas_core import backend as plb
 from pallas_core import primitives as prims
 from pallas_core.mlir_lowering import element_type, is_float
-from pallas_mosaic_gpu import cluster, tma, warp_specialized_lowering
+from pallas_mosaic_gpu import cluster, tma, values, warp_specialized_lowering
 from pallas_mosaic_gpu import primitives as gp
 from pallas_mosaic_gpu.rules import rule
 from pallas_mosaic_gpu.values import (
@@ -354,10 +354,8 @@ def _copy_out(state: GPULowering, eqn: Any, *args: Any, commit_group: bool = Tru
 
 
 def _issuer(state: GPULowering) -> Any:
-    """The thread issuing a copy inside a ``WarpMesh`` region (one of the warp), else ``None``
-    (the library's default: one of the warpgroup)."""
-    if state.warp_axis is None:
-        return None
+    """The thread issuing a copy: one of the warp inside a ``WarpMesh`` region, else one of
+    the warpgroup (the predicates computed once per launch, as in JAX's lowering)."""
     from pallas_mosaic_gpu import scheduling
     return scheduling.issuing_thread(state)
 
@@ -388,7 +386,7 @@ def _barrier_arrive(state: GPULowering, eqn: Any, *args: Any, **_: Any) -> Any:
         return []
     if state.warp_axis is not None:  # one arrival per warp inside a WarpMesh region
         bar.barrier.arrive(orders_tensor_core=_orders_tensor_core(eqn),
-                           predicate=mgpu.single_thread_predicate(mgpu.ThreadSubset.WARP),
+                           predicate=values.one_thread(mgpu.ThreadSubset.WARP),
                            scope=mgpu.ThreadSubset.WARP)
         return []
     warp_specialized_lowering.arrive_once(bar.barrier, _orders_tensor_core(eqn))

@@ -43,7 +43,7 @@ from pallas_core.errors import PallasError, UnsupportedError
 from pallas_core.grid_mapping import BlockMapping
 from pallas_core.mlir_lowering import element_type
 from pallas_core.request import KernelCall
-from pallas_mosaic_gpu import cluster, smem_layout, tma
+from pallas_mosaic_gpu import cluster, smem_layout, tma, values
 from pallas_mosaic_gpu.params import (
     ACC_SPACE,
     GMEM,
@@ -498,8 +498,9 @@ def build(call: KernelCall, devices: tuple[tuple[str, int], ...] = ()
                     tiled=kind == "smem_tiled" or (kind == "smem" and is_tileable(shape, dtype)))
                 if kind in ("smem", "smem_plain", "smem_tiled") else None
                 for kind, shape, dtype, _ in allocs]
-        _emit(state, pl_, gmem, smem_refs[:n_main], buffers, scratch_refs, slots, steps,
-              params.delay_release, reuse, (sems, n_sems), iter(tmem_refs[:n_main_tmem]))
+        with values.one_thread_predicates():
+            _emit(state, pl_, gmem, smem_refs[:n_main], buffers, scratch_refs, slots, steps,
+                  params.delay_release, reuse, (sems, n_sems), iter(tmem_refs[:n_main_tmem]))
 
     in_shapes = tuple(jax.ShapeDtypeStruct(ins[i].array_shape, ins[i].dtype) for i in plain_in)
     inout_shapes = tuple(jax.ShapeDtypeStruct(ins[i].array_shape, ins[i].dtype)

@@ -280,7 +280,7 @@ def _is_first_warpgroup() -> Any:
 def _try_cancel_rule(state: Any, eqn: Any, *args: Any, **_: Any) -> Any:
     answer, bar = _views(state, eqn, args)
     first_wg = _is_first_warpgroup()
-    leader = mgpu.single_thread_predicate(mgpu.ThreadSubset.WARPGROUP)
+    leader = values.one_thread(mgpu.ThreadSubset.WARPGROUP)
     # Each warpgroup arrives once; the first one also expects the answer's bytes.
     nbytes = arith.select(first_wg, values.i32(ANSWER_BYTES), values.i32(0))
     bar.barrier.arrive_expect_tx(nbytes, predicate=leader)
@@ -345,7 +345,7 @@ def issuing_thread(state: Any) -> Any:
     warpgroup, or of the warp inside a ``WarpMesh`` region."""
     subset = mgpu.ThreadSubset.WARP if getattr(state, "warp_axis", None) is not None else \
         mgpu.ThreadSubset.WARPGROUP
-    return mgpu.single_thread_predicate(subset)
+    return values.one_thread(subset)
 
 
 __all__ = ["NDLoopInfo", "TryClusterCancelResult", "WarpMesh", "dynamic_scheduling_loop",

@@ -32,6 +32,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith
 
 from pallas_core.errors import UnsupportedError
+from pallas_mosaic_gpu import values
 
 MAX_BOX = 256
 """The largest extent of one dimension of a TMA copy's box."""
@@ -175,7 +176,7 @@ def copy(launch: Any, *, gmem: ir.Value, smem: ir.Value, window: Sequence[Any], 
     if to_smem and len(chunks) > 1:
         nbytes = math.prod(smem_shape) * itemsize
         one = predicate if predicate is not None else \
-            mgpu.single_thread_predicate(mgpu.ThreadSubset.WARPGROUP)
+            values.one_thread(mgpu.ThreadSubset.WARPGROUP)
         barrier.arrive_expect_tx(nbytes, predicate=one)
     for k, chunk in enumerate(chunks):
         sub_window = list(window)

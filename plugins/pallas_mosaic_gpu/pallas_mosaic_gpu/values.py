@@ -22,8 +22,10 @@ reads them (8-bit and 32-bit buffers (8, 128 // itemsize) where the kernel asks,
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -182,6 +184,32 @@ def relayout(arr: Any, layout: Any) -> Any:
 
 
 # --- the lowering state ----------------------------------------------------------------------
+
+
+_ONE_THREAD: contextvars.ContextVar[dict[Any, ir.Value] | None] = contextvars.ContextVar(
+    "pallas_mosaic_gpu_one_thread", default=None)
+
+
+@contextlib.contextmanager
+def one_thread_predicates() -> Iterator[None]:
+    """While a kernel's launch body is lowered: the predicates selecting one thread of each
+    warpgroup and of each warp, computed once at the launch's start (where every thread is
+    present), as JAX's lowering computes them, and used by every single-thread operation
+    (:func:`one_thread`). Each costs an ``elect.sync`` (and the warpgroup's a ``shfl.sync``)."""
+    token = _ONE_THREAD.set({subset: mgpu.single_thread_predicate(subset)
+                             for subset in (mgpu.ThreadSubset.WARPGROUP,
+                                            mgpu.ThreadSubset.WARP)})
+    try:
+        yield
+    finally:
+        _ONE_THREAD.reset(token)
+
+
+def one_thread(subset: Any = mgpu.ThreadSubset.WARPGROUP) -> ir.Value:
+    """The predicate that is True in one thread of the calling warpgroup (or warp): the one
+    computed at the launch's start inside :func:`one_thread_predicates`, else a fresh one."""
+    found = _ONE_THREAD.get()
+    return found[subset] if found is not None else mgpu.single_thread_predicate(subset)
 
 
 @dataclasses.dataclass

@@ -25,6 +25,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith, gpu, nvvm
 
 from pallas_core.errors import UnsupportedError
+from pallas_mosaic_gpu import values
 from pallas_mosaic_gpu import warp_specialized as ws
 from pallas_mosaic_gpu.params import ACC_SPACE
 from pallas_mosaic_gpu.rules import rule
@@ -119,4 +120,4 @@ def arrive_once(barrier: Any, orders_tensor_core: bool = False) -> None:
     if not orders_tensor_core:
         mgpu.warpgroup_barrier()
     barrier.arrive(orders_tensor_core=orders_tensor_core,
-                   predicate=mgpu.single_thread_predicate(mgpu.ThreadSubset.WARPGROUP))
+                   predicate=values.one_thread(mgpu.ThreadSubset.WARPGROUP))
