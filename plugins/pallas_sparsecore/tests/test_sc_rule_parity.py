@@ -6,7 +6,7 @@ goes."""
 
 from __future__ import annotations
 
-import jax.experimental.pallas.tpu  # noqa: F401  (registers JAX's pipeline rules)
+import jax.experimental.pallas.tpu  # registers JAX's pipeline rules
 import jax.experimental.pallas.tpu_sc  # noqa: F401  (registers JAX's SparseCore primitives)
 import pytest
 from pallas_sparsecore import plugin
