@@ -1013,11 +1013,6 @@ def physical_aval(aval: Any) -> Any:
     return core.physical_aval(aval)
 
 
-def is_key(aval: Any) -> bool:
-    """Whether ``aval`` is a ``jax.random`` key array's."""
-    return isinstance(getattr(aval, "dtype", None), _prng.KeyTy)
-
-
 def _iota_2x32(shape: tuple[int, ...]) -> tuple[Any, Any]:
     """``iota_2x32_shape``: the row-major index of each element as two 32-bit words (high,
     low); built from int32 iotas, as JAX's TPU lowering builds it."""
@@ -1049,8 +1044,8 @@ def key_expansion(eqn: Any) -> ClosedJaxpr | str:
               functools.partial(_random_bits, impl, p["bit_width"], tuple(p["shape"])))
     if tuple(key.shape) != ():
         return f"a batch of {tuple(key.shape)} keys (a kernel draws from one key at a time)"
-    structs = [jax.ShapeDtypeStruct(physical_aval(v.aval).shape, physical_aval(v.aval).dtype)
-               for v in eqn.invars]
+    physical = [physical_aval(v.aval) for v in eqn.invars]
+    structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in physical]
     return jax.make_jaxpr(fn)(*structs)
 
 

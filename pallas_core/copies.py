@@ -442,13 +442,17 @@ def _traced_rows(state: RefViews) -> tuple[tuple[int, int, Any], tuple[int, int,
     return src, dst
 
 
+def _row_aval(state: RefViews, role: int, at: tuple[int, int, Any]) -> Any:
+    """The aval of one row of view ``role``'s traced-length slice ``at``."""
+    base = state.values[state.roles[role]]
+    return _jax.shape_after_transforms(_jax.make_ref_aval(base.shape, base.dtype),
+                                       _with_row(state.transforms[role], at, 0))
+
+
 def _traced_copy_bytes(state: RefViews, rows: Any) -> Any:
     """The size in bytes of a copy of ``n`` rows, ``n`` the source's traced length."""
     src, _ = rows
-    one = _jax.shape_after_transforms(
-        _jax.make_ref_aval(state.values[state.roles[_SRC]].shape,
-                           state.values[state.roles[_SRC]].dtype),
-        _with_row(state.transforms[_SRC], src, 0))
+    one = _row_aval(state, _SRC, src)
     row = math.prod(one.shape) * np.dtype(one.dtype).itemsize
     return jax.numpy.asarray(src[2].size, jax.numpy.int32) * row
 
@@ -457,12 +461,12 @@ def _move_rows(state: RefViews, rows: Any, add: bool) -> None:
     """A copy of traced length ``n``: row ``i`` of the source's slice into row ``i`` of the
     destination's, for ``i`` below ``n`` (a loop when the kernel runs)."""
     src, dst = rows
+    shape = _row_aval(state, _DST, dst).shape
 
     def step(i: Any, values: list[Any]) -> list[Any]:
         here = state.with_values(values)
         data = here.read(_SRC, _with_row(state.transforms[_SRC], src, i))
         to = _with_row(state.transforms[_DST], dst, i)
-        shape = here.read(_DST, to).shape
         if add:
             here.add(_DST, data.reshape(shape), to)
         else:

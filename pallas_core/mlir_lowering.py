@@ -79,7 +79,8 @@ def lower_jaxpr(state: LoweringState, rules: Rules, jaxpr: Any, consts: Sequence
             state.location = line
         fn = rules.get(eqn.primitive)
         if fn is None:
-            on = f" on {_dtype_names(eqn)}" if _dtype_names(eqn) else ""
+            dtypes = _dtype_names(eqn)
+            on = f" on {dtypes}" if dtypes else ""
             raise state.fail(f"the primitive {eqn.primitive.name!r}{on}", eqn)
         try:
             outs = fn(state, eqn, *[read(v) for v in eqn.invars])

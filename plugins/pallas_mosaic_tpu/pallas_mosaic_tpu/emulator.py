@@ -194,6 +194,14 @@ def _dimension_numbers(op: ir.Operation, lhs_rank: int, rhs_rank: int) -> list[l
             [0, 1 if tl else 0, 1, 0 if tr else 1], [], []]
 
 
+def _accumulator(dtype: np.dtype) -> Any:
+    """The type products into ``dtype`` are summed in: float32 (float64 for wider floats),
+    int64 for integers."""
+    if dtype.kind != "f":
+        return np.int64
+    return np.float64 if np.dtype(dtype).itemsize > 4 else np.float32
+
+
 def _matmul(c: Compiler, op: ir.Operation) -> _Fn:
     """``acc + lhs . rhs``, products summed in float32 (int32 for integers) or wider."""
     lhs_c, rhs_c, lhs_f, rhs_f, order, lhs_b, rhs_b = _dimension_numbers(
@@ -208,9 +216,7 @@ def _matmul(c: Compiler, op: ir.Operation) -> _Fn:
 
     def run(lhs: Any, rhs: Any, acc: Any) -> Any:
         lhs, rhs = np.asarray(lhs), np.asarray(rhs)
-        wide: Any = np.float32 if dtype.kind == "f" else np.int64
-        if dtype.kind == "f" and np.dtype(dtype).itemsize > 4:
-            wide = np.float64
+        wide = _accumulator(dtype)
         a = np.transpose(lhs, lhs_b + lhs_f + lhs_c).astype(wide)
         b = np.transpose(rhs, rhs_b + rhs_c + rhs_f).astype(wide)
         nb = len(lhs_b)
@@ -255,9 +261,7 @@ def _conv(c: Compiler, op: ir.Operation) -> _Fn:
     dtype = dtype_of(op.results[0].type)
 
     def run(lhs: Any, rhs: Any, acc: Any) -> Any:
-        wide: Any = np.float32 if dtype.kind == "f" else np.int64
-        if dtype.kind == "f" and dtype.itemsize > 4:
-            wide = np.float64
+        wide = _accumulator(dtype)
         x = np.transpose(np.asarray(lhs), [lb, lf, *ls]).astype(wide)  # N C spatial
         w = np.transpose(np.asarray(rhs), [ro, ri, *rs]).astype(wide)  # O I spatial
         for d in range(n):

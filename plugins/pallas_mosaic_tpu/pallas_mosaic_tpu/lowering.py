@@ -560,6 +560,16 @@ def _top_k_dtype(lowering: Lowering, eqn: Any, what: str) -> None:
                             f"generation {needs} on; pass target= a later chip)")
 
 
+def _lower_expansion(lowering: Lowering, eqn: Any, x: ir.Value, fn: Any,
+                     **params: Any) -> list[Any]:
+    """``fn(x, **params)`` (``pallas_mosaic_tpu.topk``) traced on ``eqn``'s operand and
+    lowered in the equation's place."""
+    from pallas_mosaic_tpu import topk
+
+    jaxpr = topk.expansion(fn, _in(eqn), **params)
+    return lower_jaxpr(lowering, jaxpr.jaxpr, jaxpr.consts, [x])
+
+
 @rule(lax.top_k_p)
 def _top_k(lowering: Lowering, eqn: Any, x: ir.Value) -> list[Any]:
     """``lax.top_k(x, k, is_stable=False)``: ``k`` rounds of ``argmax`` and masking, as JAX
@@ -571,9 +581,8 @@ def _top_k(lowering: Lowering, eqn: Any, x: ir.Value) -> list[Any]:
                             "in the rounds of argmax Mosaic takes the top k with; JAX's "
                             "lowering asks the same). Fix: lax.top_k(x, k, is_stable=False)")
     _top_k_dtype(lowering, eqn, "lax.top_k")
-    jaxpr = topk.expansion(topk.top_k, _in(eqn), k=eqn.params["k"],
-                           axis=eqn.params.get("axis", -1))
-    return lower_jaxpr(lowering, jaxpr.jaxpr, jaxpr.consts, [x])
+    return _lower_expansion(lowering, eqn, x, topk.top_k, k=eqn.params["k"],
+                            axis=eqn.params.get("axis", -1))
 
 
 @rule(lax.approx_top_k_p)
@@ -592,9 +601,8 @@ def _approx_top_k(lowering: Lowering, eqn: Any, x: ir.Value) -> list[Any]:
     if not 0.0 < p["recall_target"] <= 1.0:
         raise lowering.fail(f"lax.approx_max_k with recall_target={p['recall_target']} "
                             "(expected a value in (0, 1])")
-    jaxpr = topk.expansion(topk.approx_max_k, _in(eqn), k=p["k"],
-                           axis=p["reduction_dimension"], recall_target=p["recall_target"])
-    return lower_jaxpr(lowering, jaxpr.jaxpr, jaxpr.consts, [x])
+    return _lower_expansion(lowering, eqn, x, topk.approx_max_k, k=p["k"],
+                            axis=p["reduction_dimension"], recall_target=p["recall_target"])
 
 
 def _conv_precision(lowering: Lowering, precision: Any) -> ir.Attribute | None:

@@ -107,24 +107,26 @@ def test_reduce_precision_is_refused_by_name_before_jax_011() -> None:
 
 # --- checks ------------------------------------------------------------------------------------
 
-def _pl_check(m: Any) -> Callable[..., None]:
-    def kernel(x_ref: Any, o_ref: Any) -> None:
-        x = x_ref[...]
-        m.debug_check(jnp.all(x > -1e6), "x too small")
-        o_ref[...] = x + 1.0
-    return kernel
+CHECKS: dict[str, Callable[[Any], Callable[..., None]]] = {
+    "pl": lambda m: m.debug_check,  # pl.debug_check (JAX's, or this project's)
+    "checkify": lambda m: checkify.debug_check,
+}
 
 
-def _checkify_check(m: Any) -> Callable[..., None]:
-    def kernel(x_ref: Any, o_ref: Any) -> None:
-        x = x_ref[...]
-        checkify.debug_check(jnp.all(x > -1e6), "x too small")
-        o_ref[...] = x + 1.0
-    return kernel
+def _checked(check: str) -> Callable[[Any], Callable[..., None]]:
+    """A kernel maker for module ``m``: ``x + 1`` after the ``check`` that ``x > -1e6``."""
+    def make(m: Any) -> Callable[..., None]:
+        def kernel(x_ref: Any, o_ref: Any) -> None:
+            x = x_ref[...]
+            CHECKS[check](m)(jnp.all(x > -1e6), "x too small")
+            o_ref[...] = x + 1.0
+        return kernel
+    return make
 
 
-@pytest.mark.parametrize("make", [_pl_check, _checkify_check], ids=["pl", "checkify"])
-def test_debug_checks_lower_to_cf_assert_and_the_emulator_checks_them(make: Any) -> None:
+@pytest.mark.parametrize("check", list(CHECKS))
+def test_debug_checks_lower_to_cf_assert_and_the_emulator_checks_them(check: str) -> None:
+    make = _checked(check)
     x = _x()
     out = jax.ShapeDtypeStruct(x.shape, x.dtype)
     with pl.enable_debug_checks(True):
