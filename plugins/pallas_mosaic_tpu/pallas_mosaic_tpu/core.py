@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 from pallas_mosaic_tpu.helpers import CoreType, TensorCoreMesh
-from pallas_mosaic_tpu.mxu import AccMemorySpace
 from pallas_mosaic_tpu.params import (
     ARBITRARY,
     CORE_PARALLEL,
     PARALLEL,
     SUBCORE_PARALLEL,
+    AccMemorySpace,
     GridDimensionSemantics,
     MemorySpace,
     PrefetchScalarGridSpec,

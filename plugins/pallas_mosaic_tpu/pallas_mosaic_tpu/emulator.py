@@ -56,6 +56,7 @@ from pallas_mosaic_tpu.emulator_ops import (
 )
 from pallas_mosaic_tpu.emulator_ops import (
     EmulationError,
+    _bool,
     _enum,
     _int,
     _ints,
@@ -91,6 +92,8 @@ class KernelState:
         """``id(buffer)`` -> its key in :attr:`buffers`."""
         self.allocations = 0
         """Allocating operations compiled so far (their keys' numbers)."""
+        self.mxu = MXUs()
+        """The hand-driven MXUs (``tpu.matmul_push_rhs`` and the others)."""
 
     def register(self, key: Any, buffer: np.ndarray) -> None:
         old = self.buffers.get(key)
@@ -427,6 +430,106 @@ def _convert(c: Compiler, op: ir.Operation) -> _Fn:
     return lambda x: np.asarray(x).astype(dtype)
 
 
+# -- the hand-driven MXU ----------------------------------------------------------------------
+
+class MXUs:
+    """What the kernel's MXUs hold: staged RHS by ``(mxu, register)``, the loaded RHS by MXU,
+    accumulators by ``(mxu, address)`` (each written whole: ``ACC`` Refs have no views), and
+    each MXU's result FIFO. Accumulators start at zero and popping zeroes them; the state lasts
+    for the whole kernel, as the hardware's does across grid steps."""
+
+    def __init__(self) -> None:
+        self.staged: dict[tuple[int, int], np.ndarray] = {}
+        self.loaded: dict[int, np.ndarray] = {}
+        self.accs: dict[tuple[int, int], np.ndarray] = {}
+        self.fifo: dict[int, list[np.ndarray]] = {}
+
+    def product(self, op: ir.Operation, lhs: Any, mxu: int, load: int | None) -> np.ndarray:
+        """``lhs`` times MXU ``mxu``'s RHS (loaded first from register ``load``), summed in
+        float32 (int32 for integers) as the MXU accumulates."""
+        if load is not None:
+            if (mxu, load) not in self.staged:
+                raise EmulationError(f"{op.name} at {op.location} loads staging register "
+                                     f"{load} of MXU {mxu}, which holds no RHS.")
+            self.loaded[mxu] = self.staged.pop((mxu, load))
+        if mxu not in self.loaded:
+            raise EmulationError(f"{op.name} at {op.location}: MXU {mxu} has no loaded RHS.")
+        lhs, rhs = np.asarray(lhs), self.loaded[mxu]
+        if np.issubdtype(lhs.dtype, np.integer) and np.issubdtype(rhs.dtype, np.integer):
+            return np.matmul(lhs.astype(np.int64), rhs.astype(np.int64)).astype(np.int32)
+        return np.matmul(lhs.astype(np.float32), rhs.astype(np.float32))
+
+
+def _attr(op: ir.Operation, name: str) -> int | None:
+    return _int(op, name) if name in op.attributes else None
+
+
+def _push_rhs(c: Compiler, op: ir.Operation) -> _Fn:
+    mxus, mxu, reg = _state(c).mxu, _attr(op, "mxu_index"), _int(op, "staging_register", 0)
+    transpose = "transpose" in op.attributes and _bool(op, "transpose")
+
+    def run(rhs: Any) -> None:
+        if (mxu, reg) in mxus.staged:
+            raise EmulationError(f"{op.name} at {op.location} pushes into staging register "
+                                 f"{reg} of MXU {mxu}, which holds an RHS never loaded.")
+        rhs = np.asarray(rhs)
+        mxus.staged[(mxu, reg)] = (rhs.T if transpose else rhs).copy()  # type: ignore
+    return run
+
+
+def _acc_lhs(c: Compiler, op: ir.Operation) -> _Fn:
+    mxus, mxu, addr = _state(c).mxu, _attr(op, "mxu_index"), _attr(op, "acc")
+    load = _attr(op, "load_staged_rhs")
+
+    def run(lhs: Any) -> None:
+        product = mxus.product(op, lhs, mxu, load)  # type: ignore[arg-type]
+        old = mxus.accs.get((mxu, addr))  # type: ignore[arg-type]
+        if old is not None and old.shape != product.shape:
+            raise EmulationError(f"{op.name} at {op.location} adds a {product.shape} product "
+                                 f"into accumulator {addr} of MXU {mxu}, which holds "
+                                 f"{old.shape}.")
+        mxus.accs[(mxu, addr)] = product if old is None else old + product  # type: ignore
+    return run
+
+
+def _pop(c: Compiler, op: ir.Operation) -> _Fn:
+    mxus, mxu, addr = _state(c).mxu, _attr(op, "mxu_index"), _attr(op, "acc")
+    shape, dtype = shape_of(op.results[0].type), dtype_of(op.results[0].type)
+
+    def run() -> Any:
+        value = mxus.accs.pop((mxu, addr), None)  # type: ignore[arg-type]
+        if value is None:  # never accumulated into since it was last popped: zero
+            return np.zeros(shape, dtype)
+        if value.shape != tuple(shape):
+            raise EmulationError(f"{op.name} at {op.location} pops {tuple(shape)} from "
+                                 f"accumulator {addr} of MXU {mxu}, which holds {value.shape}.")
+        return value.astype(dtype)
+    return run
+
+
+def _lhs_fifo(c: Compiler, op: ir.Operation) -> _Fn:
+    mxus, mxu, load = _state(c).mxu, _attr(op, "mxu_index"), _attr(op, "load_staged_rhs")
+    return lambda lhs: mxus.fifo.setdefault(mxu, []).append(  # type: ignore[arg-type]
+        mxus.product(op, lhs, mxu, load))  # type: ignore[arg-type]
+
+
+def _pop_fifo(c: Compiler, op: ir.Operation) -> _Fn:
+    mxus, mxu = _state(c).mxu, _attr(op, "mxu_index")
+    shape, dtype = shape_of(op.results[0].type), dtype_of(op.results[0].type)
+
+    def run() -> Any:
+        queue = mxus.fifo.get(mxu)  # type: ignore[arg-type]
+        if not queue:
+            raise EmulationError(f"{op.name} at {op.location} pops the result FIFO of MXU "
+                                 f"{mxu}, which is empty.")
+        value = queue.pop(0)
+        if value.shape != tuple(shape):
+            raise EmulationError(f"{op.name} at {op.location} pops {tuple(shape)}; the FIFO's "
+                                 f"result is {value.shape}.")
+        return value.astype(dtype)
+    return run
+
+
 # -- the hardware PRNG ------------------------------------------------------------------------
 
 def _prng_seed(c: Compiler, op: ir.Operation) -> _Fn:
@@ -653,7 +756,9 @@ def _core_id(c: Compiler, op: ir.Operation) -> _Fn:
 
 RULES: dict[str, Rule] = {
     **ARITH_RULES, **ASSERT_RULES, **MEMORY_RULES, **BIT_RULES,
-    "tpu.matmul": _matmul, "tpu.conv": _conv, "tpu.iota": _iota, "tpu.dynamic_rotate": _rotate,
+    "tpu.matmul": _matmul, "tpu.conv": _conv, "tpu.matmul_push_rhs": _push_rhs,
+    "tpu.matmul_acc_lhs": _acc_lhs, "tpu.matmul_pop": _pop, "tpu.matmul_lhs_fifo": _lhs_fifo,
+    "tpu.matmul_pop_fifo": _pop_fifo, "tpu.iota": _iota, "tpu.dynamic_rotate": _rotate,
     "tpu.repeat": _repeat, "tpu.concatenate": _concatenate, "tpu.bitcast": _tpu_bitcast,
     "tpu.reciprocal": _reciprocal, "tpu.reduce_index": _reduce_index,
     "tpu.dynamic_gather": _dynamic_gather, "tpu.reduce_precision": _reduce_precision,

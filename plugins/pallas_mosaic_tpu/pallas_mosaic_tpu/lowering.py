@@ -45,6 +45,7 @@ from pallas_mosaic_tpu.params import (
     SEMAPHORE,
     SMEM,
     VMEM_SHARED,
+    AccMemorySpace,
     TPUCompilerParams,
 )
 
@@ -60,6 +61,53 @@ class Lowering(LoweringState):
     scratch_type: Any = None
     """``(shape, dtype, memory_space) -> memref type`` of scratch and ``run_scoped`` buffers
     (``None``: this backend's; the SparseCore backend adds its shared VMEM)."""
+    accumulators: dict[int, int] = dataclasses.field(default_factory=dict)
+    """Entries of each MXU's accumulator memory given out so far (``pltpu.ACC`` Refs)."""
+
+    def alloc_accumulator(self, shape: Sequence[int], dtype: Any, space: AccMemorySpace,
+                          eqn: Any = None) -> AccRef:
+        """An ``ACC`` Ref's place in its MXU's accumulator memory, as JAX's lowering gives it:
+        the next free entries (``num_sublanes`` rows by the MXU's columns each), addressed in
+        vector registers. Entries are never given back, as in JAX."""
+        from pallas_mosaic_tpu import tpu_info
+
+        # The chip lowered for, else (lowering on a machine without a TPU, no target named)
+        # Mosaic TPU's default chip, v5e.
+        info = (tpu_info.get_tpu_info() if tpu_info.is_tpu_device()
+                else tpu_info.get_tpu_info_for_chip(tpu_info.ChipVersion.TPU_V5E, 1))
+        what = f"a pltpu.ACC({space.mxu_id}) Ref of shape {tuple(shape)}"
+        if not info.num_accumulators:
+            raise self.fail(f"{what} on TPU {info.chip_version} (its MXUs have no accumulator "
+                            "memory; TPU 7 and later have: lower with target='v7x', or "
+                            "multiply with jnp.dot)", eqn)
+        rows = math.prod(shape[:-1])
+        if (space.mxu_id >= info.num_mxus or shape[-1] != info.mxu_column_size
+                or rows % info.num_sublanes):
+            raise self.fail(f"{what} on TPU {info.chip_version} (an accumulator has "
+                            f"{info.mxu_column_size} columns, a multiple of "
+                            f"{info.num_sublanes} rows, and an mxu_id below {info.num_mxus})",
+                            eqn)
+        base = self.accumulators.get(space.mxu_id, 0)
+        entries = rows // info.num_sublanes
+        if base + entries > info.num_accumulators:
+            raise self.fail(f"{what}: MXU {space.mxu_id}'s accumulator memory is full "
+                            f"({info.num_accumulators} entries of {info.num_sublanes} rows, "
+                            f"{base} in use, {entries} more asked for; fewer or smaller ACC "
+                            "Refs fit)", eqn)
+        self.accumulators[space.mxu_id] = base + entries
+        return AccRef(base * (info.mxu_column_size // info.num_lanes), tuple(shape),
+                      np.dtype(dtype), space.mxu_id)
+
+
+@dataclasses.dataclass(frozen=True)
+class AccRef:
+    """An ``ACC`` Ref while a kernel is lowered: no memref, an address in the accumulator
+    memory of MXU ``mxu_id`` (in vector registers), which the ``tpu.matmul_*`` ops name."""
+
+    base_address: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    mxu_id: int
 
 
 Rule = mlir_lowering.Rule
@@ -119,8 +167,9 @@ def lower_kernel(call: KernelCall, mesh_axes: tuple[tuple[str, int], ...] = ()
             whole = k < n_pf or space in ("any", "hbm")
             shape = bm.array_shape if whole else bm.full_block_shape
             operand_types.append(mir.memref(shape, bm.dtype, space))
-        scratch = [a for a in gm.scratch_avals if a.memory_space is not BARRIER_SEMAPHORE]
-        barrier = len(scratch) < len(gm.scratch_avals)
+        # The barrier semaphore and accumulators are not operands of the kernel function.
+        scratch = [a for a in gm.scratch_avals if a.memory_space is not BARRIER_SEMAPHORE
+                   and not isinstance(a.memory_space, AccMemorySpace)]
         scratch_types = [_scratch_type(a.inner_aval.shape, a.inner_aval.dtype, a.memory_space)
                          for a in scratch]
         windows = []
@@ -142,11 +191,21 @@ def lower_kernel(call: KernelCall, mesh_axes: tuple[tuple[str, int], ...] = ()
             args = list(entry.arguments)
             for k, bm in enumerate(gm.block_mappings):
                 args[len(gm.grid) + k] = _squeezed(args[len(gm.grid) + k], bm)
-            if barrier:  # the hidden last scratch operand is the kernel's barrier semaphore
-                args.append(tpu.GetBarrierSemaphoreOp(_scratch_type((), np.int32, SEMAPHORE))
-                            .result)
             lowering = Lowering(call, "mosaic_tpu", args[:len(gm.grid)], mesh_axes=mesh_axes)
-            lower_jaxpr(lowering, call.jaxpr.jaxpr, call.jaxpr.consts, args[len(gm.grid):])
+            n_args = len(gm.grid) + len(gm.block_mappings)
+            given = iter(args[n_args:])
+            scratch_args = []
+            for a in gm.scratch_avals:
+                if a.memory_space is BARRIER_SEMAPHORE:  # the kernel's barrier semaphore
+                    scratch_args.append(tpu.GetBarrierSemaphoreOp(
+                        _scratch_type((), np.int32, SEMAPHORE)).result)
+                elif isinstance(a.memory_space, AccMemorySpace):
+                    scratch_args.append(lowering.alloc_accumulator(
+                        a.inner_aval.shape, a.inner_aval.dtype, a.memory_space))
+                else:
+                    scratch_args.append(next(given))
+            lower_jaxpr(lowering, call.jaxpr.jaxpr, call.jaxpr.consts,
+                        [*args[len(gm.grid):n_args], *scratch_args])
             func.ReturnOp([])
         mlir_lowering.verify(module, "mosaic_tpu", call.name)
     return module, name
@@ -753,6 +812,10 @@ def _indices(lowering: Lowering, ref: ir.Value, transforms: Sequence[Any],
 def _accessed(lowering: Lowering, ref: ir.Value, transforms: Sequence[Any]
               ) -> tuple[ir.Value, Sequence[Any]]:
     """``ref.at[a].at[b][c]``: the view ``ref.at[a].at[b]`` and the last indexer ``[c]``."""
+    if isinstance(ref, AccRef):
+        raise lowering.fail("reading or writing a pltpu.ACC Ref with ref[...] (an accumulator "
+                            "is read with pltpu.matmul_pop and written with "
+                            "pltpu.matmul_acc_lhs, as in JAX)")
     if transforms and not isinstance(transforms[-1], plb.NDIndexer):
         return _view(lowering, ref, transforms), ()  # a reshaped or bitcast view, read whole
     if len(transforms) > 1:
@@ -914,6 +977,9 @@ def _run_scoped(lowering: Lowering, eqn: Any, *outer: Any) -> list[Any]:
     with ir.InsertionPoint(block):
         scoped = []
         for t in eqn.params["scoped"]:
+            if isinstance(t.memory_space, AccMemorySpace):
+                scoped.append(lowering.alloc_accumulator(t.shape, t.dtype, t.memory_space, eqn))
+                continue
             ty = (lowering.scratch_type or _scratch_type)(t.shape, t.dtype, t.memory_space)
             if t.memory_space in (SEMAPHORE, DMA_SEMAPHORE):
                 scoped.append(tpu.AllocaSemaphoreOp(ty).result)

@@ -4,14 +4,19 @@ accumulator memory space, and ``conv``.
 
 An MXU holds staging registers (an RHS pushed there waits to be loaded), a loaded RHS (the
 weights every ``matmul_acc_lhs``/``matmul_lhs_fifo`` multiplies by), accumulators and, on
-chips that have one, a result FIFO. Here that state lives while the kernel is traced: each
-operation becomes the ``jnp`` operations it means (``jnp.dot`` with float32, or int32,
-accumulation, and the reads and writes of the ``ACC`` Ref), so every backend that runs or
-lowers those runs or lowers it, with the MXU's meaning (Mosaic TPU lowers the products as
-ordinary matmuls rather than JAX's ``tpu.matmul_*`` ops). The state belongs to one
-control-flow scope: what is pushed, loaded or accumulated outside a loop body or branch cannot
-be used inside it (or after it), and that raises an ``UnsupportedError``; ``ACC`` Refs carry
-accumulators anywhere, as they are ordinary Refs.
+chips that have one, a result FIFO. Each operation is a primitive (``tpu_matmul_*``) that
+Mosaic TPU lowers to JAX's ``tpu.matmul_*`` operation, with the attributes JAX's lowering gives
+it; an ``ACC`` Ref becomes an address in its MXU's accumulator memory (the chip's
+``num_accumulators`` entries), as in JAX. The emulator runs those operations with an MXU of
+its own.
+
+The interpreter cannot keep registers across the traced bodies of loops and branches, so the
+MXU is followed while the kernel is traced: each operation passes the RHS it multiplies by
+(and, for JAX 0.10's addressed accumulators and the FIFO, the products it returns) as operands
+that only the interpreter reads. Where those come from another control-flow scope (pushed
+outside the loop body that uses them, queued inside a branch and popped after it), the
+interpreter raises an ``UnsupportedError``; ``ACC`` Refs carry accumulators anywhere, as they
+are Refs.
 
 Both JAX versions' forms are taken: JAX 0.11 and later address an accumulator by an ``ACC``
 Ref (``matmul_acc_lhs(acc_ref, lhs, load_staged_rhs=None)``, ``matmul_pop(acc_ref)``), JAX
@@ -30,72 +35,105 @@ import jax.extend.core as jex_core
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jaxlib.mlir import ir
+from jaxlib.mosaic.python import tpu
 
+from pallas_core import backend as plb
 from pallas_core.errors import PallasError, UnsupportedError
-from pallas_core.spec import MemoryRef
-from pallas_core.spec import MemorySpace as CoreMemorySpace
-from pallas_mosaic_tpu.params import NAME
-
-
-class AccMemorySpace(CoreMemorySpace):
-    """The accumulators of MXU ``mxu_id`` (``pltpu.ACC(mxu_id)``): call it with a shape and a
-    dtype (float32 or int32, rank >= 2) for an accumulator Ref, e.g. as scratch. Here such a
-    Ref is an ordinary buffer (VMEM when lowered) that ``matmul_acc_lhs`` adds into."""
-
-    mxu_id: int
-
-    def __init__(self, mxu_id: int) -> None:
-        if isinstance(mxu_id, bool) or not isinstance(mxu_id, (int, np.integer)) or mxu_id < 0:
-            raise PallasError(f"pltpu.ACC(mxu_id={mxu_id!r}): expected a non-negative int.")
-        super().__init__(f"ACC{int(mxu_id)}", backend=NAME)
-        object.__setattr__(self, "mxu_id", int(mxu_id))
-
-    def __call__(self, shape: Sequence[int], dtype: Any) -> MemoryRef:
-        shape = tuple(int(d) for d in shape)
-        if len(shape) < 2 or jnp.dtype(dtype) not in (jnp.float32, jnp.int32):
-            raise PallasError(f"pltpu.ACC({self.mxu_id})({shape}, {jnp.dtype(dtype)}): an "
-                              "accumulator is float32 or int32 of rank >= 2.")
-        return super().__call__(shape, dtype)
-
-    def __str__(self) -> str:
-        return f"ACC(mxu_id={self.mxu_id})"
-
+from pallas_core.semantics import PrimitiveSemantics
+from pallas_mosaic_tpu import ir as mir
+from pallas_mosaic_tpu.lowering import AccRef, Lowering, rule
+from pallas_mosaic_tpu.params import AccMemorySpace
 
 ACC = AccMemorySpace
 
 
+class MXUEffect(plb.Effect):
+    """The MXU's registers, accumulators and result FIFO change: keeps the hand-driven MXU
+    operations in the kernel, in program order."""
+
+
+mxu_effect = MXUEffect()
+plb.register_side_effect(MXUEffect)
+
+
+def _no_results(*args: Any, **params: Any) -> tuple[list[Any], set[Any]]:
+    return [], {mxu_effect}
+
+
+matmul_push_rhs_p = plb.Primitive("tpu_matmul_push_rhs")
+"""Operand: the RHS. Params: ``staging_register``, ``mxu_index``, ``transpose``."""
+matmul_push_rhs_p.multiple_results = True
+matmul_push_rhs_p.def_effectful_abstract_eval(_no_results)
+
+matmul_acc_lhs_p = plb.Primitive("tpu_matmul_acc_lhs")
+"""Operands: the ``ACC`` Ref, the LHS, then the RHS the MXU holds where it is known while
+tracing (``has_rhs``: the interpreter's operand, which the Mosaic lowering does not need).
+Params: ``mxu_index``, ``load_staged_rhs``, ``has_rhs``."""
+matmul_acc_lhs_p.multiple_results = True
+matmul_acc_lhs_p.def_effectful_abstract_eval(
+    lambda *args, **params: ([], {mxu_effect, plb.ReadEffect(0), plb.WriteEffect(0)}))
+
+matmul_acc_lhs_at_p = plb.Primitive("tpu_matmul_acc_lhs_at")
+"""JAX 0.10's form, an accumulator by address. Operands: the LHS, then the RHS where known
+(``has_rhs``). Params: ``acc_addr``, ``mxu_index``, ``load_staged_rhs``, ``has_rhs``."""
+matmul_acc_lhs_at_p.multiple_results = True
+matmul_acc_lhs_at_p.def_effectful_abstract_eval(_no_results)
+
+matmul_pop_p = plb.Primitive("tpu_matmul_pop")
+"""Operand: the ``ACC`` Ref. Params: ``mxu_index``."""
+matmul_pop_p.def_effectful_abstract_eval(
+    lambda acc, **params: (plb.ShapedArray(acc.shape, acc.dtype),
+                           {mxu_effect, plb.ReadEffect(0), plb.WriteEffect(0)}))
+
+matmul_pop_at_p = plb.Primitive("tpu_matmul_pop_at")
+"""JAX 0.10's form. Operands: the ``(lhs, rhs)`` pairs accumulated at the address while
+tracing, where all are known (``known``). Params: ``acc_addr``, ``mxu_index``, ``shape``,
+``dtype``, ``known``."""
+matmul_pop_at_p.def_effectful_abstract_eval(
+    lambda *args, shape, dtype, **params: (plb.ShapedArray(shape, dtype), {mxu_effect}))
+
+
+matmul_lhs_fifo_p = plb.Primitive("tpu_matmul_lhs_fifo")
+"""Operand: the LHS. Params: ``mxu_index``, ``load_staged_rhs``."""
+matmul_lhs_fifo_p.multiple_results = True
+matmul_lhs_fifo_p.def_effectful_abstract_eval(_no_results)
+
+matmul_pop_fifo_p = plb.Primitive("tpu_matmul_pop_fifo")
+"""Operands: the ``(lhs, rhs)`` of the product at the FIFO's head where it is known while
+tracing (``known``). Params: ``mxu_index``, ``shape``, ``dtype``, ``known``."""
+matmul_pop_fifo_p.def_effectful_abstract_eval(
+    lambda *args, shape, dtype, **params: (plb.ShapedArray(shape, dtype), {mxu_effect}))
+
+
+@dataclasses.dataclass
+class _Held:
+    """Something an MXU holds, and the control-flow scope (trace) that put it there."""
+
+    value: Any
+    scope: Any
+
+
 @dataclasses.dataclass
 class _Mxus:
-    """The MXUs' state in one control-flow scope of a kernel being traced."""
+    """What the MXUs hold while kernels are traced: the staged and loaded RHS, the ``(lhs,
+    rhs)`` pairs accumulated at each address (JAX 0.10's form) and queued in each result FIFO.
 
-    trace: Any
-    staged: dict[tuple[int, int], Any] = dataclasses.field(default_factory=dict)
-    loaded: dict[int, Any] = dataclasses.field(default_factory=dict)
-    accs: dict[tuple[int, int], Any] = dataclasses.field(default_factory=dict)
-    fifo: dict[int, list[Any]] = dataclasses.field(default_factory=dict)
+    Only the interpreter needs it (the Mosaic lowering emits the MXU operations themselves):
+    it passes the RHS and the pairs as operands, which the interpreter can use only where they
+    come from the scope the operation runs in."""
 
-
-_SCOPES: list[_Mxus] = []
-
-
-def _mxus() -> _Mxus:
-    trace = jex_core.get_opaque_trace_state()
-    for scope in _SCOPES:
-        if scope.trace == trace:
-            return scope
-    scope = _Mxus(trace)
-    _SCOPES.append(scope)
-    del _SCOPES[:-16]  # scopes of kernels traced long ago
-    return scope
+    staged: dict[tuple[int, int], _Held] = dataclasses.field(default_factory=dict)
+    loaded: dict[int, _Held] = dataclasses.field(default_factory=dict)
+    accs: dict[tuple[int, int], list[_Held]] = dataclasses.field(default_factory=dict)
+    fifo: dict[int, list[_Held]] = dataclasses.field(default_factory=dict)
 
 
-def _missing(what: str, fn: str) -> UnsupportedError:
-    return UnsupportedError(
-        f"pltpu.{fn}: {what} in this control-flow scope. Either it was never done, or it was "
-        "done outside the loop body or branch this runs in (or inside one that has ended): "
-        "the MXU's registers are followed while the kernel is traced, one scope at a time. "
-        "Fix: push and load the RHS in the same body or branch as the matmuls that use it, "
-        "and accumulate across iterations in a pltpu.ACC Ref.")
+_STATE = _Mxus()
+
+
+def _scope() -> Any:
+    return jex_core.get_opaque_trace_state()
 
 
 def _index(x: Any, what: str, fn: str) -> int:
@@ -104,127 +142,317 @@ def _index(x: Any, what: str, fn: str) -> int:
     return int(x)
 
 
+def _array(x: Any, what: str, fn: str) -> jax.Array:
+    x = jnp.asarray(x)
+    if x.ndim != 2:
+        raise PallasError(f"pltpu.{fn}: the {what} must be 2-D, found shape {x.shape}.")
+    return x
+
+
 def matmul_push_rhs(rhs: jax.Array, staging_register: int, mxu_index: int, *,
                     transpose: bool = False) -> None:
     """Stages ``rhs`` (transposed with ``transpose``) in staging register
-    ``staging_register`` of MXU ``mxu_index``, for a later ``load_staged_rhs=``."""
-    rhs = jnp.asarray(rhs)
-    if rhs.ndim != 2:
-        raise PallasError(f"pltpu.matmul_push_rhs: the RHS must be 2-D, found {rhs.shape}.")
+    ``staging_register`` of MXU ``mxu_index``, for a later ``load_staged_rhs=``
+    (``tpu.matmul_push_rhs``)."""
+    rhs = _array(rhs, "RHS", "matmul_push_rhs")
     key = (_index(mxu_index, "mxu_index", "matmul_push_rhs"),
            _index(staging_register, "staging_register", "matmul_push_rhs"))
-    state = _mxus()
-    if key in state.staged:
+    held = _STATE.staged.get(key)
+    if held is not None and held.scope == _scope():
         raise PallasError(f"pltpu.matmul_push_rhs: staging register {key[1]} of MXU {key[0]} "
                           "already holds an RHS that was never loaded. Fix: load it with "
                           "matmul_acc_lhs(..., load_staged_rhs=...) first.")
-    state.staged[key] = rhs.T if transpose else rhs
+    _STATE.staged[key] = _Held(rhs.T if transpose else rhs, _scope())
+    matmul_push_rhs_p.bind(rhs, staging_register=key[1], mxu_index=key[0],
+                           transpose=bool(transpose))
 
 
-def _product(lhs: Any, mxu: int, load_staged_rhs: int | None, fn: str) -> Any:
-    state = _mxus()
+def _rhs(lhs: jax.Array, mxu: int, load_staged_rhs: int | None, fn: str) -> Any:
+    """The RHS MXU ``mxu`` multiplies by (loading it first from ``load_staged_rhs``), where
+    the trace knows it, else ``None``."""
     if load_staged_rhs is not None:
-        key = (mxu, _index(load_staged_rhs, "load_staged_rhs", fn))
-        if key not in state.staged:
-            raise _missing(f"staging register {key[1]} of MXU {mxu} holds no RHS", fn)
-        state.loaded[mxu] = state.staged.pop(key)
-    if mxu not in state.loaded:
-        raise _missing(f"MXU {mxu} has no loaded RHS (pass load_staged_rhs=)", fn)
-    lhs = jnp.asarray(lhs)
-    rhs = state.loaded[mxu]
-    if lhs.ndim != 2 or lhs.shape[1] != rhs.shape[0]:
+        reg = _index(load_staged_rhs, "load_staged_rhs", fn)
+        staged = _STATE.staged.pop((mxu, reg), None)
+        here = staged is not None and staged.scope == _scope()
+        _STATE.loaded[mxu] = _Held(staged.value if here else None, _scope())  # type: ignore
+    held = _STATE.loaded.get(mxu)
+    if held is None or held.scope != _scope() or held.value is None:
+        return None
+    rhs = held.value
+    if lhs.shape[1] != rhs.shape[0]:
         raise PallasError(f"pltpu.{fn}: the LHS {lhs.shape} does not multiply the MXU's RHS "
                           f"{rhs.shape}.")
-    acc = jnp.int32 if jnp.issubdtype(lhs.dtype, jnp.integer) else jnp.float32
-    return jnp.dot(lhs, rhs, preferred_element_type=acc)
+    return rhs
+
+
+def _rhs_operand(rhs: Any) -> tuple[list[Any], bool]:
+    return ([] if rhs is None else [rhs]), rhs is not None
 
 
 def matmul_acc_lhs(acc: Any, lhs: jax.Array, *args: Any, **kwargs: Any) -> None:
     """Multiplies ``lhs`` by the MXU's RHS (loading it first from staging register
-    ``load_staged_rhs`` when given) and adds the product into an accumulator:
-    ``matmul_acc_lhs(acc_ref, lhs, load_staged_rhs=None)`` (JAX 0.11 and later: an ``ACC``
-    Ref, whose MXU it names), or ``matmul_acc_lhs(acc_addr, lhs, mxu_index,
-    load_staged_rhs=None)`` (JAX 0.10: an accumulator address of MXU ``mxu_index``)."""
-    if isinstance(acc, (int, np.integer)):
+    ``load_staged_rhs`` when given) and adds the product into an accumulator
+    (``tpu.matmul_acc_lhs``): ``matmul_acc_lhs(acc_ref, lhs, load_staged_rhs=None)`` (JAX
+    0.11 and later: an ``ACC`` Ref, whose MXU it names), or ``matmul_acc_lhs(acc_addr, lhs,
+    mxu_index, load_staged_rhs=None)`` (JAX 0.10: an accumulator address of MXU
+    ``mxu_index``)."""
+    if isinstance(acc, (int, np.integer)) and not isinstance(acc, bool):
         return _acc_by_address(int(acc), lhs, *args, **kwargs)
     return _acc_into_ref(acc, lhs, *args, **kwargs)
 
 
+def _load_arg(load_staged_rhs: Any, fn: str) -> int | None:
+    if isinstance(load_staged_rhs, bool):
+        raise PallasError(f"pltpu.{fn}: load_staged_rhs must be a staging register (an int) "
+                          f"or None, found {load_staged_rhs!r} (True would mean register 1).")
+    return None if load_staged_rhs is None else _index(load_staged_rhs, "load_staged_rhs", fn)
+
+
 def _acc_by_address(acc_addr: int, lhs: Any, mxu_index: int,
                     load_staged_rhs: int | None = None) -> None:
-    mxu = _index(mxu_index, "mxu_index", "matmul_acc_lhs")
-    product = _product(lhs, mxu, load_staged_rhs, "matmul_acc_lhs")
-    key = (mxu, _index(acc_addr, "acc_addr", "matmul_acc_lhs"))
-    state = _mxus()
-    state.accs[key] = product if key not in state.accs else state.accs[key] + product
+    fn = "matmul_acc_lhs"
+    mxu = _index(mxu_index, "mxu_index", fn)
+    addr = _index(acc_addr, "acc_addr", fn)
+    load = _load_arg(load_staged_rhs, fn)
+    lhs = _array(lhs, "LHS", fn)
+    rhs = _rhs(lhs, mxu, load, fn)
+    _STATE.accs.setdefault((mxu, addr), []).append(_Held((lhs, rhs), _scope()))
+    more, has_rhs = _rhs_operand(rhs)
+    matmul_acc_lhs_at_p.bind(lhs, *more, acc_addr=addr, mxu_index=mxu, load_staged_rhs=load,
+                             has_rhs=has_rhs)
 
 
 def _space_of(ref: Any) -> Any:
     return getattr(jax.typeof(getattr(ref, "ref", ref)), "memory_space", None)
 
 
-def _acc_into_ref(acc: Any, lhs: Any, load_staged_rhs: int | None = None) -> None:
+def _acc_ref(acc: Any, fn: str) -> Any:
     space = _space_of(acc)
     if not isinstance(space, AccMemorySpace):
-        raise PallasError(f"pltpu.matmul_acc_lhs: the accumulator must be a Ref in pltpu.ACC("
-                          f"mxu_id), found one in {space}. Fix: allocate it as scratch "
-                          "pltpu.ACC(0)((m, n), jnp.float32).")
-    product = _product(lhs, space.mxu_id, load_staged_rhs, "matmul_acc_lhs")
-    if tuple(acc.shape) != product.shape:
-        raise PallasError(f"pltpu.matmul_acc_lhs: the product {product.shape} does not fit the "
-                          f"accumulator {tuple(acc.shape)}.")
-    acc[...] = acc[...] + product.astype(acc.dtype)
+        raise PallasError(f"pltpu.{fn}: the accumulator must be a Ref in pltpu.ACC(mxu_id), "
+                          f"found one in {space}. Fix: allocate it with pl.run_scoped(..., "
+                          "pltpu.ACC(0)((m, n), jnp.float32)) or as such scratch.")
+    if getattr(acc, "transforms", ()):
+        raise PallasError(f"pltpu.{fn}: a view of an ACC Ref (acc.at[...]); the MXU addresses "
+                          "whole accumulators (JAX refuses views too). Fix: allocate one ACC "
+                          "Ref per accumulator.")
+    if len(acc.shape) != 2:
+        raise PallasError(f"pltpu.{fn}: the accumulator must be 2-D, found {tuple(acc.shape)}.")
+    return getattr(acc, "ref", acc), space
+
+
+def _acc_into_ref(acc: Any, lhs: Any, load_staged_rhs: int | None = None) -> None:
+    fn = "matmul_acc_lhs"
+    ref, space = _acc_ref(acc, fn)
+    lhs = _array(lhs, "LHS", fn)
+    if lhs.shape[0] != acc.shape[0]:
+        raise PallasError(f"pltpu.{fn}: the LHS {lhs.shape} has {lhs.shape[0]} rows, the "
+                          f"accumulator {tuple(acc.shape)} {acc.shape[0]}.")
+    load = _load_arg(load_staged_rhs, fn)
+    rhs = _rhs(lhs, space.mxu_id, load, fn)
+    if rhs is not None and rhs.shape[1] != acc.shape[1]:
+        raise PallasError(f"pltpu.{fn}: the product ({lhs.shape[0]}, {rhs.shape[1]}) does not "
+                          f"fit the accumulator {tuple(acc.shape)}.")
+    more, has_rhs = _rhs_operand(rhs)
+    matmul_acc_lhs_p.bind(ref, lhs, *more, mxu_index=space.mxu_id, load_staged_rhs=load,
+                          has_rhs=has_rhs)
 
 
 def matmul_pop(acc: Any, *args: Any) -> jax.Array:
-    """The accumulator's value, which is then zeroed: ``matmul_pop(acc_ref)`` (JAX 0.11 and
-    later), or ``matmul_pop(acc_addr, shape, dtype, mxu_index)`` (JAX 0.10)."""
-    if isinstance(acc, (int, np.integer)):
+    """The accumulator's value, which is then zeroed (``tpu.matmul_pop``):
+    ``matmul_pop(acc_ref)`` (JAX 0.11 and later), or ``matmul_pop(acc_addr, shape, dtype,
+    mxu_index)`` (JAX 0.10)."""
+    if isinstance(acc, (int, np.integer)) and not isinstance(acc, bool):
         return _pop_by_address(int(acc), *args)
     if args:
         raise PallasError("pltpu.matmul_pop(acc_ref) takes the accumulator Ref only.")
-    if not isinstance(_space_of(acc), AccMemorySpace):
-        raise PallasError("pltpu.matmul_pop: expected a Ref in pltpu.ACC(mxu_id), found one in "
-                          f"{_space_of(acc)}.")
-    value = acc[...]
-    acc[...] = jnp.zeros_like(value)
-    return value  # type: ignore[no-any-return]
+    ref, space = _acc_ref(acc, "matmul_pop")
+    return matmul_pop_p.bind(ref, mxu_index=space.mxu_id)  # type: ignore[no-any-return]
+
+
+def _shape_arg(shape: Any, fn: str) -> tuple[int, int]:
+    dims = tuple(shape)
+    if len(dims) != 2 or any(isinstance(d, bool) or not isinstance(d, (int, np.integer))
+                             for d in dims):
+        raise PallasError(f"pltpu.{fn}: shape must be two ints, found {shape!r}.")
+    return int(dims[0]), int(dims[1])
+
+
+def _pairs(held: list[_Held]) -> tuple[list[Any], bool]:
+    """The operands of products the interpreter computes, and whether all are known."""
+    known = bool(held) and all(h.scope == _scope() and h.value[1] is not None for h in held)
+    return ([x for h in held for x in h.value] if known else []), known
 
 
 def _pop_by_address(acc_addr: int, shape: tuple[int, int], dtype: Any,
                     mxu_index: int) -> jax.Array:
-    key = (_index(mxu_index, "mxu_index", "matmul_pop"),
-           _index(acc_addr, "acc_addr", "matmul_pop"))
-    state = _mxus()
-    if key not in state.accs:
-        raise _missing(f"accumulator {key[1]} of MXU {key[0]} holds nothing", "matmul_pop")
-    value = state.accs.pop(key)
-    if value.shape != tuple(shape):
-        raise PallasError(f"pltpu.matmul_pop: the accumulator holds {value.shape}, "
-                          f"{tuple(shape)} was asked for.")
-    return value.astype(dtype)  # type: ignore[no-any-return]
+    fn = "matmul_pop"
+    key = (_index(mxu_index, "mxu_index", fn), _index(acc_addr, "acc_addr", fn))
+    operands, known = _pairs(_STATE.accs.pop(key, []))
+    return matmul_pop_at_p.bind(  # type: ignore[no-any-return]
+        *operands, acc_addr=key[1], mxu_index=key[0], shape=_shape_arg(shape, fn),
+        dtype=np.dtype(dtype), known=known)
 
 
 def matmul_lhs_fifo(lhs: jax.Array, mxu_index: int, *,
                     load_staged_rhs: int | None = None) -> None:
     """Multiplies ``lhs`` by MXU ``mxu_index``'s RHS (loaded first from ``load_staged_rhs``
-    when given) and queues the product in the MXU's result FIFO."""
-    mxu = _index(mxu_index, "mxu_index", "matmul_lhs_fifo")
-    product = _product(lhs, mxu, load_staged_rhs, "matmul_lhs_fifo")
-    _mxus().fifo.setdefault(mxu, []).append(product)
+    when given) and queues the product in the MXU's result FIFO (``tpu.matmul_lhs_fifo``)."""
+    fn = "matmul_lhs_fifo"
+    mxu = _index(mxu_index, "mxu_index", fn)
+    load = _load_arg(load_staged_rhs, fn)
+    lhs = _array(lhs, "LHS", fn)
+    rhs = _rhs(lhs, mxu, load, fn)
+    _STATE.fifo.setdefault(mxu, []).append(_Held((lhs, rhs), _scope()))
+    matmul_lhs_fifo_p.bind(lhs, mxu_index=mxu, load_staged_rhs=load)
 
 
 def matmul_pop_fifo(shape: tuple[int, int], dtype: Any, mxu_index: int) -> jax.Array:
-    """The oldest product in MXU ``mxu_index``'s result FIFO, as ``dtype``."""
-    mxu = _index(mxu_index, "mxu_index", "matmul_pop_fifo")
-    queue = _mxus().fifo.get(mxu)
-    if not queue:
-        raise _missing(f"the result FIFO of MXU {mxu} is empty", "matmul_pop_fifo")
-    value = queue.pop(0)
-    if value.shape != tuple(shape):
-        raise PallasError(f"pltpu.matmul_pop_fifo: the FIFO's result is {value.shape}, "
+    """The oldest product in MXU ``mxu_index``'s result FIFO, as ``dtype``
+    (``tpu.matmul_pop_fifo``)."""
+    fn = "matmul_pop_fifo"
+    mxu = _index(mxu_index, "mxu_index", fn)
+    queue = _STATE.fifo.get(mxu) or []
+    operands, known = _pairs(queue[:1])
+    del queue[:1]
+    return matmul_pop_fifo_p.bind(  # type: ignore[no-any-return]
+        *operands, mxu_index=mxu, shape=_shape_arg(shape, fn), dtype=np.dtype(dtype),
+        known=known)
+
+
+# --- the interpreter's semantics -------------------------------------------------------------
+
+
+def _unknown(fn: str) -> UnsupportedError:
+    return UnsupportedError(
+        f"pltpu.{fn} in the interpreter: what the MXU holds here (its RHS, or the products "
+        "accumulated or queued) was put there outside the loop body or branch this runs in, "
+        "in another grid step, or never. The interpreter follows the MXU's registers while "
+        "the kernel is traced, one control-flow scope at a time (Mosaic TPU lowers such a "
+        "kernel as it is). Fix: push and load the RHS in the same body or branch as the "
+        "matmuls that use it, accumulate across iterations in a pltpu.ACC Ref, and pop FIFO "
+        "results in the scope that queued them.")
+
+
+def _product(lhs: Any, rhs: Any) -> Any:
+    acc = jnp.int32 if jnp.issubdtype(lhs.dtype, jnp.integer) else jnp.float32
+    return jnp.dot(lhs, rhs, preferred_element_type=acc, precision=lax.Precision.HIGHEST)
+
+
+def _push_reference(ctx: Any, rhs: Any, **params: Any) -> list[Any]:
+    return []
+
+
+def _acc_lhs_discharge(in_avals: Any, out_avals: Any, acc: Any, lhs: Any, *rhs: Any,
+                       has_rhs: bool, **params: Any) -> Any:
+    if not has_rhs:
+        raise _unknown("matmul_acc_lhs")
+    return (acc + _product(lhs, rhs[0]).astype(acc.dtype), None, None), []
+
+
+def _acc_lhs_at_reference(ctx: Any, *args: Any, has_rhs: bool, **params: Any) -> list[Any]:
+    return []  # the products are computed when popped (the pop has them as operands)
+
+
+def _pop_discharge(in_avals: Any, out_avals: Any, acc: Any, **params: Any) -> Any:
+    return (jnp.zeros_like(acc),), acc
+
+
+def _pop_at_reference(ctx: Any, *pairs: Any, shape: tuple[int, ...], dtype: Any, known: bool,
+                      **params: Any) -> Any:
+    if not known:
+        raise _unknown("matmul_pop")
+    total = sum(_product(pairs[i], pairs[i + 1]) for i in range(0, len(pairs), 2))
+    if tuple(total.shape) != tuple(shape):
+        raise PallasError(f"pltpu.matmul_pop: the accumulator holds {tuple(total.shape)}, "
                           f"{tuple(shape)} was asked for.")
-    return value.astype(dtype)  # type: ignore[no-any-return]
+    return total.astype(dtype)
+
+
+def _lhs_fifo_reference(ctx: Any, *args: Any, **params: Any) -> list[Any]:
+    return []
+
+
+def _pop_fifo_reference(ctx: Any, *args: Any, shape: tuple[int, ...], dtype: Any,
+                        known: bool, **params: Any) -> Any:
+    if not known:
+        raise _unknown("matmul_pop_fifo")
+    out = _product(*args)
+    if tuple(out.shape) != tuple(shape):
+        raise PallasError(f"pltpu.matmul_pop_fifo: the FIFO's result is {tuple(out.shape)}, "
+                          f"{tuple(shape)} was asked for.")
+    return out.astype(dtype)
+
+
+SEMANTICS = (
+    PrimitiveSemantics(matmul_push_rhs_p, evaluate=_push_reference),
+    PrimitiveSemantics(matmul_acc_lhs_p, discharge=_acc_lhs_discharge),
+    PrimitiveSemantics(matmul_acc_lhs_at_p, evaluate=_acc_lhs_at_reference),
+    PrimitiveSemantics(matmul_pop_p, discharge=_pop_discharge),
+    PrimitiveSemantics(matmul_pop_at_p, evaluate=_pop_at_reference),
+    PrimitiveSemantics(matmul_lhs_fifo_p, evaluate=_lhs_fifo_reference),
+    PrimitiveSemantics(matmul_pop_fifo_p, evaluate=_pop_fifo_reference),
+)
+
+
+# --- Mosaic lowering: JAX's tpu.matmul_* operations ------------------------------------------
+
+
+def _acc_address(lowering: Lowering, eqn: Any, acc: Any) -> tuple[int, int]:
+    if "acc_addr" in eqn.params:
+        return eqn.params["acc_addr"], eqn.params["mxu_index"]
+    if not isinstance(acc, AccRef):
+        raise lowering.fail("a hand-driven MXU operation on an ACC Ref passed into a loop or "
+                            "branch as a value", eqn)
+    return acc.base_address, acc.mxu_id
+
+
+@rule(matmul_push_rhs_p)
+def _push_lowering(lowering: Lowering, eqn: Any, rhs: ir.Value) -> list[Any]:
+    p = eqn.params
+    tpu.MatmulPushRhsOp(rhs, p["mxu_index"], staging_register=p["staging_register"],
+                        transpose=p["transpose"])
+    return []
+
+
+@rule(matmul_acc_lhs_p, matmul_acc_lhs_at_p)
+def _acc_lhs_lowering(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
+    by_ref = eqn.primitive is matmul_acc_lhs_p
+    addr, mxu = _acc_address(lowering, eqn, args[0] if by_ref else None)
+    tpu.MatmulAccLhsOp(addr, args[1] if by_ref else args[0], mxu,
+                       load_staged_rhs=eqn.params["load_staged_rhs"])
+    return []
+
+
+@rule(matmul_pop_p, matmul_pop_at_p)
+def _pop_lowering(lowering: Lowering, eqn: Any, *args: Any) -> ir.Value:
+    addr, mxu = _acc_address(lowering, eqn, args[0] if eqn.primitive is matmul_pop_p else None)
+    out = eqn.outvars[0].aval
+    return tpu.MatmulPopOp(mir.value_type(out.shape, out.dtype), addr, mxu).result
+
+
+def _fifo_op(lowering: Lowering, eqn: Any, name: str) -> Any:
+    op = getattr(tpu, name, None)
+    if op is None:
+        raise lowering.fail(f"pltpu.{eqn.primitive.name.removeprefix('tpu_')} with this "
+                            "jaxlib (its Mosaic dialect has the MXU's result FIFO from JAX "
+                            "0.11 on)", eqn)
+    return op
+
+
+@rule(matmul_lhs_fifo_p)
+def _lhs_fifo_lowering(lowering: Lowering, eqn: Any, lhs: ir.Value) -> list[Any]:
+    p = eqn.params
+    _fifo_op(lowering, eqn, "MatmulLhsFifoOp")(lhs, p["mxu_index"],
+                                               load_staged_rhs=p["load_staged_rhs"])
+    return []
+
+
+@rule(matmul_pop_fifo_p)
+def _pop_fifo_lowering(lowering: Lowering, eqn: Any, *args: Any) -> ir.Value:
+    p = eqn.params
+    return _fifo_op(lowering, eqn, "MatmulPopFifoOp")(
+        mir.value_type(p["shape"], p["dtype"]), p["mxu_index"]).result
 
 
 def conv(lhs: jax.Array, rhs: jax.Array, acc: jax.Array | None = None, *,

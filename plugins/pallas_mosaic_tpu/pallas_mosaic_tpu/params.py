@@ -123,6 +123,33 @@ DMA_SEMAPHORE = CoreMemorySpace("DMA_SEMAPHORE", backend=NAME, zeroed=True)
 """Where DMA semaphores live (``SemaphoreType.DMA``); JAX tells them apart by dtype."""
 
 
+class AccMemorySpace(CoreMemorySpace):
+    """The accumulators of MXU ``mxu_id`` (``pltpu.ACC(mxu_id)``): call it with a shape and a
+    dtype (float32 or int32, rank >= 2) for an accumulator Ref, in ``pl.run_scoped`` or as
+    scratch. ``matmul_acc_lhs`` adds into it and ``matmul_pop`` reads and zeroes it; it starts
+    at zero. Mosaic TPU gives it an address in the MXU's accumulator memory (chips with
+    accumulators: TPU 7 and later), as JAX's lowering does; the interpreter keeps it as an
+    ordinary buffer."""
+
+    mxu_id: int
+
+    def __init__(self, mxu_id: int) -> None:
+        if isinstance(mxu_id, bool) or not isinstance(mxu_id, (int, np.integer)) or mxu_id < 0:
+            raise PallasError(f"pltpu.ACC(mxu_id={mxu_id!r}): expected a non-negative int.")
+        super().__init__(f"ACC{int(mxu_id)}", backend=NAME, zeroed=True)
+        object.__setattr__(self, "mxu_id", int(mxu_id))
+
+    def __call__(self, shape: Sequence[int], dtype: Any) -> MemoryRef:
+        shape = tuple(int(d) for d in shape)
+        if len(shape) < 2 or np.dtype(dtype) not in (np.float32, np.int32):
+            raise PallasError(f"pltpu.ACC({self.mxu_id})({shape}, {np.dtype(dtype)}): an "
+                              "accumulator is float32 or int32 of rank >= 2.")
+        return super().__call__(shape, dtype)
+
+    def __str__(self) -> str:
+        return f"ACC(mxu_id={self.mxu_id})"
+
+
 class SemaphoreType(enum.Enum):
     """Semaphore scratch: ``SemaphoreType.DMA`` (one), ``SemaphoreType.DMA((4,))`` (an array).
 

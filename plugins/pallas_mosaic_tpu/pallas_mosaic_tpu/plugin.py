@@ -15,7 +15,7 @@ from pallas_core.hookspecs import hookimpl
 from pallas_core.plugins import BackendInfo
 from pallas_core.request import KernelCall, LoweringRequest
 from pallas_core.spec import ANY, HOST
-from pallas_mosaic_tpu import elementwise, lowering, memory, primitives, validation
+from pallas_mosaic_tpu import elementwise, lowering, memory, mxu, primitives, validation
 from pallas_mosaic_tpu import ir as mir
 from pallas_mosaic_tpu.errors import as_lowering_exception
 from pallas_mosaic_tpu.params import (
@@ -142,7 +142,7 @@ def pallas_memory_spaces() -> Any:
 
 @hookimpl
 def pallas_primitives() -> Any:
-    return primitives.SEMANTICS + memory.SEMANTICS + elementwise.SEMANTICS
+    return primitives.SEMANTICS + memory.SEMANTICS + elementwise.SEMANTICS + mxu.SEMANTICS
 
 
 @hookimpl

@@ -11,6 +11,9 @@ from pallas_mosaic_tpu import plugin
 
 from pallas_core import backend as plb
 
+_MXU = ("matmul_push_rhs", "matmul_acc_lhs", "matmul_pop", "matmul_lhs_fifo", "matmul_pop_fifo")
+"""The hand-driven MXU (the last two new in JAX 0.11)."""
+
 OTHER_MEANS = {
     "dma_start": "copy_start (pallas_core.copies: one primitive for every backend's DMAs)",
     "dma_wait": "copy_wait",
@@ -35,16 +38,13 @@ OTHER_MEANS = {
                   "primitives lower them); JAX's split a key of its TPU-PRNG implementation",
     "prng_join": "see prng_split",
     "conv": "pltpu.conv is lax.conv_general_dilated (tpu.conv) plus its accumulator",
+    **{n: f"tpu_{n} (pltpu.{n}, lowered to JAX's tpu.{n})" for n in _MXU},
 }
 """JAX primitives whose feature this project provides under another primitive."""
 
 KNOWN_GAPS = {
-    # The MXU driven by hand.
-    "matmul_push_rhs", "matmul_acc_lhs", "matmul_pop",
     # Symbolic shapes (jax.export with symbolic dimensions: kernels here have static shapes).
     "dim_as_value",
-    # New in JAX 0.11.
-    "matmul_lhs_fifo", "matmul_pop_fifo",
 }
 """Known gaps: lowering any of these raises an UnsupportedError naming the primitive."""
 
@@ -69,5 +69,5 @@ def test_listed_gaps_are_still_gaps() -> None:
                    "prng_random_bits": "tpu_prng_random_bits",
                    **{n: "tpu_" + n for n in ("pack_elementwise", "unpack_elementwise",
                                               "stochastic_round", "trace_value",
-                                              "has_memory_space")}}
+                                              "has_memory_space", *_MXU)}}
     assert all(equivalents[n] in _ours() for n in equivalents)
