@@ -489,11 +489,19 @@ def _dot(lowering: Lowering, eqn: Any, a: ir.Value, b: ir.Value) -> ir.Value:
         precision = precision[0]
     if precision not in (None, lax.Precision.DEFAULT, *_PRECISION):
         raise lowering.fail(f"dot_general with precision {precision}")
-    acc = mir.constant(0, out.dtype, out.shape)
+    # Mosaic's matmul accumulates in 32 bits (a narrower accumulator does not verify, and
+    # JAX's lowering emits one): a narrower result is the 32-bit product, narrowed.
+    dtype = np.dtype(out.dtype)
+    wide = dtype if dtype.itemsize >= 4 else np.dtype(
+        np.float32 if mir.is_float(dtype) else np.int32)
+    acc = mir.constant(0, wide, out.shape)
     kw = {"precision": ir.Attribute.parse(_PRECISION[precision])} \
         if precision in _PRECISION else {}
-    return tpu.MatmulOp(mir.value_type(out.shape, out.dtype), a, b, acc,
-                        transpose_lhs_hint=False, dimension_numbers=numbers, **kw).result
+    product = tpu.MatmulOp(mir.value_type(out.shape, wide), a, b, acc,
+                           transpose_lhs_hint=False, dimension_numbers=numbers, **kw).result
+    if wide == dtype:
+        return product
+    return mlir_rules.convert(DIALECT, product, wide, dtype, out.shape)
 
 
 def _matvec(lowering: Lowering, eqn: Any, a: ir.Value, b: ir.Value) -> ir.Value:

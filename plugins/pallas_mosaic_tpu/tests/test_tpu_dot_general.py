@@ -97,3 +97,25 @@ def test_unsigned_integers_are_refused_by_name() -> None:
                                       preferred_element_type=jnp.int32)
     with pytest.raises(pl.UnsupportedError, match="unsigned integers"):
         _lower(_call(pl, fn, out), a, a)
+
+
+@pytest.mark.parametrize("dtype", [BF16, jnp.float16, jnp.int8], ids=["bf16", "f16", "int8"])
+def test_a_narrow_result_accumulates_in_32_bits(dtype: Any) -> None:
+    """``jnp.dot`` of 16- or 8-bit operands into a result of their type: a ``tpu.matmul`` into
+    a 32-bit accumulator, then narrowed (JAX's lowering emits a narrow accumulator, which
+    does not verify); emulated and interpreted, it matches ``jax.numpy``."""
+    kx, kw = jax.random.split(jax.random.key(7))
+    if dtype == jnp.int8:
+        x = jax.random.randint(kx, (16, 128), -4, 4).astype(dtype)
+        w = jax.random.randint(kw, (128, 128), -4, 4).astype(dtype)
+    else:
+        x = jax.random.normal(kx, (16, 128), dtype)
+        w = jax.random.normal(kw, (128, 128), dtype)
+    f = _call(pl, jnp.dot, jax.ShapeDtypeStruct((16, 128), dtype))
+    want = np.asarray(jnp.dot(x, w)).astype(np.float32)
+    module = str(_lower(f, x, w))
+    wide = "i32" if dtype == jnp.int8 else "f32"
+    assert re.search(rf"tpu\.matmul .*-> vector<16x128x{wide}>", module), module
+    for got in (pl.emulate(f, backend="mosaic_tpu")(x, w), f(x, w)):
+        np.testing.assert_allclose(np.asarray(got).astype(np.float32), want, rtol=1e-2,
+                                   atol=1e-2)
