@@ -207,9 +207,6 @@ def emit_pipeline(
 
     def pipeline(*refs: Any, scratches: Sequence[Any] = (), allocations: Any = None,
                  body_prologue: Any = None) -> None:
-        if body_prologue is not None:
-            raise UnsupportedError("emit_pipeline's pipeline(body_prologue=...) is not "
-                                   "supported. Fix: call it in the body at the first step.")
         flat_in, in_tree = jax.tree_util.tree_flatten(in_specs, is_leaf=_is_spec)
         flat_out, out_tree = jax.tree_util.tree_flatten(out_specs, is_leaf=_is_spec)
         flat_refs = jax.tree_util.tree_leaves(refs, is_leaf=_is_ref)
@@ -225,7 +222,7 @@ def emit_pipeline(
                 for i, (r, s) in enumerate(zip(flat_refs[len(ins):], flat_out))]
         def run(bufs: Sequence[Any], sem_refs: Sequence[Any]) -> None:
             _run(body, sub_grid, offsets, ins, outs, bufs, sem_refs, (in_tree, out_tree),
-                 scratches, no_pipelining, _explicit_indices)
+                 scratches, no_pipelining, _explicit_indices, body_prologue)
 
         if allocations is not None:
             brefs = _check_allocations(allocations, [*ins, *outs])
@@ -255,7 +252,7 @@ def _is_ref(x: Any) -> bool:
 def _run(body: Callable[..., None], grid: tuple[int, ...], offsets: tuple[Any, ...],
          ins: list[_Operand], outs: list[_Operand], bufs: Sequence[Any], sems: Sequence[Any],
          trees: tuple[Any, Any], scratches: Sequence[Any], no_pipelining: bool,
-         explicit: bool = False) -> None:
+         explicit: bool = False, prologue: Callable[[], None] | None = None) -> None:
     in_bufs, out_bufs = bufs[:len(ins)], bufs[len(ins):]
     in_sems, out_sems = sems[:len(ins)], sems[len(ins):]
     steps = math.prod(grid)
@@ -299,6 +296,8 @@ def _run(body: Callable[..., None], grid: tuple[int, ...], offsets: tuple[Any, .
         out_views = [b.at[s] for b, s in zip(out_bufs, out_slots)]
         lead = (PipelineStep(idx, step),) if explicit else ()
         with prims.grid_env(idx, grid):
+            if prologue is not None:  # in the step's grid environment, before the body
+                prologue()
             body(*lead, *_spread(trees[0], in_views), *_spread(trees[1], out_views),
                  *scratches)
         new_slots, new_pending, new_idx = [], [], []

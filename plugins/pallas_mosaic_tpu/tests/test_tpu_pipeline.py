@@ -116,3 +116,41 @@ def test_pipeline_blocks_must_tile_the_array() -> None:
     x, y = _operands()
     with pytest.raises(pl.PallasError, match=r"\(8, 128\).*Fix"):
         blog_matmul(pl, pltpu, bn=64, backend="interpret")(x, y)
+
+
+def _prologue_kernel(m: Any, tpu: Any) -> Callable[..., Any]:
+    """Each step's body scales its block by a factor the prologue computes from the step's
+    program ids (JAX's ``body_prologue``: run in the grid environment before the body)."""
+    def kernel(x_hbm: Any, o_hbm: Any, factor: Any) -> None:
+        def prologue() -> None:
+            factor[0] = m.program_id(0) * 10 + m.program_id(1) + 1
+
+        def body(x_ref: Any, o_ref: Any) -> None:
+            o_ref[...] = x_ref[...] * factor[0].astype(x_ref.dtype)
+
+        spec = m.BlockSpec((8, 128), lambda i, j: (i, j))
+        tpu.emit_pipeline(body, grid=(2, 3), in_specs=[spec], out_specs=spec)(
+            x_hbm, o_hbm, body_prologue=prologue)
+
+    return m.pallas_call(kernel, jax.ShapeDtypeStruct((16, 384), F32),
+                         in_specs=[m.BlockSpec(memory_space=m.ANY)],
+                         out_specs=m.BlockSpec(memory_space=m.ANY),
+                         scratch_shapes=[tpu.SMEM((1,), jnp.int32)])
+
+
+def test_body_prologue_runs_before_each_step_in_its_grid_environment() -> None:
+    x = jax.random.normal(jax.random.key(3), (16, 384), F32)
+    factors = np.repeat(np.repeat(np.arange(2)[:, None] * 10 + np.arange(3) + 1, 8, 0), 128, 1)
+    want = np.asarray(x) * factors
+    f = _prologue_kernel(pl, pltpu)
+    np.testing.assert_allclose(f(x), want, rtol=1e-6)
+    np.testing.assert_allclose(pl.emulate(f, backend="mosaic_tpu")(x), want, rtol=1e-6)
+    text = jax.jit(f).trace(x).lower(lowering_platforms=("tpu",)).as_text()
+    (_, ours), = inspection.kernels(text)
+    if jax.__version_info__ >= (0, 12):  # JAX 0.12's pipeline has no body_prologue
+        return
+    with plb.assume_device("TPU v5 lite", "tpu"):
+        text = jax.jit(_prologue_kernel(jax_pl, jax_pltpu)).trace(x).lower(
+            lowering_platforms=("tpu",)).as_text()
+    (_, theirs), = inspection.kernels(text)
+    inspection.assert_same_kernel(ours, theirs)
