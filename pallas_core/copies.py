@@ -33,6 +33,7 @@ from __future__ import annotations
 import copy as copy_module
 import dataclasses
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -404,77 +405,84 @@ def _scatter_form(indexer: Any, shape: tuple[int, ...]) -> bool:
                and r.size == d and r.stride == 1 for r, d in zip(rest, shape[1:]))
 
 
-def _dynamic_slice_at(transforms: Any) -> tuple[int, int, Any] | None:
-    """``(transform, dimension, slice)`` of the one slice of traced length in a view's
-    transforms (``pl.ds(start, n)`` with ``n`` known when the kernel runs), else ``None``;
-    more than one is refused."""
-    found = [(k, d, i) for k, t in enumerate(transforms)
-             for d, i in enumerate(getattr(t, "indices", ()))
-             if isinstance(i, _jax.Slice) and i.is_dynamic_size]
-    if len(found) > 1:
-        raise UnsupportedError(
-            "an async copy of a view with several slices of traced length: one dimension of "
-            "a copy may have a length known only when the kernel runs. Fix: give the other "
-            "slices static lengths.")
-    return found[0] if found else None
+def _dynamic_slices(transforms: Any) -> list[tuple[int, int, Any]]:
+    """``(transform, dimension, slice)`` of each slice of traced length in a view's transforms
+    (``pl.ds(start, n)`` with ``n`` known when the kernel runs), in order."""
+    return [(k, d, i) for k, t in enumerate(transforms)
+            for d, i in enumerate(getattr(t, "indices", ()))
+            if isinstance(i, _jax.Slice) and i.is_dynamic_size]
 
 
-def _with_row(transforms: Any, at: tuple[int, int, Any], row: Any) -> tuple[Any, ...]:
-    """The transforms with the traced-length slice ``at`` narrowed to its row ``row``."""
-    k, d, piece = at
-    t = transforms[k]
-    indices = list(t.indices)
-    indices[d] = _jax.Slice(piece.start + row, 1)
-    narrowed = _jax.NDIndexer(tuple(indices), t.shape, t.int_indexer_shape)
-    return (*transforms[:k], narrowed, *transforms[k + 1:])
+def _with_rows(transforms: Any, ats: Sequence[tuple[int, int, Any]], rows: Sequence[Any]
+               ) -> tuple[Any, ...]:
+    """The transforms with each traced-length slice ``ats[j]`` narrowed to its row
+    ``rows[j]``."""
+    out = list(transforms)
+    for (k, d, piece), row in zip(ats, rows, strict=True):
+        t = out[k]
+        indices = list(t.indices)
+        indices[d] = _jax.Slice(piece.start + row, 1)
+        out[k] = _jax.NDIndexer(tuple(indices), t.shape, t.int_indexer_shape)
+    return tuple(out)
 
 
-def _traced_rows(state: RefViews) -> tuple[tuple[int, int, Any], tuple[int, int, Any]] | None:
-    """Where a copy's source and destination have their traced lengths (both, or neither)."""
-    src, dst = (_dynamic_slice_at(state.transforms[r]) for r in (_SRC, _DST))
-    if src is None and dst is None:
+_Traced = tuple[list[tuple[int, int, Any]], list[tuple[int, int, Any]]]
+
+
+def _traced_rows(state: RefViews) -> _Traced | None:
+    """Where a copy's source and destination have their traced lengths (as many on both
+    sides, paired in order), or ``None`` where neither has one."""
+    src, dst = (_dynamic_slices(state.transforms[r]) for r in (_SRC, _DST))
+    if not src and not dst:
         return None
-    if src is None or dst is None:
+    if len(src) != len(dst):
         raise UnsupportedError(
-            "an async copy with a slice of traced length (pl.ds(start, n), n known only when "
-            f"the kernel runs) on its {'source' if src is not None else 'destination'} only. "
-            "Fix: give both sides the same traced length n.")
+            "an async copy with slices of traced length (pl.ds(start, n), n known only when "
+            f"the kernel runs): {len(src)} on its source, {len(dst)} on its destination. Fix: "
+            "give both sides the same traced lengths, in the same order.")
     return src, dst
 
 
-def _row_aval(state: RefViews, role: int, at: tuple[int, int, Any]) -> Any:
-    """The aval of one row of view ``role``'s traced-length slice ``at``."""
+def _cell_aval(state: RefViews, role: int, ats: Sequence[tuple[int, int, Any]]) -> Any:
+    """The aval of one cell of view ``role``: each traced-length slice narrowed to a row."""
     base = state.values[state.roles[role]]
     return _jax.shape_after_transforms(_jax.make_ref_aval(base.shape, base.dtype),
-                                       _with_row(state.transforms[role], at, 0))
+                                       _with_rows(state.transforms[role], ats,
+                                                  [0] * len(ats)))
 
 
-def _traced_copy_bytes(state: RefViews, rows: Any) -> Any:
-    """The size in bytes of a copy of ``n`` rows, ``n`` the source's traced length."""
+def _traced_copy_bytes(state: RefViews, rows: _Traced) -> Any:
+    """The size in bytes of a copy with traced lengths (the source's)."""
     src, _ = rows
-    one = _row_aval(state, _SRC, src)
-    row = math.prod(one.shape) * np.dtype(one.dtype).itemsize
-    return jax.numpy.asarray(src[2].size, jax.numpy.int32) * row
+    one = _cell_aval(state, _SRC, src)
+    total = jax.numpy.int32(math.prod(one.shape) * np.dtype(one.dtype).itemsize)
+    for _, _, piece in src:
+        total = total * jax.numpy.asarray(piece.size, jax.numpy.int32)
+    return total
 
 
-def _move_rows(state: RefViews, rows: Any, add: bool) -> None:
-    """A copy of traced length ``n``: row ``i`` of the source's slice into row ``i`` of the
-    destination's, for ``i`` below ``n`` (a loop when the kernel runs)."""
+def _move_rows(state: RefViews, rows: _Traced, add: bool) -> None:
+    """A copy with traced lengths: cell ``(i, j, ...)`` of the source's view into the same
+    cell of the destination's, for each ``i`` below the first traced length, ``j`` below the
+    second, ... (nested loops when the kernel runs)."""
     src, dst = rows
-    shape = _row_aval(state, _DST, dst).shape
+    shape = _cell_aval(state, _DST, dst).shape
 
-    def step(i: Any, values: list[Any]) -> list[Any]:
-        here = state.with_values(values)
-        data = here.read(_SRC, _with_row(state.transforms[_SRC], src, i))
-        to = _with_row(state.transforms[_DST], dst, i)
-        if add:
-            here.add(_DST, data.reshape(shape), to)
-        else:
-            here.write(_DST, data.reshape(shape), to)
-        return here.values
+    def loop(level: int, at: tuple[Any, ...], values: list[Any]) -> list[Any]:
+        if level == len(src):
+            here = state.with_values(values)
+            data = here.read(_SRC, _with_rows(state.transforms[_SRC], src, at))
+            to = _with_rows(state.transforms[_DST], dst, at)
+            if add:
+                here.add(_DST, data.reshape(shape), to)
+            else:
+                here.write(_DST, data.reshape(shape), to)
+            return here.values
+        n = jax.numpy.asarray(src[level][2].size, jax.numpy.int32)
+        return jax.lax.fori_loop(  # type: ignore[no-any-return]
+            0, n, lambda i, v: loop(level + 1, (*at, i), v), values)
 
-    state.values = jax.lax.fori_loop(0, jax.numpy.asarray(src[2].size, jax.numpy.int32),
-                                     step, state.values)
+    state.values = loop(0, (), state.values)
 
 
 def _copy_start_discharge(in_avals: Any, out_avals: Any, *args: Any, tree: Any,

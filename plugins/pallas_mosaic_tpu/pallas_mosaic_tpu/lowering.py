@@ -760,6 +760,11 @@ def _num_programs(lowering: Lowering, eqn: Any) -> ir.Value:
 
 @rule(prims.multiple_of_p)
 def _multiple_of(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
+    """``pl.multiple_of``: Mosaic's alignment hint, ``tpu.assume_multiple``, as JAX emits it."""
+    if not isinstance(x, ir.Value):
+        return x
+    for multiple in eqn.params["values"]:
+        x = tpu.AssumeMultipleOp(x, int(multiple)).result
     return x
 
 

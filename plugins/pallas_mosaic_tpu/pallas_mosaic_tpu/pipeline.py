@@ -65,12 +65,25 @@ class _Operand:
                  else plain_block_dim(b, f"emit_pipeline {origin}") for b in block]
         self.squeezed = [b is None for b in sizes]
         self.block = tuple(1 if b is None else b for b in sizes)
-        for d, (b, n) in enumerate(zip(self.block, self.shape)):
-            if n % b and not self.indirect[d]:
+        tiles = _tiling(self.shape, self.dtype)
+        self.partial = [False] * len(self.shape)
+        """Dimensions whose last block runs past the array's end (an edge block)."""
+        for d, (b, n, t) in enumerate(zip(self.block, self.shape, tiles)):
+            if n % b == 0 or self.indirect[d]:
+                continue
+            # As in JAX: the edge block is copied cut to the array's end rounded up to the
+            # dimension's tiling, so the block must be whole tiles; the rounded end must lie
+            # in the array (where it does not, JAX's copy reads the tiled layout's padding).
+            if b % t or n % t:
                 raise UnsupportedError(
                     f"emit_pipeline {origin}: block {self.block} does not divide the Ref's shape "
-                    f"{self.shape} (dimension {d}); partial edge blocks are not supported in "
-                    "pipelines. Fix: choose block sizes that divide the array, or pad it.")
+                    f"{self.shape} (dimension {d}), and a partial edge block needs the block "
+                    f"and the array to be whole tiles of {t} along it (the edge copy is whole "
+                    "tiles; past the array's end it would read the tiled layout's padding, "
+                    "which Refs here do not have). Fix: choose block sizes that divide the "
+                    f"array, or pad it to a multiple of {t}.")
+            self.partial[d] = True
+        self.tiles = tiles
         kept = [b for b, sq in zip(self.block, self.squeezed) if not sq]
         if len(kept) >= 2:
             fixed = tiled_block(kept, [n for n, sq in zip(self.shape, self.squeezed) if not sq])
@@ -109,12 +122,45 @@ class _Operand:
         """The shape of each index the index map returns (an Indirect one is a vector)."""
         return tuple((b,) if ind else () for b, ind in zip(self.block, self.indirect))
 
+    def _size(self, d: int, i: Any) -> Any:
+        """The size of block ``i`` along dimension ``d``: the block's, or at an edge block the
+        rest of the array, rounded up to the dimension's tiling (as JAX's pipeline cuts it)."""
+        b, n, t = self.block[d], self.shape[d], self.tiles[d]
+        if not self.partial[d]:
+            return b
+        last = jnp.int32(-(-n // b) - 1)
+        rest = -(-(n % b) // t) * t
+        return prims.multiple_of(jnp.where(i == last, jnp.int32(rest), jnp.int32(b)), t)
+
     def window(self, block_indices: Sequence[Any]) -> Any:
         """The HBM view of one block (rows gathered or scattered along an Indirect
-        dimension)."""
-        idx = tuple(i if ind else i * b if sq else plb.ds(i * b, b) for i, b, sq, ind in
-                    zip(block_indices, self.block, self.squeezed, self.indirect))
+        dimension; cut at the array's end for an edge block)."""
+        idx = tuple(i if ind else i * b if sq else plb.ds(i * b, self._size(d, i))
+                    for d, (i, b, sq, ind) in enumerate(
+                        zip(block_indices, self.block, self.squeezed, self.indirect)))
         return self.ref.at[idx]
+
+    def buffer(self, buf: Any, block_indices: Sequence[Any]) -> Any:
+        """The part of a block buffer ``buf`` that block ``block_indices`` fills: all of it,
+        or the front of it along the dimensions of an edge block."""
+        if not any(self.partial):
+            return buf
+        idx = tuple(plb.ds(0, self._size(d, i)) if self.partial[d] else slice(None)
+                    for d, i in enumerate(block_indices) if not self.squeezed[d])
+        return buf.at[idx]
+
+
+def _tiling(shape: tuple[int, ...], dtype: Any) -> tuple[int, ...]:
+    """The tiling of each dimension of an HBM array, as JAX's pipeline infers it: lanes of
+    128 and sublanes of up to 8 (counted in packed rows) on the two minor dimensions, 1 on the
+    others; a 1-D array is tiled by whole 32-bit rows of 128 lanes."""
+    packing = 8 if jnp.dtype(dtype) == jnp.int4 else max(1, 4 // jnp.dtype(dtype).itemsize)
+    if len(shape) == 1:
+        return (packing * LANES,)
+    factor = packing
+    while factor < min(shape[-2], SUBLANES):
+        factor *= 2
+    return (*(1,) * (len(shape) - 2), factor, LANES)
 
 
 def _ref_aval(ref: Any) -> tuple[Any, Any]:
@@ -262,12 +308,14 @@ def _run(body: Callable[..., None], grid: tuple[int, ...], offsets: tuple[Any, .
 
     def fetch(k: int, idx: Sequence[Any], slot: Any) -> Any:
         op = ins[k]
-        return make_async_copy(op.window(op.block_indices(idx)), in_bufs[k].at[slot],
+        block = op.block_indices(idx)
+        return make_async_copy(op.window(block), op.buffer(in_bufs[k].at[slot], block),
                                in_sems[k].at[slot])
 
     def write_back(k: int, block_idx: Sequence[Any], slot: Any) -> Any:
         op = outs[k]
-        return make_async_copy(out_bufs[k].at[slot], op.window(block_idx), out_sems[k].at[slot])
+        return make_async_copy(op.buffer(out_bufs[k].at[slot], block_idx), op.window(block_idx),
+                               out_sems[k].at[slot])
 
     if not no_pipelining:
         first = indices(jnp.int32(0))

@@ -110,7 +110,7 @@ def test_blog_matmul_lowers_for_tpu_like_jax_experimental_pallas(num_cores: int)
 
 
 def test_pipeline_blocks_must_tile_the_array() -> None:
-    x, y = _operands(m=200)
+    x, y = _operands(m=201)  # 201 rows: not whole (8, 128) tiles
     with pytest.raises(pl.PallasError, match=r"does not divide.*Fix"):
         blog_matmul(pl, pltpu, backend="interpret")(x, y)
     x, y = _operands()
@@ -154,3 +154,59 @@ def test_body_prologue_runs_before_each_step_in_its_grid_environment() -> None:
             lowering_platforms=("tpu",)).as_text()
     (_, theirs), = inspection.kernels(text)
     inspection.assert_same_kernel(ours, theirs)
+
+
+def _edge_kernel(m: Any, tpu: Any, shape: tuple[int, ...], block: tuple[int, ...],
+                 dtype: Any) -> Any:
+    grid = tuple(-(-n // b) for n, b in zip(shape, block))
+
+    def kernel(x_hbm: Any, o_hbm: Any) -> None:
+        def body(x_ref: Any, o_ref: Any) -> None:
+            o_ref[...] = x_ref[...] * 2 + 1
+
+        spec = m.BlockSpec(block, lambda *i: i)
+        tpu.emit_pipeline(body, grid=grid, in_specs=[spec], out_specs=spec)(x_hbm, o_hbm)
+
+    return m.pallas_call(kernel, jax.ShapeDtypeStruct(shape, dtype),
+                         in_specs=[m.BlockSpec(memory_space=m.ANY)],
+                         out_specs=m.BlockSpec(memory_space=m.ANY))
+
+
+def _op_kinds(module: Any) -> set[str]:
+    """The operations of a module, without the profiler's trace scopes."""
+    import re
+
+    return set(re.findall(r"\b(tpu\.\w+|memref\.\w+|scf\.\w+)", str(module))) - {
+        "tpu.trace_start", "tpu.trace_stop"}
+
+
+@pytest.mark.parametrize("shape, block, dtype", [
+    ((600, 384), (256, 256), F32), ((48, 384), (32, 256), BF16), ((5, 16, 128), (2, 16, 128), F32),
+], ids=["f32-both-minor", "bf16-both-minor", "f32-leading"])
+def test_partial_edge_blocks_are_cut_at_the_array_end_as_in_jax(
+        shape: tuple[int, ...], block: tuple[int, ...], dtype: Any) -> None:
+    """Blocks that do not divide the array: the edge block is copied cut to the array's end
+    (rounded up to the tiling, which here stays inside the array), as JAX's pipeline cuts it;
+    the interpreter and the emulated module match jax.numpy, and the module agrees with
+    JAX's (kernel configuration, and the same operations)."""
+    x = jax.random.normal(jax.random.key(5), shape, dtype)
+    want = np.asarray(x * 2 + 1, np.float32)
+    f = _edge_kernel(pl, pltpu, shape, block, dtype)
+    np.testing.assert_array_equal(np.asarray(f(x), np.float32), want)
+    np.testing.assert_array_equal(np.asarray(pl.emulate(f, backend="mosaic_tpu")(x), np.float32),
+                                  want)
+    text = jax.jit(f).trace(x).lower(lowering_platforms=("tpu",)).as_text()
+    (_, ours), = inspection.kernels(text)
+    with plb.assume_device("TPU v5 lite", "tpu"):
+        text = jax.jit(_edge_kernel(jax_pl, jax_pltpu, shape, block, dtype)).trace(x).lower(
+            lowering_platforms=("tpu",)).as_text()
+    (_, theirs), = inspection.kernels(text)
+    inspection.assert_same_kernel(ours, theirs)
+    assert _op_kinds(ours) == _op_kinds(theirs)
+    assert "tpu.assume_multiple" in str(ours)
+
+
+def test_an_edge_block_past_the_tiles_is_refused_by_name() -> None:
+    f = _edge_kernel(pl, pltpu, (601, 384), (256, 128), F32)
+    with pytest.raises(pl.UnsupportedError, match=r"whole tiles of 8 .*pad it to a multiple"):
+        f(jnp.ones((601, 384), F32))
