@@ -41,7 +41,7 @@ from pallas_mosaic_tpu.validation import LANES, SUBLANES, tiled_block
 class _Operand:
     """One HBM operand of the pipeline: its spec, array shape and block geometry."""
 
-    def __init__(self, ref: Any, spec: Any, origin: str) -> None:
+    def __init__(self, ref: Any, spec: Any, origin: str, output: bool = False) -> None:
         aval = plb.shape_after_transforms(*_ref_aval(ref))
         self.ref, self.origin = ref, origin
         self.shape, self.dtype = tuple(aval.shape), aval.dtype
@@ -94,6 +94,12 @@ class _Operand:
                     f"by ({SUBLANES}, {LANES}) or equal the Ref's. Fix: use a block of "
                     f"{tuple(fixed)} in its unsqueezed dimensions.")
         self.buffer_shape = tuple(kept)
+        mode = getattr(spec, "pipeline_mode", None)
+        requested = 2 if mode is None else int(mode.buffer_count)
+        self.count = min(requested, 2) if output else requested
+        """VMEM buffers of the operand's blocks (``pl.Buffered(n)``, 2 by default): an input
+        prefetches ``count - 1`` steps ahead; an output drains through at most two (a third
+        would only start a write-back later); 1 is synchronous copies."""
         self.index_map: Callable[..., Any] = spec.index_map or (
             lambda *_: (0,) * len(self.shape))
 
@@ -264,7 +270,7 @@ def emit_pipeline(
         sub_grid, offsets = _partition(full_grid, core_axis_name, dimension_semantics)
         ins = [_Operand(r, s, f"input {i}")
                for i, (r, s) in enumerate(zip(flat_refs, flat_in))]
-        outs = [_Operand(r, s, f"output {i}")
+        outs = [_Operand(r, s, f"output {i}", output=True)
                 for i, (r, s) in enumerate(zip(flat_refs[len(ins):], flat_out))]
         def run(bufs: Sequence[Any], sem_refs: Sequence[Any]) -> None:
             _run(body, sub_grid, offsets, ins, outs, bufs, sem_refs, (in_tree, out_tree),
@@ -274,8 +280,8 @@ def emit_pipeline(
             brefs = _check_allocations(allocations, [*ins, *outs])
             run([b.window_ref for b in brefs], [b.sem for b in brefs])
             return
-        buffers = [VMEM((2, *o.buffer_shape), o.dtype) for o in (*ins, *outs)]
-        sems = [SemaphoreType.DMA((2,)) for _ in (*ins, *outs)]
+        buffers = [VMEM((o.count, *o.buffer_shape), o.dtype) for o in (*ins, *outs)]
+        sems = [SemaphoreType.DMA((o.count,)) for o in (*ins, *outs)]
         prims.run_scoped(run, buffers, sems)
 
     return pipeline
@@ -317,29 +323,31 @@ def _run(body: Callable[..., None], grid: tuple[int, ...], offsets: tuple[Any, .
         return make_async_copy(op.buffer(out_bufs[k].at[slot], block_idx), op.window(block_idx),
                                out_sems[k].at[slot])
 
-    if not no_pipelining:
-        first = indices(jnp.int32(0))
-        for k in range(len(ins)):
-            fetch(k, first, 0).start()
+    ahead = [0 if no_pipelining else op.count - 1 for op in ins]
+    """How many steps ahead each input is fetched (0: synchronously, at its step)."""
+    for k in range(len(ins)):  # the first steps' blocks
+        for j in range(min(ahead[k], steps)):
+            fetch(k, indices(jnp.int32(j)), j).start()
 
     def step_fn(step: Any, carry: Any) -> Any:
-        slot = lax.rem(step, jnp.int32(2))
         idx, nxt = indices(step), indices(jnp.minimum(step + 1, steps - 1))
-        if no_pipelining:  # every copy synchronous
-            for k in range(len(ins)):
-                copy = fetch(k, idx, slot)
+        in_slots = [lax.rem(step, jnp.int32(op.count)) for op in ins]
+        for k in range(len(ins)):
+            if not ahead[k]:  # a synchronous copy
+                copy = fetch(k, idx, in_slots[k])
                 copy.start()
                 copy.wait()
-        else:  # this step's blocks have arrived; start fetching the next step's
-            for k in range(len(ins)):
-                fetch(k, idx, slot).wait()
+                continue
+            # This step's block has arrived; start fetching the one ``ahead`` steps on, into
+            # the buffer the previous step's block was in.
+            fetch(k, idx, in_slots[k]).wait()
+            later = step + ahead[k]
 
-            @prims.when(step + 1 < steps)
-            def _() -> None:
-                for k in range(len(ins)):
-                    fetch(k, nxt, 1 - slot).start()
+            @prims.when(later < steps)
+            def _(k: int = k, later: Any = later) -> None:
+                fetch(k, indices(later), lax.rem(later, jnp.int32(ins[k].count))).start()
 
-        in_views = [b.at[slot] for b in in_bufs]
+        in_views = [b.at[s] for b, s in zip(in_bufs, in_slots)]
         out_slots, pending, pending_idx = carry
         out_views = [b.at[s] for b, s in zip(out_bufs, out_slots)]
         lead = (PipelineStep(idx, step),) if explicit else ()
@@ -352,10 +360,12 @@ def _run(body: Callable[..., None], grid: tuple[int, ...], offsets: tuple[Any, .
         for k, op in enumerate(outs):
             here, there = op.block_indices(idx), op.block_indices(nxt)
             leaving = _changed(here, there) | (step == steps - 1)
-            s, other = out_slots[k], 1 - out_slots[k]
+            sync = no_pipelining or op.count == 1
+            s, other = out_slots[k], out_slots[k] if op.count == 1 else 1 - out_slots[k]
 
             @prims.when(leaving)
-            def _(k: int = k, s: Any = s, other: Any = other, here: Any = here) -> None:
+            def _(k: int = k, s: Any = s, other: Any = other, here: Any = here,
+                  sync: bool = sync) -> None:
                 # The other buffer's write-back must be done before the body writes into it.
                 @prims.when(pending[k])
                 def _() -> None:
@@ -363,11 +373,11 @@ def _run(body: Callable[..., None], grid: tuple[int, ...], offsets: tuple[Any, .
 
                 copy = write_back(k, here, s)
                 copy.start()
-                if no_pipelining:
+                if sync:
                     copy.wait()
 
             new_slots.append(jnp.where(leaving, other, s))
-            new_pending.append(jnp.where(leaving, not no_pipelining, pending[k]))
+            new_pending.append(jnp.where(leaving, not sync, pending[k]))
             new_idx.append(tuple(jnp.where(leaving, h, p) for h, p in zip(here, pending_idx[k])))
         return new_slots, new_pending, new_idx
 
@@ -375,8 +385,8 @@ def _run(body: Callable[..., None], grid: tuple[int, ...], offsets: tuple[Any, .
             [tuple(jnp.zeros(sh, jnp.int32) for sh in op.index_shapes) for op in outs])
     slots, _, pending_idx = lax.fori_loop(0, steps, step_fn, init)
     # The last write-back of every output is still in flight (the ones before were waited).
-    if not no_pipelining:
-        for k in range(len(outs)):
+    for k, op in enumerate(outs):
+        if not (no_pipelining or op.count == 1):
             write_back(k, pending_idx[k], 1 - slots[k]).wait()
 
 
@@ -445,10 +455,10 @@ def _check_allocations(allocations: Any, ops: Sequence[_Operand]) -> list[Buffer
             "emit_pipeline_with_allocations) describes, allocated with pl.run_scoped.")
     for b, op in zip(brefs, ops):
         shape = tuple(getattr(b.window_ref, "shape", ()))
-        if shape != (2, *op.buffer_shape):
+        if shape != (op.count, *op.buffer_shape):
             raise PallasError(f"emit_pipeline {op.origin}: its allocation holds buffers of shape "
-                              f"{shape}, the pipeline needs {(2, *op.buffer_shape)}. Fix: make "
-                              "the allocations with this pipeline's specs.")
+                              f"{shape}, the pipeline needs {(op.count, *op.buffer_shape)}. "
+                              "Fix: make the allocations with this pipeline's specs.")
     return brefs
 
 
@@ -471,9 +481,9 @@ def emit_pipeline_with_allocations(body: Callable[..., None], *, grid: Sequence[
         out = []
         for k, (ref, spec) in enumerate(zip(flat_refs, [*flat_in, *flat_out])):
             kind = BufferType.INPUT if k < len(flat_in) else BufferType.OUTPUT
-            op = _Operand(ref, spec, f"{kind.name.lower()} {k}")
-            out.append(BufferedRef(spec, kind, VMEM((2, *op.buffer_shape), op.dtype),
-                                   SemaphoreType.DMA((2,))))
+            op = _Operand(ref, spec, f"{kind.name.lower()} {k}", output=k >= len(flat_in))
+            out.append(BufferedRef(spec, kind, VMEM((op.count, *op.buffer_shape), op.dtype),
+                                   SemaphoreType.DMA((op.count,))))
         return tuple(out)
 
     return pipeline, make_allocations

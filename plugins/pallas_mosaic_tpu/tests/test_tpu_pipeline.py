@@ -8,6 +8,7 @@ that verifies, and agrees with what ``jax.experimental.pallas`` emits where the 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -174,8 +175,6 @@ def _edge_kernel(m: Any, tpu: Any, shape: tuple[int, ...], block: tuple[int, ...
 
 def _op_kinds(module: Any) -> set[str]:
     """The operations of a module, without the profiler's trace scopes."""
-    import re
-
     return set(re.findall(r"\b(tpu\.\w+|memref\.\w+|scf\.\w+)", str(module))) - {
         "tpu.trace_start", "tpu.trace_stop"}
 
@@ -210,3 +209,42 @@ def test_an_edge_block_past_the_tiles_is_refused_by_name() -> None:
     f = _edge_kernel(pl, pltpu, (601, 384), (256, 128), F32)
     with pytest.raises(pl.UnsupportedError, match=r"whole tiles of 8 .*pad it to a multiple"):
         f(jnp.ones((601, 384), F32))
+
+
+def _buffered_kernel(m: Any, counts: tuple[int, int, int], steps: int = 5) -> Any:
+    """Two inputs and an output with ``pl.Buffered`` counts, over ``steps`` blocks of rows."""
+    def kernel(x_hbm: Any, y_hbm: Any, o_hbm: Any) -> None:
+        def body(x_ref: Any, y_ref: Any, o_ref: Any) -> None:
+            o_ref[...] = x_ref[...] * 3 - y_ref[...]
+
+        specs = [m.BlockSpec((8, 128), lambda i: (i, 0), pipeline_mode=m.Buffered(n))
+                 for n in counts]
+        tpu = pltpu if m is pl else jax_pltpu
+        tpu.emit_pipeline(body, grid=(steps,), in_specs=specs[:2], out_specs=specs[2])(
+            x_hbm, y_hbm, o_hbm)
+
+    any_spec = m.BlockSpec(memory_space=m.ANY)
+    return m.pallas_call(kernel, jax.ShapeDtypeStruct((8 * steps, 128), F32),
+                         in_specs=[any_spec, any_spec], out_specs=any_spec)
+
+
+@pytest.mark.parametrize("counts", [(3, 1, 2), (4, 2, 1), (1, 1, 1)],
+                         ids=["3-1-2", "4-2-1", "sync"])
+def test_buffer_counts_prefetch_deeper_and_compute_the_same(counts: tuple[int, int, int]
+                                                            ) -> None:
+    """``pl.Buffered(n)`` on emit_pipeline's specs: an input is fetched ``n - 1`` steps ahead
+    into ``n`` VMEM buffers (1: synchronously), an output drains through up to two; the
+    interpreter and the emulated module match jax.numpy, and the kernel's VMEM buffers have
+    the counts asked for."""
+    kx, ky = jax.random.split(jax.random.key(9))
+    x, y = (jax.random.normal(k, (40, 128), F32) for k in (kx, ky))
+    want = np.asarray(x * 3 - y)
+    f = _buffered_kernel(pl, counts)
+    np.testing.assert_allclose(f(x, y), want, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(pl.emulate(f, backend="mosaic_tpu")(x, y), want, rtol=1e-6,
+                               atol=1e-6)
+    text = jax.jit(f).trace(x, y).lower(lowering_platforms=("tpu",)).as_text()
+    (_, module), = inspection.kernels(text)
+    allocs = sorted(int(n) for n in re.findall(r"memref\.alloca\(\) : memref<(\d+)x8x128xf32",
+                                               str(module)))
+    assert allocs == sorted([counts[0], counts[1], min(counts[2], 2)])
