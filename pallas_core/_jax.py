@@ -939,6 +939,58 @@ def jax_lowering_rule_names(backend: str) -> dict[str, frozenset[str]]:
     raise ValueError(f"no JAX rule registry known for {backend!r}")
 
 
+def jax_mosaic_primitive(kind: str, name: str) -> Any:
+    """JAX's own primitive named ``name`` that its Mosaic lowering has a rule for on kernels
+    of ``kind`` (``"sc_vector_subcore"``, ...), or ``None``: for tests that compare a
+    backend's module with JAX's for a primitive JAX does not export (the SparseCore's
+    ``masked_cummin``)."""
+    import jax.experimental.pallas.tpu
+    import jax.experimental.pallas.tpu_sc  # noqa: F401 - registers the SparseCore rules
+    from jax._src.pallas.mosaic import lowering as mosaic_lowering
+
+    for k, rules in mosaic_lowering.lowering_rules.items():
+        if str(getattr(k, "value", k)) == kind:
+            return next((p for p in rules if p.name == name), None)
+    return None
+
+
+# --- explicit array layouts (jax.experimental.layout.explicit_layout) in kernels ----------
+from jax._src import layout as _layout  # noqa: E402
+from jax._src import pjit as _pjit_layouts  # noqa: E402
+
+relayout_p = getattr(_pjit_layouts, "relayout_p", None)
+"""The primitive ``explicit_layout`` binds to give a value a layout (JAX 0.11 on; else
+``None``); its ``dst_layout`` is :data:`auto_layout` or a backend's register layout."""
+auto_layout = _layout.AutoLayout
+"""``dst_layout`` of a ``relayout`` that hands a value back to the compiler's choice."""
+explicit_layout = getattr(_pjit_layouts, "explicit_layout", None)
+"""``jax.experimental.layout.explicit_layout`` (public from JAX 0.12; JAX 0.11 has it
+internally; ``None`` before)."""
+
+
+def mosaic_gpu_tiled_layout(layout: Any) -> tuple[Any, Any, Any, int] | None:
+    """``(tiling, warp_dims, lane_dims, vector_dim)`` of a ``relayout``'s ``dst_layout`` that
+    is JAX's Mosaic GPU register layout (``GPUTiledLayout``, JAX 0.11 on), else ``None``."""
+    if type(layout).__name__ != "GPUTiledLayout":
+        return None
+    return layout.tiling, layout.warp_dims, layout.lane_dims, int(layout.vector_dim)
+
+
+def mosaic_gpu_explicit_layout(array: Any, jax_gpu_layout: Any) -> Any:
+    """JAX's ``GPUTiledLayout`` of ``array`` in one of ``jax.experimental.pallas.mosaic_gpu``'s
+    ``Layout`` members (what ``explicit_layout(in_layouts=...)`` takes in a Mosaic GPU kernel),
+    for tests; ``None`` before JAX 0.11."""
+    try:
+        from jax._src.pallas.mosaic_gpu.layout_rules import GPUTiledLayout
+    except ImportError:
+        return None
+    return GPUTiledLayout.for_array(array, jax_gpu_layout)
+
+
+__all__ += ["auto_layout", "explicit_layout", "mosaic_gpu_explicit_layout",
+            "mosaic_gpu_tiled_layout", "relayout_p"]
+
+
 # --- primitives of JAX's own that kernels may hold, beyond lax's -------------------------
 from jax._src import checkify as _checkify  # noqa: E402
 from jax._src import debugging as _debugging  # noqa: E402

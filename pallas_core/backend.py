@@ -41,7 +41,11 @@ primitives ``cond_p``, ``while_p``, ``scan_p``, ``axis_index_p``, ``stack_p``, `
 JAX's own primitives that kernels may hold, for backends that lower them as JAX does:
 ``stage_p``, ``custom_fusion_p`` (``None`` where JAX lacks it), ``platform_index_p`` (with
 ``platform_branch``, the branch a platform takes), ``debug_callback_p``, ``check_p`` (with
-``failed_check``, a debug check's predicate and message), ``empty_ref_p``.
+``failed_check``, a debug check's predicate and message), ``empty_ref_p``; ``relayout_p``
+(``jax.experimental.layout.explicit_layout`` in a kernel, JAX 0.11 on, else ``None``) with
+``auto_layout``, ``explicit_layout`` (JAX 0.11 has it internally), ``mosaic_gpu_tiled_layout``
+(its Mosaic GPU register layout's parts) and ``mosaic_gpu_explicit_layout`` (such a layout, for
+tests).
 
 **Refs and effects**: ``AbstractRef``, ``ref_type_of``, ``shape_after_transforms``,
 ``NDIndexer``, ``Slice``, ``ds``, ``BitcastTransform``, ``ReshapeTransform``, the state
@@ -59,7 +63,8 @@ of the platform is attached: what ``pltpu.get_tpu_info()`` answers for),
 ``mosaic_serde_version``, ``mosaic_waits_name_both_ends``,
 ``sparsecore_adds_only_into_shared_vmem``; ``pallas_use_mosaic_gpu`` (JAX's
 choice between the two GPU backends, for ``BackendInfo.default_priority``);
-``jax_lowering_rule_names`` (JAX's own rule registries, for parity tests).
+``jax_lowering_rule_names`` (JAX's own rule registries, for parity tests) and
+``jax_mosaic_primitive`` (one of JAX's Mosaic primitives by name, for tests comparing modules).
 """
 
 from __future__ import annotations
@@ -88,6 +93,7 @@ from pallas_core._jax import (
     addupdate_p,
     assume_device,
     assumed_device,
+    auto_layout,
     axis_index_p,
     broadcast_to_p,
     check_p,
@@ -99,6 +105,7 @@ from pallas_core._jax import (
     ds,
     emit_custom_call,
     empty_ref_p,
+    explicit_layout,
     extend_axis_env,
     failed_check,
     get_p,
@@ -106,10 +113,13 @@ from pallas_core._jax import (
     is_ref_effect,
     is_var,
     jax_lowering_rule_names,
+    jax_mosaic_primitive,
     jaxpr_from_eqns,
     make_ir_context,
     make_ref_aval,
     manual_axes,
+    mosaic_gpu_explicit_layout,
+    mosaic_gpu_tiled_layout,
     mosaic_serde_version,
     mosaic_waits_name_both_ends,
     pallas_use_mosaic_gpu,
@@ -118,6 +128,7 @@ from pallas_core._jax import (
     ref_type_of,
     register_initial_ref,
     register_side_effect,
+    relayout_p,
     run_state_p,
     scan_p,
     scan_parts,
@@ -196,6 +207,8 @@ __all__ = [
     "written_invars",
     "check_p", "custom_fusion_p", "debug_callback_p", "empty_ref_p", "failed_check",
     "platform_branch", "platform_index_p", "stage_p",
+    "auto_layout", "explicit_layout", "mosaic_gpu_explicit_layout", "mosaic_gpu_tiled_layout",
+    "relayout_p",
     # Refs and effects
     "AbstractRef", "BitcastTransform", "Effect", "NDIndexer", "PeerRefTransform",
     "ReadEffect", "ReshapeTransform", "remote_view",
@@ -205,6 +218,7 @@ __all__ = [
     "register_side_effect", "run_state_p", "shape_after_transforms", "swap_p",
     # emitting a call
     "assume_device", "assumed_device", "emit_custom_call", "jax_lowering_rule_names",
+    "jax_mosaic_primitive",
     "make_ir_context", "manual_axes", "mosaic_serde_version", "mosaic_waits_name_both_ends",
     "pallas_use_mosaic_gpu", "sparsecore_adds_only_into_shared_vmem",
 ]

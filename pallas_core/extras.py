@@ -63,7 +63,8 @@ delay_p.def_effectful_abstract_eval(lambda nanos: ([], {delay_effect}))
 def delay(nanos: Any) -> None:
     """Waits about ``nanos`` nanoseconds (an int or int32 scalar) before going on.
 
-    Timing only: the interpreter does not wait. Mosaic TPU lowers it to ``tpu.delay``.
+    Timing only: the interpreter does not wait. Mosaic TPU lowers it to ``tpu.delay``, Mosaic
+    GPU to ``nanosleep.u32``.
     """
     nanos = jnp.asarray(nanos)
     if nanos.shape != () or not jnp.issubdtype(nanos.dtype, jnp.integer):
@@ -153,8 +154,8 @@ def debug_check(condition: Any, message: str) -> None:
     (when the kernel is traced); otherwise does nothing.
 
     The interpreter raises a ``PallasError`` carrying ``message`` when the kernel runs; Mosaic
-    TPU lowers the check to ``cf.assert`` as JAX does; the other hardware backends refuse
-    kernels holding an enabled check.
+    TPU and Mosaic GPU lower the check to ``cf.assert`` as JAX does; the other hardware
+    backends refuse kernels holding an enabled check.
     """
     if not isinstance(message, str):
         raise ArgumentError(f"pl.debug_check(condition, message): message must be a str, "

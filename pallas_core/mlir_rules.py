@@ -27,7 +27,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith, scf
 from jaxlib.mlir.dialects import math as mmath
 
-from pallas_core import _jax
+from pallas_core import _jax, extras
 from pallas_core.mlir_lowering import (
     CALL_PRIMITIVES,
     LoweringState,
@@ -583,3 +583,18 @@ def reduction_identity(kind: str, dtype: Any) -> Any:
         return -np.inf if kind == "max" else np.inf
     info = np.iinfo(dtype)
     return info.min if kind == "max" else info.max
+
+
+def debug_check_to_assert(state: LoweringState, eqn: Any) -> tuple[int, str] | None:
+    """What a backend asserts for ``checkify.debug_check`` (``check_p``), as JAX's lowerings
+    do: ``(operand index of the failure predicate, message)``, or ``None`` while
+    ``pl.enable_debug_checks`` is off (nothing is emitted then). A functionalized
+    ``checkify.check`` is refused by name."""
+    found = _jax.failed_check(eqn)
+    if found is None:
+        raise state.fail("checkify.check in a kernel (kernels assert debug checks only; use "
+                         "checkify.debug_check, or functionalize the check with "
+                         "checkify.checkify around the kernel's call)", eqn)
+    if not extras.enable_debug_checks.value:
+        return None
+    return found

@@ -535,5 +535,8 @@ CORE_SEMANTICS: tuple[PrimitiveSemantics, ...] = (
     PrimitiveSemantics(prims.semaphore_wait_p, discharge=_semaphore_wait_discharge),
     PrimitiveSemantics(prims.semaphore_read_p, discharge=_semaphore_read_discharge),
     PrimitiveSemantics(prims.get_global_p, discharge=_get_global_discharge),
+    # jax.experimental.layout.explicit_layout: a layout changes no value (JAX 0.11 on).
+    *((PrimitiveSemantics(_jax.relayout_p, evaluate=lambda ctx, x, *, dst_layout: x),)
+      if _jax.relayout_p is not None else ()),
 )
 """Reference semantics of the core's own primitives (the core registers them like a plugin)."""

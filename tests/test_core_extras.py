@@ -172,13 +172,26 @@ def test_delay_leaves_results_alone() -> None:
     np.testing.assert_allclose(_blocked(pl, _delay_kernel(pl))(x), x * 3.0)
 
 
+def _mosaic_gpu(text: str) -> str:
+    from pallas_mosaic_gpu import inspection
+
+    (_, module), = inspection.kernels(text)
+    return str(module)
+
+
 @pytest.mark.parametrize(("backend", "platform"), HARDWARE)
-def test_delay_lowers_on_tpu_and_is_refused_elsewhere(backend: str, platform: str) -> None:
+def test_delay_lowers_on_tpu_and_gpu_and_is_refused_by_triton(backend: str,
+                                                               platform: str) -> None:
+    """Mosaic GPU's nanosleep is compared with JAX's module in
+    plugins/pallas_mosaic_gpu/tests/test_gpu_rule_gaps.py."""
     _need(backend)
     fn = _blocked(pl, _delay_kernel(pl), backend=backend)
-    if backend != "mosaic_tpu":
+    if backend == "triton":
         with pytest.raises(pl.UnsupportedError, match=rf"'delay'.*'{backend}'"):
             _lower(fn, platform, _rand())
+        return
+    if backend == "mosaic_gpu":
+        assert _mosaic_gpu(_lower(fn, platform, _rand())).count("nanosleep.u32") == 1
         return
     theirs = _mosaic(_lower(_blocked(jax_pl, _delay_kernel(jax_pl)), "tpu", _rand()))
     ours = _mosaic(_lower(fn, platform, _rand()))
@@ -212,15 +225,23 @@ def test_debug_check_reports_a_false_condition_while_checks_are_on() -> None:
 
 
 @pytest.mark.parametrize(("backend", "platform"),
-                         [(b, p) for b, p in HARDWARE if b != "mosaic_tpu"])
+                         [(b, p) for b, p in HARDWARE if b == "triton"])
 def test_enabled_debug_check_is_refused_by_hardware_backends(backend: str,
                                                              platform: str) -> None:
-    """Refused where the backend has no rule for it (Mosaic TPU lowers it to cf.assert, as
-    JAX does: plugins/pallas_mosaic_tpu/tests/test_tpu_misc_rules.py)."""
+    """Refused where the backend has no rule for it (Mosaic TPU and Mosaic GPU lower it to
+    cf.assert, as JAX does: plugins/pallas_mosaic_tpu/tests/test_tpu_misc_rules.py,
+    plugins/pallas_mosaic_gpu/tests/test_gpu_rule_gaps.py)."""
     _need(backend)
     with pl.enable_debug_checks(True), pytest.raises(pl.UnsupportedError,
                                                      match=rf"'debug_check'.*'{backend}'"):
         _lower(_checked_call(on_data=False, backend=backend), platform, _rand())
+
+
+def test_enabled_debug_check_is_an_assert_on_mosaic_gpu() -> None:
+    _need("mosaic_gpu")
+    with pl.enable_debug_checks(True):
+        text = _lower(_checked_call(on_data=False, backend="mosaic_gpu"), "cuda", _rand())
+    assert _mosaic_gpu(text).count("cf.assert") == 1
 
 
 def test_poisoned_buffers_start_as_nan() -> None:

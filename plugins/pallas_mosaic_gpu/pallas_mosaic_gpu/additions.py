@@ -4,9 +4,10 @@ has: the reductions ``plgpu.sum``/``max``/``min``/``prod``, ``plgpu.store``,
 mode (``InterpretGPUParams``, ``force_gpu_interpret_mode``, ``set_gpu_interpret_mode``), which
 runs kernels in the pallas interpreter, the semaphore operations with a memory scope
 (``semaphore_signal``, ``semaphore_wait``), JAX's ``MemorySpace`` namespace, unordered
-signals (``SemaphoreSignal``, ``semaphore_signal_parallel``) and the scheduling hints that
-never change results (``async_prefetch``, ``griddepcontrol_wait``,
-``griddepcontrol_launch_dependents``), ``warp_map`` and ``wgmma_accumulator_load``.
+signals (``SemaphoreSignal``, ``semaphore_signal_parallel``), the scheduling hints that
+never change results (``async_prefetch``; ``griddepcontrol_wait`` and
+``griddepcontrol_launch_dependents``, which bind this backend's primitives for PTX's
+``griddepcontrol``), ``warp_map`` and ``wgmma_accumulator_load``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,13 @@ from pallas_core.errors import PallasError, UnsupportedError
 from pallas_core.spec import CompilerParams
 from pallas_mosaic_gpu.names import REGS
 from pallas_mosaic_gpu.params import GMEM, SMEM, TMEM
-from pallas_mosaic_gpu.primitives import barrier_arrive, barrier_wait, wgmma_wait
+from pallas_mosaic_gpu.primitives import (
+    barrier_arrive,
+    barrier_wait,
+    griddepcontrol_launch_dependents_p,
+    griddepcontrol_wait_p,
+    wgmma_wait,
+)
 from pallas_mosaic_gpu.scheduling import WarpMesh
 
 
@@ -184,13 +191,18 @@ def async_prefetch(ref: Any, *, collective_axes: str | tuple[str, ...] | None = 
 
 
 def griddepcontrol_wait() -> None:
-    """Waits for the kernels this one depends on (programmatic dependent launch). This backend
-    launches a kernel only once those before it finished, so there is nothing to wait for."""
+    """Waits until the kernels this one depends on have finished and their writes are visible
+    (programmatic dependent launch: PTX ``griddepcontrol.wait``, as JAX emits it). Without
+    such a launch the kernel starts after them anyway, so the wait returns at once; the
+    interpreter does nothing."""
+    griddepcontrol_wait_p.bind(tree=jax.tree_util.tree_structure(()), roles=())
 
 
 def griddepcontrol_launch_dependents() -> None:
-    """Lets the next kernel start early (programmatic dependent launch). Only timing depends on
-    it; this backend starts the next kernel after this one ends, as without the call."""
+    """Lets the kernel launched after this one start before this one ends (programmatic
+    dependent launch: PTX ``griddepcontrol.launch_dependents``, as JAX emits it). Only timing
+    depends on it; the interpreter does nothing."""
+    griddepcontrol_launch_dependents_p.bind(tree=jax.tree_util.tree_structure(()), roles=())
 
 
 @dataclasses.dataclass(frozen=True)

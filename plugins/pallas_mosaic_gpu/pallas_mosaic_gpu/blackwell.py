@@ -12,6 +12,9 @@
   waits for the reads (before the TMEM may be overwritten).
 * ``async_store_tmem(ref, value)``: writes registers into TMEM; ``commit_tmem()`` makes the
   writes visible to tcgen05 matmuls.
+* ``async_copy_smem_to_tmem(smem, tmem)`` (:mod:`pallas_mosaic_gpu.more_ops`): copies an SMEM
+  buffer into TMEM (``tcgen05.cp``), ordered before later tcgen05 work and tracked by
+  ``tcgen05_commit_arrive``.
 
 Reference semantics (the interpreter): matmuls and TMEM reads and writes happen at once; a
 matmul with a barrier, and ``tcgen05_commit_arrive``, complete the barrier's phase; the waits do
@@ -49,6 +52,7 @@ wait_load_tmem_p = gp._primitive("gpu_wait_load_tmem")
 commit_tmem_p = gp._primitive("gpu_commit_tmem")
 copy_scales_p = gp._primitive("gpu_async_copy_scales_to_tmem")
 copy_sparse_metadata_p = gp._primitive("gpu_async_copy_sparse_metadata_to_tmem")
+copy_smem_to_tmem_p = gp._primitive("gpu_async_copy_smem_to_tmem")
 async_load_tmem_p = plb.Primitive("gpu_async_load_tmem")
 async_load_tmem_p.multiple_results = True
 
@@ -59,7 +63,8 @@ def _load_abstract(*avals: Any, shape: tuple[int, ...], dtype: Any, **_: Any) ->
 
 
 PRIMITIVES = (tcgen05_mma_p, tcgen05_commit_arrive_p, async_load_tmem_p, async_store_tmem_p,
-              wait_load_tmem_p, commit_tmem_p, copy_scales_p, copy_sparse_metadata_p)
+              wait_load_tmem_p, commit_tmem_p, copy_scales_p, copy_sparse_metadata_p,
+              copy_smem_to_tmem_p)
 
 
 # --- the user's functions ----------------------------------------------------------------------
@@ -387,6 +392,13 @@ def _copy_sparse_metadata(in_avals: Any, out_avals: Any, *args: Any, tree: Any, 
     return state.new_values(), []
 
 
+def _copy_smem(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any) -> Any:
+    """An SMEM buffer into a TMEM buffer of its shape, at once."""
+    state = RefViews(args, tree, roles)
+    state.write(1, state.read(0))
+    return state.new_values(), []
+
+
 def _commit_arrive(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any,
                    collective_axis: Any = None) -> Any:
     if collective_axis is not None:
@@ -461,6 +473,7 @@ SEMANTICS: tuple[semantics.PrimitiveSemantics, ...] = (
     semantics.PrimitiveSemantics(commit_tmem_p, evaluate=gp._no_op),
     semantics.PrimitiveSemantics(copy_scales_p, discharge=_copy_scales),
     semantics.PrimitiveSemantics(copy_sparse_metadata_p, discharge=_copy_sparse_metadata),
+    semantics.PrimitiveSemantics(copy_smem_to_tmem_p, discharge=_copy_smem),
 )
 
 
@@ -601,6 +614,31 @@ rules.rule(copy_scales_p, lazy=True)(
 rules.rule(copy_sparse_metadata_p, lazy=True)(
     _copy_rule(tcgen05.async_copy_sparse_metadata_smem_to_tmem,
                "async_copy_sparse_metadata_to_tmem"))
+
+
+@rules.rule(copy_smem_to_tmem_p, lazy=True)
+def _copy_smem_rule(state: Any, eqn: Any, *args: Any, **_: Any) -> Any:
+    """A tiled SMEM buffer is copied as JAX's lowering copies it: ``tcgen05.cp`` issued by one
+    thread, asynchronous until ``tcgen05_commit_arrive``. An untiled one (which JAX's lowering
+    refuses: ``tcgen05.cp`` reads whole tiles) goes through the warpgroup's registers
+    (``tcgen05.st``, then ``commit_tmem``), complete on return."""
+    src, dst = _role_views(state, eqn, args)
+    fn = "plgpu.async_copy_smem_to_tmem"
+    if src.kind != "smem" or src.transposed:
+        raise state.fail(f"{fn} from other than an SMEM buffer")
+    try:
+        if src.tiled:
+            with mgpu.when(_one_thread(state)):
+                tcgen05.async_copy_smem_to_tmem(src.memref, dst.memref, values.SWIZZLE)
+            return []
+        value = values.FA.load_untiled(src.memref, layout=tcgen05.LAYOUT, optimized=False,
+                                       is_signed=values.signed(src.dtype))
+        dst.memref.store(value)
+        tcgen05.commit_tmem()
+    except (NotImplementedError, ValueError) as e:
+        raise state.fail(f"this {fn} of {np.dtype(src.dtype).name}{list(src.shape)} "
+                         f"({e})") from None
+    return []
 
 
 @rules.rule(tcgen05_commit_arrive_p, lazy=True)

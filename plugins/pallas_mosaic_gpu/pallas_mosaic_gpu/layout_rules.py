@@ -3,7 +3,8 @@
 
 * ``layout_cast``: the array moved into the layout (a splat is built in it, an SMEM read is
   read straight into it, other arrays are converted by the library, which refuses the
-  conversions it has no code for);
+  conversions it has no code for); JAX's ``relayout`` (``jax.experimental.layout.
+  explicit_layout`` in a kernel) the same, into the Mosaic GPU register layout it names;
 * ``broadcasted_iota``: built in the layout;
 * ``commit_smem_to_gmem_group``: closes a bulk group;
 * ``pl.run_state`` over ``plgpu.ACC.init(value)`` Refs: accumulators started from ``value``,
@@ -67,7 +68,12 @@ def _read_in(state: GPULowering, ref: Ref, layout: Any, optimized: bool) -> Any:
 @rule(layouts.layout_cast_p, lazy=True)
 def _layout_cast(state: GPULowering, eqn: Any, x: Any, *, new_layout: Any,
                  optimized: bool) -> Any:
-    layout = new_layout.to_mgpu()
+    return _cast(state, eqn, x, new_layout.to_mgpu(), optimized,
+                 f"plgpu.layout_cast into {new_layout}")
+
+
+def _cast(state: GPULowering, eqn: Any, x: Any, layout: Any, optimized: bool,
+          what: str) -> Any:
     if isinstance(x, Loaded) and not x.transposed and (
             x.ref.kind != "gmem" or isinstance(layout, mgpu.WGStridedFragLayout)):
         return _read_in(state, x.ref, layout, optimized)  # GMEM: only the strided read
@@ -75,15 +81,31 @@ def _layout_cast(state: GPULowering, eqn: Any, x: Any, *, new_layout: Any,
         return x.into(state, layout)
     x = state.value(x)
     if isinstance(x, Expanded):
-        raise state.fail(f"plgpu.layout_cast of an array with unit dimensions {x.shape}")
+        raise state.fail(f"{what} of an array with unit dimensions {x.shape}")
     if not isinstance(x, FA):
         if isinstance(layout, mgpu.WGSplatFragLayout) or not eqn.invars[0].aval.shape:
             return x  # a scalar is the same on every thread
-        raise state.fail(f"plgpu.layout_cast of a scalar into {layout}")
+        raise state.fail(f"{what} of a scalar into {layout}")
     try:
         return relayout(x, layout)
     except UnsupportedError as e:
-        raise state.fail(f"plgpu.layout_cast into {new_layout}: {e}") from None
+        raise state.fail(f"{what}: {e}") from None
+
+
+if plb.relayout_p is not None:
+    @rule(plb.relayout_p, lazy=True)
+    def _relayout(state: GPULowering, eqn: Any, x: Any, *, dst_layout: Any) -> Any:
+        """``jax.experimental.layout.explicit_layout`` in a kernel, as JAX's warpgroup
+        lowering takes it: a Mosaic GPU register layout is a cast into it (``layout_cast``),
+        ``AutoLayout`` hands the value back unchanged."""
+        if dst_layout is plb.auto_layout:
+            return x
+        parts = plb.mosaic_gpu_tiled_layout(dst_layout)
+        if parts is None:
+            raise state.fail(f"relayout (explicit_layout) to {dst_layout!r} (a kernel's "
+                             "arrays take Mosaic GPU register layouts)")
+        return _cast(state, eqn, x, mgpu.TiledLayout(*parts), False,
+                     f"relayout (explicit_layout) into {dst_layout}")
 
 
 @rule(layouts.iota_p)

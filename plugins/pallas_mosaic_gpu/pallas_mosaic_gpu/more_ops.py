@@ -65,19 +65,21 @@ def _test_rule(state: Any, eqn: Any, *args: Any, **_: Any) -> Any:
 
 def async_copy_smem_to_tmem(smem_ref: Any, tmem_ref: Any, collective_axis: Any = None) -> None:
     """Copies the SMEM Ref ``smem_ref`` into the TMEM Ref ``tmem_ref`` (of one shape and
-    dtype), for a later ``tcgen05_mma`` (which ``tcgen05_commit_arrive`` orders after it, as
-    in JAX). Here the warpgroup reads the buffer into registers and stores it into TMEM
-    (``async_store_tmem``, then ``commit_tmem``), so the copy is complete on return.
+    dtype), asynchronously: a later ``tcgen05_mma`` of the same thread sees it, and
+    ``tcgen05_commit_arrive(barrier)`` completes ``barrier`` once it is done (wait for that
+    before reading ``tmem_ref`` with ``async_load_tmem``). A tiled SMEM buffer (``transforms``
+    ``TilingTransform((8, 128 // itemsize))`` + ``SwizzleTransform(128)``, or 16-bit with
+    dimensions multiples of 64) is copied by ``tcgen05.cp`` from one thread, as in JAX; an
+    untiled one through the warpgroup's registers (complete on return).
     ``collective_axis`` (a copy into both blocks' TMEM of a cluster) is refused."""
-    from pallas_mosaic_gpu.blackwell import async_store_tmem, commit_tmem, smem_to_tmem_avals
+    from pallas_mosaic_gpu.blackwell import copy_smem_to_tmem_p, smem_to_tmem_avals
 
     fn = "async_copy_smem_to_tmem"
     src, dst = smem_to_tmem_avals(smem_ref, tmem_ref, collective_axis, fn)
     if tuple(src.shape) != tuple(dst.shape) or src.dtype != dst.dtype:
         raise PallasError(f"plgpu.{fn}: source {src.dtype}{list(src.shape)} and destination "
                           f"{dst.dtype}{list(dst.shape)} differ. Fix: slice them to match.")
-    async_store_tmem(tmem_ref, smem_ref[...])
-    commit_tmem()
+    bind_views(copy_smem_to_tmem_p, [smem_ref, tmem_ref], [], fn)
 
 
 def format_tcgen05_sparse_metadata(meta: Any, operand_dtype: Any) -> jax.Array:

@@ -8,6 +8,9 @@
 * ``barrier_arrive(barrier)`` / ``barrier_wait(barrier)``: mbarrier arrival and wait.
 * ``wgmma(acc, a, b)``: ``acc += a @ b`` on the warpgroup tensor cores (``a`` an SMEM Ref or
   a value, ``b`` an SMEM Ref), asynchronous until ``wgmma_wait(n)``.
+* ``griddepcontrol_wait()`` / ``griddepcontrol_launch_dependents()``: programmatic dependent
+  launch (PTX ``griddepcontrol.wait`` / ``.launch_dependents``); timing only, so the
+  interpreter does nothing.
 
 The interpreter runs copies at once (a copy in completes its barrier's phase immediately), so
 a kernel that reads a destination before waiting still sees the copied data there; the
@@ -61,6 +64,8 @@ wgmma_p = _primitive("gpu_wgmma")
 wait_smem_to_gmem_p = _primitive("gpu_wait_smem_to_gmem")
 commit_smem_p = _primitive("gpu_commit_smem")
 wgmma_wait_p = _primitive("gpu_wgmma_wait")
+griddepcontrol_wait_p = _primitive("gpu_griddepcontrol_wait")
+griddepcontrol_launch_dependents_p = _primitive("gpu_griddepcontrol_launch_dependents")
 
 _SRC, _DST, _BARRIER = 0, 1, 2
 
@@ -438,4 +443,6 @@ SEMANTICS: tuple[semantics.PrimitiveSemantics, ...] = (
     semantics.PrimitiveSemantics(wait_smem_to_gmem_p, evaluate=_no_op),
     semantics.PrimitiveSemantics(commit_smem_p, evaluate=_no_op),
     semantics.PrimitiveSemantics(wgmma_wait_p, evaluate=_no_op),
+    semantics.PrimitiveSemantics(griddepcontrol_wait_p, evaluate=_no_op),
+    semantics.PrimitiveSemantics(griddepcontrol_launch_dependents_p, evaluate=_no_op),
 )

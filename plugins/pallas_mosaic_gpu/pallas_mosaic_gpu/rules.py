@@ -13,6 +13,7 @@ indices), :mod:`~pallas_mosaic_gpu.rules_arrays` (register arrays: elementwise o
 broadcasts, reshapes, reductions; scalars through the shared rules of
 ``pallas_core.mlir_rules``), :mod:`~pallas_mosaic_gpu.rules_memory` (Ref reads and writes,
 atomics, ``jnp.dot`` as wgmma, TMA copies, barriers, ``plgpu.wgmma``),
+:mod:`~pallas_mosaic_gpu.rules_misc` (printing, checks, delays, grid-dependency control),
 :mod:`~pallas_mosaic_gpu.warp_specialized_lowering` and :mod:`~pallas_mosaic_gpu.blackwell`.
 This module imports all of them at its end, so the table is full once it is imported,
 whichever of them is imported first.
@@ -240,6 +241,7 @@ from pallas_mosaic_gpu import (  # noqa: E402, F401 - they register their rules
     rules_arrays,
     rules_devices,
     rules_memory,
+    rules_misc,
     scheduling,
     warp_specialized_lowering,
 )

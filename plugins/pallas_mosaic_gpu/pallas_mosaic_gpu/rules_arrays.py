@@ -1,7 +1,8 @@
 """Lowering rules of the Mosaic GPU backend for values (registered in
 :data:`pallas_mosaic_gpu.rules.RULES`, with its rule signature): elementwise ops, ``select_n``,
-``iota``, broadcasts, reshapes and reductions of register arrays (``FragmentedArray``), and
-scalars through the rules ``pallas_core.mlir_rules`` shares among backends.
+``iota``, broadcasts, reshapes, concatenation and reductions of register arrays
+(``FragmentedArray``), and scalars through the rules ``pallas_core.mlir_rules`` shares among
+backends.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pallas_mosaic_gpu.values import (
     Expanded,
     GPULowering,
     layout_for,
+    relayout,
     scalar_constant,
     signed,
     splat,
@@ -266,7 +268,8 @@ def _reshape(state: GPULowering, eqn: Any, x: Any, *dyn: Any, **_: Any) -> Any:
         raise state.fail(f"reshaping {x.shape} to {shape} ({e})") from None
 
 
-_REDUCE = {lax.reduce_sum_p: "add", lax.reduce_max_p: "max", lax.reduce_min_p: "min"}
+_REDUCE = {lax.reduce_sum_p: "add", lax.reduce_max_p: "max", lax.reduce_min_p: "min",
+           lax.reduce_prod_p: "prod"}
 
 
 @rule(*_REDUCE)
@@ -282,3 +285,48 @@ def _reduce(state: GPULowering, eqn: Any, x: Any, *, axes: Any, **_: Any) -> Any
     except (NotImplementedError, ValueError) as e:
         raise state.fail(f"{what} over axes {tuple(axes)} of {x.shape} in "
                          f"layout {x.layout} ({e})") from None
+
+
+_CONCATENATE = getattr(mgpu, "concatenate", None)
+"""The Mosaic GPU library's concatenation of register arrays (JAX 0.11 on)."""
+
+
+@rule(lax.concatenate_p)
+def _concatenate(state: GPULowering, eqn: Any, *args: Any, dimension: int, **_: Any) -> Any:
+    """``jnp.concatenate`` of register arrays, as JAX lowers it: the registers of arrays in
+    one tiled layout side by side (whole tiles along ``dimension``), or strided arrays one
+    after another along their only dimension. Constant operands take the others' layout."""
+    what = f"jnp.concatenate of {np.dtype(eqn.outvars[0].aval.dtype).name} arrays"
+    if _CONCATENATE is None:
+        raise state.fail(f"{what} with JAX's Mosaic GPU library before JAX 0.11 (it has no "
+                         "concatenation of register arrays)")
+    if any(isinstance(a, Expanded) for a in args):
+        raise state.fail(f"{what} with unit dimensions added (x[:, None])")
+    dtype = eqn.outvars[0].aval.dtype
+    arrays = [a if isinstance(a, FA) else splat(a, tuple(v.aval.shape), dtype)
+              for a, v in zip(args, eqn.invars)]
+    like = next((a for a in arrays if not isinstance(a.layout, mgpu.WGSplatFragLayout)), None)
+    if like is None:  # every operand a constant: the result is one too, in a fresh layout
+        shape = tuple(eqn.outvars[0].aval.shape)
+        if len({a.registers.flat[0] for a in arrays}) == 1:
+            return splat(arrays[0].registers.flat[0], shape, dtype)
+        arrays = [relayout(a, layout_for(a.shape)) for a in arrays]
+    else:
+        arrays = [_in_layout_of(a, like) for a in arrays]
+    try:
+        return _CONCATENATE(arrays, axis=dimension)
+    except (NotImplementedError, ValueError) as e:
+        layouts = sorted({str(a.layout) for a in arrays})
+        raise state.fail(f"{what} of shapes {[tuple(a.shape) for a in arrays]} along "
+                         f"dimension {dimension} in layouts {layouts} ({e})") from None
+
+
+def _in_layout_of(x: Any, like: Any) -> Any:
+    """``x`` (of its own shape) in the layout of ``like``: the strided layouts of different
+    shapes share their vector width; a tiled layout is the same for every shape."""
+    if not isinstance(x.layout, mgpu.WGSplatFragLayout):
+        return x
+    layout = like.layout
+    if isinstance(layout, mgpu.WGStridedFragLayout):
+        layout = mgpu.WGStridedFragLayout(shape=tuple(x.shape), vec_size=layout.vec_size)
+    return relayout(x, layout)

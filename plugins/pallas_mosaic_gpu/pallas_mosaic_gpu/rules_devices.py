@@ -1,6 +1,7 @@
 """Lowering rules of the Mosaic GPU backend for kernels whose devices talk to each other
 (registered in :data:`pallas_mosaic_gpu.rules.RULES`): GPU semaphores (``pl.semaphore_signal``
-to this or another device, ``pl.semaphore_wait``, ``plgpu.semaphore_signal_multicast``) and
+to this or another device, ``pl.semaphore_wait``, ``pl.semaphore_read``,
+``plgpu.semaphore_signal_multicast``) and
 NVLink multicast memory (``plgpu.multimem_store``, ``plgpu.multimem_load_reduce``).
 
 Remote and multicast addresses come from Mosaic GPU's launch context (``to_remote``,
@@ -19,7 +20,8 @@ from typing import Any
 import jax
 import numpy as np
 from jax.experimental.mosaic import gpu as mgpu
-from jaxlib.mlir.dialects import arith
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import arith, llvm
 
 from pallas_core import primitives as prims
 from pallas_mosaic_gpu import multidevice as md
@@ -112,6 +114,16 @@ def _wait(state: GPULowering, eqn: Any, *args: Any, tree: Any, decrement: bool) 
     mgpu.SemaphoreRef(mgpu.utils.memref_ptr(view.memref)).wait(
         _int(state, rest[0]), decrement=decrement, scope=_WG)
     return []
+
+
+@rule(prims.semaphore_read_p, lazy=True)
+def _read(state: GPULowering, eqn: Any, *args: Any, tree: Any) -> Any:
+    """The semaphore's value, read by every thread with acquire semantics at system scope
+    (PTX ``ld.acquire.sys``), as JAX's lowering reads it."""
+    view, _ = _sem_view(state, eqn, args, "pl.semaphore_read")
+    i32_type = ir.IntegerType.get_signless(32)
+    return llvm.inline_asm(i32_type, [mgpu.utils.memref_ptr(view.memref)],
+                           "ld.acquire.sys.u32 $0,[$1];", "=r,l", has_side_effects=True)
 
 
 @rule(md.semaphore_signal_multicast_p, lazy=True)

@@ -43,25 +43,15 @@ OTHER_MEANS = {
                  "code",
     "core_map": "(JAX 0.10) pl.core_map over a plgpu mesh is traced into the kernel here",
     "jaxpr_call": "(JAX 0.10) a call of a jaxpr inside JAX's lowering; calls are inlined here",
+    "mgpu_atomic_store": "plgpu.atomic_add/max/min/and/or/xor bind the core's pl.atomic_* "
+                         "primitive (atomic_rmw), whose rule emits the same PTX red.* as JAX's",
 }
 """JAX primitives whose feature this project provides under other primitives."""
 
-KNOWN_GAPS = {
-    # Debugging: pl.debug_print, pl.debug_check (checkify's check) on Mosaic GPU.
-    "debug_print", "check",
-    # Shapes: jnp.concatenate and jnp.prod of registers.
-    "concatenate", "reduce_prod",
-    # Timing and memory: pl.delay, pl.semaphore_read, plgpu.atomic_store.
-    "delay", "semaphore_read", "mgpu_atomic_store",
-    # Blackwell: async_copy_smem_to_tmem (this plugin's is traced as a copy of its own).
-    "async_copy_smem_to_tmem",
-    # Hopper/Blackwell launch control: the grid-dependency hints lower to nothing here.
-    "griddepcontrol_launch_dependents", "griddepcontrol_wait",
-    # XLA's array-layout relayout (jax.experimental.layout) inside a kernel.
-    "relayout",
-}
-"""Known gaps (as of 2026-11-27): each raises an UnsupportedError naming it, or (the hints)
-emits nothing where JAX emits the instruction."""
+KNOWN_GAPS: set[str] = set()
+"""Known gaps (as of 2026-11-28): none. Each raised an UnsupportedError naming it, or (the
+grid-dependency hints) emitted nothing where JAX emits the instruction, until they were
+lowered as JAX lowers them (``test_gpu_rule_gaps.py``)."""
 
 
 def _ours() -> set[str]:

@@ -1042,12 +1042,8 @@ def _assert(ok: ir.Value, message: str) -> None:
 def _check(lowering: Lowering, eqn: Any, *args: ir.Value) -> list[Any]:
     """``checkify.debug_check`` as JAX lowers it: ``cf.assert`` that the failure predicate is
     False, while ``pl.enable_debug_checks`` is on (nothing otherwise)."""
-    found = plb.failed_check(eqn)
+    found = mlir_rules.debug_check_to_assert(lowering, eqn)
     if found is None:
-        raise lowering.fail("checkify.check in a kernel (Mosaic asserts debug checks only; "
-                            "use checkify.debug_check, or functionalize the check with "
-                            "checkify.checkify around the pallas_call)")
-    if not extras.enable_debug_checks.value:
         return []
     index, message = found
     fails = args[index]

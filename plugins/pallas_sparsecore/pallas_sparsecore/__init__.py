@@ -29,6 +29,7 @@ from pallas_sparsecore.primitives import (
     all_reduce_population_count,
     bitcast,
     cummax,
+    cummin,
     cumsum,
     load_expanded,
     load_gather,
@@ -50,7 +51,8 @@ from pallas_sparsecore.shared import (
 
 __all__ = ["__version__", "addupdate", "addupdate_compressed", "addupdate_scatter",
            "all_reduce_ffs", "all_reduce_population_count", "bitcast", "CompilerParams",
-           "cummax", "cumsum", "get_sparse_core_info", "load_expanded", "load_gather", "pack",
+           "cummax", "cummin", "cumsum", "get_sparse_core_info", "load_expanded", "load_gather",
+           "pack",
            "PackFormat", "parallel_loop", "ScalarSubcoreMesh", "scan_count", "SCCompilerParams",
            "sort_key_val", "SparseCoreInfo", "store_compressed", "store_scatter",
            "subcore_barrier", "SubcoreMesh", "unpack", "VectorSubcoreMesh", "VMEM_SHARED"]

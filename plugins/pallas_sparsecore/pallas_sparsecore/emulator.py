@@ -22,7 +22,9 @@ what a SparseCore does differently:
   ``tpu.enqueue_indirect_dma`` gathers rows from HBM/shared VMEM into VMEM or scatters (adds)
   rows the other way; ``tpu.sort`` (stable; masked-off lanes last), ``tpu.scan`` (sum, max,
   min; integers compare unsigned, as on the chip), ``tpu.scan_count``, ``tpu.all_reduce`` of a
-  mask (population count, first set lane), ``tpu.pack_subelements``/``unpack_subelements``.
+  mask (population count, first set lane), ``tpu.pack_subelements``/``unpack_subelements``,
+  ``tpu.fetch_and_add_sync`` (to the named subcore's copy of an SMEM scratch operand) and
+  ``tpu.sem_barrier`` (one barrier semaphore per subcore).
 
 Lanes the hardware leaves undefined (masked-off lanes of a gather or an expanding load) are NaN
 (zero for integers); a ``tpu.scan`` sum is zero before the first kept lane and a max/min passes
@@ -112,6 +114,7 @@ class Program:
         self.core, self.subcore = core, subcore
         self.args = list(args)
         self.allocas: dict[int, int] = {}  # op id -> how many times this program ran it
+        self.barrier = np.zeros((), np.int64)  # its barrier semaphore (tpu.sem_barrier)
 
     def __repr__(self) -> str:
         return f"(core {self.core}, subcore {self.subcore})"
@@ -125,6 +128,7 @@ class SCState:
         self.current: Program | None = None
         self.shared: dict[tuple[int, int, int], np.ndarray] = {}
         self.scheduler: Scheduler | None = None
+        self.programs: list[Program] = []
 
     def program(self) -> Program:
         if self.current is None:
@@ -558,6 +562,54 @@ class Scheduler:
         self.sc.current = program
 
 
+def _sem_barrier(c: Any, op: ir.Operation) -> _Fn:
+    """``tpu.sem_barrier`` (``pltpu.get_barrier_semaphore()``): the subcore's barrier
+    semaphore, one per subcore as in the interpreter. Other devices' signals, what it is for,
+    are not emulated (signals to another device are refused), so it counts the subcore's own."""
+    sc = _sc(c)
+    return lambda: sc.program().barrier
+
+
+def _element_of(op: ir.Operation, sc: SCState, here: np.ndarray, key: tuple[int, ...],
+                subcore: int) -> tuple[np.ndarray, int]:
+    """Subcore ``subcore``'s copy of element ``key`` of ``here`` (a view of one of the
+    running program's scratch buffers): that subcore's buffer, flat, and the index in it."""
+    program = sc.program()
+    address = here.__array_interface__["data"][0] + sum(
+        i * st for i, st in zip(key, here.strides, strict=True))
+    for k, arg in enumerate(program.args):
+        if not isinstance(arg, np.ndarray) or not arg.size:
+            continue
+        start = arg.__array_interface__["data"][0]
+        if arg.flags.c_contiguous and start <= address < start + arg.nbytes:
+            other = next((p for p in sc.programs
+                          if p.core == program.core and p.subcore == subcore), None)
+            if other is None:
+                raise EmulationError(
+                    f"{op.name} at {op.location} names subcore {subcore}, which core "
+                    f"{program.core} of the mesh does not have. Fix: name a subcore of the "
+                    "mesh.")
+            return other.args[k].reshape(-1), (address - start) // arg.itemsize
+    raise _unsupported(op, "an atomic add to a buffer that is not a scratch operand")
+
+
+def _fetch_and_add(c: Any, op: ir.Operation) -> _Fn:
+    """``tpu.fetch_and_add_sync(base, *indices, value, subcore)``: adds ``value`` to the
+    element of ``base`` in vector subcore ``subcore``'s SMEM (the same scratch operand of that
+    subcore of this core) and returns the element's value before the add."""
+    sc = _sc(c)
+    dtype = dtype_of(op.results[0].type)
+
+    def run(base: np.ndarray, *rest: Any) -> Any:
+        *idx, value, subcore = rest
+        key = tuple(int(i) for i in idx)
+        buffer, at = _element_of(op, sc, base, key, int(subcore))
+        old = np.asarray(buffer[at], dtype)
+        buffer[at] = (old + np.asarray(value, dtype)).astype(buffer.dtype)
+        return old
+    return run
+
+
 def _barrier(c: Any, op: ir.Operation) -> _Fn:
     sc = _sc(c)
 
@@ -583,6 +635,7 @@ RULES: dict[str, Rule] = {
     "tpu.sort": _sort, "tpu.scan": _scan, "tpu.scan_count": _scan_count,
     "tpu.all_reduce": _all_reduce, "tpu.pack_subelements": _pack,
     "tpu.unpack_subelements": _unpack, "tpu.barrier": _barrier,
+    "tpu.sem_barrier": _sem_barrier, "tpu.fetch_and_add_sync": _fetch_and_add,
 }
 """The SparseCore operations, on top of the TensorCore emulator's rules."""
 
@@ -644,6 +697,7 @@ def run_kernel(module: ir.Module, operands: Sequence[np.ndarray],
                 ids = [np.asarray(i, dtype_of(t)) for i, t in zip(
                     [core, sub][:len(bounds)], arg_types, strict=False)]
                 programs.append(Program(core, sub, [*ids, *hbm, *outs, *scratch]))
+        sc.programs = programs
         if options.seed is not None:
             order = np.random.default_rng(options.seed).permutation(len(programs))
             programs = [programs[i] for i in order]

@@ -18,6 +18,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax import lax
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith, func, memref, scf
 from jaxlib.mosaic.python import tpu
@@ -30,7 +31,7 @@ from pallas_core import backend as plb
 from pallas_core import copies, mlir_lowering
 from pallas_core.errors import PallasError, UnsupportedError
 from pallas_core.request import KernelCall
-from pallas_core.spec import ANY
+from pallas_core.spec import ANY, BARRIER_SEMAPHORE
 from pallas_sparsecore import primitives as sc
 from pallas_sparsecore import shared
 from pallas_sparsecore.params import NAME, VMEM_SHARED, SCCompilerParams
@@ -77,8 +78,10 @@ def lower_kernel(call: KernelCall) -> tuple[ir.Module, str]:
         grid_types = [i32] * len(gm.grid)
         operand_types = [mir.memref(bm.array_shape, bm.dtype, _space_name(bm.memory_space))
                          for bm in gm.block_mappings]
+        scratch = [a for a in gm.scratch_avals if a.memory_space is not BARRIER_SEMAPHORE]
+        barrier = len(scratch) < len(gm.scratch_avals)
         scratch_types = [_scratch_type(a.inner_aval.shape, a.inner_aval.dtype, a.memory_space)
-                         for a in gm.scratch_avals]
+                         for a in scratch]
         with ir.InsertionPoint(module.body):
             kernel = func.FuncOp(name, (grid_types + operand_types + scratch_types, []))
         attrs = kernel.attributes
@@ -99,6 +102,9 @@ def lower_kernel(call: KernelCall) -> tuple[ir.Module, str]:
         entry = kernel.add_entry_block()
         with ir.InsertionPoint(entry):
             args = list(entry.arguments)
+            if barrier:  # the hidden last scratch operand: pltpu.get_barrier_semaphore()
+                args.append(tpu.GetBarrierSemaphoreOp(
+                    _scratch_type((), np.int32, SEMAPHORE)).result)
             lowering = Lowering(call, NAME, args[:len(gm.grid)], rules=RULES,
                                 scratch_type=_scratch_type)
             tl.lower_jaxpr(lowering, call.jaxpr.jaxpr, call.jaxpr.consts, args[len(gm.grid):])
@@ -119,19 +125,22 @@ def _space(ref: ir.Value) -> str:
 
 
 def _access(lowering: Lowering, eqn: Any, ref: ir.Value, transforms: Sequence[Any]
-            ) -> tuple[list[ir.Value], list[int], list[int]]:
+            ) -> tuple[ir.Value, list[ir.Value], list[int], list[int]]:
+    """The view accessed (``ref.at[a].at[b]`` of ``ref.at[a].at[b][c]``) and the starts,
+    sizes and dropped dimensions of the last indexer ``[c]``."""
     space = _space(ref)
     if space in ("hbm", "vmem_shared"):
         raise lowering.fail(
             f"reading or writing {space.upper()} directly (the vector subcores access VMEM "
             "and SMEM; copy the data with pltpu.sync_copy first)")
-    return tl._indices(lowering, ref, transforms)
+    ref, transforms = tl._accessed(lowering, ref, transforms)
+    return (ref, *tl._indices(lowering, ref, transforms))
 
 
 @rule(plb.get_p)
 def _get(lowering: Lowering, eqn: Any, ref: ir.Value, *args: Any) -> ir.Value:
     transforms = tl._transforms(eqn, args)
-    starts, sizes, dropped = _access(lowering, eqn, ref, transforms)
+    ref, starts, sizes, dropped = _access(lowering, eqn, ref, transforms)
     out = eqn.outvars[0].aval
     if _space(ref) == "smem":
         if any(s != 1 for s in sizes):
@@ -151,7 +160,7 @@ def _get(lowering: Lowering, eqn: Any, ref: ir.Value, *args: Any) -> ir.Value:
 @rule(plb.swap_p)
 def _swap(lowering: Lowering, eqn: Any, ref: ir.Value, value: ir.Value, *args: Any) -> Any:
     transforms = tl._transforms(eqn, args)
-    starts, sizes, dropped = _access(lowering, eqn, ref, transforms)
+    ref, starts, sizes, dropped = _access(lowering, eqn, ref, transforms)
     value_dtype = eqn.invars[1].aval.dtype
     value, dtype = mir.to_memory(value, value_dtype), mir.memory_dtype(value_dtype)
     if _space(ref) == "smem":
@@ -392,14 +401,47 @@ def _cumsum(lowering: Lowering, eqn: Any, x: ir.Value, *m: ir.Value) -> ir.Value
     return _scan("sum", x, m[0] if m else _all_true(x), eqn.invars[0].aval.dtype)
 
 
-@rule(sc.cummax_p)
-def _cummax(lowering: Lowering, eqn: Any, x: ir.Value, *m: ir.Value) -> ir.Value:
+def _running(kind: str, eqn: Any, x: ir.Value, m: Sequence[ir.Value]) -> ir.Value:
+    """A running ``max`` or ``min`` (``tpu.scan``), int32 sign-flipped around it."""
     dtype = eqn.invars[0].aval.dtype
-    kind = "max"  # newer Mosaic names the comparison (the int32 lanes compare unsigned here)
-    if hasattr(tpu.ReductionKind, "kMaxF"):
-        kind = "maxf" if np.issubdtype(dtype, np.floating) else "maxui"
+    if hasattr(tpu.ReductionKind, "kMaxF"):  # newer Mosaic names the comparison (the int32
+        kind += "f" if np.issubdtype(dtype, np.floating) else "ui"  # lanes compare unsigned)
     out = _scan(kind, _flip_sign(x, dtype), m[0] if m else _all_true(x), dtype)
     return _flip_sign(out, dtype)
+
+
+@rule(sc.cummax_p)
+def _cummax(lowering: Lowering, eqn: Any, x: ir.Value, *m: ir.Value) -> ir.Value:
+    return _running("max", eqn, x, m)
+
+
+@rule(sc.cummin_p)
+def _cummin(lowering: Lowering, eqn: Any, x: ir.Value, *m: ir.Value) -> ir.Value:
+    return _running("min", eqn, x, m)
+
+
+@rule(lax.rev_p)
+def _rev(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
+    """``lax.rev`` of one register, as JAX lowers it: a ``tpu.dynamic_gather`` of the lanes
+    ``num_lanes - 1 - iota``."""
+    from jaxlib.mlir.dialects import vector
+    params = params_of(lowering.call)
+    aval = eqn.invars[0].aval
+    lanes = params.info.num_lanes
+    if params.kernel_type != "vector":
+        raise lowering.fail("lax.rev in a scalar-subcore kernel (it reverses a vector "
+                            "register)")
+    if tuple(eqn.params["dimensions"]) != (0,) or aval.shape != (lanes,) or \
+            np.dtype(aval.dtype).itemsize != 4:
+        raise lowering.fail(
+            f"lax.rev of {aval.dtype}{list(aval.shape)} along {eqn.params['dimensions']} (it "
+            f"reverses one register: a 1-D 32-bit vector of the chip's {lanes} lanes, along "
+            "dimension 0)")
+    i32 = ir.IntegerType.get_signless(32)
+    idx_t = ir.VectorType.get([lanes], i32)
+    last = vector.BroadcastOp(idx_t, arith.ConstantOp(i32, lanes - 1).result).result
+    iota = tpu.IotaOp(idx_t, dimensions=[0]).result
+    return tpu.DynamicGatherOp(x, arith.SubIOp(last, iota).result, [0]).result
 
 
 @rule(sc.sort_p)

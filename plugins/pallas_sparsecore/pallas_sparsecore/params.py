@@ -91,7 +91,8 @@ class SCCompilerParams(_CompilerParams):
 
     ``target``: the chip (see :func:`get_sparse_core_info`); ``kernel_type``: ``"vector"``
     or ``"scalar"`` subcores (set by the mesh); ``use_tc_tiling_on_sc`` and
-    ``needs_layout_passes`` go to the runtime as JAX passes them.
+    ``needs_layout_passes`` go to the runtime as JAX passes them; ``collective_id`` names
+    the barrier semaphore of a kernel that uses ``pltpu.get_barrier_semaphore()``.
     """
 
     BACKEND: ClassVar[str] = NAME
@@ -101,6 +102,7 @@ class SCCompilerParams(_CompilerParams):
     needs_layout_passes: bool = True
     num_cores: int | None = None
     num_subcores: int | None = None
+    collective_id: int | None = None
 
     def __post_init__(self) -> None:
         if self.kernel_type not in ("vector", "scalar"):
@@ -108,6 +110,10 @@ class SCCompilerParams(_CompilerParams):
                               "'vector' or 'scalar'.")
         if self.target is not None:
             get_sparse_core_info(self.target)
+        if self.collective_id is not None and (isinstance(self.collective_id, bool) or
+                                               not isinstance(self.collective_id, int)):
+            raise PallasError(f"plsc.CompilerParams(collective_id={self.collective_id!r}): "
+                              "expected an int.")
 
     @property
     def info(self) -> SparseCoreInfo:

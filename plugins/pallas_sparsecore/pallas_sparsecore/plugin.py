@@ -27,8 +27,11 @@ def backend_config(call: KernelCall, body: bytes) -> str:
     """The JSON configuration of the ``tpu_custom_call`` for a SparseCore kernel: the
     TensorCore's ``custom_call_config``, then the SparseCore's keys."""
     params = lowering.params_of(call)
-    full: dict[str, Any] = {"custom_call_config": tpu_plugin.custom_call_config(
-        call, body, needs_layout_passes=params.needs_layout_passes)}
+    config = tpu_plugin.custom_call_config(call, body,
+                                           needs_layout_passes=params.needs_layout_passes)
+    if params.collective_id is not None:  # after the body, as the runtime expects
+        config = {"body": config.pop("body"), "collective_id": params.collective_id, **config}
+    full: dict[str, Any] = {"custom_call_config": config}
     tiling = "TILING_SPARSE_CORE" if params.use_tc_tiling_on_sc is False else "TILING_COMPACT"
     full["sparse_core_config"] = {"tiling": tiling}
     full["device_type"] = "DEVICE_TYPE_SPARSECORE"

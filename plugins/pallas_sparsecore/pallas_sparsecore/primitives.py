@@ -247,6 +247,7 @@ def _value_primitive(name: str, abstract: Callable[..., Any], multiple: bool = F
 
 cumsum_p = _value_primitive("cumsum", lambda x, *m, has_mask: x)
 cummax_p = _value_primitive("cummax", lambda x, *m, has_mask: x)
+cummin_p = _value_primitive("cummin", lambda x, *m, has_mask: x)
 
 
 def _scan_args(x: Any, mask: Any, fn: str) -> tuple[jax.Array, list[Any]]:
@@ -268,21 +269,41 @@ def cummax(x: Any, *, mask: Any = None) -> jax.Array:
     return cummax_p.bind(x, *m, has_mask=bool(m))  # type: ignore[no-any-return]
 
 
+def cummin(x: Any, *, mask: Any = None) -> jax.Array:
+    """The prefix minimum of a vector over the lanes ``mask`` keeps; lanes before the first
+    kept one keep their own value (JAX's ``masked_cummin``)."""
+    x, m = _scan_args(x, mask, "cummin")
+    return cummin_p.bind(x, *m, has_mask=bool(m))  # type: ignore[no-any-return]
+
+
 def _lowest(dtype: Any) -> Any:
     dt = jnp.dtype(dtype)
     return -jnp.inf if jnp.issubdtype(dt, jnp.floating) else jnp.iinfo(dt).min
+
+
+def _highest(dtype: Any) -> Any:
+    dt = jnp.dtype(dtype)
+    return jnp.inf if jnp.issubdtype(dt, jnp.floating) else jnp.iinfo(dt).max
 
 
 def _cumsum_reference(ctx: ReferenceContext, x: Any, *m: Any, has_mask: bool) -> Any:
     return jnp.cumsum(jnp.where(m[0], x, jnp.zeros_like(x)) if has_mask else x, dtype=x.dtype)
 
 
-def _cummax_reference(ctx: ReferenceContext, x: Any, *m: Any, has_mask: bool) -> Any:
-    if not has_mask:
-        return lax.cummax(x, axis=0)
-    run = lax.cummax(jnp.where(m[0], x, jnp.full_like(x, _lowest(x.dtype))), axis=0)
-    seen = jnp.cumsum(m[0].astype(jnp.int32)) > 0
-    return jnp.where(seen, run, x)
+def _running(scan: Any, fill: Any) -> Any:
+    """The reference of a masked running max or min (``scan``): masked-off elements count
+    as ``fill`` (the identity), and elements before the first unmasked one keep their value."""
+    def reference(ctx: ReferenceContext, x: Any, *m: Any, has_mask: bool) -> Any:
+        if not has_mask:
+            return scan(x, axis=0)
+        run = scan(jnp.where(m[0], x, jnp.full_like(x, fill(x.dtype))), axis=0)
+        seen = jnp.cumsum(m[0].astype(jnp.int32)) > 0
+        return jnp.where(seen, run, x)
+    return reference
+
+
+_cummax_reference = _running(lax.cummax, _lowest)
+_cummin_reference = _running(lax.cummin, _highest)
 
 
 sort_p = _value_primitive(
@@ -558,6 +579,7 @@ SEMANTICS: tuple[PrimitiveSemantics, ...] = (
     PrimitiveSemantics(addupdate_p, discharge=_addupdate_discharge),
     PrimitiveSemantics(cumsum_p, evaluate=_cumsum_reference),
     PrimitiveSemantics(cummax_p, evaluate=_cummax_reference),
+    PrimitiveSemantics(cummin_p, evaluate=_cummin_reference),
     PrimitiveSemantics(sort_p, evaluate=_sort_reference),
     PrimitiveSemantics(scan_count_p, evaluate=_scan_count_reference),
     PrimitiveSemantics(popcount_p, evaluate=_popcount_reference),

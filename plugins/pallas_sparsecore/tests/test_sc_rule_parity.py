@@ -17,7 +17,9 @@ EQUIVALENTS = {
     "barrier": "sc_subcore_barrier", "dma_start": "copy_start", "dma_wait": "copy_wait",
     "cumsum": "sc_cumsum", "masked_cumsum": "sc_cumsum", "masked_cummax": "sc_cummax",
     "load": "sc_load_gather", "scatter": "sc_store_scatter", "sort": "sc_sort_key_val",
-    "masked_sort": "sc_sort_key_val",
+    "masked_sort": "sc_sort_key_val", "masked_cummin": "sc_cummin",
+    # JAX 0.10 names its scan_count primitive "unique".
+    "unique": "sc_scan_count",
 }
 """JAX's primitive -> this plugin's for the same operation (its ``plsc`` primitives are named
 ``sc_<name>``: ``pack`` is ``sc_pack``, ``parallel_loop`` ``sc_parallel_loop``, ...)."""
@@ -26,20 +28,20 @@ OTHER_MEANS = {
     "add_dependency": "pltpu.touch emits nothing (kernels here access Refs in program order), "
                       "as JAX's rule for its primitive emits nothing",
     "bitcast": "tpu_bitcast (pltpu.bitcast)",
+    "emit_pipeline": "pltpu.emit_pipeline is traced into the kernel body (its loops, VMEM "
+                     "buffers and DMAs), as JAX traces it by default (its primitive, behind "
+                     "jax_use_emit_pipeline_primitive, lowers by expanding into the same)",
+    "pipeline_body": "see emit_pipeline",
+    "get_barrier_semaphore": "pltpu.get_barrier_semaphore() makes the kernel take the barrier "
+                             "semaphore as a hidden operand, lowered to tpu.sem_barrier",
     "has_memory_space": "tpu_has_memory_space (pltpu.has_memory_space)",
     "trace_value": "tpu_trace_value (pltpu.trace_value)",
 }
-"""JAX primitives whose feature this project provides under another primitive."""
+"""JAX primitives whose feature this project provides under another primitive, or without
+one (traced into the kernel, or a hidden operand)."""
 
-KNOWN_GAPS = {
-    # pltpu.emit_pipeline inside a SparseCore kernel (docs/backends/sparsecore.md, "Not yet").
-    "emit_pipeline", "pipeline_body",
-    # pltpu.get_barrier_semaphore on the subcores.
-    "get_barrier_semaphore",
-    # plsc's masked running minimum, reversal of a vector, and (JAX 0.10) unique.
-    "masked_cummin", "rev", "unique",
-}
-"""Known gaps: lowering any of these raises an UnsupportedError naming it."""
+KNOWN_GAPS: set[str] = set()
+"""Known gaps: lowering any of these raises an UnsupportedError naming it (none today)."""
 
 KINDS = ["sc_vector_subcore", "sc_scalar_subcore"]
 
