@@ -14,6 +14,7 @@ from pallas_core.testing import (
     ALIASING,
     ARG_REDUCTION,
     BLOCKED_GRID,
+    DEBUG_PRINT,
     GATHER,
     RUN_SCOPED,
     SCRATCH,
@@ -42,9 +43,9 @@ class TestMosaicGPUOnGPU(ConformanceSuite):
     operand), uneven edge blocks and ``pl.when`` on a reduction (their register layouts), so
     those are declared unsupported here, and so are ``jnp.argmax`` and ``jnp.take_along_axis``
     (JAX's Mosaic GPU lowering has no rule for either; both are refused by name). The plugin
-    declares no capability, but four of the suite's capability kernels lower (scratch,
-    aliasing, ``run_scoped``, ``vmap``): they run here as declared ones, so that the GPU says
-    whether the plugin may declare them."""
+    declares no capability, but five of the suite's capability kernels lower (scratch,
+    aliasing, ``run_scoped``, ``vmap``, ``pl.debug_print``): they run here as declared ones, so
+    that the GPU says whether the plugin may declare them."""
 
     backend = "mosaic_gpu"
     unsupported = frozenset({ACCUMULATION, ARG_REDUCTION, BLOCKED_GRID, GATHER, WHEN})
@@ -59,4 +60,5 @@ class TestMosaicGPUOnGPU(ConformanceSuite):
 
     def declared_capabilities(self) -> frozenset[str]:
         """The plugin's capabilities and those of its kernels that lower (see the class)."""
-        return super().declared_capabilities() | {SCRATCH, ALIASING, RUN_SCOPED, VMAP}
+        return super().declared_capabilities() | {SCRATCH, ALIASING, DEBUG_PRINT, RUN_SCOPED,
+                                                  VMAP}

@@ -36,7 +36,19 @@ from pallas_core import primitives as prims
 from pallas_core.errors import PallasError
 from pallas_core.mlir_lowering import element_type
 from pallas_mosaic_gpu.params import ACC_SPACE
-from pallas_mosaic_gpu.values import FA, GPULowering, Ref, emit_for, i32, literal, signed
+from pallas_mosaic_gpu.values import (
+    FA,
+    GPULowering,
+    Ref,
+    changing_layout,
+    emit_for,
+    i32,
+    index,
+    literal,
+    relaid_carry,
+    relayout,
+    signed,
+)
 
 RULES = mlir_lowering.Rules()
 _LAZY_OK: set[Any] = set()
@@ -101,35 +113,56 @@ def _cond(state: GPULowering, eqn: Any, pred: Any, *args: Any, branches: Any, **
     if taken is not None:  # a branch known here (warpgroups_run_concurrently): only it
         branch = branches[min(max(taken, 0), len(branches) - 1)]
         return lower_jaxpr(state, branch.jaxpr, branch.consts, args)
-    if len(branches) != 2:
-        raise state.fail("lax.switch with more than two branches")
-    if eqn.outvars:
-        out_avals = [v.aval for v in eqn.outvars]
-        if any(a.shape for a in out_avals):
-            raise state.fail("a conditional returning arrays (write them to Refs instead)")
-    cond = arith.cmpi(arith.CmpIPredicate.ne, i32(pred) if not isinstance(pred.type,
-                      ir.IntegerType) or ir.IntegerType(pred.type).width != 1 else
-                      arith.extui(ir.IntegerType.get_signless(32), pred), i32(0))
     keys = sorted(state.accs)
-    result_types = [element_type(v.aval.dtype) for v in eqn.outvars]
     before = {k: state.accs[k] for k in keys}
-    acc_leaves, acc_tree = jax.tree_util.tree_flatten([before[k] for k in keys])
-    leaves_types = [leaf.type for leaf in acc_leaves]
-    op = scf.IfOp(cond, result_types + leaves_types, has_else=True)
-    for block, branch in ((op.then_block, branches[1]), (op.else_block, branches[0])):
+    avals = [v.aval for v in eqn.outvars]
+
+    def make(types: list[ir.Type]) -> tuple[Any, list[Any]]:
+        if len(branches) == 2:
+            cond = arith.cmpi(arith.CmpIPredicate.ne, i32(pred) if not isinstance(
+                pred.type, ir.IntegerType) or ir.IntegerType(pred.type).width != 1 else
+                arith.extui(ir.IntegerType.get_signless(32), pred), i32(0))
+            op = scf.IfOp(cond, types, has_else=True)
+            return op, [op.else_block, op.then_block]
+        # lax.switch: an scf.index_switch, as JAX lowers it (the last branch its default)
+        op = scf.IndexSwitchOp(types, index(i32(pred)), range(len(branches) - 1))
+        regions = list(op.regions)
+        return op, [r.blocks[0] for r in (*regions[1:], regions[0])]
+
+    # The branches are lowered into a draft without results first: what they yield (arrays
+    # as their registers, in the layouts the branches give them; the accumulators) is known
+    # only then. Their operations then move into the operation that has those results.
+    draft, blocks = make([])
+    produced = []
+    for block, branch in zip(blocks, branches, strict=True):
         with ir.InsertionPoint(block):
             for k in keys:
                 state.accs[k] = before[k]
             outs = lower_jaxpr(state, branch.jaxpr, branch.consts, args)
-            outs = [state.value(o) for o in outs]
-            leaves = jax.tree_util.tree_flatten([state.accs[k] for k in keys])[0]
-            scf.YieldOp([*outs, *leaves])
-    results = list(op.results)
-    n = len(result_types)
-    done = jax.tree_util.tree_unflatten(acc_tree, results[n:])
-    for k, v in zip(keys, done):
+            outs = [v if isinstance(v, (ir.Value, FA)) else literal(v, a)
+                    for v, a in zip((state.value(o) for o in outs), avals)]
+            produced.append([*outs, *(state.accs[k] for k in keys)])
+    for j in range(len(avals)):  # a splat takes the layout another branch gives the output
+        found = [p[j].layout for p in produced if isinstance(p[j], FA)
+                 and not isinstance(p[j].layout, mgpu.WGSplatFragLayout)]
+        for block, p in zip(blocks, produced):
+            if found and isinstance(p[j], FA) and p[j].layout != found[0]:
+                with ir.InsertionPoint(block):
+                    p[j] = relayout(p[j], found[0])
+    flat = [jax.tree_util.tree_flatten(p) for p in produced]
+    if any(tree != flat[0][1] for _, tree in flat):
+        raise state.fail("a conditional whose branches return arrays in different layouts")
+    op, final = make([leaf.type for leaf in flat[0][0]])
+    for block, into, (leaves, _) in zip(blocks, final, flat, strict=True):
+        with ir.InsertionPoint(into):
+            end = scf.YieldOp(leaves)
+        for inner in list(block.operations):
+            inner.move_before(end)
+    draft.operation.erase()
+    done = jax.tree_util.tree_unflatten(flat[0][1], list(op.results))
+    for k, v in zip(keys, done[len(avals):]):
         state.accs[k] = v
-    return results[:n]
+    return done[:len(avals)]
 
 
 @rule(plb.scan_p, lazy=True)
@@ -176,30 +209,45 @@ def _while(state: GPULowering, eqn: Any, *args: Any, cond_jaxpr: Any, body_jaxpr
 def _general_while(state: GPULowering, eqn: Any, cconsts: Sequence[Any],
                    bconsts: Sequence[Any], init: list[Any], cond_jaxpr: Any,
                    body_jaxpr: Any) -> list[Any]:
-    """A ``lax.while_loop`` of scalars as an ``scf.while`` (plgpu.dynamic_scheduling_loop's
-    loop over claimed grid points); accumulators cannot be carried through it."""
+    """A ``lax.while_loop`` as an ``scf.while`` carrying its values and every accumulator,
+    arrays as their registers, as JAX lowers it (plgpu.dynamic_scheduling_loop's loop over
+    claimed grid points is one). Carried splats take the layout the body gives them."""
     avals = [v.aval for v in eqn.outvars]
-    if any(a.shape for a in avals):
-        raise state.fail("a while loop carrying arrays (carry scalars, or use lax.fori_loop)")
-    before = dict(state.accs)
-    init = [v if isinstance(v, ir.Value) else literal(v, a) for v, a in zip(init, avals)]
-    types = [v.type for v in init]
-    op = scf.WhileOp(types, init)
-    head = op.before.blocks.append(*types)
-    with ir.InsertionPoint(head):
-        (go,) = lower_jaxpr(state, cond_jaxpr.jaxpr, cond_jaxpr.consts,
-                            [*cconsts, *head.arguments])
-        scf.ConditionOp(state.value(go), list(head.arguments))
-    loop = op.after.blocks.append(*types)
-    with ir.InsertionPoint(loop):
-        outs = lower_jaxpr(state, body_jaxpr.jaxpr, body_jaxpr.consts,
-                           [*bconsts, *loop.arguments])
-        outs = [v if isinstance(v, ir.Value) else literal(v, a)
-                for v, a in zip((state.value(o) for o in outs), avals)]
-        scf.YieldOp(outs)
-    if state.accs != before:
-        raise state.fail("a while loop (other than lax.fori_loop) using a plgpu.ACC accumulator")
-    return list(op.results)
+    keys = sorted(state.accs)
+    init = [v if isinstance(v, (ir.Value, FA)) else literal(v, a)
+            for v, a in zip((state.value(v) for v in init), avals)]
+
+    def enter(values: Any, tree: Any) -> list[Any]:
+        inner = jax.tree_util.tree_unflatten(tree, list(values))
+        for k, v in zip(keys, inner[:len(keys)]):
+            state.accs[k] = v
+        return list(inner[len(keys):])
+
+    for _attempt in range(3):
+        leaves, tree = jax.tree_util.tree_flatten([*(state.accs[k] for k in keys), *init])
+        types = [leaf.type for leaf in leaves]
+        op = scf.WhileOp(types, leaves)
+        head = op.before.blocks.append(*types)
+        with ir.InsertionPoint(head):
+            (go,) = lower_jaxpr(state, cond_jaxpr.jaxpr, cond_jaxpr.consts,
+                                [*cconsts, *enter(head.arguments, tree)])
+            scf.ConditionOp(state.value(go), list(head.arguments))
+        loop = op.after.blocks.append(*types)
+        with ir.InsertionPoint(loop):
+            outs = lower_jaxpr(state, body_jaxpr.jaxpr, body_jaxpr.consts,
+                               [*bconsts, *enter(loop.arguments, tree)])
+            outs = [v if isinstance(v, (ir.Value, FA)) else literal(v, a)
+                    for v, a in zip((state.value(o) for o in outs), avals)]
+            out_leaves, out_tree = jax.tree_util.tree_flatten(
+                [*(state.accs[k] for k in keys), *outs])
+            same = bool(out_tree == tree)  # type: ignore[operator]
+            if same:
+                scf.YieldOp(out_leaves)
+        if same:
+            return enter(op.results, tree)
+        op.operation.erase()
+        init = relaid_carry(init, outs)
+    raise changing_layout(state)
 
 
 @rule(prims.run_scoped_p, lazy=True)

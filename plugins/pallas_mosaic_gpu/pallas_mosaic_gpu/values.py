@@ -322,14 +322,23 @@ def emit_for(state: GPULowering, n: Any, init: list[Any],
                 state.accs[k] = v
             return list(done[len(keys):])
         op.operation.erase()
-        # Give splat carries the layout the body produced, then emit again.
-        new_init = []
-        for old, new in zip(init, result[len(keys):]):
-            if isinstance(old, FA) and isinstance(new, FA) and old.layout != new.layout:
-                old = relayout(old, new.layout)
-            new_init.append(old)
-        init = new_init
-    raise UnsupportedError(
+        init = relaid_carry(init, result[len(keys):])
+    raise changing_layout(state)
+
+
+def relaid_carry(init: Sequence[Any], produced: Sequence[Any]) -> list[Any]:
+    """A loop's carried values in the layouts its body produced (splats take the body's
+    layout), for emitting the loop again."""
+    out = []
+    for old, new in zip(init, produced):
+        if isinstance(old, FA) and isinstance(new, FA) and old.layout != new.layout:
+            old = relayout(old, new.layout)
+        out.append(old)
+    return out
+
+
+def changing_layout(state: GPULowering) -> UnsupportedError:
+    return UnsupportedError(
         f"a loop whose carried values change layout in kernel {state.call.name!r} "
         f"(at {state.location})")
 

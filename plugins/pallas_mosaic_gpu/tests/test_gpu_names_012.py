@@ -103,7 +103,9 @@ def test_interpret_gpu_params_fields_are_jaxs() -> None:
         pytest.skip("this JAX has no InterpretGPUParams")
     ours = {f.name: f.default for f in dataclasses.fields(plgpu.InterpretGPUParams)}
     theirs = {f.name: f.default for f in dataclasses.fields(jgpu.InterpretGPUParams)}
-    assert ours == theirs
+    # The class is JAX 0.12's; JAX 0.11's lacks the fields 0.12 added.
+    newer = {"on_race"} if jax.__version_info__ < (0, 12) else set()
+    assert {k: v for k, v in ours.items() if k not in newer} == theirs
 
 
 def test_interpret_gpu_params_checks_its_fields() -> None:

@@ -437,3 +437,112 @@ def test_relayout_casts_into_the_layout() -> None:
     plain = _through_smem(OURS, lambda gpu, ref: ref[...] + ref[...], (64, 128), (64, 128))
     assert _lowered(plain, x)["llvm.load"] != counts["llvm.load"]
     np.testing.assert_allclose(_run(_explicit(*OURS), x), x + x, rtol=1e-6)
+
+
+# --- lax.switch with more than two branches --------------------------------------------------
+
+
+def test_a_switch_of_four_branches_is_an_index_switch() -> None:
+    """``lax.switch`` over four branches on the block's index: ``scf.index_switch`` (the last
+    branch its default, as JAX lowers it); in the interpreter each block takes its branch, the
+    index clamped as ``lax.switch`` clamps it."""
+    x = _rand(11, (64, 128))
+
+    def make(p: Any, gpu: Any) -> Any:
+        def body(x_ref: Any, o_ref: Any) -> None:
+            b = jax.lax.axis_index("x")
+
+            def branch(k: int) -> Any:
+                def write() -> None:
+                    o_ref[b] = x_ref[...] * (k + 1.0) + k
+                return write
+
+            jax.lax.switch(b * 2, [branch(k) for k in range(4)])
+
+        return _kernel((p, gpu), body, S((3, 64, 128), F32), grid=(3,), grid_names=("x",))
+
+    if jax.__version_info__ >= (0, 11):
+        assert _agree(make, (x,), ["scf.index_switch"])["scf.index_switch"] == 1
+    else:  # JAX 0.10's module holds a second copy of the switch (its result-type probe)
+        assert _lowered(make(*OURS), x)["scf.index_switch"] == 1
+    want = jnp.stack([x * (k + 1.0) + k for k in (0, 2, 3)])  # branches min(2b, 3)
+    np.testing.assert_allclose(_run(make(*OURS), x), want, rtol=1e-6, atol=1e-5)
+
+
+# --- while loops carrying arrays ---------------------------------------------------------------
+
+
+def _halving_loop(p: Any, gpu: Any, splat: bool = False) -> Any:
+    """``acc = acc / 2 + x`` five times in a ``lax.while_loop`` that is no ``fori_loop``."""
+    def body(x_ref: Any, o_ref: Any) -> None:
+        def step(c: Any) -> Any:
+            i, acc = c
+            return i + 1, acc * 0.5 + x_ref[...]
+
+        init = jnp.zeros((64, 128), F32) if splat else x_ref[...]
+        _, acc = jax.lax.while_loop(lambda c: c[0] < 5, step, (jnp.int32(0), init))
+        o_ref[...] = acc
+
+    return _kernel((p, gpu), body, S((64, 128), F32))
+
+
+def test_a_while_loop_carries_arrays_in_registers() -> None:
+    """A general ``lax.while_loop`` carrying an array: one ``scf.while`` whose carried values
+    are the array's registers, as JAX lowers it; a splat carry (which JAX's lowering refuses)
+    takes the layout the body gives it. The interpreter matches jax.numpy."""
+    x = _rand(12, (64, 128))
+    theirs = _agree(lambda p, gpu: _halving_loop(p, gpu), (x,), ["scf.while"])
+    assert theirs["scf.while"] == 1
+    for splat in (False, True):
+        want = jnp.zeros_like(x) if splat else x
+        for _ in range(5):
+            want = want * 0.5 + x
+        np.testing.assert_allclose(_run(_halving_loop(*OURS, splat=splat), x), want,
+                                   rtol=1e-6, atol=1e-6)
+    assert _lowered(_halving_loop(*OURS, splat=True), x)["scf.while"] == 1
+
+
+# --- conditionals returning arrays ---------------------------------------------------------
+
+
+def _branching(p: Any, gpu: Any, splat: bool = False) -> Any:
+    """Each block returns ``x * 2`` from one branch and ``x + 1`` (or zeros) from the other."""
+    def body(x_ref: Any, o_ref: Any) -> None:
+        b = jax.lax.axis_index("x")
+        other = (lambda: jnp.zeros((64, 128), F32)) if splat else (lambda: x_ref[...] + 1.0)
+        o_ref[b] = jax.lax.cond(b == 0, lambda: x_ref[...] * 2.0, other)
+
+    return _kernel((p, gpu), body, S((2, 64, 128), F32), grid=(2,), grid_names=("x",))
+
+
+def _conditional_results(fn: Any, *args: Any) -> int:
+    """How many values the kernel's conditional (``scf.if`` or ``scf.index_switch``)
+    yields."""
+    text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    (found,) = inspection.kernels(text)
+    counts = []
+
+    def walk(op: Any) -> None:
+        if op.operation.name in ("scf.if", "scf.index_switch"):
+            counts.append(len(op.operation.results))
+        for region in op.regions:
+            for block in region.blocks:
+                for inner in block.operations:
+                    walk(inner)
+
+    walk(found[1].operation)
+    # JAX 0.10's module holds a second copy without results (its result-type probe).
+    return max(counts)
+
+
+def test_a_conditional_returns_arrays_as_their_registers() -> None:
+    """``lax.cond`` returning an array: the conditional yields the array's registers, as many
+    as JAX's lowering yields; a splat branch takes the other branch's layout. The interpreter
+    matches jax.numpy."""
+    x = _rand(13, (64, 128))
+    assert _conditional_results(_branching(*OURS), x) == _conditional_results(
+        _branching(*JAXS), x) > 1
+    for splat in (False, True):
+        want = jnp.stack([x * 2.0, jnp.zeros_like(x) if splat else x + 1.0])
+        np.testing.assert_allclose(_run(_branching(*OURS, splat=splat), x), want, rtol=1e-6)
+    assert _conditional_results(_branching(*OURS, splat=True), x) > 1
