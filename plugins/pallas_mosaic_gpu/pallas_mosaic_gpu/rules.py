@@ -150,7 +150,7 @@ def _cond(state: GPULowering, eqn: Any, pred: Any, *args: Any, branches: Any, **
                 with ir.InsertionPoint(block):
                     p[j] = relayout(p[j], found[0])
     flat = [jax.tree_util.tree_flatten(p) for p in produced]
-    if any(tree != flat[0][1] for _, tree in flat):
+    if any(tree != flat[0][1] for _, tree in flat):  # type: ignore[operator]
         raise state.fail("a conditional whose branches return arrays in different layouts")
     op, final = make([leaf.type for leaf in flat[0][0]])
     for block, into, (leaves, _) in zip(blocks, final, flat, strict=True):
