@@ -461,10 +461,71 @@ def _traced_copy_bytes(state: RefViews, rows: _Traced) -> Any:
     return total
 
 
+def _windows(state: RefViews, rows: _Traced) -> Any:
+    """For views whose traced-length slices are all in their last indexer, at the same
+    positions of their results: the transforms with each such slice widened to a static window
+    of the largest size it can have (the smaller of the two dimensions, moved back from the
+    Ref's end where it would pass it), and per slice ``(result axis, source offset,
+    destination offset, length)`` in the windows; else ``None``."""
+    ts, td = state.transforms[_SRC], state.transforms[_DST]
+    if not ts or not td or any(k != len(t) - 1 for k, t in ((rows[0][0][0], ts),
+                                                          (rows[1][0][0], td))):
+        return None  # the traced lengths must be in each view's last indexer
+    if any(k != rows[0][0][0] for k, _, _ in rows[0]) or any(
+            k != rows[1][0][0] for k, _, _ in rows[1]):
+        return None
+    prefix_s, prefix_d = ts[:-1], td[:-1]
+    ts, td = ts[-1:], td[-1:]
+    if not all(isinstance(t, _jax.NDIndexer) and not t.int_indexer_shape
+               for t in (ts[0], td[0])):
+        return None
+
+    def axis(t: Any, d: int) -> int:  # the dimension's axis in the view (scalars drop out)
+        return sum(1 for i in t.indices[:d] if isinstance(i, _jax.Slice))
+
+    src_idx, dst_idx, plan = list(ts[0].indices), list(td[0].indices), []
+    for (_, d_s, p_s), (_, d_d, p_d) in zip(*rows, strict=True):
+        if axis(ts[0], d_s) != axis(td[0], d_d) or p_s.stride != 1 or p_d.stride != 1:
+            return None
+        size = min(ts[0].shape[d_s], td[0].shape[d_d])
+        offsets = []
+        for idx, d, piece, dim in ((src_idx, d_s, p_s, ts[0].shape[d_s]),
+                                   (dst_idx, d_d, p_d, td[0].shape[d_d])):
+            start = jax.numpy.clip(jax.numpy.asarray(piece.start, jax.numpy.int32), 0,
+                                   dim - size)
+            idx[d] = _jax.Slice(start, size)
+            offsets.append(jax.numpy.asarray(piece.start, jax.numpy.int32) - start)
+        plan.append((axis(ts[0], d_s), *offsets, jax.numpy.asarray(p_s.size, jax.numpy.int32)))
+    return ((*prefix_s, _jax.NDIndexer(tuple(src_idx), ts[0].shape, ())),
+            (*prefix_d, _jax.NDIndexer(tuple(dst_idx), td[0].shape, ())), plan)
+
+
+def _move_windows(state: RefViews, windows: Any, add: bool) -> None:
+    """A copy with traced lengths as one masked update of static windows: the source's
+    window shifted into place along each traced axis, written where every axis is within
+    its length."""
+    src_t, dst_t, plan = windows
+    data, old = state.read(_SRC, src_t), state.read(_DST, dst_t)
+    keep = jax.numpy.ones(old.shape, bool)
+    for ax, off_s, off_d, n in plan:
+        pos = jax.numpy.arange(old.shape[ax], dtype=jax.numpy.int32)
+        data = jax.numpy.take(data, jax.numpy.clip(pos - off_d + off_s, 0, old.shape[ax] - 1),
+                              axis=ax)
+        inside = (pos >= off_d) & (pos < off_d + n)
+        keep = keep & jax.numpy.expand_dims(inside, [a for a in range(old.ndim) if a != ax])
+    data = data.reshape(old.shape).astype(old.dtype)
+    state.write(_DST, jax.numpy.where(keep, old + data if add else data, old), dst_t)
+
+
 def _move_rows(state: RefViews, rows: _Traced, add: bool) -> None:
     """A copy with traced lengths: cell ``(i, j, ...)`` of the source's view into the same
     cell of the destination's, for each ``i`` below the first traced length, ``j`` below the
-    second, ... (nested loops when the kernel runs)."""
+    second, ... As one masked update of static windows where the traced lengths are in each
+    view's last indexer; else nested loops when the kernel runs."""
+    windows = _windows(state, rows)
+    if windows is not None:
+        _move_windows(state, windows, add)
+        return
     src, dst = rows
     shape = _cell_aval(state, _DST, dst).shape
 

@@ -411,3 +411,33 @@ def test_copy_of_traced_length_moves_that_many_elements() -> None:
         want[:n] = np.asarray(x)[1:1 + n]
         got = _traced_length_call(kernel)(jnp.array([n], jnp.int32), x)
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("add", [False, True])
+def test_copy_of_traced_lengths_along_two_dimensions(add: bool) -> None:
+    """A copy whose view has two slices of traced length (as a pipeline's edge block), from
+    one view into a view of a view, at traced starts near the arrays' ends: exactly the
+    ``n x m`` block moves (or is added), the rest stays."""
+    def kernel(nm_ref: Any, x_ref: Any, o_ref: Any, buf: Any, sem: Any) -> None:
+        n, m, r, c = nm_ref[0], nm_ref[1], nm_ref[2], nm_ref[3]
+        buf[...] = jnp.full(buf.shape, -1.0)
+        copy = pltpu.make_async_copy(x_ref.at[pl.ds(r, n), pl.ds(c, m)],
+                                     buf.at[1].at[pl.ds(2, n), pl.ds(0, m)], sem)
+        copy.start(add=add) if add else copy.start()
+        copy.wait()
+        pltpu.sync_copy(buf, o_ref)
+
+    call = pl.pallas_call(kernel, jax.ShapeDtypeStruct((2, 12, 16), jnp.float32),
+                          in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM), WHOLE],
+                          out_specs=WHOLE,
+                          scratch_shapes=[pltpu.VMEM((2, 12, 16), jnp.float32),
+                                          pltpu.SemaphoreType.DMA])
+    x = jax.random.normal(jax.random.key(6), (10, 20))
+    rng = np.random.default_rng(1)
+    for _ in range(4):
+        n, m = int(rng.integers(0, 10)), int(rng.integers(0, 16))
+        r, c = int(rng.integers(0, 10 - n + 1)), int(rng.integers(0, 20 - m + 1))
+        want = np.full((2, 12, 16), -1.0, np.float32)
+        want[1, 2:2 + n, :m] = np.asarray(x)[r:r + n, c:c + m] + (-1.0 if add else 0.0)
+        got = call(jnp.array([n, m, r, c], jnp.int32), x)
+        np.testing.assert_array_equal(got, want)
