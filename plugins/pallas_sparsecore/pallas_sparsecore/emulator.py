@@ -16,6 +16,12 @@ what a SparseCore does differently:
   program that finishes while others wait at a barrier (the chip would hang) is an
   :class:`~pallas_mosaic_tpu.emulator_ops.EmulationError`. With ``options.seed`` the programs
   start in a shuffled order (a race between subcores of one phase then shows).
+* **Devices.** Under ``shard_map`` ``tpu.device_id`` is the device's row-major index in the
+  mesh. A kernel that talks to other devices (``has_communication``) runs on every device
+  together (:func:`run_devices`): every subcore of every device in its own thread, one at a
+  time, the turn passing at barriers and semaphore waits. Remote DMAs and signals are the
+  TensorCore emulator's (its :class:`~pallas_mosaic_tpu.emulator.Network`): they reach the
+  same buffer or semaphore of the same core and subcore on the target device.
 * **SparseCore operations.** Masked ``tpu.vector_load``/``tpu.vector_store`` are the expanding
   load and the compressing store; ``tpu.vector_load_idx``/``vector_store_idx`` gather and
   scatter lanes (an adding scatter accumulates repeated indices, from the lowest lane);
@@ -34,7 +40,9 @@ operation and from ``jax.experimental.pallas.tpu_sc``'s docstrings.
 
 from __future__ import annotations
 
+import functools
 import json
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -45,6 +53,7 @@ from pallas_mosaic_tpu.emulator import (
 )
 from pallas_mosaic_tpu.emulator import (
     KernelState,
+    Network,
     TPUCompiler,
     decode,
     is_sparsecore,
@@ -108,27 +117,40 @@ def fresh(t: ir.Type) -> np.ndarray:
 
 
 class Program:
-    """One subcore's run of the kernel function: its indices and its arguments."""
+    """One subcore's run of the kernel function: its indices and its arguments (and, when the
+    devices of a ``shard_map`` run together, its device and that device's state)."""
 
-    def __init__(self, core: int, subcore: int, args: Sequence[Any]) -> None:
-        self.core, self.subcore = core, subcore
+    def __init__(self, core: int, subcore: int, args: Sequence[Any], device: int = 0,
+                 sc: SCState | None = None) -> None:
+        self.core, self.subcore, self.device = core, subcore, device
         self.args = list(args)
+        self.sc = sc
         self.allocas: dict[int, int] = {}  # op id -> how many times this program ran it
         self.barrier = np.zeros((), np.int64)  # its barrier semaphore (tpu.sem_barrier)
+        self.name = f"(core {core}, subcore {subcore})"
 
     def __repr__(self) -> str:
-        return f"(core {self.core}, subcore {self.subcore})"
+        return self.name
 
 
 class SCState:
-    """What the SparseCore rules read while a kernel runs: the running program and the
-    buffers the subcores of a core share."""
+    """What the SparseCore rules read while a kernel runs: the running program (each program
+    runs in a thread of its own when programs wait for each other) and the buffers the
+    subcores of a core share."""
 
     def __init__(self) -> None:
-        self.current: Program | None = None
+        self._running = threading.local()
         self.shared: dict[tuple[int, int, int], np.ndarray] = {}
         self.scheduler: Scheduler | None = None
         self.programs: list[Program] = []
+
+    @property
+    def current(self) -> Program | None:
+        return getattr(self._running, "program", None)
+
+    @current.setter
+    def current(self, program: Program | None) -> None:
+        self._running.program = program
 
     def program(self) -> Program:
         if self.current is None:
@@ -154,21 +176,33 @@ def _sc(c: Any) -> SCState:
 
 
 def _alloca(c: Any, op: ir.Operation) -> _Fn:
-    """``memref.alloca``: a fresh buffer per execution, except in ``vmem_shared``, where the
-    ``k``-th execution by each subcore of a core gives that core's ``k``-th buffer."""
+    """``memref.alloca`` (and ``tpu.sem_alloc``): a fresh buffer per execution, except in
+    ``vmem_shared``, where the ``k``-th execution by each subcore of a core gives that core's
+    ``k``-th buffer. When the
+    devices of a ``shard_map`` run together, the buffer is registered so that another device
+    reaches it (the same allocation, execution and subcore there)."""
     t = op.results[0].type
-    if space_of(t) != "vmem_shared":
-        return lambda *_: fresh(t)
-    sc, key = _sc(c), id(op)
+    sc, key, state = _sc(c), id(op), c.state
+    in_shared = space_of(t) == "vmem_shared"
+    number = None
+    if state.network is not None:  # numbered in compile order, the same on every device
+        number, state.allocations = state.allocations, state.allocations + 1
 
     def run(*_: Any) -> Any:
         program = sc.program()
         count = program.allocas.get(key, 0)
         program.allocas[key] = count + 1
-        slot = (key, program.core, count)
-        if slot not in sc.shared:
-            sc.shared[slot] = fresh(t)
-        return sc.shared[slot]
+        if in_shared:
+            slot = (key, program.core, count)
+            if slot not in sc.shared:
+                sc.shared[slot] = fresh(t)
+            buffer = sc.shared[slot]
+        else:
+            buffer = fresh(t)
+        if number is not None:
+            state.register(("op", number, program.core,
+                            None if in_shared else program.subcore, count), buffer)
+        return buffer
     return run
 
 
@@ -372,11 +406,13 @@ def _wait_indirect_dma(c: Any, op: ir.Operation) -> _Fn:
     return run
 
 
-def _local_only(name: str, first_remote: int) -> Rule:
-    """The TensorCore's rule for ``name``, refusing the device/core/subcore id operands."""
+def _this_subcore(name: str, first_core_id: int) -> Rule:
+    """The TensorCore's rule for ``name`` (a DMA, its wait, or a signal, to this device or to
+    the device its ``device_id`` names: the same core and subcore there), refusing the
+    core/subcore id operands that would address another subcore."""
     def rule(c: Any, op: ir.Operation) -> _Fn:
-        if any(b > a for a, b in segments(op)[first_remote:]):
-            raise _unsupported(op, "DMAs and signals to another core, subcore or device")
+        if any(b > a for a, b in segments(op)[first_core_id:]):
+            raise _unsupported(op, "DMAs and signals to another core or subcore")
         return TPU_RULES[name](c, op)
     return rule
 
@@ -521,37 +557,45 @@ def _unpack(c: Any, op: ir.Operation) -> _Fn:
 class Scheduler:
     """Runs the programs in :class:`~pallas_core.emulation.turns.Turns` (one at a time, each
     in its own thread): a program reaching ``tpu.barrier`` waits there until every subcore of
-    its core has reached it, and the turn passes to the next program that can run."""
+    its core (of its device) has reached it, and a program waiting on a semaphore waits until
+    a signal or DMA (from another subcore, or another device) raises it; the turn passes to the
+    next program that can run."""
 
-    def __init__(self, programs: Sequence[Program], body: Function, sc: SCState,
+    def __init__(self, programs: Sequence[Program], bodies: Mapping[int, Function],
                  subcores: int) -> None:
-        self.programs, self.body, self.sc, self.subcores = list(programs), body, sc, subcores
-        self.turns = Turns([str(p) for p in self.programs], self._deadlock)
-        self.arrived: dict[tuple[int, int], int] = {}
-        self.generation: dict[tuple[int, int], int] = {}
+        self.programs, self.bodies, self.subcores = list(programs), bodies, subcores
+        self.turns = Turns([p.name for p in self.programs], self._deadlock)
+        self.arrived: dict[tuple[int, int, int], int] = {}
+        self.generation: dict[tuple[int, int, int], int] = {}
 
     @staticmethod
     def _deadlock(waiting: list[tuple[str, str]], finished: list[str]) -> BaseException:
-        stuck = ", ".join(name for name, _ in waiting)
+        done = ", ".join(finished) or "none"
+        if all(what.startswith("barrier") for _, what in waiting):
+            return EmulationError(
+                f"the SparseCore kernel would hang: subcores "
+                f"{', '.join(name for name, _ in waiting)} wait at a barrier that the other "
+                f"subcores of their core never reach (finished: {done}). Fix: make every "
+                "subcore of a core reach each plsc.subcore_barrier the same number of times.")
+        stuck = "; ".join(f"{name} waits at {what}" for name, what in waiting)
         return EmulationError(
-            f"the SparseCore kernel would hang: subcores {stuck} wait at a barrier that "
-            f"the other subcores of their core never reach (finished: {', '.join(finished)}). "
-            "Fix: make every subcore of a core reach each plsc.subcore_barrier the same "
-            "number of times.")
+            f"the SparseCore kernel would hang: {stuck} (finished: {done}), and no subcore "
+            "left running releases them. Fix: make every wait match a barrier all subcores "
+            "of the core reach, or a signal or DMA (of this device or another) that is sent.")
 
     def run(self) -> None:
         def program(p: Program) -> Callable[[], None]:
             def go() -> None:
-                self.sc.current = p
+                assert p.sc is not None
+                p.sc.current = p
                 with np.errstate(all="ignore"):
-                    self.body(*p.args)
+                    self.bodies[p.device](*p.args)
             return go
         self.turns.run([program(p) for p in self.programs])
 
-    def barrier(self, barrier_id: int) -> None:
-        """Called by the running program at a ``tpu.barrier``."""
-        program = self.sc.program()
-        key = (program.core, barrier_id)
+    def barrier(self, program: Program, barrier_id: int) -> None:
+        """Called by the running ``program`` at a ``tpu.barrier``."""
+        key = (program.device, program.core, barrier_id)
         gen = self.generation.get(key, 0)
         self.arrived[key] = self.arrived.get(key, 0) + 1
         if self.arrived[key] == self.subcores:
@@ -559,7 +603,6 @@ class Scheduler:
             self.generation[key] = gen + 1
         self.turns.wait_until(lambda: self.generation.get(key, 0) > gen,
                               f"barrier {barrier_id}")
-        self.sc.current = program
 
 
 def _sem_barrier(c: Any, op: ir.Operation) -> _Fn:
@@ -616,22 +659,22 @@ def _barrier(c: Any, op: ir.Operation) -> _Fn:
     def run(barrier_id: Any) -> None:
         if sc.scheduler is None:
             raise UnsupportedError("tpu.barrier outside the SparseCore scheduler")
-        sc.scheduler.barrier(int(barrier_id))
+        sc.scheduler.barrier(sc.program(), int(barrier_id))
     return run
 
 
 RULES: dict[str, Rule] = {
-    "memref.alloca": _alloca, "memref.alloc": _alloca,
+    "memref.alloca": _alloca, "memref.alloc": _alloca, "tpu.sem_alloc": _alloca,
     "tpu.vector_load": _vector_load, "tpu.vector_store": _vector_store,
     "tpu.vector_load_idx": _load_idx, "tpu.vector_store_idx": _store_idx,
     "tpu.enqueue_indirect_dma": _enqueue_indirect_dma,
     "tpu.wait_indirect_dma": _wait_indirect_dma,
-    "tpu.enqueue_dma": _local_only("tpu.enqueue_dma", 4),
-    "tpu.wait_dma2": _local_only("tpu.wait_dma2", 3),
-    "tpu.wait_dma": _local_only("tpu.wait_dma", 4),
+    "tpu.enqueue_dma": _this_subcore("tpu.enqueue_dma", 5),
+    "tpu.wait_dma2": TPU_RULES["tpu.wait_dma2"],  # ids describe the copy; waits are local
+    "tpu.wait_dma": TPU_RULES["tpu.wait_dma"],
     "tpu.vector_expand_load": _expand_load, "tpu.expand_load_vreg": _expand_load,
     "tpu.vector_compress_store": _compress_store, "tpu.compress_store_vreg": _compress_store,
-    "tpu.sem_signal": _local_only("tpu.sem_signal", 2),
+    "tpu.sem_signal": _this_subcore("tpu.sem_signal", 3),
     "tpu.sort": _sort, "tpu.scan": _scan, "tpu.scan_count": _scan_count,
     "tpu.all_reduce": _all_reduce, "tpu.pack_subelements": _pack,
     "tpu.unpack_subelements": _unpack, "tpu.barrier": _barrier,
@@ -651,72 +694,150 @@ def _has_barrier(op: ir.Operation) -> bool:
     return False
 
 
+class _Layout:
+    """A SparseCore kernel function's mesh and operands, read from its attributes."""
+
+    def __init__(self, module: ir.Module, n_operands: int, n_results: int) -> None:
+        self.fn = kernel_function(module)
+        attrs = self.fn.attributes
+        self.bounds = [int(b) for b in ir.DenseI64ArrayAttr(attrs["iteration_bounds"])]
+        if not 1 <= len(self.bounds) <= 2 or any(b < 1 for b in self.bounds):
+            raise UnsupportedError(f"the SparseCore emulator runs meshes of cores (and "
+                                   f"subcores); the kernel's grid is {self.bounds}")
+        if _int(self.fn, "scalar_prefetch", 0):
+            raise UnsupportedError("the SparseCore emulator found scalar prefetch operands")
+        self.arg_types = list(ir.FunctionType(ir.TypeAttr(attrs["function_type"]).value).inputs)
+        self.rest = self.arg_types[len(self.bounds):]
+        self.n_hbm = len(self.rest) - _int(self.fn, "scratch_operands", 0)
+        if self.n_hbm != n_operands + n_results:
+            raise UnsupportedError(
+                f"the SparseCore kernel takes {self.n_hbm} HBM operands; the call has "
+                f"{n_operands} inputs and {n_results} outputs")
+        self.cores = self.bounds[0]
+        self.subcores = self.bounds[1] if len(self.bounds) > 1 else 1
+
+
+def _programs(layout: _Layout, operands: Sequence[np.ndarray],
+              results: Sequence[tuple[tuple[int, ...], np.dtype]],
+              aliases: Sequence[tuple[int, int]], sc: SCState, state: KernelState,
+              device: int = 0) -> tuple[list[Program], list[np.ndarray]]:
+    """Every subcore's program of one device and the device's output buffers; the buffers
+    are registered in ``state`` by keys the same on every device (``("arg", k)`` for HBM,
+    with the core, and the subcore, for shared and per-subcore scratch)."""
+    rest, n_hbm = layout.rest, layout.n_hbm
+    hbm = [np.array(x, dtype_of(t)) for x, t in zip(operands, rest, strict=False)]
+    outs = [garbage(shape, dtype_of(rest[len(operands) + k]))
+            for k, (shape, _) in enumerate(results)]
+    for r, o in aliases:  # one buffer: the kernel may write either ref
+        if hbm[o].shape != outs[r].shape or hbm[o].dtype != outs[r].dtype:
+            raise UnsupportedError(f"result {r} aliases operand {o} of another type")
+        outs[r] = hbm[o]
+    for k, buffer in enumerate([*hbm, *outs]):
+        state.register(("arg", k), buffer)
+    per_core: dict[tuple[int, int], np.ndarray] = {}
+    programs = []
+    for core in range(layout.cores):
+        for sub in range(layout.subcores):
+            scratch = []
+            for k, t in enumerate(rest[n_hbm:]):
+                if space_of(t) == "vmem_shared":
+                    if (core, k) not in per_core:
+                        per_core[core, k] = fresh(t)
+                        state.register(("arg", n_hbm + k, core), per_core[core, k])
+                    scratch.append(per_core[core, k])
+                else:
+                    scratch.append(fresh(t))
+                    state.register(("arg", n_hbm + k, core, sub), scratch[-1])
+            ids = [np.asarray(i, dtype_of(t)) for i, t in zip(
+                [core, sub][:len(layout.bounds)], layout.arg_types, strict=False)]
+            program = Program(core, sub, [*ids, *hbm, *outs, *scratch], device, sc)
+            state.register(("barrier", core, sub), program.barrier)
+            programs.append(program)
+    sc.programs = programs
+    return programs, outs
+
+
+def _shuffled(programs: list[Program], seed: int | None) -> list[Program]:
+    if seed is None:
+        return programs
+    order = np.random.default_rng(seed).permutation(len(programs))
+    return [programs[i] for i in order]
+
+
+def _results(outs: Sequence[np.ndarray], results: Sequence[tuple[tuple[int, ...], np.dtype]]
+             ) -> list[np.ndarray]:
+    return [np.asarray(o).astype(dtype) for o, (_, dtype) in zip(outs, results, strict=True)]
+
+
 def run_kernel(module: ir.Module, operands: Sequence[np.ndarray],
                results: Sequence[tuple[tuple[int, ...], np.dtype]],
-               aliases: Sequence[tuple[int, int]], options: EmulateOptions) -> list[np.ndarray]:
+               aliases: Sequence[tuple[int, int]], options: EmulateOptions,
+               device: int | None = None) -> list[np.ndarray]:
     """Runs the SparseCore kernel of ``module`` on every subcore of its mesh and returns its
-    results (``aliases``: ``(result, operand)`` pairs whose result starts as the operand)."""
+    results (``aliases``: ``(result, operand)`` pairs whose result starts as the operand;
+    ``device``: the logical id ``tpu.device_id`` reads, under ``shard_map``)."""
     with module.context, ir.Location.unknown():
-        fn = kernel_function(module)
-        attrs = fn.attributes
-        bounds = [int(b) for b in ir.DenseI64ArrayAttr(attrs["iteration_bounds"])]
-        if not 1 <= len(bounds) <= 2 or any(b < 1 for b in bounds):
-            raise UnsupportedError(f"the SparseCore emulator runs meshes of cores (and "
-                                   f"subcores); the kernel's grid is {bounds}")
-        if _int(fn, "scalar_prefetch", 0):
-            raise UnsupportedError("the SparseCore emulator found scalar prefetch operands")
-        arg_types = list(ir.FunctionType(ir.TypeAttr(attrs["function_type"]).value).inputs)
-        rest = arg_types[len(bounds):]
-        n_scratch = _int(fn, "scratch_operands", 0)
-        n_hbm = len(rest) - n_scratch
-        if n_hbm != len(operands) + len(results):
-            raise UnsupportedError(
-                f"the SparseCore kernel takes {n_hbm} HBM operands; the call has "
-                f"{len(operands)} inputs and {len(results)} outputs")
-        hbm = [np.array(x, dtype_of(t)) for x, t in zip(operands, rest, strict=False)]
-        outs = [garbage(shape, dtype_of(rest[len(operands) + k]))
-                for k, (shape, _) in enumerate(results)]
-        for r, o in aliases:  # one buffer: the kernel may write either ref
-            if hbm[o].shape != outs[r].shape or hbm[o].dtype != outs[r].dtype:
-                raise UnsupportedError(f"result {r} aliases operand {o} of another type")
-            outs[r] = hbm[o]
-        sc = SCState()
-        compiler = SCCompiler({**TPU_RULES, **RULES}, KernelState(bounds), sc, module=module)
-        body = compiler.function(fn)
-        cores, subcores = bounds[0], (bounds[1] if len(bounds) > 1 else 1)
-        per_core: dict[tuple[int, int], np.ndarray] = {}
-        programs = []
-        for core in range(cores):
-            for sub in range(subcores):
-                scratch = []
-                for k, t in enumerate(rest[n_hbm:]):
-                    if space_of(t) == "vmem_shared":
-                        scratch.append(per_core.setdefault((core, k), fresh(t)))
-                    else:
-                        scratch.append(fresh(t))
-                ids = [np.asarray(i, dtype_of(t)) for i, t in zip(
-                    [core, sub][:len(bounds)], arg_types, strict=False)]
-                programs.append(Program(core, sub, [*ids, *hbm, *outs, *scratch]))
-        sc.programs = programs
-        if options.seed is not None:
-            order = np.random.default_rng(options.seed).permutation(len(programs))
-            programs = [programs[i] for i in order]
-        if _has_barrier(fn):
-            sc.scheduler = Scheduler(programs, body, sc, subcores)
+        layout = _Layout(module, len(operands), len(results))
+        sc, state = SCState(), KernelState(layout.bounds, device)
+        compiler = SCCompiler({**TPU_RULES, **RULES}, state, sc, module=module)
+        body = compiler.function(layout.fn)
+        programs, outs = _programs(layout, operands, results, aliases, sc, state)
+        programs = _shuffled(programs, options.seed)
+        if _has_barrier(layout.fn):
+            sc.scheduler = Scheduler(programs, {0: body}, layout.subcores)
             sc.scheduler.run()
         else:
             for program in programs:
                 sc.current = program
                 body(*program.args)
-        return [np.asarray(o).astype(dtype) for o, (_, dtype) in zip(outs, results, strict=True)]
+        return _results(outs, results)
+
+
+def run_devices(module: ir.Module, calls: Sequence[EmulatedCall]) -> list[list[np.ndarray]]:
+    """Runs the SparseCore kernel of ``module`` on every device of a ``shard_map`` together
+    (``calls[d]`` is device ``d``'s call): every subcore of every device in its own thread,
+    one at a time, the turn passing where one waits at a barrier or on a semaphore. A remote
+    DMA or signal (``device_id``) reaches the same buffer or semaphore of the same core and
+    subcore on the target device (the TensorCore emulator's :class:`Network`). Returns each
+    device's results."""
+    network = Network(len(calls), calls[0].name if calls else "")
+    programs: list[Program] = []
+    bodies: dict[int, Function] = {}
+    outs: list[list[np.ndarray]] = []
+    with module.context, ir.Location.unknown():
+        for d, call in enumerate(calls):
+            layout = _Layout(module, len(call.operands), len(call.results))
+            sc, state = SCState(), KernelState(layout.bounds, d, network)
+            network.states.append(state)
+            bodies[d] = SCCompiler({**TPU_RULES, **RULES}, state, sc,
+                                   module=module).function(layout.fn)
+            mine, out = _programs(layout, [np.asarray(x) for x in call.operands],
+                                  call.results, call.aliases, sc, state, d)
+            for p in mine:
+                p.name = f"device {d} {p.name}"
+            programs += mine
+            outs.append(out)
+        scheduler = Scheduler(_shuffled(programs, calls[0].options.seed if calls else None),
+                              bodies, layout.subcores)
+        network.turns = scheduler.turns  # semaphore waits hand the turn over too
+        for p in programs:
+            assert p.sc is not None
+            p.sc.scheduler = scheduler
+        scheduler.run()
+    return [_results(o, call.results) for o, call in zip(outs, calls, strict=True)]
 
 
 def emulate(call: EmulatedCall) -> list[np.ndarray] | None:
-    """Runs a SparseCore ``tpu_custom_call``; ``None`` for every other call."""
+    """Runs a SparseCore ``tpu_custom_call``; ``None`` for every other call. A kernel that
+    talks to other devices runs on every device of its ``shard_map`` together."""
     if call.target != "tpu_custom_call":
         return None
-    if not is_sparsecore(json.loads(call.backend_config)):
+    config = json.loads(call.backend_config)
+    if not is_sparsecore(config):
         return None
     _, module = decode(call.backend_config)
+    if config.get("custom_call_config", {}).get("has_communication"):
+        return list(call.run_jointly(functools.partial(run_devices, module)))
     return run_kernel(module, [np.asarray(x) for x in call.operands], call.results,
-                      call.aliases, call.options)
+                      call.aliases, call.options,
+                      device=call.device if call.under_shard_map else None)

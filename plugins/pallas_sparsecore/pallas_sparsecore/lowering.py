@@ -66,8 +66,12 @@ def _scratch_type(shape: Sequence[int], dtype: Any, space: Any) -> ir.Type:
     return mir.memref(shape, dtype, _space_name(space))
 
 
-def lower_kernel(call: KernelCall) -> tuple[ir.Module, str]:
-    """The Mosaic module of the SparseCore kernel ``call`` and its function's name."""
+def lower_kernel(call: KernelCall, mesh_axes: tuple[tuple[str, int], ...] = ()
+                 ) -> tuple[ir.Module, str]:
+    """The Mosaic module of the SparseCore kernel ``call`` and its function's name.
+
+    ``mesh_axes`` are the ``shard_map`` mesh axes the call runs under (device ids of remote
+    copies and signals are linear over them)."""
     params = params_of(call)
     gm = call.grid_mapping
     name = "".join(c if c.isalnum() or c == "_" else "_" for c in call.name) or "kernel"
@@ -106,7 +110,7 @@ def lower_kernel(call: KernelCall) -> tuple[ir.Module, str]:
                 args.append(tpu.GetBarrierSemaphoreOp(
                     _scratch_type((), np.int32, SEMAPHORE)).result)
             lowering = Lowering(call, NAME, args[:len(gm.grid)], rules=RULES,
-                                scratch_type=_scratch_type)
+                                scratch_type=_scratch_type, mesh_axes=mesh_axes)
             tl.lower_jaxpr(lowering, call.jaxpr.jaxpr, call.jaxpr.consts, args[len(gm.grid):])
             func.ReturnOp([])
         mlir_lowering.verify(module, "sparsecore", call.name)
@@ -259,7 +263,7 @@ def _check_adding_copy(lowering: Lowering, src: str, dst: str) -> None:
 @rule(copies.copy_start_p)
 def _copy_start(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
     if eqn.params["remote"]:
-        raise lowering.fail("a remote copy from a SparseCore")
+        return _remote_copy_start(lowering, eqn, args)
     (src, dst, sem), indirect = _copy_views(lowering, eqn, args)
     add = bool(eqn.params.get("add"))
     if indirect is None:
@@ -283,8 +287,94 @@ def _copy_start(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
     return []
 
 
+def _refuse_remote_indirect(lowering: Lowering, eqn: Any, args: Sequence[Any]) -> None:
+    """A remote copy is a plain DMA: ``tpu.enqueue_indirect_dma`` names no device (JAX's
+    SparseCore lowering refuses remote gathers and scatters too)."""
+    roles, tree = eqn.params["roles"], eqn.params["tree"]
+    n_refs = max(roles) + 1
+    transforms = jax.tree_util.tree_unflatten(tree, list(args[n_refs:n_refs + tree.num_leaves]))
+    for k in (0, 1):
+        if _indirect_split(lowering, args[roles[k]], transforms[k]) is not None:
+            raise UnsupportedError(
+                f"a remote gather or scatter (a copy to another device through an index "
+                f"vector) is not supported by the {NAME!r} backend (kernel "
+                f"{lowering.call.name!r} at {lowering.location}): the SparseCore's indirect "
+                "DMA (tpu.enqueue_indirect_dma) addresses this device only, and JAX's lowering "
+                "refuses it as well. Fix: gather into a VMEM buffer here, then send the buffer "
+                "with make_async_remote_copy.")
+
+
+def _remote_copy_start(lowering: Lowering, eqn: Any, args: Sequence[Any]) -> list[Any]:
+    """``make_async_remote_copy(...).start()``: a DMA to the device the ids name (the same
+    core and subcore there), as JAX's SparseCore lowering emits it: the receive semaphore as
+    the target's, the send semaphore as the source's."""
+    if eqn.params.get("add"):
+        raise lowering.fail("an adding remote copy (add=True; only gathers and scatters on "
+                            "this device add)")
+    _refuse_remote_indirect(lowering, eqn, args)
+    _remember_receive_semaphore(lowering, eqn, args)
+    return tl.lowering_rules()[copies.copy_start_p](lowering, eqn, *args)
+
+
+_STARTED = "_sc_remote_copies_started"
+"""The attribute of a :class:`Lowering` listing the remote copies started so far, as
+``((src, dst, send semaphore) Refs, receive semaphore Ref)``."""
+
+
+def _kernel_argument(value: Any) -> bool:
+    """Whether ``value`` is an argument of the kernel function (defined before any use)."""
+    if not isinstance(value, ir.Value):
+        return False
+    try:
+        owner = ir.BlockArgument(value).owner.owner
+    except (ValueError, TypeError):
+        return False
+    return getattr(owner, "operation", owner).name == "func.func"
+
+
+def _remember_receive_semaphore(lowering: Lowering, eqn: Any, args: Sequence[Any]) -> None:
+    """Notes the receive semaphore of a remote copy whose Refs are the kernel's arguments and
+    whose semaphore view is static, for the copy's ``wait_send``: JAX 0.12 names it there."""
+    roles, tree = eqn.params["roles"], eqn.params["tree"]
+    n_refs = max(roles) + 1
+    transforms = jax.tree_util.tree_unflatten(tree, list(args[n_refs:n_refs + tree.num_leaves]))
+    refs = [args[r] for r in roles]
+    if all(_kernel_argument(r) for r in refs) and not any(
+            isinstance(leaf, ir.Value) for leaf in jax.tree_util.tree_leaves(transforms[2])):
+        started = getattr(lowering, _STARTED, [])
+        started.append(((refs[0], refs[1], refs[3]), (refs[2], transforms[2])))
+        setattr(lowering, _STARTED, started)
+
+
+def _receive_semaphore(lowering: Lowering, refs: Sequence[Any]) -> ir.Value | None:
+    """The receive semaphore of the latest remote copy started from these Refs (``None`` when
+    none was noted)."""
+    for started, (sem, transforms) in reversed(getattr(lowering, _STARTED, [])):
+        if all(a == b for a, b in zip(started, refs, strict=True)):
+            return tl._view(lowering, sem, transforms)
+    return None
+
+
+def _remote_wait(lowering: Lowering, eqn: Any, args: Sequence[Any]) -> list[Any]:
+    """A remote copy's ``wait_send``/``wait_recv``: the TensorCore's rule, except that where
+    the installed JAX names both ends of a wait (0.12) the send's wait also names the receive
+    semaphore of its copy, as JAX's SparseCore lowering does."""
+    _refuse_remote_indirect(lowering, eqn, args)
+    roles = eqn.params["roles"]
+    if eqn.params["kind"] == "send" and plb.mosaic_waits_name_both_ends():
+        recv = _receive_semaphore(lowering, [args[r] for r in roles])
+        if recv is not None:
+            src, dst, sem = tl._role_views(lowering, eqn, args)
+            tpu.WaitDMAOp(src, dst, False, source_semaphore=sem, target_semaphore=recv,
+                          device_id=tl._copy_device_id(lowering, eqn, args))
+            return []
+    return tl.lowering_rules()[copies.copy_wait_p](lowering, eqn, *args)
+
+
 @rule(copies.copy_wait_p)
 def _copy_wait(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
+    if eqn.params["kind"] != "local":  # a remote copy's wait_send or wait_recv
+        return _remote_wait(lowering, eqn, args)
     (src, dst, sem), indirect = _copy_views(lowering, eqn, args)
     if indirect is None and plb.mosaic_waits_name_both_ends():  # as the installed JAX lowers
         tpu.WaitDMAOp(src, dst, True, target_semaphore=sem)

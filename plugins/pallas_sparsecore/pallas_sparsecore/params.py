@@ -50,15 +50,16 @@ _NO_SPARSECORE = ("TPU v2", "TPU v3", "TPU v4", "TPU v4 lite", "TPU v5 lite", "T
 
 
 def _ambient_device_kind() -> str | None:
-    """The chip JAX would target: an abstract mesh's device (``jax.sharding.use_abstract_mesh``,
-    as JAX's SparseCore docs use on hosts without a TPU), else an attached TPU."""
+    """The chip JAX would target: an abstract mesh's TPU device (``jax.sharding.
+    use_abstract_mesh``, as JAX's SparseCore docs use on hosts without a TPU; not the CPU
+    devices of a ``shard_map`` run here), else an attached TPU."""
     import jax
 
     try:
         mesh = jax.sharding.get_abstract_mesh()
         device = getattr(mesh, "abstract_device", None)
         kind = getattr(device, "device_kind", None)
-        if kind:
+        if kind and getattr(device, "platform", "tpu") == "tpu":
             return str(kind)
     except Exception:
         pass

@@ -10,6 +10,7 @@ from pallas_mosaic_tpu import ir as mir
 from pallas_mosaic_tpu import plugin as tpu_plugin
 from pallas_mosaic_tpu.params import DMA_SEMAPHORE, HBM, SEMAPHORE, SMEM, VMEM
 
+from pallas_core import backend as plb
 from pallas_core.backend import RuleTable
 from pallas_core.emulation.call import EmulatedCall
 from pallas_core.errors import PallasError
@@ -23,14 +24,17 @@ from pallas_sparsecore.params import CHIPS, NAME, VMEM_SHARED, SCCompilerParams
 __version__ = "0.1.0"
 
 
-def backend_config(call: KernelCall, body: bytes) -> str:
+def backend_config(call: KernelCall, body: bytes, has_communication: bool = False) -> str:
     """The JSON configuration of the ``tpu_custom_call`` for a SparseCore kernel: the
-    TensorCore's ``custom_call_config``, then the SparseCore's keys."""
+    TensorCore's ``custom_call_config`` (``has_communication`` where the kernel talks to other
+    devices), then the SparseCore's keys."""
     params = lowering.params_of(call)
-    config = tpu_plugin.custom_call_config(call, body,
+    config = tpu_plugin.custom_call_config(call, body, has_communication,
                                            needs_layout_passes=params.needs_layout_passes)
-    if params.collective_id is not None:  # after the body, as the runtime expects
-        config = {"body": config.pop("body"), "collective_id": params.collective_id, **config}
+    if params.collective_id is not None:  # after the body and has_communication, as JAX
+        head: dict[str, Any] = {k: config.pop(k) for k in ("body", "has_communication")
+                                if k in config}
+        config = {**head, "collective_id": params.collective_id, **config}
     full: dict[str, Any] = {"custom_call_config": config}
     tiling = "TILING_SPARSE_CORE" if params.use_tc_tiling_on_sc is False else "TILING_COMPACT"
     full["sparse_core_config"] = {"tiling": tiling}
@@ -80,9 +84,9 @@ def pallas_validate_call(call: KernelCall, backend: str) -> None:
 
 @hookimpl
 def pallas_lower(request: LoweringRequest) -> Any:
-    module, name = lowering.lower_kernel(request.call)
-    return tpu_plugin.emit_tpu_custom_call(
-        request, backend_config(request.call, mir.serialize(module)), name)
+    module, name = lowering.lower_kernel(request.call, plb.manual_axes(request.ctx))
+    config = backend_config(request.call, mir.serialize(module), mir.has_communication(module))
+    return tpu_plugin.emit_tpu_custom_call(request, config, name)
 
 
 @hookimpl
