@@ -1,11 +1,13 @@
 """Blackwell (sm_100a): tensor memory (TMEM) and the fifth-generation tensor cores (tcgen05).
 
 * ``plgpu.TMEM((M, N), jnp.float32)`` scratch: a TMEM buffer (M rows of lanes, N 32-bit
-  columns) the kernel allocates at its start and frees at its end.
+  columns, or ``packed=True``: ``32 // bits`` narrower elements per column) the kernel
+  allocates at its start and frees at its end.
 * ``tcgen05_mma(acc, a, b, barrier=None, *, accumulate=True)``: ``acc (+)= a @ b`` with ``acc``
-  in TMEM and ``a``, ``b`` tiled SMEM buffers, issued by one thread of the warpgroup and
-  asynchronous; with ``barrier`` (a ``plgpu.Barrier(orders_tensor_core=True)``) that barrier
-  completes a phase once the matmul is done.
+  in TMEM, ``a`` a tiled SMEM buffer or a packed TMEM buffer and ``b`` a tiled SMEM buffer,
+  issued by one thread of the warpgroup and asynchronous; with ``barrier`` (a
+  ``plgpu.Barrier(orders_tensor_core=True)``) that barrier completes a phase once the matmul
+  is done.
 * ``tcgen05_commit_arrive(barrier)``: ``barrier`` completes a phase once every tcgen05 matmul
   issued before is done.
 * ``async_load_tmem(ref)``: starts reading a TMEM buffer into registers; ``wait_load_tmem()``
@@ -115,8 +117,10 @@ def tcgen05_mma(acc: Any, a: Any, b: Any, barrier: Any = None, *, a_scale: Any =
 
     ``acc`` is a TMEM Ref (M, N) of float32; ``a`` (M, K) and ``b`` (K, N) are SMEM Refs of
     one dtype (``plgpu.transpose_ref`` views allowed), tiled as the backend tiles such
-    buffers. ``barrier`` (ordering the tensor core) completes a phase when the matmul is done;
-    ``accumulate`` may be traced.
+    buffers; ``a`` may instead be a TMEM Ref (128 rows) holding ``32 // bits`` elements per
+    column (``plgpu.TMEM(..., packed=True)`` for 16-bit and 8-bit dtypes), filled by
+    ``async_copy_smem_to_tmem`` or ``async_store_tmem``. ``barrier`` (ordering the tensor
+    core) completes a phase when the matmul is done; ``accumulate`` may be traced.
 
     ``a_scale`` and ``b_scale`` (together; TMEM Refs of ``plgpu.TMEMLayout.SCALES_LAYOUT``,
     (M, K // B) and (N, K // B)): a block-scaled matmul, each run of ``B`` elements along K of
@@ -146,6 +150,8 @@ def tcgen05_mma(acc: Any, a: Any, b: Any, barrier: Any = None, *, a_scale: Any =
             "block, without collective_axis.")
     acc_aval = _tmem_aval(acc, fn)
     a_aval, b_aval = gp._aval(a, fn)[0], gp._aval(b, fn)[0]
+    if isinstance(_space(a, fn), TensorMemorySpace):
+        _check_tmem_lhs(a, a_aval, collective_axis, scaled and sparse)
     (m, k), (k2, n) = a_aval.shape, b_aval.shape
     n_acc = n if collective_axis is None else 2 * n
     one_dtype = a_aval.dtype == b_aval.dtype or (scaled and _narrow_float(a_aval.dtype)
@@ -185,6 +191,32 @@ def tcgen05_mma(acc: Any, a: Any, b: Any, barrier: Any = None, *, a_scale: Any =
     bind_views(tcgen05_mma_p, views, extra, fn, arrive=barrier is not None,
                accumulate=bool(accumulate) if static else None, collective_axis=collective_axis,
                scaled=scaled, sparse=sparse)
+
+
+def _check_tmem_lhs(a: Any, aval: Any, collective_axis: Any, scaled_sparse: bool) -> None:
+    """``a`` in TMEM: packed as the tensor core reads it (``32 // bits`` elements per column,
+    so a 16-bit or 8-bit ``a`` is a ``packed=True`` buffer), collective for a collective
+    matmul, not transposed."""
+    fn = "tcgen05_mma"
+    space = _space(a, fn)
+    want = 32 // values.bits(aval.dtype)
+    if space.packing != want or space.layout is not None:
+        raise PallasError(f"plgpu.tcgen05_mma: a in TMEM ({np.dtype(aval.dtype).name}"
+                          f"{list(aval.shape)}) must hold {want} element(s) per column, found "
+                          f"{space.packing}{' (' + space.layout + ')' if space.layout else ''}."
+                          f" Fix: allocate it with plgpu.TMEM(..., "
+                          f"packed={want > 1}).")
+    if collective_axis is not None and not space.collective:
+        raise PallasError("plgpu.tcgen05_mma: a in TMEM of a collective matmul must be "
+                          "allocated with plgpu.TMEM(..., collective=True).")
+    transforms = plb.ref_and_transforms(a, None, fn)[1]
+    if any(type(t).__name__ == "TransposeTransform" for t in transforms or ()):
+        raise PallasError("plgpu.tcgen05_mma: a in TMEM cannot be transposed. Fix: store it "
+                          "transposed instead.")
+    if scaled_sparse:
+        raise UnsupportedError("plgpu.tcgen05_mma with a in TMEM, scales and sparsity metadata "
+                               "together is not supported (nor by the Mosaic GPU library). "
+                               "Fix: keep a in SMEM.")
 
 
 _NARROW_FLOATS = ("float8_e5m2", "float8_e4m3fn", "float4_e2m1fn")
@@ -570,7 +602,7 @@ def _mma_rule(state: Any, eqn: Any, *args: Any, arrive: bool, accumulate: bool |
     if collective and not getattr(eqn.invars[0].aval.memory_space, "collective", False):
         raise state.fail("a collective plgpu.tcgen05_mma into a TMEM buffer allocated without "
                          "collective=True")
-    a = _smem_operand(state, views[1], "left")
+    a = views[1].memref if views[1].kind == "tmem" else _smem_operand(state, views[1], "left")
     b = _smem_operand(state, views[2], "right")
     i1 = ir.IntegerType.get_signless(1)
     acc_flag = arith.constant(i1, int(accumulate)) if accumulate is not None else \

@@ -14,6 +14,7 @@ shared memory); ``assert_same_kernel(ours, theirs)`` compares all of it.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import re
 from typing import Any
@@ -143,6 +144,23 @@ def kernels(stablehlo_text: Any) -> list[tuple[dict[str, Any], ir.Module]]:
         config = {k: v for k, v in entry.items() if k not in ("module", "kernel_hash")}
         found.append((config, module))
     return found
+
+
+def blackwell_kernel(fn: Any, *args: Any) -> tuple[dict[str, Any], ir.Module]:
+    """The one kernel of ``fn(*args)`` (JAX's or this project's) lowered for ``cuda`` on an
+    assumed Blackwell device (else JAX's lowering marks the module sm_90a), as
+    :func:`kernels` gives it."""
+    from pallas_mosaic_gpu import targets
+
+    with targets.assume(targets.BLACKWELL):
+        text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    (kernel,) = kernels(text)
+    return kernel
+
+
+def tcgen05_counts(module: Any) -> collections.Counter[str]:
+    """How often each ``tcgen05`` instruction (with its qualifiers) appears in ``module``."""
+    return collections.Counter(re.findall(r"tcgen05\.[\w.:]+", str(module)))
 
 
 def _constant(value: Any, what: str) -> int:

@@ -70,7 +70,9 @@ def async_copy_smem_to_tmem(smem_ref: Any, tmem_ref: Any, collective_axis: Any =
     before reading ``tmem_ref`` with ``async_load_tmem``). A tiled SMEM buffer (``transforms``
     ``TilingTransform((8, 128 // itemsize))`` + ``SwizzleTransform(128)``, or 16-bit with
     dimensions multiples of 64) is copied by ``tcgen05.cp`` from one thread, as in JAX; an
-    untiled one through the warpgroup's registers (complete on return).
+    untiled one through the warpgroup's registers (complete on return). A 16-bit or 8-bit
+    buffer is copied by ``tcgen05.cp`` into a ``plgpu.TMEM(..., packed=True)`` buffer only
+    (as the ``a`` of a ``tcgen05_mma`` is kept).
     ``collective_axis`` (a copy into both blocks' TMEM of a cluster) is refused."""
     from pallas_mosaic_gpu.blackwell import copy_smem_to_tmem_p, smem_to_tmem_avals
 

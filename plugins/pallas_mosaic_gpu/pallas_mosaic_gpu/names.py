@@ -231,7 +231,13 @@ def describe_layout(x: Any) -> str:
             (t0, t1), swizzle = tiled
             return f"SMEM {what}: TilingTransform(({t0}, {t1})), SwizzleTransform({swizzle})"
         if space == "TMEM":
-            return f"TMEM {what}: one 32-bit element per lane and column (the default layout)"
+            mspace = plb.ref_type_of(ref).memory_space
+            if mspace.layout is not None:
+                return f"TMEM {what}: TMEMLayout.{mspace.layout}"
+            if mspace.packing > 1:
+                return f"TMEM {what}: {mspace.packing} elements per lane and 32-bit column " \
+                    "(packed)"
+            return f"TMEM {what}: one element per lane and 32-bit column (the default layout)"
         if space == "ACC":
             return f"ACC {what}: WGMMA (the wgmma accumulator layout)"
         raise PallasError(f"plgpu.print_layout: expected an array or an SMEM or TMEM Ref, found "

@@ -62,65 +62,134 @@ class TensorMemorySpace(MemorySpace):
 
     layout: str | None = None
     """The name of the buffer's ``plgpu.TMEMLayout`` member (``"SCALES_LAYOUT"``,
-    ``"SPARSE_METADATA_LAYOUT"``), or ``None`` for the library's default 32-bit layout."""
+    ``"SPARSE_METADATA_LAYOUT"``, ``"M64_COLLECTIVE_LAYOUT"``), or ``None`` for the library's
+    layout of the buffer's shape (:func:`tmem_layout`)."""
+
+    layout_args: tuple[int, ...] = ()
+    """The arguments of a parameterised layout (``M64_COLLECTIVE_LAYOUT(columns, packing)``)."""
+
+    packing: int = 1
+    """Elements per 32-bit TMEM column: 1, or ``32 // bits`` for a ``packed=True`` buffer of a
+    narrower dtype (the layout a 16-bit or 8-bit ``a`` of ``tcgen05_mma`` must have)."""
 
     def __call__(self, shape: Sequence[int], dtype: Any, *, transforms: Sequence[Any] = (),
                  packed: bool | None = None, collective: bool | None = None,
                  layout: Any = None) -> MemoryRef:
-        """A TMEM buffer of ``shape`` (rows, columns) and a 32-bit ``dtype``; ``collective``:
-        allocated by the two blocks of a cluster together, for collective ``tcgen05_mma``.
-        ``layout``: ``plgpu.TMEMLayout.SCALES_LAYOUT`` (block-scaling factors of a scaled
-        ``tcgen05_mma``: float8_e8m0fnu or float8_e4m3fn, (MN, K // block)) or
-        ``SPARSE_METADATA_LAYOUT`` (2:4 sparsity metadata: uint2, (M, K // 2)). Packed 16-bit
-        buffers and the collective M=64 layouts are refused."""
+        """A TMEM buffer of ``shape`` (rows: 128, or 64 for the M=64 matmuls; columns);
+        ``collective``: allocated by the two blocks of a cluster together, for collective
+        ``tcgen05_mma``. A dtype narrower than 32 bits needs ``packed``: ``True`` puts
+        ``32 // bits`` elements in each column (as ``a`` of ``tcgen05_mma`` must be), ``False``
+        one. ``layout``: ``plgpu.TMEMLayout.SCALES_LAYOUT`` (block-scaling factors of a scaled
+        ``tcgen05_mma``: float8_e8m0fnu or float8_e4m3fn, (MN, K // block)),
+        ``SPARSE_METADATA_LAYOUT`` (2:4 sparsity metadata: uint2, (M, K // 2)) or
+        ``M64_COLLECTIVE_LAYOUT(columns, packing=1)`` (64 rows of a collective M=128 matmul,
+        the layout such a buffer gets anyway). ``SCALES_M64_COLLECTIVE_LAYOUT`` is refused."""
         shape = tuple(shape)
         what = f"plgpu.TMEM({shape}, {np.dtype(dtype).name})"
         if transforms:
             raise PallasError(f"{what}: TMEM buffers take no transforms. Fix: drop them.")
+        if len(shape) != 2:
+            raise UnsupportedError(f"{what}: TMEM buffers here are 2-D (rows, columns). Fix: "
+                                   "e.g. plgpu.TMEM((128, 128), jnp.float32).")
+        bits = _bits(dtype)
         if layout is not None:
             if packed is not None:
                 raise PallasError(f"{what}: packed= and layout= together; a layout says how "
                                   "the buffer is packed. Fix: drop packed=.")
-            name = _tmem_layout_name(layout, what)
-            _check_tmem_layout(name, shape, dtype, what)
-            return MemorySpace.__call__(
-                dataclasses.replace(self, collective=bool(collective), layout=name),
-                shape, dtype)
-        if packed:
+            name, args = _tmem_layout_name(layout, what)
+            if name == "M64_COLLECTIVE_LAYOUT":
+                args = _check_m64_layout(args, shape, bits, what)
+            else:
+                _check_tmem_layout(name, shape, dtype, what)
+            space = dataclasses.replace(self, collective=bool(collective), layout=name,
+                                        layout_args=args,
+                                        packing=args[1] if args else 1)
+            return MemorySpace.__call__(space, shape, dtype)
+        if bits < 32 and packed is None:
+            raise PallasError(f"{what}: a TMEM buffer of a dtype narrower than 32 bits needs "
+                              "packed= (True: 32 // bits elements per column, as a tcgen05_mma "
+                              "operand must be; False: one) or layout=. Fix: pass packed=True.")
+        packing = 32 // bits if packed and bits < 32 else 1
+        if bits > 32 or packing > 8 or shape[0] not in (64, 128) or shape[1] % packing:
             raise UnsupportedError(
-                f"{what} with packed= is not supported by the mosaic_gpu backend (TMEM of "
-                "32-bit elements, in the library's default layout). Fix: drop it and use a "
-                "float32 or int32 buffer.")
-        if np.dtype(dtype).itemsize != 4 or len(shape) != 2:
-            raise UnsupportedError(f"{what}: TMEM buffers here are 2-D and 32-bit. Fix: e.g. "
-                                   "plgpu.TMEM((128, 128), jnp.float32).")
+                f"{what}{' packed' if packing > 1 else ''}: TMEM buffers have 128 rows (or 64, "
+                f"for M=64 matmuls), elements of at most 32 bits and columns a multiple of "
+                f"{packing} (the elements per column). Fix: e.g. plgpu.TMEM((128, 128), "
+                "jnp.float32).")
         space = TMEM_COLLECTIVE if collective else TMEM
+        if packing != 1:
+            space = dataclasses.replace(space, packing=packing)
         return MemorySpace.__call__(space, shape, dtype)
+
+
+def _bits(dtype: Any) -> int:
+    from pallas_mosaic_gpu.values import bits
+
+    return bits(dtype)
+
+
+def tmem_layout(space: TensorMemorySpace, shape: tuple[int, ...]) -> Any:
+    """The Mosaic GPU library's TMEM layout of a buffer of ``shape`` in ``space``: the named
+    layout, or the one the library infers for the shape, collectiveness and packing (as JAX's
+    ``plgpu.TMEM`` chooses)."""
+    from jax.experimental.mosaic.gpu import tcgen05
+
+    if space.layout is not None:
+        make = {"SCALES_LAYOUT": tcgen05.scales_layout,
+                "SPARSE_METADATA_LAYOUT": tcgen05.sparse_meta_layout,
+                "M64_COLLECTIVE_LAYOUT": tcgen05.tmem_m64_collective_layout}[space.layout]
+        return make(*space.layout_args)
+    return tcgen05._infer_tmem_layout(tuple(shape), space.collective, space.packing)
 
 
 TMEM_LAYOUTS = {"SCALES_LAYOUT": (("float8_e8m0fnu", "float8_e4m3fn"), 4),
                 "SPARSE_METADATA_LAYOUT": (("uint2",), 64)}
-"""The TMEM layouts supported here: their dtypes, and the multiple their columns must be (the
-rows one of 128, the lanes of TMEM)."""
+"""The TMEM layouts of scales and metadata: their dtypes, and the multiple their columns must
+be (the rows one of 128, the lanes of TMEM)."""
+
+NAMED_LAYOUTS = (*TMEM_LAYOUTS, "M64_COLLECTIVE_LAYOUT")
+"""The ``plgpu.TMEMLayout`` members ``plgpu.TMEM(layout=)`` takes."""
 
 
-def _tmem_layout_name(layout: Any, what: str) -> str:
-    """The member name of a ``plgpu.TMEMLayout`` (called with no arguments or not at all)."""
-    if getattr(layout, "args", ()) or getattr(layout, "kwargs", {}):
-        raise PallasError(f"{what}: layout={layout!r} takes no arguments. Fix: pass the "
-                          "member itself, e.g. plgpu.TMEMLayout.SCALES_LAYOUT.")
+def _tmem_layout_name(layout: Any, what: str) -> tuple[str, tuple[Any, ...]]:
+    """The member name of a ``plgpu.TMEMLayout`` (called or not) and its arguments."""
     member = getattr(layout, "layout", layout)
     name = getattr(member, "name", None)
     if type(member).__name__ != "TMEMLayout" or name is None:
         raise PallasError(f"{what}: layout={layout!r} is not a plgpu.TMEMLayout. Fix: pass "
                           "plgpu.TMEMLayout.SCALES_LAYOUT or SPARSE_METADATA_LAYOUT, or no "
                           "layout for 32-bit data.")
-    if name not in TMEM_LAYOUTS:
+    if name not in NAMED_LAYOUTS:
         raise UnsupportedError(
-            f"{what}: layout=plgpu.TMEMLayout.{name} (a layout of collective matmuls with "
-            "M=64 per block) is not supported by the mosaic_gpu backend. Fix: use blocks of "
-            f"128 rows, with {' or '.join(TMEM_LAYOUTS)}.")
-    return str(name)
+            f"{what}: layout=plgpu.TMEMLayout.{name} (the B scales of a block-scaled "
+            "collective matmul with M=64 per block) is not supported by the mosaic_gpu "
+            "backend, which refuses scales with collective_axis=. Fix: use blocks of 128 rows, "
+            f"with {' or '.join(NAMED_LAYOUTS)}.")
+    args, kwargs = tuple(getattr(layout, "args", ())), dict(getattr(layout, "kwargs", {}))
+    if name == "M64_COLLECTIVE_LAYOUT":
+        if layout is member:
+            raise PallasError(f"{what}: layout=plgpu.TMEMLayout.M64_COLLECTIVE_LAYOUT takes the "
+                              "number of columns. Fix: M64_COLLECTIVE_LAYOUT(columns).")
+        return str(name), (*args, *kwargs.values())
+    if args or kwargs:
+        raise PallasError(f"{what}: layout={layout!r} takes no arguments. Fix: pass the "
+                          "member itself, e.g. plgpu.TMEMLayout.SCALES_LAYOUT.")
+    return str(name), ()
+
+
+def _check_m64_layout(args: tuple[Any, ...], shape: tuple[int, ...], bits: int, what: str
+                      ) -> tuple[int, int]:
+    """``M64_COLLECTIVE_LAYOUT(columns, packing=1)`` for a (64, columns) buffer."""
+    if not 1 <= len(args) <= 2:
+        raise PallasError(f"{what}: M64_COLLECTIVE_LAYOUT(columns, packing=1) takes one or two "
+                          f"arguments, found {args}.")
+    columns, packing = int(args[0]), int(args[1]) if len(args) == 2 else 1
+    if shape != (64, columns) or columns % 16 or packing not in (1, 32 // bits) or \
+            packing > 8:
+        raise PallasError(f"{what}: M64_COLLECTIVE_LAYOUT({columns}, {packing}) lays out 64 "
+                          "rows by `columns` (a multiple of 16) columns, with 1 or 32 // bits "
+                          "elements per column. Fix: allocate (64, columns).")
+    return columns, packing
 
 
 def _check_tmem_layout(name: str, shape: tuple[int, ...], dtype: Any, what: str) -> None:

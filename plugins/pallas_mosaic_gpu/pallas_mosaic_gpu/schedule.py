@@ -54,6 +54,7 @@ from pallas_mosaic_gpu.params import (
     GPUCompilerParams,
     TensorMemorySpace,
     asks_tiling,
+    tmem_layout,
 )
 from pallas_mosaic_gpu.rules import lower_jaxpr
 from pallas_mosaic_gpu.values import (
@@ -215,8 +216,8 @@ class TmemPool:
     """The kernel's TMEM buffers as JAX's Pallas lowering allocates them: one allocation of
     128 lanes by the columns of them all (each buffer's a multiple of 4, the whole a multiple
     of 8, as the tensor memory allocator hands out), and each buffer a view of it at its column
-    offset, in its layout (:data:`pallas_mosaic_gpu.params.TMEM_LAYOUTS`, or the library's
-    default for its shape)."""
+    offset, in its layout (:func:`pallas_mosaic_gpu.params.tmem_layout`: the named one, or
+    the library's for its shape and packing)."""
 
     def __init__(self) -> None:
         self.buffers: list[tuple[tuple[int, ...], Any, Any, int]] = []
@@ -224,14 +225,8 @@ class TmemPool:
         self.collective: set[bool] = set()
 
     def add(self, shape: Any, dtype: Any, space: Any) -> None:
-        from jax.experimental.mosaic.gpu import tcgen05
-
         shape = tuple(shape)
-        if space.layout is not None:
-            layout = {"SCALES_LAYOUT": tcgen05.scales_layout,
-                      "SPARSE_METADATA_LAYOUT": tcgen05.sparse_meta_layout}[space.layout]()
-        else:
-            layout = tcgen05._infer_tmem_layout(shape, space.collective, 1)
+        layout = tmem_layout(space, shape)
         self.buffers.append((shape, dtype, layout, self.cols))
         cols = layout.cols_in_shape(shape, bits(dtype))
         self.cols += -(-cols // 4) * 4

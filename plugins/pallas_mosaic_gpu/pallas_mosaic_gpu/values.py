@@ -275,10 +275,18 @@ def store(ref: Ref, value: Any) -> None:
     value = relayout(value, layout) if isinstance(value.layout, mgpu.WGSplatFragLayout) else value
     # Arrays read from TMEM are stored as they are (as JAX's lowering does), the library
     # not looking for a bank-conflict-free pattern.
-    if value.layout in (WGMMA, mgpu.tcgen05.LAYOUT, mgpu.tcgen05.TMEM_NATIVE_LAYOUT):
+    if value.layout in (WGMMA, mgpu.tcgen05.LAYOUT, mgpu.tcgen05.TMEM_NATIVE_LAYOUT) or \
+            _m64_collective(value.layout, ref.shape):
         value.store_untiled(ref.memref, optimized=False)
     else:
         value.store_untiled(ref.memref)
+
+
+def _m64_collective(layout: Any, shape: tuple[int, ...]) -> bool:
+    """Whether ``layout`` is that of an array read from a TMEM buffer of the M=64 collective
+    layout (64 rows of a collective matmul's accumulator)."""
+    return len(shape) == 2 and shape[0] == 64 and shape[1] % 16 == 0 and \
+        layout == mgpu.tcgen05.fa_m64_collective_layout(shape[1])
 
 
 def literal(value: Any, aval: Any) -> Any:

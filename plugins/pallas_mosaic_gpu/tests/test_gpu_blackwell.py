@@ -200,9 +200,10 @@ def test_refusals_name_the_problem(build: Any, error: type, match: str) -> None:
 
 
 def test_tmem_options_refused() -> None:
-    with pytest.raises(pl.UnsupportedError, match="packed="):
-        plgpu.TMEM((128, 128), F32, packed=True)
+    assert plgpu.TMEM((128, 128), F32, packed=True).memory_space.packing == 1
     with pytest.raises(pl.PallasError, match=r"is not a plgpu\.TMEMLayout"):
         plgpu.TMEM((128, 128), F32, layout="x")
-    with pytest.raises(pl.UnsupportedError, match="32-bit"):
+    with pytest.raises(pl.PallasError, match="narrower than 32 bits needs packed="):
         plgpu.TMEM((128, 128), F16)
+    with pytest.raises(pl.UnsupportedError, match="2-D"):
+        plgpu.TMEM((2, 128, 128), F32)

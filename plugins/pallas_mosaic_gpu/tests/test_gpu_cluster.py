@@ -390,8 +390,7 @@ def test_the_interpreter_runs_claiming_work_for_a_cluster() -> None:
 def test_collective_tmem_and_tcgen05_checks() -> None:
     space = plgpu.TMEM((128, 256), F32, collective=True).memory_space
     assert space.collective and space != plgpu.TMEM and space.name == "TMEM"
-    with pytest.raises(pl.UnsupportedError, match="packed="):
-        plgpu.TMEM((128, 128), F32, packed=True)
+    assert plgpu.TMEM((128, 128), F16, packed=True, collective=True).memory_space.packing == 2
 
     def body(x_ref: Any, o_ref: Any, acc: Any, s: Any, bar: Any) -> None:
         plgpu.tcgen05_mma(acc, s, s, collective_axis="x")

@@ -12,9 +12,7 @@ the tcgen05 instructions, counted by kind (``kind::mxf8f6f4.block_scale``, ``.sp
 
 from __future__ import annotations
 
-import collections
 import inspect
-import re
 from typing import Any
 
 import jax
@@ -26,7 +24,7 @@ import pallas_core as pl
 
 plgpu = pytest.importorskip("pallas_mosaic_gpu")
 jplgpu = pytest.importorskip("jax.experimental.pallas.mosaic_gpu")
-from pallas_mosaic_gpu import inspection, targets  # noqa: E402
+from pallas_mosaic_gpu import inspection  # noqa: E402
 
 F32 = jnp.float32
 S = jax.ShapeDtypeStruct
@@ -159,15 +157,8 @@ def _uniform(seed: int, shape: tuple[int, int], dtype: Any) -> jax.Array:
     return jax.random.uniform(jax.random.key(seed), shape, F32, -1.0, 1.0).astype(dtype)
 
 
-def _tcgen05(module: Any) -> collections.Counter[str]:
-    return collections.Counter(re.findall(r"tcgen05\.[\w.:]+", str(module)))
-
-
-def _lower(fn: Any, *args: Any) -> Any:
-    with targets.assume(targets.BLACKWELL):  # else JAX's marks the module sm_90a
-        text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-    (kernel,) = inspection.kernels(text)  # hash checked, parsed back and verified
-    return kernel
+_tcgen05 = inspection.tcgen05_counts
+_lower = inspection.blackwell_kernel
 
 
 def _agree(ours: Any, theirs: Any, *args: Any) -> Any:
@@ -282,7 +273,7 @@ def test_tmem_layouts_check_their_buffers() -> None:
         plgpu.TMEM((128, 8), F32, layout=layout.SCALES_LAYOUT)
     with pytest.raises(pl.PallasError, match="columns of 64"):
         plgpu.TMEM((128, 32), jnp.uint2, layout=layout.SPARSE_METADATA_LAYOUT)
-    with pytest.raises(pl.UnsupportedError, match="M64_COLLECTIVE_LAYOUT"):
-        plgpu.TMEM((128, 128), F32, layout=layout.M64_COLLECTIVE_LAYOUT)
+    with pytest.raises(pl.UnsupportedError, match="SCALES_M64_COLLECTIVE_LAYOUT"):
+        plgpu.TMEM((256, 4), jnp.float8_e8m0fnu, layout=layout.SCALES_M64_COLLECTIVE_LAYOUT)
     with pytest.raises(pl.PallasError, match="packed= and layout="):
         plgpu.TMEM((128, 8), jnp.float8_e8m0fnu, layout=layout.SCALES_LAYOUT, packed=True)
