@@ -117,15 +117,20 @@ def _cond(state: GPULowering, eqn: Any, pred: Any, *args: Any, branches: Any, **
     before = {k: state.accs[k] for k in keys}
     avals = [v.aval for v in eqn.outvars]
 
+    # The selector, computed once for the draft and the conditional below.
+    if len(branches) == 2:
+        selector = arith.cmpi(arith.CmpIPredicate.ne, i32(pred) if not isinstance(
+            pred.type, ir.IntegerType) or ir.IntegerType(pred.type).width != 1 else
+            arith.extui(ir.IntegerType.get_signless(32), pred), i32(0))
+    else:
+        selector = index(i32(pred))
+
     def make(types: list[ir.Type]) -> tuple[Any, list[Any]]:
         if len(branches) == 2:
-            cond = arith.cmpi(arith.CmpIPredicate.ne, i32(pred) if not isinstance(
-                pred.type, ir.IntegerType) or ir.IntegerType(pred.type).width != 1 else
-                arith.extui(ir.IntegerType.get_signless(32), pred), i32(0))
-            op = scf.IfOp(cond, types, has_else=True)
+            op = scf.IfOp(selector, types, has_else=True)
             return op, [op.else_block, op.then_block]
         # lax.switch: an scf.index_switch, as JAX lowers it (the last branch its default)
-        op = scf.IndexSwitchOp(types, index(i32(pred)), range(len(branches) - 1))
+        op = scf.IndexSwitchOp(types, selector, range(len(branches) - 1))
         regions = list(op.regions)
         return op, [r.blocks[0] for r in (*regions[1:], regions[0])]
 

@@ -500,11 +500,17 @@ def _pop(c: Compiler, op: ir.Operation) -> _Fn:
         value = mxus.accs.pop((mxu, addr), None)  # type: ignore[arg-type]
         if value is None:  # never accumulated into since it was last popped: zero
             return np.zeros(shape, dtype)
-        if value.shape != tuple(shape):
-            raise EmulationError(f"{op.name} at {op.location} pops {tuple(shape)} from "
-                                 f"accumulator {addr} of MXU {mxu}, which holds {value.shape}.")
-        return value.astype(dtype)
+        return _popped(op, value, f"accumulator {addr} of MXU {mxu}")
     return run
+
+
+def _popped(op: ir.Operation, value: np.ndarray, where: str) -> np.ndarray:
+    """``value``, popped from ``where`` by ``op``, as the op's result type."""
+    shape = tuple(shape_of(op.results[0].type))
+    if value.shape != shape:
+        raise EmulationError(f"{op.name} at {op.location} pops {shape} from {where}, which "
+                             f"holds {value.shape}.")
+    return value.astype(dtype_of(op.results[0].type))
 
 
 def _lhs_fifo(c: Compiler, op: ir.Operation) -> _Fn:
@@ -515,18 +521,13 @@ def _lhs_fifo(c: Compiler, op: ir.Operation) -> _Fn:
 
 def _pop_fifo(c: Compiler, op: ir.Operation) -> _Fn:
     mxus, mxu = _state(c).mxu, _attr(op, "mxu_index")
-    shape, dtype = shape_of(op.results[0].type), dtype_of(op.results[0].type)
 
     def run() -> Any:
         queue = mxus.fifo.get(mxu)  # type: ignore[arg-type]
         if not queue:
             raise EmulationError(f"{op.name} at {op.location} pops the result FIFO of MXU "
                                  f"{mxu}, which is empty.")
-        value = queue.pop(0)
-        if value.shape != tuple(shape):
-            raise EmulationError(f"{op.name} at {op.location} pops {tuple(shape)}; the FIFO's "
-                                 f"result is {value.shape}.")
-        return value.astype(dtype)
+        return _popped(op, queue.pop(0), f"the result FIFO of MXU {mxu}")
     return run
 
 

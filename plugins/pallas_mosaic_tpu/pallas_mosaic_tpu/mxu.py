@@ -61,6 +61,10 @@ def _no_results(*args: Any, **params: Any) -> tuple[list[Any], set[Any]]:
     return [], {mxu_effect}
 
 
+def _array_result(*args: Any, shape: tuple[int, ...], dtype: Any, **params: Any) -> Any:
+    return plb.ShapedArray(shape, dtype), {mxu_effect}
+
+
 matmul_push_rhs_p = plb.Primitive("tpu_matmul_push_rhs")
 """Operand: the RHS. Params: ``staging_register``, ``mxu_index``, ``transpose``."""
 matmul_push_rhs_p.multiple_results = True
@@ -90,8 +94,7 @@ matmul_pop_at_p = plb.Primitive("tpu_matmul_pop_at")
 """JAX 0.10's form. Operands: the ``(lhs, rhs)`` pairs accumulated at the address while
 tracing, where all are known (``known``). Params: ``acc_addr``, ``mxu_index``, ``shape``,
 ``dtype``, ``known``."""
-matmul_pop_at_p.def_effectful_abstract_eval(
-    lambda *args, shape, dtype, **params: (plb.ShapedArray(shape, dtype), {mxu_effect}))
+matmul_pop_at_p.def_effectful_abstract_eval(_array_result)
 
 
 matmul_lhs_fifo_p = plb.Primitive("tpu_matmul_lhs_fifo")
@@ -102,8 +105,7 @@ matmul_lhs_fifo_p.def_effectful_abstract_eval(_no_results)
 matmul_pop_fifo_p = plb.Primitive("tpu_matmul_pop_fifo")
 """Operands: the ``(lhs, rhs)`` of the product at the FIFO's head where it is known while
 tracing (``known``). Params: ``mxu_index``, ``shape``, ``dtype``, ``known``."""
-matmul_pop_fifo_p.def_effectful_abstract_eval(
-    lambda *args, shape, dtype, **params: (plb.ShapedArray(shape, dtype), {mxu_effect}))
+matmul_pop_fifo_p.def_effectful_abstract_eval(_array_result)
 
 
 @dataclasses.dataclass
@@ -339,7 +341,9 @@ def _product(lhs: Any, rhs: Any) -> Any:
     return jnp.dot(lhs, rhs, preferred_element_type=acc, precision=lax.Precision.HIGHEST)
 
 
-def _push_reference(ctx: Any, rhs: Any, **params: Any) -> list[Any]:
+def _nothing(ctx: Any, *args: Any, **params: Any) -> list[Any]:
+    """The interpreter's meaning of an MXU operation whose effect is computed where its
+    result is read (the pops have the products as operands)."""
     return []
 
 
@@ -350,48 +354,34 @@ def _acc_lhs_discharge(in_avals: Any, out_avals: Any, acc: Any, lhs: Any, *rhs: 
     return (acc + _product(lhs, rhs[0]).astype(acc.dtype), None, None), []
 
 
-def _acc_lhs_at_reference(ctx: Any, *args: Any, has_rhs: bool, **params: Any) -> list[Any]:
-    return []  # the products are computed when popped (the pop has them as operands)
-
-
 def _pop_discharge(in_avals: Any, out_avals: Any, acc: Any, **params: Any) -> Any:
     return (jnp.zeros_like(acc),), acc
 
 
-def _pop_at_reference(ctx: Any, *pairs: Any, shape: tuple[int, ...], dtype: Any, known: bool,
-                      **params: Any) -> Any:
-    if not known:
-        raise _unknown("matmul_pop")
-    total = sum(_product(pairs[i], pairs[i + 1]) for i in range(0, len(pairs), 2))
-    if tuple(total.shape) != tuple(shape):
-        raise PallasError(f"pltpu.matmul_pop: the accumulator holds {tuple(total.shape)}, "
-                          f"{tuple(shape)} was asked for.")
-    return total.astype(dtype)
-
-
-def _lhs_fifo_reference(ctx: Any, *args: Any, **params: Any) -> list[Any]:
-    return []
-
-
-def _pop_fifo_reference(ctx: Any, *args: Any, shape: tuple[int, ...], dtype: Any,
-                        known: bool, **params: Any) -> Any:
-    if not known:
-        raise _unknown("matmul_pop_fifo")
-    out = _product(*args)
-    if tuple(out.shape) != tuple(shape):
-        raise PallasError(f"pltpu.matmul_pop_fifo: the FIFO's result is {tuple(out.shape)}, "
-                          f"{tuple(shape)} was asked for.")
-    return out.astype(dtype)
+def _popped(fn: str, what: str) -> Any:
+    """The interpreter's meaning of a pop (``fn``) whose operands are the ``(lhs, rhs)``
+    pairs of the products it returns, summed (``what`` holds them)."""
+    def reference(ctx: Any, *pairs: Any, shape: tuple[int, ...], dtype: Any, known: bool,
+                  **params: Any) -> Any:
+        if not known:
+            raise _unknown(fn)
+        total = sum(_product(pairs[i], pairs[i + 1]) for i in range(0, len(pairs), 2))
+        if tuple(total.shape) != tuple(shape):
+            raise PallasError(f"pltpu.{fn}: {what} holds {tuple(total.shape)}, "
+                              f"{tuple(shape)} was asked for.")
+        return total.astype(dtype)
+    return reference
 
 
 SEMANTICS = (
-    PrimitiveSemantics(matmul_push_rhs_p, evaluate=_push_reference),
+    PrimitiveSemantics(matmul_push_rhs_p, evaluate=_nothing),
     PrimitiveSemantics(matmul_acc_lhs_p, discharge=_acc_lhs_discharge),
-    PrimitiveSemantics(matmul_acc_lhs_at_p, evaluate=_acc_lhs_at_reference),
+    PrimitiveSemantics(matmul_acc_lhs_at_p, evaluate=_nothing),
     PrimitiveSemantics(matmul_pop_p, discharge=_pop_discharge),
-    PrimitiveSemantics(matmul_pop_at_p, evaluate=_pop_at_reference),
-    PrimitiveSemantics(matmul_lhs_fifo_p, evaluate=_lhs_fifo_reference),
-    PrimitiveSemantics(matmul_pop_fifo_p, evaluate=_pop_fifo_reference),
+    PrimitiveSemantics(matmul_pop_at_p, evaluate=_popped("matmul_pop", "the accumulator")),
+    PrimitiveSemantics(matmul_lhs_fifo_p, evaluate=_nothing),
+    PrimitiveSemantics(matmul_pop_fifo_p,
+                       evaluate=_popped("matmul_pop_fifo", "the FIFO's head")),
 )
 
 

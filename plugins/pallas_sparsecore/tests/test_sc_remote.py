@@ -44,6 +44,12 @@ OPS = ("tpu.enqueue_dma", "tpu.wait_dma", "tpu.wait_dma2", "tpu.sem_signal", "tp
        "tpu.sem_barrier", "tpu.device_id")
 
 
+def _mesh(sc: Any, subcores: int) -> Any:
+    """One SparseCore's vector subcores (``sc``: this project's ``plsc`` or JAX's)."""
+    return sc.VectorSubcoreMesh(core_axis_name="c", subcore_axis_name="s", num_cores=1,
+                                num_subcores=subcores)
+
+
 def _need(n: int) -> None:
     if jax.device_count() < n:
         pytest.skip(f"needs {n} devices: XLA_FLAGS=--xla_force_host_platform_device_count=8")
@@ -72,8 +78,7 @@ def ring(ours: bool, n: int, dtype: Any, abstract: bool = False, **kw: Any) -> A
     p, tpu, sc = _namespaces(ours)
 
     def per_device(x: Any) -> Any:
-        mesh = sc.VectorSubcoreMesh(core_axis_name="c", subcore_axis_name="s", num_cores=1,
-                                    num_subcores=SUBCORES)
+        mesh = _mesh(sc, SUBCORES)
 
         @p.kernel(out_type=jax.ShapeDtypeStruct((SUBCORES, W), dtype), mesh=mesh,
                   scratch_types=[tpu.VMEM((W,), dtype), tpu.SemaphoreType.DMA,
@@ -99,8 +104,7 @@ def all_gather(ours: bool, n: int, dtype: Any, abstract: bool = False, **kw: Any
     p, tpu, sc = _namespaces(ours)
 
     def per_device(x: Any) -> Any:
-        mesh = sc.VectorSubcoreMesh(core_axis_name="c", subcore_axis_name="s", num_cores=1,
-                                    num_subcores=SUBCORES)
+        mesh = _mesh(sc, SUBCORES)
 
         @p.kernel(out_type=jax.ShapeDtypeStruct((SUBCORES, n, W), dtype), mesh=mesh,
                   scratch_types=[tpu.VMEM((W,), dtype), tpu.VMEM((n, W), dtype),
@@ -230,8 +234,7 @@ def test_a_remote_gather_is_refused() -> None:
     _need(2)
 
     def per_device(x: Any) -> Any:
-        mesh = plsc.VectorSubcoreMesh(core_axis_name="c", subcore_axis_name="s",
-                                      num_cores=1, num_subcores=1)
+        mesh = _mesh(plsc, 1)
 
         @pl.kernel(out_type=jax.ShapeDtypeStruct((8, W), jnp.float32), mesh=mesh,
                    scratch_types=[pltpu.VMEM((8,), jnp.int32), pltpu.VMEM((8, W), jnp.float32),
@@ -242,7 +245,7 @@ def test_a_remote_gather_is_refused() -> None:
         return k(x)
 
     x = jnp.zeros((16, W), jnp.float32)
-    with pytest.raises(Exception, match=r"remote gather or scatter.*sparsecore"):
+    with pytest.raises(pl.UnsupportedError, match=r"remote gather or scatter.*sparsecore"):
         _lowered(lambda n: _sharded(per_device, n, abstract=True), 2, x)
 
 
@@ -251,8 +254,7 @@ def test_remote_waits_nothing_sends_are_reported() -> None:
     _need(2)
 
     def per_device(x: Any) -> Any:
-        mesh = plsc.VectorSubcoreMesh(core_axis_name="c", subcore_axis_name="s",
-                                      num_cores=1, num_subcores=1)
+        mesh = _mesh(plsc, 1)
 
         @pl.kernel(out_type=jax.ShapeDtypeStruct((1, W), jnp.float32), mesh=mesh,
                    scratch_types=[pltpu.VMEM((W,), jnp.float32), pltpu.SemaphoreType.DMA,
@@ -279,8 +281,7 @@ def scoped_ring(n: int, **kw: Any) -> Any:
     """The ring through ``pl.run_scoped`` buffers and semaphores: each subcore sends its
     scoped VMEM row into the same subcore's scoped VMEM on the next device."""
     def per_device(x: Any) -> Any:
-        mesh = plsc.VectorSubcoreMesh(core_axis_name="c", subcore_axis_name="s", num_cores=1,
-                                      num_subcores=SUBCORES)
+        mesh = _mesh(plsc, SUBCORES)
 
         @pl.kernel(out_type=jax.ShapeDtypeStruct((SUBCORES, W), x.dtype), mesh=mesh,
                    compiler_params=_params(True), **kw)
