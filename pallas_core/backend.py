@@ -47,6 +47,14 @@ JAX's own primitives that kernels may hold, for backends that lower them as JAX 
 (its Mosaic GPU register layout's parts) and ``mosaic_gpu_explicit_layout`` (such a layout, for
 tests).
 
+**Symbolic shapes** (``jax.export`` with shape polymorphism; a backend declaring the
+``symbolic_blocks`` capability receives them): ``is_symbolic_dim``, ``is_static_shape``,
+``dynamic_shapes_export_enabled`` (JAX's ``pallas_dynamic_shapes_export`` flag, which
+``pl.pallas_export_experimental`` sets), ``dim_as_value_p`` (a dimension's value in a kernel),
+``dimension_variables`` and ``dimension_program`` (the StableHLO program computing a dimension
+from its variables, as JAX's export writes it), ``run_dimension_program`` (that program run
+with numpy, for emulators); ``KernelCall.symbolic_dims`` and ``KernelCall.with_dims``.
+
 **Refs and effects**: ``AbstractRef``, ``ref_type_of``, ``shape_after_transforms``,
 ``NDIndexer``, ``Slice``, ``ds``, ``BitcastTransform``, ``ReshapeTransform``, the state
 primitives ``get_p``, ``swap_p``, ``addupdate_p``, ``broadcast_to_p``; ``Effect``,
@@ -100,9 +108,13 @@ from pallas_core._jax import (
     cond_p,
     custom_fusion_p,
     debug_callback_p,
+    dim_as_value_p,
+    dimension_program,
+    dimension_variables,
     discharge_rules_wrapped,
     discharge_state,
     ds,
+    dynamic_shapes_export_enabled,
     emit_custom_call,
     empty_ref_p,
     explicit_layout,
@@ -111,6 +123,8 @@ from pallas_core._jax import (
     get_p,
     internal_mutable_array_effect,
     is_ref_effect,
+    is_static_shape,
+    is_symbolic_dim,
     is_var,
     jax_lowering_rule_names,
     jax_mosaic_primitive,
@@ -148,6 +162,7 @@ from pallas_core._jax import (
 from pallas_core.copies import Indices
 from pallas_core.deprecations import Deprecated, Deprecations
 from pallas_core.emulation.call import EmulatedCall
+from pallas_core.emulation.shape_programs import run as run_dimension_program
 from pallas_core.errors import PallasError, UnsupportedError, unsupported
 from pallas_core.grid_mapping import BlockMapping, GridMapping
 from pallas_core.hookspecs import hookimpl
@@ -205,6 +220,9 @@ __all__ = [
     "cond_p", "is_var", "jaxpr_from_eqns", "scan_p", "scan_parts", "source_line", "stack_p",
     "extend_axis_env", "trace_to_jaxpr", "typeof", "unstack_p", "user_context", "while_p",
     "written_invars",
+    # symbolic shapes (jax.export with shape polymorphism)
+    "dim_as_value_p", "dimension_program", "dimension_variables", "dynamic_shapes_export_enabled",
+    "is_static_shape", "is_symbolic_dim", "run_dimension_program",
     "check_p", "custom_fusion_p", "debug_callback_p", "empty_ref_p", "failed_check",
     "platform_branch", "platform_index_p", "stage_p",
     "auto_layout", "explicit_layout", "mosaic_gpu_explicit_layout", "mosaic_gpu_tiled_layout",

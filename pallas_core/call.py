@@ -389,7 +389,11 @@ def trace_kernel(kernel: Callable[..., Any], gm: gmap.GridMapping, in_tree: Any,
         with prims.barrier_semaphore_context(refs[-1]):
             return flat_kernel(*refs[:-1])
 
-    ctx = prims.KernelTraceContext(gm.user_grid, gm.grid_names)
+    grid = gm.user_grid
+    if gm.symbolic_sizes and _jax.dynamic_shapes_export_enabled():
+        # pl.num_programs of a symbolic axis is its dimension, as in JAX's export mode.
+        grid = tuple(s if s is not None else g for g, s in zip(grid, gm.symbolic_sizes))
+    ctx = prims.KernelTraceContext(grid, gm.grid_names)
     with prims.kernel_trace_context(ctx):
         try:
             jaxpr, _, consts = _jax.trace_to_jaxpr(flat_kernel, avals, name=kernel_name,
@@ -698,8 +702,11 @@ def _make_grid_mapping(spec: GridSpec, args: Sequence[Any], spec_tree: Any,
                                          prefetch_tree)
                  for s, x, origin in zip([*in_specs, *out_specs], [*args[n_pf:], *outs],
                                          origins[n_pf:])]
+    symbolic = tuple(g for g in spec.grid if _jax.is_symbolic_dim(g))
     return gmap.GridMapping(grid, tuple(mappings), len(args), len(outs), scratch, 0,
-                            grid_names, n_pf, is_mesh)
+                            grid_names, n_pf, is_mesh,
+                            symbolic_sizes=tuple(g if _jax.is_symbolic_dim(g) else None
+                                                 for g in spec.grid) if symbolic else ())
 
 
 def _check_aliases(aliases: Sequence[tuple[int, int]], args: Sequence[Any],
@@ -732,6 +739,13 @@ def _check_grid_and_block_forms(call: KernelCall, backend: str, capabilities: An
         found.append(("dynamic_grid", f"its grid {gm.user_grid} has dynamic sizes",
                       "give the grid Python int sizes (e.g. a static upper bound, skipping "
                       "the extra steps with pl.when)"))
+    symbolic = [bm for bm in gm.block_mappings
+                if not _jax.is_static_shape([b for b in bm.block_shape if b is not None])]
+    if symbolic:
+        found.append(("symbolic_blocks", f"{symbolic[0].origin} has the symbolic block shape "
+                      f"{symbolic[0].block_shape} (jax.export with shape polymorphism)",
+                      "give every block static sizes (the backend compiles a kernel for "
+                      "static block shapes), or export for TPU (backend='mosaic_tpu')"))
     for bm in gm.block_mappings:
         for d in bm.dims:
             if isinstance(d, Element):

@@ -238,19 +238,18 @@ def empty_ref_like(x: Any) -> Any:
 def pallas_export_experimental(dynamic_shapes: bool) -> Iterator[None]:
     """JAX's switch for exporting kernels with symbolic (dynamic) shapes, as a context manager.
 
-    ``dynamic_shapes=False`` is what kernels here always are (static shapes): the block does
-    what it would do without it. ``dynamic_shapes=True`` raises an ``UnsupportedError`` when
-    entered, since block shapes here must be concrete ints.
+    Outside it, ``jax.export`` with shape polymorphism takes kernels whose blocks have static
+    shapes: a symbolic grid size becomes a dynamic grid axis. Inside it with
+    ``dynamic_shapes=True``, blocks may have symbolic shapes too (a whole array of symbolic
+    shape); a backend that exports them (Mosaic TPU) writes each symbolic dimension as a
+    placeholder constant and tells the runtime how to compute it (JAX's own flag,
+    ``pallas_dynamic_shapes_export``, is set inside the block).
     """
     if not isinstance(dynamic_shapes, (bool, np.bool_)):
         raise ArgumentError(f"pl.pallas_export_experimental(dynamic_shapes={dynamic_shapes!r})"
-                            ": expected a bool. Fix: dynamic_shapes=False.")
-    if dynamic_shapes:
-        raise UnsupportedError(
-            "pl.pallas_export_experimental(dynamic_shapes=True): kernels here have static "
-            "shapes; symbolic block shapes are not supported. Fix: export with concrete "
-            "shapes (dynamic_shapes=False, or jax.export with concrete argument shapes).")
-    yield
+                            ": expected a bool. Fix: dynamic_shapes=True.")
+    with _jax.export_dynamic_shapes(bool(dynamic_shapes)):
+        yield
 
 
 # --- names of jax.experimental.pallas not provided here -----------------------------------------

@@ -169,6 +169,9 @@ class GridMapping:
     is_mesh: bool = False
     """The user grid is a ``pl.kernel``/``pl.core_map`` mesh: its points are cores that run
     in parallel (a named ``pallas_call`` grid is not)."""
+    symbolic_sizes: tuple[Any, ...] = ()
+    """Per axis of the user grid, the symbolic dimension its size was given as (``jax.export``
+    with shape polymorphism; the axis is dynamic), else ``None``; empty when none is."""
 
     @property
     def user_grid(self) -> tuple[int, ...]:
@@ -387,6 +390,14 @@ def make_block_mapping(spec: Any, x: Any, grid: tuple[int, ...], origin: str,
     else:
         dims = _normalize_block_shape(spec, shape, origin, kernel_name)
     block = tuple(None if isinstance(d, Squeezed) else block_dim_size(d) for d in dims)
+    if not _jax.is_static_shape([b for b in block if b is not None]) and not (
+            _jax.dynamic_shapes_export_enabled()):
+        raise BlockSpecError(
+            f"In kernel {kernel_name!r}, {origin} has the symbolic block shape {block} "
+            "(jax.export with shape polymorphism); blocks of symbolic shape are exported only "
+            "in JAX's dynamic-shape export mode. Fix: give the block static sizes "
+            "(pl.BlockSpec((8, 128), ...)), or export inside "
+            "pl.pallas_export_experimental(dynamic_shapes=True).")
     index_map = _trace_index_map(spec, dims, grid, shape, origin, kernel_name, prefetch_avals,
                                  grid_names, prefetch_tree)
     plain = all(isinstance(d, (Blocked, Squeezed)) for d in dims)
@@ -410,6 +421,8 @@ def check_index_maps_in_bounds(gm: GridMapping, kernel_name: str, inputs: bool =
         return
     for k, bm in enumerate(gm.block_mappings):
         if bm.is_whole_array or not bm.array_shape or (not inputs and k < gm.num_inputs):
+            continue
+        if not _jax.is_static_shape(bm.array_shape):  # its size is known when it runs
             continue
         point = _first_point_out_of_bounds(bm, gm.grid)
         if point is not None:

@@ -146,12 +146,13 @@ num_programs_p.def_abstract_eval(lambda *, axis: _jax.ShapedArray((), jnp.int32)
 
 def num_programs(axis: int) -> int | jax.Array:
     """The size of the grid along ``axis``: an int, or a traced int32 scalar for an axis of a
-    dynamic grid (a size given as a JAX array)."""
+    dynamic grid (a size given as a JAX array). A symbolic size (``jax.export``) is itself
+    inside ``pl.pallas_export_experimental(dynamic_shapes=True)``, as in JAX."""
     env = _env_axis("num_programs", axis)
     if env is not None:
         return env[1][axis]
     size = _current_grid("num_programs")[_check_axis("num_programs", axis)]
-    if isinstance(size, int):
+    if isinstance(size, int) or _jax.is_symbolic_dim(size):
         return size
     return num_programs_p.bind(axis=axis)
 

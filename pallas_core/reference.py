@@ -192,7 +192,8 @@ def _eval_eqn(eqn: Any, invals: list[Any], ctx: ReferenceContext, rules: Rules) 
             )
         return handler(invals, params, ctx, rules)
     static = not any(isinstance(x, _jax.Tracer) for x in invals)
-    if static and not subs and not eqn.effects and all(v.aval.shape == () for v in eqn.outvars):
+    if (static and not subs and not eqn.effects and all(v.aval.shape == () for v in eqn.outvars)
+            and prim is not _jax.dim_as_value_p):  # known only in the exported program
         # Scalar arithmetic on a constant grid step, folded now; outside any mesh, since
         # arrays made eagerly under shard_map's mesh are sharded over it and do not mix.
         with jax.ensure_compile_time_eval(), _jax.no_mesh():

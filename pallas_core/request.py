@@ -39,6 +39,35 @@ class KernelCall:
         """A copy with ``changes`` applied."""
         return dataclasses.replace(self, **changes)
 
+    @property
+    def symbolic_dims(self) -> tuple[Any, ...]:
+        """The distinct symbolic dimensions the kernel sees (``jax.export`` with shape
+        polymorphism), in the order a lowering meets them: its operands (blocks, then
+        scratch), its body, the index maps, then the grid's sizes. Empty for a kernel of
+        static shapes. (The shapes of the arrays outside the kernel are not counted.)"""
+        seen: dict[Any, None] = {}
+
+        def note(d: Any) -> Any:
+            seen.setdefault(d, None)
+            return d
+
+        gm = self.grid_mapping
+        _jax.map_dims(([v.aval for v in self.jaxpr.jaxpr.invars], self.jaxpr,
+                       [bm.index_map for bm in gm.block_mappings], gm.symbolic_sizes), note)
+        return tuple(seen)
+
+    def with_dims(self, fn: Callable[[Any], int]) -> KernelCall:
+        """This call with each symbolic dimension ``d`` replaced by the int ``fn(d)``:
+        in the grid (a dynamic axis given as a symbolic size becomes static), the blocks,
+        arrays and scratch, the index maps and the kernel's jaxpr. For a backend that writes
+        symbolic dimensions as placeholder constants (Mosaic TPU's dynamic-shape export)."""
+        gm = self.grid_mapping
+        if gm.symbolic_sizes:
+            sizes = iter((None,) * gm.num_batch_axes + gm.symbolic_sizes)
+            grid = tuple(fn(s) if (s := next(sizes)) is not None else g for g in gm.grid)
+            gm = dataclasses.replace(gm, grid=grid, symbolic_sizes=())
+        return _jax.map_dims(self.replace(grid_mapping=gm), fn)  # type: ignore[no-any-return]
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class LoweringRequest:

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pallas_core import _jax
 from pallas_core.errors import ArgumentError, BlockSpecError, UnsupportedError
 
 
@@ -99,7 +100,9 @@ class Squeezed:
 squeezed = Squeezed()
 
 
-def _check_size(kind: str, block_size: Any, minimum: int = 1) -> int:
+def _check_size(kind: str, block_size: Any, minimum: int = 1) -> Any:
+    if _jax.is_symbolic_dim(block_size):  # a whole dimension of a shape-polymorphic array
+        return block_size
     if (not isinstance(block_size, (int, np.integer)) or isinstance(block_size, bool)
             or block_size < minimum):
         raise BlockSpecError(
@@ -200,6 +203,8 @@ def block_dim(entry: Any) -> BlockDim:
         return entry
     if isinstance(entry, (int, np.integer)) and not isinstance(entry, bool) and entry > 0:
         return Blocked(int(entry))
+    if _jax.is_symbolic_dim(entry):  # jax.export with shape polymorphism
+        return Blocked(entry)
     raise BlockSpecError(
         f"block_shape entry {entry!r}: expected a positive int, None, pl.squeezed, "
         "pl.Blocked(n), pl.Element(n) or pl.BoundedSlice(n).")
@@ -326,11 +331,14 @@ no_block_spec: Any = _NoBlockSpec()
 
 
 def is_dynamic_size(size: Any) -> bool:
-    """``size`` is a grid size known only when the kernel runs: a JAX array (traced or not)."""
-    return isinstance(size, jax.Array)
+    """``size`` is a grid size known only when the kernel runs: a JAX array (traced or not),
+    or a symbolic dimension (``jax.export`` with shape polymorphism)."""
+    return isinstance(size, jax.Array) or _jax.is_symbolic_dim(size)
 
 
 def _grid_size(g: Any, grid: Any) -> Any:
+    if _jax.is_symbolic_dim(g):
+        return g
     if is_dynamic_size(g):
         if g.size != 1 or not jnp.issubdtype(g.dtype, jnp.integer):
             raise BlockSpecError(

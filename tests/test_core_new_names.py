@@ -14,6 +14,7 @@ import pytest
 from jax.experimental import pallas as jax_pl
 
 import pallas_core as pl
+from pallas_core import backend as plb
 
 
 def _x(shape: tuple[int, ...] = (8, 16), seed: int = 0) -> jax.Array:
@@ -47,8 +48,12 @@ def test_pallas_export_experimental_with_static_shapes_changes_nothing() -> None
                        jax.ShapeDtypeStruct(x.shape, x.dtype), backend="interpret")
     with pl.pallas_export_experimental(dynamic_shapes=False):
         np.testing.assert_allclose(f(x), x + 1.0)
-    with (pytest.raises(pl.UnsupportedError, match="dynamic_shapes=True"),
-          pl.pallas_export_experimental(dynamic_shapes=True)):
+    with pl.pallas_export_experimental(dynamic_shapes=True):  # JAX's flag, set inside only
+        assert plb.dynamic_shapes_export_enabled()
+        np.testing.assert_allclose(f(x), x + 1.0)
+    assert not plb.dynamic_shapes_export_enabled()
+    with (pytest.raises(pl.ArgumentError, match="expected a bool"),
+          pl.pallas_export_experimental(dynamic_shapes="yes")):  # type: ignore[arg-type]
         pass
 
 

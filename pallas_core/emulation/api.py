@@ -25,6 +25,7 @@ from jaxlib.mlir import ir
 
 from pallas_core import _jax
 from pallas_core.call import pallas_call_p
+from pallas_core.emulation import shape_programs
 from pallas_core.emulation.call import EmulatedCall, EmulateOptions, Joint
 from pallas_core.emulation.machine import Compiler, Rule
 from pallas_core.emulation.types import attribute_array, dtype_of, shape_of
@@ -134,14 +135,34 @@ def _kernel_primitives() -> dict[Any, str]:
         kinds[jax_prims["core_map"]] = "jax_core_map"
     if "mpmd_map" in jax_prims:
         kinds[jax_prims["mpmd_map"]] = "jax_pallas_call"
+    kinds[_jax.call_exported_primitive()] = "exported"
     return kinds
+
+
+_KERNEL_TARGETS = ("@tpu_custom_call", "@__gpu$xla.gpu.triton", "@mosaic_gpu")
+"""Custom-call targets of kernels, as they appear in an exported program's text."""
+
+
+@functools.lru_cache(maxsize=64)
+def _exports_kernel(exported: Any) -> bool:
+    """Whether a ``jax.export.Exported`` program calls a kernel (a hardware custom call)."""
+    text = str(exported.mlir_module())
+    return any(t in text for t in _KERNEL_TARGETS)
+
+
+def _kind(eqn: Any) -> str | None:
+    """What kernel ``eqn`` runs (``"pallas_call"``, ``"exported"``, ...), or ``None``: an
+    exported function counts when its program calls a kernel."""
+    kind = _kernel_primitives().get(eqn.primitive)
+    if kind == "exported" and not _exports_kernel(eqn.params["exported"]):
+        return None
+    return kind
 
 
 def _has_kernel(jaxpr: Any) -> bool:
     from pallas_core.reference import all_eqns
 
-    kinds = _kernel_primitives()
-    return any(eqn.primitive in kinds for eqn in all_eqns(jaxpr))
+    return any(_kind(eqn) is not None for eqn in all_eqns(jaxpr))
 
 
 class _Meshes(threading.local):
@@ -155,7 +176,7 @@ _meshes = _Meshes()
 
 def _replace(eqn: Any, invals: list[Any], *, platform: str, options: EmulateOptions,
              device_kind: str | None = None) -> list[Any] | None:
-    kind = _kernel_primitives().get(eqn.primitive)
+    kind = _kind(eqn)
     if kind is None:
         mesh = _jax.shard_map_mesh(eqn)
         if mesh is None or not any(_has_kernel(j) for j in _jax.sub_jaxprs(eqn.params)):
@@ -176,6 +197,15 @@ def _replace(eqn: Any, invals: list[Any], *, platform: str, options: EmulateOpti
     if kind == "pallas_call":
         params = dict(eqn.params, call=eqn.params["call"].replace(
             backend=options.backend, interpret=False))
+    elif kind == "exported":  # its kernels were lowered when it was exported
+        params = dict(eqn.params)
+        exported = params["exported"]
+        if platform not in exported.platforms:
+            raise UnsupportedError(
+                f"pl.emulate(backend={options.backend!r}): the exported function "
+                f"{exported.fun_name!r} was exported for {list(exported.platforms)}, not "
+                f"{platform!r}. Fix: export it with platforms=[{platform!r}] (or emulate "
+                "with a backend of one of its platforms).")
     else:
         params = dict(eqn.params, interpret=False)
         if params.get("compiler_params") is None and options.backend == "triton":
@@ -278,7 +308,10 @@ class _Kernel:
 
 
 def _jax_kernel_name(params: dict[str, Any]) -> str:
-    """The name of a ``jax.experimental.pallas`` kernel: ``name=``, else its function's."""
+    """The name of a ``jax.experimental.pallas`` kernel: ``name=``, else its function's (or
+    an exported function's)."""
+    if "exported" in params:
+        return str(params["exported"].fun_name)
     debug = getattr(params.get("jaxpr"), "debug_info", None)
     return str(params.get("name") or getattr(debug, "func_name", None) or "kernel")
 
@@ -328,12 +361,24 @@ def _glue_rules(kernel: _Kernel) -> dict[str, Rule]:
         index = ir.IntegerAttr(op.attributes["index"]).value
         return lambda t: t[index]
 
+    def get_dimension_size(c: Compiler, op: ir.Operation) -> Callable[..., Any]:
+        dim = ir.IntegerAttr(op.attributes["dimension"]).value
+        return lambda x: np.int32(np.shape(x)[dim])
+
+    def concatenate(c: Compiler, op: ir.Operation) -> Callable[..., Any]:
+        axis = ir.IntegerAttr(op.attributes["dimension"]).value
+        return lambda *xs: np.concatenate([np.asarray(x) for x in xs], axis=axis)
+
     def manual_computation(c: Compiler, op: ir.Operation) -> Callable[..., Any]:
         body = c.region(op.regions[0])  # one device's part of a shard_map
         n = len(op.results)
         return lambda *xs: (lambda out: out[0] if n == 1 else tuple(out))(body(*xs))
 
-    return {"stablehlo.custom_call": custom_call, "stablehlo.constant": constant,
+    # An exported function computes its symbolic dimensions with integer scalar operations.
+    return {**shape_programs.RULES,
+            "stablehlo.get_dimension_size": get_dimension_size,
+            "stablehlo.concatenate": concatenate,
+            "stablehlo.custom_call": custom_call, "stablehlo.constant": constant,
             "sdy.manual_computation": manual_computation,
             # Where a value is laid out over the mesh, not what it is.
             "sdy.sharding_constraint": lambda c, op: lambda x: x,
@@ -348,9 +393,26 @@ def _glue_rules(kernel: _Kernel) -> dict[str, Rule]:
 _ALIAS = re.compile(r"output_tuple_indices = \[([0-9, ]*)\], operand_index = ([0-9]+)")
 
 
+def _shape_assertion(op: ir.Operation) -> Callable[..., Any]:
+    """An exported function's check of its arguments' shapes: raises its message if false."""
+    message = ir.StringAttr(op.attributes["error_message"]).value
+
+    def run(ok: Any, *values: Any) -> None:
+        if not bool(np.asarray(ok)):
+            raise ArgumentError(message.format(*[int(np.asarray(v)) for v in values]))
+    return run
+
+
 def _custom_call(op: ir.Operation, kernel: _Kernel) -> Callable[..., Any]:
     attrs = op.attributes
     target = ir.StringAttr(attrs["call_target_name"]).value
+    if target == "shape_assertion":
+        return _shape_assertion(op)
+    # Result shapes given as operands (symbolic shapes of an exported function).
+    shape_operands = ([int(i) for i in np.asarray(
+        attribute_array(attrs["indices_of_shape_operands"],
+                        attrs["indices_of_shape_operands"].type))]
+        if "indices_of_shape_operands" in attrs else [])
     config: str | bytes = ""
     if "backend_config" in attrs:
         raw = attrs["backend_config"]
@@ -365,16 +427,21 @@ def _custom_call(op: ir.Operation, kernel: _Kernel) -> Callable[..., Any]:
                 raise UnsupportedError(f"pl.emulate cannot read the alias {alias}")
             indices = [int(i) for i in m.group(1).split(",") if i.strip()]
             aliases.append((indices[0] if indices else 0, int(m.group(2))))
-    results = [(shape_of(r.type), dtype_of(r.type)) for r in op.results]
+    results = [(() if shape_operands else shape_of(r.type), dtype_of(r.type))
+               for r in op.results]
     options = kernel.options
     if target in _SHARDING_MARKS:  # GSPMD's marks around a shard_map body: no data change
         return lambda *xs: xs[0] if len(xs) == 1 else tuple(xs)
     meeting = _Meeting(kernel.devices, kernel.name) if kernel.mesh_shape else None
 
     def run(*operands: Any) -> Any:
+        shapes = [tuple(int(d) for d in np.asarray(operands[k])) for k in shape_operands]
+        operands = tuple(x for k, x in enumerate(operands) if k not in shape_operands)
+        given = [(shape, dt) for shape, (_, dt) in zip(shapes, results, strict=True)] \
+            if shape_operands else results
         call = EmulatedCall(target=target, backend_config=config, attributes=extra,
                             operands=tuple(np.asarray(x) for x in operands),
-                            results=tuple(results), aliases=tuple(aliases), options=options,
+                            results=tuple(given), aliases=tuple(aliases), options=options,
                             name=kernel.name, device=getattr(kernel.here, "device", 0),
                             devices=max(kernel.devices, 1),
                             meeting=meeting.join if meeting is not None else None)
@@ -389,7 +456,7 @@ def _custom_call(op: ir.Operation, kernel: _Kernel) -> Callable[..., Any]:
             raise PallasError(f"the emulator of {target!r} returned {len(outs)} results for "
                               f"kernel {kernel.name!r}, expected {len(results)}")
         fixed = [np.asarray(o).astype(dt, copy=False).reshape(sh)
-                 for o, (sh, dt) in zip(outs, results, strict=True)]
+                 for o, (sh, dt) in zip(outs, given, strict=True)]
         return fixed[0] if len(fixed) == 1 else tuple(fixed)
     return run
 

@@ -13,7 +13,8 @@ feature and compares the kernel's result with plain ``jax.numpy`` on random inpu
 are named by the constants of this module (``ELEMENTWISE``, ``PROGRAM_ID``, ``BLOCKED_GRID``,
 ``ACCUMULATION``, ``WHEN``, ``FORI_LOOP``, ``SCRATCH``, ``ALIASING``, ``MASKED_ACCESS``,
 ``ATOMICS``, ``DEBUG_PRINT``, ``RUN_SCOPED``, ``MESH``, ``JIT``, ``VMAP``,
-``SCALAR_PREFETCH``, ``SEMAPHORES``, ``ASYNC_COPY``, ``ARG_REDUCTION``, ``GATHER``);
+``SCALAR_PREFETCH``, ``SEMAPHORES``, ``ASYNC_COPY``, ``ARG_REDUCTION``, ``GATHER``,
+``SYMBOLIC_BLOCKS``);
 :data:`FEATURES` says
 what each one's tests check.
 
@@ -22,7 +23,7 @@ reason, and ``test_unsupported_feature_raises[<feature>]`` runs the same tests a
 to raise a :class:`pallas_core.PallasError` (typically ``UnsupportedError``), not to return a
 wrong answer or crash inside JAX. The features in :data:`CAPABILITIES` (scratch, aliasing,
 masked access, atomics, debug printing, ``run_scoped``, meshes, vmap, scalar prefetch,
-semaphores, async copies) are capabilities a backend declares in ``BackendInfo.capabilities``:
+semaphores, async copies, symbolic blocks) are capabilities a backend declares in ``BackendInfo.capabilities``:
 one it does not declare is treated as unsupported, and
 ``test_undeclared_capability_is_refused[<feature>]`` fails with "backend X handles <feature> but
 does not declare it" when its tests pass. Two more tests always run: a kernel using a primitive
@@ -69,6 +70,7 @@ SEMAPHORES = "semaphores"
 ASYNC_COPY = "async_copy"
 ARG_REDUCTION = "arg_reduction"
 GATHER = "gather"
+SYMBOLIC_BLOCKS = "symbolic_blocks"
 
 FEATURES: Mapping[str, str] = {
     ELEMENTWISE: "a kernel without a grid: whole arrays in, whole arrays out",
@@ -92,12 +94,15 @@ FEATURES: Mapping[str, str] = {
     ASYNC_COPY: "pallas_core.copies: a local async copy, started then waited on",
     ARG_REDUCTION: "jnp.argmax and jnp.argmin along each axis of a block",
     GATHER: "jnp.take_along_axis along the minor axis of a block, with random indices",
+    SYMBOLIC_BLOCKS: "jax.export with shape polymorphism in pl.pallas_export_experimental"
+                     "(dynamic_shapes=True): whole blocks of symbolic rows and the row count "
+                     "as a value; the exported program runs at two sizes",
 }
 """Every feature the suite tests, by name, with what its tests check."""
 
 CAPABILITIES: frozenset[str] = frozenset({
     SCRATCH, ALIASING, MASKED_ACCESS, ATOMICS, DEBUG_PRINT, RUN_SCOPED, MESH, VMAP,
-    SCALAR_PREFETCH, SEMAPHORES, ASYNC_COPY})
+    SCALAR_PREFETCH, SEMAPHORES, ASYNC_COPY, SYMBOLIC_BLOCKS})
 """The features that are capabilities: a backend that runs one lists it in
 ``BackendInfo.capabilities``, and one it does not list must be refused with a ``PallasError``
 (``test_undeclared_capability_is_refused``). The other features every backend runs."""
@@ -707,3 +712,29 @@ class ConformanceSuite:
         out = self.pallas_call(kernel, _like(x))(x, idx)
         np.testing.assert_array_equal(np.asarray(out),
                                       np.asarray(jnp.take_along_axis(x, idx, axis=1)))
+
+    @feature(SYMBOLIC_BLOCKS)
+    def test_exported_with_symbolic_blocks(self) -> None:
+        """A kernel exported for the backend's platform with ``m`` rows, whole blocks of
+        symbolic shape and ``m`` as a value in the kernel; the program (emulated, for a
+        hardware backend in emulate mode) runs with 8 and 24 rows."""
+        def kernel(x_ref: Any, o_ref: Any) -> None:
+            o_ref[...] = x_ref[...] * 2.0 + jnp.asarray(x_ref.shape[0], x_ref.dtype)
+
+        def f(x: Any) -> Any:
+            return pl.pallas_call(kernel, _like(x), backend=self.backend,
+                                  compiler_params=self.compiler_params)(x)
+
+        # Emulated: for the backend's hardware; else for the machine running the test.
+        hardware = [p for p in manager.get(self.backend).info.platforms if p != "cpu"]
+        platform = hardware[0] if self.emulate else jax.export.default_export_platform()
+        (rows,) = jax.export.symbolic_shape("m")
+        with pl.pallas_export_experimental(dynamic_shapes=True):
+            exported = jax.export.export(jax.jit(f), platforms=[platform])(
+                jax.ShapeDtypeStruct((rows, 128), jnp.float32))
+        run = (pl.emulate(exported.call, backend=self.backend) if self.emulate
+               else exported.call)
+        for n in (8, 24):
+            x = self.random((n, 128))
+            self.assert_close(run(x), x * 2.0 + n)
+

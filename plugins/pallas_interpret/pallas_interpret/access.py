@@ -46,7 +46,10 @@ def _is_static(v: Any) -> bool:
 
 def locate(transforms: Sequence[Any], ref_shape: Sequence[int]) -> Access | None:
     """Where the access through ``transforms`` (indexers applied in turn) lies in a Ref of
-    ``ref_shape``; ``None`` for transforms other than slices and scalar indices."""
+    ``ref_shape``; ``None`` for transforms other than slices and scalar indices, and for a
+    Ref of symbolic shape (exported with ``jax.export``), whose accesses are not checked."""
+    if not plb.is_static_shape(ref_shape):  # a block of symbolic shape (jax.export)
+        return None
     # Each dimension of the current view: (Ref dimension, first position, step, size).
     view: list[tuple[int, Any, int, int]] = [(d, 0, 1, int(n)) for d, n in enumerate(ref_shape)]
     fixed: dict[int, Any] = {}

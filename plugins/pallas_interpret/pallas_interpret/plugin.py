@@ -39,7 +39,8 @@ def pallas_describe() -> BackendInfo:
                                 "run_scoped", "mesh", "aliasing", "vmap",
                                 "foreign_memory_spaces", "scalar_prefetch", "semaphores",
                                 "async_copy", "remote_copy", "checked_mode", "dynamic_grid",
-                                "element_blocks", "bounded_slice_blocks", "pipeline_mode"}),
+                                "symbolic_blocks", "element_blocks", "bounded_slice_blocks",
+                                "pipeline_mode"}),
         package="pallas-interpret",
     )
 

@@ -50,6 +50,7 @@ from pallas_core.emulation.turns import Turns
 from pallas_core.emulation.types import dtype_of, shape_of
 from pallas_core.errors import PallasError, UnsupportedError
 from pallas_mosaic_tpu import ir as mir
+from pallas_mosaic_tpu import symbolic
 from pallas_mosaic_tpu.emulator_bits import RULES as BIT_RULES
 from pallas_mosaic_tpu.emulator_ops import (
     RULES as MEMORY_RULES,
@@ -65,6 +66,7 @@ from pallas_mosaic_tpu.emulator_ops import (
     bitcast_array,
     segments,
 )
+from pallas_mosaic_tpu.symbolic import kernel_function
 
 _Fn = Callable[..., Any]
 
@@ -783,14 +785,6 @@ RULES: dict[str, Rule] = {
 
 # -- the grid walk ----------------------------------------------------------------------------
 
-def kernel_function(module: ir.Module) -> ir.Operation:
-    """The Mosaic kernel's ``func.func`` (the one carrying the grid attributes)."""
-    for op in module.body.operations:
-        if "dimension_semantics" in op.attributes or "window_params" in op.attributes:
-            return op.operation
-    raise UnsupportedError("the Mosaic TPU emulator found no kernel function in the module")
-
-
 class _Window:
     """One input or output window: its buffer and where its current block sits."""
 
@@ -1058,6 +1052,8 @@ def emulate(call: EmulatedCall) -> list[np.ndarray] | None:
     if is_sparsecore(config):
         return None
     _, module = decode(call.backend_config)
+    # Exported with symbolic shapes: specialised for these operands, as the runtime does.
+    module = symbolic.specialize(module, [np.asarray(x) for x in call.operands])
     if config.get("custom_call_config", {}).get("has_communication"):
         return list(call.run_jointly(functools.partial(run_devices, module)))
     return run_kernel(module, [np.asarray(x) for x in call.operands], call.results,

@@ -758,6 +758,18 @@ def _num_programs(lowering: Lowering, eqn: Any) -> ir.Value:
     return tpu.GetIterationBoundOp(gm.num_batch_axes + eqn.params["axis"]).result
 
 
+@rule(plb.dim_as_value_p)
+def _dim_as_value(lowering: Lowering, eqn: Any) -> ir.Value:
+    """A symbolic dimension's value: its placeholder constant (see ``symbolic.py``), which
+    the runtime replaces with the value for each call, as JAX lowers it."""
+    dim = eqn.params["dim"]
+    if plb.is_symbolic_dim(dim):
+        raise lowering.fail(f"the value of the symbolic dimension {dim} outside JAX's "
+                            "dynamic-shape export (pl.pallas_export_experimental"
+                            "(dynamic_shapes=True))")
+    return mir.constant(int(dim), np.int32)
+
+
 @rule(prims.multiple_of_p)
 def _multiple_of(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
     """``pl.multiple_of``: Mosaic's alignment hint, ``tpu.assume_multiple``, as JAX emits it."""

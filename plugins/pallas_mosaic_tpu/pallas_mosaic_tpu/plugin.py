@@ -15,7 +15,7 @@ from pallas_core.hookspecs import hookimpl
 from pallas_core.plugins import BackendInfo
 from pallas_core.request import KernelCall, LoweringRequest
 from pallas_core.spec import ANY, HOST
-from pallas_mosaic_tpu import elementwise, lowering, memory, mxu, primitives, validation
+from pallas_mosaic_tpu import elementwise, lowering, memory, mxu, primitives, symbolic, validation
 from pallas_mosaic_tpu import ir as mir
 from pallas_mosaic_tpu.errors import as_lowering_exception
 from pallas_mosaic_tpu.params import (
@@ -129,8 +129,8 @@ def pallas_describe() -> BackendInfo:
                        compiler_params_type=TPUCompilerParams, default_for=("tpu",),
                        package="pallas-mosaic-tpu",
                        capabilities=frozenset({"scalar_prefetch", "pipeline_mode",
-                                               "dynamic_grid", "scratch", "aliasing",
-                                               "run_scoped", "vmap", "semaphores",
+                                               "dynamic_grid", "symbolic_blocks", "scratch",
+                                               "aliasing", "run_scoped", "vmap", "semaphores",
                                                "async_copy", "debug_print"}),
                        device_kinds={"v5e": CHIPS["v5e"], **CHIPS})
 
@@ -154,7 +154,8 @@ def pallas_validate(call: KernelCall) -> None:
 def pallas_lower(request: LoweringRequest) -> Any:
     call = request.call
     try:
-        module, name = lowering.lower_kernel(call, plb.manual_axes(request.ctx))
+        axes = plb.manual_axes(request.ctx)
+        module, name = symbolic.lower(call, lambda c: lowering.lower_kernel(c, axes))
     except PallasError as e:
         raise as_lowering_exception(e).with_traceback(e.__traceback__) from None
     config = backend_config(call, mir.serialize(module), mir.has_communication(module))
@@ -169,7 +170,7 @@ def pallas_stages(call: KernelCall, target: str | None) -> Mapping[str, Any]:
             f"use one of {sorted(CHIPS)} (or a device kind such as 'TPU v5 lite').")
     # The Mosaic module does not depend on the chip: the TPU runtime's Mosaic compiler
     # specialises it for the device it runs on, so no TPU is needed here.
-    module, _ = lowering.lower_kernel(call)
+    module, _ = symbolic.lower(call, lowering.lower_kernel)
     return {"mosaic": lowering.module_text(module)}
 
 

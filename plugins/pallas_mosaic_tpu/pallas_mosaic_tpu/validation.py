@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from pallas_core import backend as plb
 from pallas_core import reference
 from pallas_core.errors import BlockSpecError, PallasError, UnsupportedError
 from pallas_core.primitives import run_scoped_p
@@ -136,6 +137,9 @@ def _check_vmem(call: KernelCall, where: str) -> None:
     parts: list[tuple[str, int]] = []
     for k, bm in enumerate(gm.block_mappings):
         if k < gm.num_scalar_prefetch or bm.is_whole_array or bm.memory_space in (SMEM, HBM):
+            continue
+        if not plb.is_static_shape(bm.ref_shape):
+            # A symbolic block (dynamic-shape export): its size is known when it runs.
             continue
         parts.append((f"{bm.origin} (2 x block {bm.ref_shape})",
                       2 * vmem_bytes(bm.ref_shape, bm.dtype)))

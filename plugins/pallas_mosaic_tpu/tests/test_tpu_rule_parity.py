@@ -42,14 +42,7 @@ OTHER_MEANS = {
 }
 """JAX primitives whose feature this project provides under another primitive."""
 
-KNOWN_GAPS = {
-    # A symbolic dimension's value inside a kernel: JAX lowers it only in its opt-in
-    # dynamic-shape export (the pallas_dynamic_shapes_export flag), where each symbolic
-    # dimension becomes a placeholder constant and the custom call carries a StableHLO
-    # module per placeholder that computes it; pallas_call here takes static shapes only
-    # (a symbolic grid or block is refused by name).
-    "dim_as_value",
-}
+KNOWN_GAPS: set[str] = set()
 """Known gaps: lowering any of these raises an UnsupportedError naming the primitive."""
 
 

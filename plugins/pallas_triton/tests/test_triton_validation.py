@@ -249,3 +249,22 @@ def test_int32_atomics_still_lower(atomic: str) -> None:
     fn = pl.pallas_call(_atomic_kernel(atomic), jax.ShapeDtypeStruct((128,), jnp.int32),
                         in_specs=[whole], out_specs=whole, backend="triton")
     assert "custom_call" in _lower(fn, jnp.ones(128, jnp.int32))
+
+
+@pytest.mark.parametrize("backend", ["triton", "mosaic_gpu"])
+def test_symbolic_blocks_are_refused_by_name(backend: str) -> None:
+    """``jax.export`` in the dynamic-shape mode: a GPU kernel is compiled for static block
+    shapes, so a block of symbolic shape is refused before lowering (not an error of JAX's
+    shape polymorphism from inside the lowering)."""
+    pytest.importorskip(f"pallas_{backend}")
+    from jax import export
+
+    def f(x: Any) -> Any:
+        return pl.pallas_call(lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...] * 2),
+                              jax.ShapeDtypeStruct(x.shape, x.dtype), backend=backend)(x)
+
+    (rows,) = export.symbolic_shape("m")
+    with pl.pallas_export_experimental(dynamic_shapes=True), pytest.raises(
+            pl.UnsupportedError, match=r"symbolic block shape \(m, 128\).*'" + backend):
+        export.export(jax.jit(f), platforms=["cuda"])(
+            jax.ShapeDtypeStruct((rows, 128), jnp.float32))
