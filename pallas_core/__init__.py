@@ -74,7 +74,9 @@ from pallas_core.primitives import (
     swap,
     when,
 )
+from pallas_core.report import KernelReport, Report, report
 from pallas_core.request import KernelCall, LoweringRequest
+from pallas_core.roofline import Chip, Roofline
 from pallas_core.semantics import PrimitiveSemantics, ReferenceContext
 from pallas_core.spec import (
     ANY,
@@ -122,7 +124,8 @@ __all__ = [
     "PrimitiveSemantics", "program_id",
     "ReferenceContext", "register_backend", "RevisitMode", "run_scoped",
     "run_state", "select_ref", "semaphore", "semaphore_read", "semaphore_signal",
-    "semaphore_wait", "Slice", "Squeezed", "squeezed", "stages", "store", "strides_from_shape",
+    "semaphore_wait", "Slice", "Squeezed", "squeezed", "stages", "store", "report", "Report",
+    "KernelReport", "Chip", "Roofline", "strides_from_shape",
     "swap", "UnsupportedError",
     "UnsupportedNameError", "when", "with_scoped",
     # Block dimensions of BlockSpec.block_shape.

@@ -20,7 +20,10 @@ is defined, and grouped here by use.
 :class:`LoweringRequest` (one call to lower) are what the hooks receive; :class:`EmulatedCall`
 is what ``pallas_emulate`` receives; :func:`register_backend` registers a plugin by hand.
 A call's :class:`GridMapping` has one :class:`BlockMapping` per operand. A plugin subclasses
-:class:`CompilerParams` for its options and makes its :class:`MemorySpace` objects.
+:class:`CompilerParams` for its options and makes its :class:`MemorySpace` objects. A
+:class:`Chip` describes a chip the backend compiles for (``BackendInfo.chips``, for
+``pl.report``'s roofline; the ``pallas_footprint`` hook gives a kernel's on-chip memory);
+:func:`kernel_cost` is the cost ``pl.report`` counts, for a compiler that takes an estimate.
 
 **Reference semantics** of the primitives a plugin adds (its ``pallas_primitives`` hook):
 :class:`PrimitiveSemantics`, :class:`ReferenceContext`; :func:`semantics_rules` (every
@@ -170,7 +173,9 @@ from pallas_core.mlir_lowering import LoweringState, Rule, Rules, lower_jaxpr
 from pallas_core.plugins import Backend, BackendInfo, register_backend
 from pallas_core.reference import Rules as SemanticsRules
 from pallas_core.reference import evaluate, find_eqn, semantics_rules
+from pallas_core.report import kernel_cost
 from pallas_core.request import KernelCall, LoweringRequest
+from pallas_core.roofline import Chip
 from pallas_core.semantics import PrimitiveSemantics, ReferenceContext
 from pallas_core.spec import CompilerParams, MemorySpace
 
@@ -206,7 +211,8 @@ def remote_view(ref: Any, device_id: Any,
 
 __all__ = [
     # the contract
-    "Backend", "BackendInfo", "BlockMapping", "CompilerParams", "Deprecated", "Deprecations",
+    "Backend", "BackendInfo", "BlockMapping", "Chip", "CompilerParams", "kernel_cost",
+    "Deprecated", "Deprecations",
     "EmulatedCall", "GridMapping",
     "Indices", "KernelCall", "LoweringRequest", "MemorySpace", "PallasError", "UnsupportedError",
     "hookimpl", "register_backend", "unsupported",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import functools
 import inspect
@@ -522,7 +523,7 @@ def pallas_call(
         if debug:
             print(f"pallas_call {kernel_name} ({call.source}): grid {gm.grid}")
             print(jaxpr)
-        if chosen is not None:
+        if chosen is not None and not _UNCHECKED.get():
             validate(call, chosen)
         outs = pallas_call_p.bind(*flat_args, *sizes, call=call)
         return jax.tree_util.tree_unflatten(out_tree, outs)
@@ -541,7 +542,10 @@ def pallas_call(
                      _grid_names=_grid_names))
         # A report of checked mode (raised in a host callback) arrives as itself.
         with reraising_reports(), _explained_resource_errors(kernel_name, kernel):
-            outs = jitted(*args, *(jnp.asarray(g, jnp.int32).reshape(()) for g in dynamic))
+            # Traced unchecked (pl.report) outside the cache, which later calls rely on.
+            fn = (jax.jit(functools.wraps(wrapped)(lambda *a: wrapped(*a)), inline=True)
+                  if _UNCHECKED.get() else jitted)
+            outs = fn(*args, *(jnp.asarray(g, jnp.int32).reshape(()) for g in dynamic))
             if not _jax.being_staged(outs):  # run now: wait for the host callbacks it made
                 jax.effects_barrier()
         return outs
@@ -760,6 +764,21 @@ def _check_grid_and_block_forms(call: KernelCall, backend: str, capabilities: An
             raise UnsupportedError(
                 f"kernel {call.name!r}: {what}, which backend {backend!r} does not support. "
                 f"Fix: {fix}, or run it with backend='interpret'.")
+
+
+_UNCHECKED: contextvars.ContextVar[bool] = contextvars.ContextVar("pallas_unchecked",
+                                                                  default=False)
+
+
+@contextlib.contextmanager
+def unvalidated() -> Iterator[None]:
+    """Inside, kernels are traced without their backend's checks (``pl.report`` checks each
+    itself, and reports a refusal instead of raising it)."""
+    token = _UNCHECKED.set(True)
+    try:
+        yield
+    finally:
+        _UNCHECKED.reset(token)
 
 
 def validate(call: KernelCall, backend: str) -> None:

@@ -9,11 +9,12 @@ group ``pallas.backends``::
 Every hook below is optional except ``pallas_describe``. The core resolves the backend of a
 call once (``backend=`` > ``interpret=`` > the type of ``compiler_params`` > the platform's
 default) and calls the *backend hooks* (``pallas_describe``, ``pallas_memory_spaces``,
-``pallas_validate``, ``pallas_lower``, ``pallas_stages``) on that backend's plugin only, so an
-implementation never checks which backend it is asked for. The *broadcast hooks* are called on
-every plugin: ``pallas_primitives`` (semantics of every primitive, for every backend that
-interprets), ``pallas_validate_call`` (a plugin's checks of calls that other backends run) and
-``pallas_emulate`` (answered by the plugin that owns the custom call's target).
+``pallas_validate``, ``pallas_lower``, ``pallas_stages``, ``pallas_footprint``) on that
+backend's plugin only, so an implementation never checks which backend it is asked for. The
+*broadcast hooks* are called on every plugin: ``pallas_primitives`` (semantics of every
+primitive, for every backend that interprets), ``pallas_validate_call`` (a plugin's checks of
+calls that other backends run) and ``pallas_emulate`` (answered by the plugin that owns the
+custom call's target).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from pallas_core.emulation.call import EmulatedCall
     from pallas_core.plugins import BackendInfo
     from pallas_core.request import KernelCall, LoweringRequest
+    from pallas_core.roofline import Chip
     from pallas_core.semantics import PrimitiveSemantics
     from pallas_core.spec import MemorySpace
 
@@ -70,6 +72,19 @@ def pallas_stages(call: KernelCall, target: str | None) -> Mapping[str, Any]:
         stage is first read), in pipeline order (e.g. ``stablehlo``, ``ttir``, ``ptx``). The
         core adds ``jaxpr`` itself.
     Since 0.1.
+    """
+    raise NotImplementedError
+
+
+@hookspec(firstresult=True)
+def pallas_footprint(call: KernelCall, chip: Chip | None) -> tuple[Sequence[tuple[str, int]],
+                                                                   int]:
+    """The on-chip memory this backend allocates for ``call`` (a backend hook, for
+    ``pl.report``): its parts, as ``(what, bytes)`` (each operand's buffers, scratch, the
+    backend's own internal buffers), and the limit the kernel may use on ``chip`` (one of
+    this backend's ``BackendInfo.chips``; ``None`` for its default), as its lowering counts
+    them: a kernel whose parts exceed the limit is the one the lowering refuses.
+    Since 0.2.
     """
     raise NotImplementedError
 

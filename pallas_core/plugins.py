@@ -82,6 +82,10 @@ class BackendInfo:
     """Hardware targets (as ``target=`` names them) -> JAX device kinds (``"v5e"`` ->
     ``"TPU v5 lite"``), the first being the default: the device ``pl.emulate`` tells JAX it
     compiles for, since lowerings may ask and no such device is attached."""
+    chips: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """Chips (target name -> ``pallas_core.roofline.Chip``) whose peaks and on-chip memory
+    ``pl.report`` uses, the first being the default; keys may differ from ``device_kinds``'
+    (``"h100"`` where the compile target is ``"sm_90"``)."""
 
 
 @dataclasses.dataclass(frozen=True)

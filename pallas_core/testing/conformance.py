@@ -23,8 +23,8 @@ reason, and ``test_unsupported_feature_raises[<feature>]`` runs the same tests a
 to raise a :class:`pallas_core.PallasError` (typically ``UnsupportedError``), not to return a
 wrong answer or crash inside JAX. The features in :data:`CAPABILITIES` (scratch, aliasing,
 masked access, atomics, debug printing, ``run_scoped``, meshes, vmap, scalar prefetch,
-semaphores, async copies, symbolic blocks) are capabilities a backend declares in ``BackendInfo.capabilities``:
-one it does not declare is treated as unsupported, and
+semaphores, async copies, symbolic blocks) are capabilities a backend declares in
+``BackendInfo.capabilities``: one it does not declare is treated as unsupported, and
 ``test_undeclared_capability_is_refused[<feature>]`` fails with "backend X handles <feature> but
 does not declare it" when its tests pass. Two more tests always run: a kernel using a primitive
 that no plugin defines must raise a ``PallasError`` naming it, and features the backend

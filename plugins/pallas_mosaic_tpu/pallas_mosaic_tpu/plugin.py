@@ -30,6 +30,7 @@ from pallas_mosaic_tpu.params import (
     SideEffectType,
     TPUCompilerParams,
 )
+from pallas_mosaic_tpu.tpu_info import roofline_chips
 
 __version__ = "0.1.0"
 CUSTOM_CALL_TARGET = "tpu_custom_call"
@@ -132,7 +133,15 @@ def pallas_describe() -> BackendInfo:
                                                "dynamic_grid", "symbolic_blocks", "scratch",
                                                "aliasing", "run_scoped", "vmap", "semaphores",
                                                "async_copy", "debug_print"}),
-                       device_kinds={"v5e": CHIPS["v5e"], **CHIPS})
+                       device_kinds={"v5e": CHIPS["v5e"], **CHIPS},
+                       chips=roofline_chips(validation.DEFAULT_VMEM_LIMIT))
+
+
+@hookimpl
+def pallas_footprint(call: KernelCall) -> Any:
+    """VMEM as the lowering counts it (``validation.vmem_parts``) and the limit it refuses
+    beyond (the same on every chip: the smallest default scoped VMEM)."""
+    return validation.vmem_parts(call), validation.vmem_limit(call)
 
 
 @hookimpl

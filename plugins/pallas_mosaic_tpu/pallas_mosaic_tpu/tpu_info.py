@@ -217,6 +217,31 @@ def _info(chip: ChipVersion, num_cores: int) -> TpuInfo:
         int4_ops_per_second=per_core(int4), sparse_core=sparse_core)
 
 
+_SHEETS = {"v4": "v4", "v5e": "v5e", "v5p": "v5p", "v6e": "v6e", "v7x": "tpu7x"}
+
+
+def roofline_chips(default_vmem_limit: int) -> dict[str, Any]:
+    """The chips of ``pl.report`` (``BackendInfo.chips``): whole-chip matrix peaks per type
+    and HBM bandwidth from the table above, VMEM per TensorCore, ``default_vmem_limit`` (what
+    the lowering lets a kernel use unless ``vmem_limit_bytes`` says more)."""
+    from pallas_core.backend import Chip
+
+    chips = {}
+    for name, version in (("v5e", ChipVersion.TPU_V5E), ("v4", ChipVersion.TPU_V4),
+                          ("v5p", ChipVersion.TPU_V5P), ("v6e", ChipVersion.TPU_V6E),
+                          ("v7x", ChipVersion.TPU_7X)):
+        (_, _, _, _, vmem_mib, _, _, _, bw, bf16, int8, fp8, _, _) = _CHIPS[version]
+        peaks = {"bfloat16": bf16, **({"int8": int8} if int8 else {}),
+                 **({"float8": fp8} if fp8 else {})}
+        chips[name] = Chip(
+            name=name, matmul_flops=peaks, hbm_bandwidth=bw, onchip_name="VMEM",
+            onchip_bytes=vmem_mib * _MiB, onchip_default_limit=default_vmem_limit,
+            cores=version.num_physical_tensor_cores_per_chip,
+            source=f"Google Cloud TPU documentation, cloud.google.com/tpu/docs/{_SHEETS[name]} "
+                   "(chip specifications), as jax.experimental.pallas.tpu's TpuInfo has them")
+    return chips
+
+
 def get_tpu_info_for_chip(chip_version: ChipVersion,
                           num_tensor_cores_per_logical_device: int) -> TpuInfo:
     """The facts of ``chip_version`` used with ``num_tensor_cores_per_logical_device``

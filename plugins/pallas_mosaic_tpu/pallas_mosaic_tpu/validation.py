@@ -131,8 +131,9 @@ def _scoped_peak(jaxpr: Any) -> int:
     return peak
 
 
-def _check_vmem(call: KernelCall, where: str) -> None:
-    """The VMEM the kernel needs (double-buffered blocks, scratch, scoped buffers) must fit."""
+def vmem_parts(call: KernelCall) -> list[tuple[str, int]]:
+    """The VMEM the kernel needs, part by part: double-buffered blocks, scratch, and the peak
+    of its ``pl.run_scoped`` buffers (blocks of symbolic shape are not counted)."""
     gm = call.grid_mapping
     parts: list[tuple[str, int]] = []
     for k, bm in enumerate(gm.block_mappings):
@@ -150,6 +151,17 @@ def _check_vmem(call: KernelCall, where: str) -> None:
     scoped = _scoped_peak(call.jaxpr.jaxpr)
     if scoped:
         parts.append(("pl.run_scoped buffers", scoped))
+    return parts
+
+
+def vmem_limit(call: KernelCall) -> int:
+    """The VMEM the kernel may use: ``vmem_limit_bytes``, else the default."""
+    return getattr(call.compiler_params, "vmem_limit_bytes", None) or DEFAULT_VMEM_LIMIT
+
+
+def _check_vmem(call: KernelCall, where: str) -> None:
+    """The VMEM the kernel needs (double-buffered blocks, scratch, scoped buffers) must fit."""
+    parts = vmem_parts(call)
     total = sum(b for _, b in parts)
     params = call.compiler_params
     limit = getattr(params, "vmem_limit_bytes", None)

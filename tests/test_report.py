@@ -1,0 +1,77 @@
+"""``pl.report``'s counting, backend-neutral: bytes the pipeline moves (re-fetches skipped),
+the work of the body times the grid (loops multiplied, the costlier branch of a ``pl.when``,
+said in the notes), against closed forms; and ``plb.kernel_cost`` agreeing with it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax import lax
+
+import pallas_core as pl
+from pallas_core import backend as plb
+from pallas_core.stages import kernel_calls
+
+X = jax.ShapeDtypeStruct((64, 256), jnp.float32)
+
+
+def _rows(kernel: Any, *, grid: int = 8) -> Any:
+    spec = pl.BlockSpec((64 // grid, 256), lambda i: (i, 0))
+    return lambda x: pl.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                    grid=(grid,), in_specs=[spec], out_specs=spec,
+                                    backend="interpret")(x)
+
+
+def test_elementwise_work_and_traffic_on_the_interpreter() -> None:
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        x = x_ref[...]
+        o_ref[...] = jnp.exp(x) * 2.0 + x
+
+    (k,) = pl.report(_rows(kernel), X).kernels
+    assert k.backend == "interpret" and k.grid == (8,)
+    assert k.transcendentals == 64 * 256
+    assert k.vector_flops == 2 * 64 * 256 and k.matmul_flops == 0
+    assert k.hbm_bytes == 2 * 64 * 256 * 4
+    assert k.onchip_bytes is None and k.fits is None  # the interpreter keeps no account
+    assert not k.roofline  # it lists no chips
+
+
+def test_static_loops_are_multiplied_and_when_counts_the_costlier_branch() -> None:
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        def body(_: Any, acc: Any) -> Any:
+            return acc * 1.5
+
+        y = lax.fori_loop(0, 5, body, x_ref[...])
+        o_ref[...] = y
+
+        @pl.when(pl.program_id(0) == 0)
+        def _() -> None:
+            o_ref[...] = y + jnp.tanh(y)
+
+    (k,) = pl.report(_rows(kernel), X).kernels
+    per_block = 8 * 256
+    # Five multiplies of the block and five increments of the loop's counter per step, and
+    # the add of the branch.
+    assert k.vector_flops == 8 * (5 * per_block + 5 + per_block)
+    assert k.transcendentals == 8 * per_block
+    assert any("costlier branch" in n for n in k.notes)
+
+
+def test_kernel_cost_is_the_reports_count() -> None:
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = jnp.sin(x_ref[...]) + 1.0
+
+    (call,) = kernel_calls(jax.make_jaxpr(_rows(kernel))(X).jaxpr)
+    cost = plb.kernel_cost(call)
+    (k,) = pl.report(_rows(kernel), X).kernels
+    assert (cost.flops, cost.transcendentals, cost.bytes_accessed) == (
+        k.flops, k.transcendentals, k.hbm_bytes)
+
+
+def test_an_unknown_chip_is_refused() -> None:
+    with pytest.raises(pl.ArgumentError, match="not a chip"):
+        pl.report(_rows(lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...])), X,
+                  target="no-such-chip")
