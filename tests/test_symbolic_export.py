@@ -81,3 +81,19 @@ def test_a_symbolic_block_needs_the_mode() -> None:
     with pytest.raises(pl.BlockSpecError, match=r"pallas_export_experimental\(dynamic_shapes"):
         _export(_whole, jax.ShapeDtypeStruct((M, 128), jnp.float32),
                 jax.ShapeDtypeStruct((N, 128), jnp.float32), dynamic=False)
+
+
+def test_an_export_for_another_platform_is_not_emulated() -> None:
+    """A program exported for TPU, emulated as Triton compiles: refused, naming both."""
+    pytest.importorskip("pallas_mosaic_tpu")
+    pytest.importorskip("pallas_triton")
+
+    def fn(x: Any) -> Any:
+        return pl.pallas_call(lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...] + 1),
+                              jax.ShapeDtypeStruct(x.shape, x.dtype), backend="mosaic_tpu")(x)
+
+    exported = export.export(jax.jit(fn), platforms=["tpu"])(
+        jax.ShapeDtypeStruct((8, 128), jnp.float32))
+    with pytest.raises(pl.UnsupportedError, match=r"exported for \['tpu'\], not 'cuda'"):
+        pl.emulate(exported.call, backend="triton")(jnp.ones((8, 128)))
+

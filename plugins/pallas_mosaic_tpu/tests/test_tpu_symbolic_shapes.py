@@ -219,13 +219,3 @@ def test_a_variable_no_operand_has_whole_is_refused_by_name() -> None:
             pytest.raises(pl.PallasError, match=r"dimension variable\(s\) \['m'\]"):
         export.export(jax.jit(fn), platforms=["tpu"])(
             jax.ShapeDtypeStruct((rows, 128), jnp.float32))
-
-
-def test_an_export_for_another_platform_is_not_emulated() -> None:
-    def fn(x: Any) -> Any:
-        return _call(pl, lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...] + 1),
-                     jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
-    exported = export.export(jax.jit(fn), platforms=["tpu"])(
-        jax.ShapeDtypeStruct((8, 128), jnp.float32))
-    with pytest.raises(pl.UnsupportedError, match="exported for"):
-        pl.emulate(exported.call, backend="triton")(jnp.ones((8, 128)))
