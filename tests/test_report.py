@@ -75,3 +75,31 @@ def test_an_unknown_chip_is_refused() -> None:
     with pytest.raises(pl.ArgumentError, match="not a chip"):
         pl.report(_rows(lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...])), X,
                   target="no-such-chip")
+
+
+def test_one_kernel_compared_on_a_tpu_and_a_gpu() -> None:
+    """The seed's matmul (512 blocks) on v5e and H100: the same intensity (the kernel's own
+    bytes and flops), each chip's ridge from its sheet; compute-bound on v5e, memory-bound on
+    the H100, whose ridge is higher."""
+    pytest.importorskip("pallas_mosaic_tpu")
+    pytest.importorskip("pallas_triton")
+    n, b = 4096, 512
+
+    def matmul(x: Any, y: Any) -> Any:
+        def kernel(x_ref: Any, y_ref: Any, o_ref: Any) -> None:
+            o_ref[...] += jnp.dot(x_ref[...], y_ref[...],
+                                  preferred_element_type=jnp.float32).astype(o_ref.dtype)
+
+        return pl.pallas_call(
+            kernel, jax.ShapeDtypeStruct((n, n), jnp.bfloat16), grid=(n // b, n // b, n // b),
+            in_specs=[pl.BlockSpec((b, b), lambda i, j, k: (i, k)),
+                      pl.BlockSpec((b, b), lambda i, j, k: (k, j))],
+            out_specs=pl.BlockSpec((b, b), lambda i, j, k: (i, j)), backend="interpret")(x, y)
+
+    a = jax.ShapeDtypeStruct((n, n), jnp.bfloat16)
+    (k,) = pl.report(matmul, a, a, target=["v5e", "h100"]).kernels
+    v5e, h100 = k.roofline["v5e"], k.roofline["h100"]
+    assert v5e.intensity == h100.intensity
+    assert round(v5e.ridge) == 240 and round(h100.ridge) == round(989.4e12 / 3.35e12)
+    assert (v5e.bound, h100.bound) == ("compute", "memory")
+    assert h100.seconds == pytest.approx(k.hbm_bytes / 3.35e12)

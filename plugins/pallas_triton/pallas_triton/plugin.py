@@ -14,6 +14,7 @@ from pallas_core.plugins import BackendInfo
 from pallas_core.request import KernelCall, LoweringRequest
 from pallas_triton import compile as triton_compile
 from pallas_triton import emulator, lowering, primitives, validation
+from pallas_triton.gpu_info import roofline_chips
 from pallas_triton.params import NAME, TritonParams
 
 __version__ = "0.1.0"
@@ -47,6 +48,7 @@ def pallas_describe() -> BackendInfo:
         # marketing name, "AMD Instinct MI300X", tells JAX 0.11+ nothing it can lower for).
         device_kinds={"sm_90": "NVIDIA H100", "sm_80": "NVIDIA A100", "sm_100": "NVIDIA B200",
                       "gfx942": "gfx942", "gfx90a": "gfx90a", "gfx950": "gfx950"},
+        chips=roofline_chips(),
     )
 
 
