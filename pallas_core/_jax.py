@@ -114,12 +114,6 @@ def is_static_shape(shape: Sequence[Any]) -> bool:
     return core.is_constant_shape(shape)
 
 
-def dimension_value(d: Any) -> Any:
-    """A dimension as an int32 scalar: an int as it is, a symbolic one computed from the
-    dimension variables of the program being exported."""
-    return core.dimension_as_value(d)
-
-
 def _dim_as_value_p() -> Any:
     from jax._src.export import shape_poly
 

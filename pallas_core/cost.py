@@ -42,40 +42,45 @@ class _Cost:
         return _Cost(self.flops + other.flops, self.transcendentals + other.transcendentals)
 
 
-def _size(aval: Any) -> int:
+def element_count(aval: Any) -> int:
+    """How many elements a value of ``aval`` has."""
     return math.prod(aval.shape)
 
 
+
 def _nbytes(aval: Any) -> int:
-    return _size(aval) * np.dtype(aval.dtype).itemsize
+    return element_count(aval) * np.dtype(aval.dtype).itemsize
 
 
 def _per_output(eqn: Any) -> _Cost:
-    return _Cost(flops=_size(eqn.outvars[0].aval))
+    return _Cost(flops=element_count(eqn.outvars[0].aval))
 
 
 def _per_input(eqn: Any) -> _Cost:
-    return _Cost(flops=_size(eqn.invars[0].aval))
+    return _Cost(flops=element_count(eqn.invars[0].aval))
 
 
 def _transcendental(eqn: Any) -> _Cost:
-    return _Cost(transcendentals=_size(eqn.invars[0].aval))
+    return _Cost(transcendentals=element_count(eqn.invars[0].aval))
 
 
-def _integer_pow(eqn: Any) -> _Cost:
+def integer_pow_flops(eqn: Any) -> int:
+    """Square-and-multiply: ``floor(log2 y)`` squarings and a multiply per set bit of ``y``,
+    per element (nothing for ``y`` of 0 or 1)."""
     y = abs(int(eqn.params["y"]))
     per_element = 0 if y in (0, 1) else (y.bit_length() - 1) + bin(y).count("1")
-    return _Cost(flops=_size(eqn.invars[0].aval) * per_element)
+    return element_count(eqn.invars[0].aval) * per_element
 
 
-def _dot_general(eqn: Any) -> _Cost:
+def dot_general_flops(eqn: Any) -> int:
+    """Two flops (a multiply and an add) per term of each output element."""
     (lhs_contract, rhs_contract), (_, rhs_batch) = eqn.params["dimension_numbers"]
     lhs, rhs = (v.aval.shape for v in eqn.invars)
     terms = math.prod(lhs[d] for d in lhs_contract)
     lhs_free = math.prod(s for d, s in enumerate(lhs) if d not in lhs_contract)
     rhs_free = math.prod(s for d, s in enumerate(rhs)
                          if d not in rhs_contract and d not in rhs_batch)
-    return _Cost(flops=2 * terms * lhs_free * rhs_free)
+    return 2 * terms * lhs_free * rhs_free
 
 
 def _body(param: str, closed: bool) -> Callable[[Any], _Cost]:
@@ -92,8 +97,8 @@ _RULES: dict[Any, Callable[[Any], _Cost]] = {
     **{p: _transcendental for p in (lax.cos_p, lax.sin_p, lax.tan_p, lax.sinh_p, lax.cosh_p,
                                     lax.tanh_p, lax.acos_p, lax.asin_p, lax.atan_p, lax.exp_p,
                                     lax.log_p, lax.logistic_p, lax.sqrt_p)},
-    lax.integer_pow_p: _integer_pow,
-    lax.dot_general_p: _dot_general,
+    lax.integer_pow_p: lambda eqn: _Cost(flops=integer_pow_flops(eqn)),
+    lax.dot_general_p: lambda eqn: _Cost(flops=dot_general_flops(eqn)),
     _jax.jit_p: _body("jaxpr", closed=True),
     _jax.custom_vjp_call_p: _body("call_jaxpr", closed=True),
     _jax.run_state_p: _body("jaxpr", closed=False),

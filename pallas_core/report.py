@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -39,6 +38,7 @@ from pallas_core import _jax
 from pallas_core import grid_mapping as gmap
 from pallas_core.call import resolve_backend, unvalidated, validate
 from pallas_core.chips import backend_of_target, target_chip
+from pallas_core.cost import dot_general_flops, element_count, integer_pow_flops
 from pallas_core.errors import ArgumentError, PallasError
 from pallas_core.plugins import manager
 from pallas_core.request import KernelCall
@@ -164,10 +164,6 @@ class _Work:
         return self.matmul + self.vector
 
 
-def _size(aval: Any) -> int:
-    return math.prod(aval.shape)
-
-
 _VECTOR_OUT = (lax.add_p, lax.sub_p, lax.mul_p, lax.div_p, lax.rem_p, lax.max_p, lax.min_p,
                lax.and_p, lax.or_p, lax.xor_p, lax.select_n_p, lax.pow_p)
 _VECTOR_IN = (lax.neg_p, lax.abs_p, lax.sign_p, lax.floor_p, lax.ceil_p, lax.round_p,
@@ -180,12 +176,8 @@ _TRANSCENDENTAL = (lax.exp_p, lax.exp2_p, lax.log_p, lax.log1p_p, lax.expm1_p, l
 
 
 def _dot(eqn: Any) -> _Work:
-    (lc, rc), (_, rb) = eqn.params["dimension_numbers"]
-    lhs, rhs = (v.aval for v in eqn.invars)
-    terms = math.prod(lhs.shape[d] for d in lc)
-    lhs_free = math.prod(s for d, s in enumerate(lhs.shape) if d not in lc)
-    rhs_free = math.prod(s for d, s in enumerate(rhs.shape) if d not in rc and d not in rb)
-    return _Work(matmul=2 * terms * lhs_free * rhs_free, matmul_dtype=np.dtype(lhs.dtype).name)
+    return _Work(matmul=dot_general_flops(eqn),
+                 matmul_dtype=np.dtype(eqn.invars[0].aval.dtype).name)
 
 
 def _count(jaxpr: Any) -> _Work:
@@ -200,15 +192,13 @@ def _count_eqn(eqn: Any) -> _Work:
     if p is lax.dot_general_p:
         return _dot(eqn)
     if p in _VECTOR_OUT:
-        return _Work(vector=_size(eqn.outvars[0].aval))
+        return _Work(vector=element_count(eqn.outvars[0].aval))
     if p in _VECTOR_IN:
-        return _Work(vector=_size(eqn.invars[0].aval))
+        return _Work(vector=element_count(eqn.invars[0].aval))
     if p is lax.integer_pow_p:
-        y = abs(int(eqn.params["y"]))
-        per = 0 if y in (0, 1) else (y.bit_length() - 1) + bin(y).count("1")
-        return _Work(vector=per * _size(eqn.invars[0].aval))
+        return _Work(vector=integer_pow_flops(eqn))
     if p in _TRANSCENDENTAL:
-        return _Work(transcendentals=_size(eqn.invars[0].aval))
+        return _Work(transcendentals=element_count(eqn.invars[0].aval))
     if p is _jax.scan_p:
         return _count(eqn.params["jaxpr"].jaxpr).times(int(eqn.params["length"]))
     if p is _jax.while_p:
