@@ -1343,6 +1343,29 @@ def sub_jaxprs(params: Any) -> list[Jaxpr]:
     return found
 
 
+def sub_jaxpr_consts(params: Any) -> list[tuple[Jaxpr, Sequence[Any]]]:
+    """As :func:`sub_jaxprs`, each with the constants its closed jaxpr binds (none for an
+    open one)."""
+    found: list[tuple[Jaxpr, Sequence[Any]]] = []
+    for value in params.values():
+        for v in value if isinstance(value, (tuple, list)) else (value,):
+            if isinstance(v, _CLOSED_JAXPR):
+                found.append((v.jaxpr, v.consts))
+            elif isinstance(v, core.Jaxpr):  # 0.12's jaxprs carry their constants
+                found.append((v, tuple(getattr(v, "consts", None) or ())))
+    return found
+
+
+def dce(jaxpr: Jaxpr) -> tuple[Jaxpr, list[bool]]:
+    """``jaxpr`` (without constvars) less the equations none of its outputs need (effect-free
+    ones), and which of its inputs it still takes (JAX 0.10 drops the unused ones; later
+    releases keep every input, all marked used)."""
+    out, used = pe.dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars))
+    if len(out.invars) == len(jaxpr.invars):
+        return out, [True] * len(jaxpr.invars)
+    return out, list(used)
+
+
 def _rewrite_param(value: Any, replace: Callable[[Any, list[Any]], list[Any] | None],
                    touches: Callable[[Jaxpr], bool]) -> Any:
     if isinstance(value, (tuple, list)):

@@ -22,8 +22,11 @@ is what ``pallas_emulate`` receives; :func:`register_backend` registers a plugin
 A call's :class:`GridMapping` has one :class:`BlockMapping` per operand. A plugin subclasses
 :class:`CompilerParams` for its options and makes its :class:`MemorySpace` objects. A
 :class:`Chip` describes a chip the backend compiles for (``BackendInfo.chips``, for
-``pl.report``'s roofline; the ``pallas_footprint`` hook gives a kernel's on-chip memory);
-:func:`kernel_cost` is the cost ``pl.report`` counts, for a compiler that takes an estimate.
+``pl.report``'s roofline; the ``pallas_footprint`` hook gives a kernel's on-chip memory,
+``pallas_op_cost`` what the backend's own primitives cost);
+:data:`GPU_CHIPS` holds the GPUs' datasheet figures once, for each GPU backend to list its own;
+:func:`kernel_cost` is the cost ``pl.report`` counts, for a compiler that takes an estimate
+(a :class:`CostEstimate`, as users give one).
 
 **Reference semantics** of the primitives a plugin adds (its ``pallas_primitives`` hook):
 :class:`PrimitiveSemantics`, :class:`ReferenceContext`; :func:`semantics_rules` (every
@@ -163,6 +166,7 @@ from pallas_core._jax import (
     written_invars,
 )
 from pallas_core.copies import Indices
+from pallas_core.datasheets import GPU_CHIPS
 from pallas_core.deprecations import Deprecated, Deprecations
 from pallas_core.emulation.call import EmulatedCall
 from pallas_core.emulation.shape_programs import run as run_dimension_program
@@ -174,10 +178,11 @@ from pallas_core.plugins import Backend, BackendInfo, register_backend
 from pallas_core.reference import Rules as SemanticsRules
 from pallas_core.reference import evaluate, find_eqn, semantics_rules
 from pallas_core.report import kernel_cost
+from pallas_core.report_work import OpCost
 from pallas_core.request import KernelCall, LoweringRequest
 from pallas_core.roofline import Chip
 from pallas_core.semantics import PrimitiveSemantics, ReferenceContext
-from pallas_core.spec import CompilerParams, MemorySpace
+from pallas_core.spec import CompilerParams, CostEstimate, MemorySpace
 
 RuleTable = Mapping[Primitive, Rule]
 """A backend's full lowering-rule table, as its ``lowering_rules()`` function returns it:
@@ -211,7 +216,8 @@ def remote_view(ref: Any, device_id: Any,
 
 __all__ = [
     # the contract
-    "Backend", "BackendInfo", "BlockMapping", "Chip", "CompilerParams", "kernel_cost",
+    "Backend", "BackendInfo", "BlockMapping", "Chip", "CompilerParams", "CostEstimate",
+    "GPU_CHIPS", "OpCost", "kernel_cost",
     "Deprecated", "Deprecations",
     "EmulatedCall", "GridMapping",
     "Indices", "KernelCall", "LoweringRequest", "MemorySpace", "PallasError", "UnsupportedError",

@@ -606,6 +606,23 @@ def copy_bytes(state: RefViews) -> int:
     return math.prod(view.shape) * np.dtype(view.dtype).itemsize
 
 
+def copy_start_traffic(eqn: Any) -> tuple[int, Any, Any, bool]:
+    """A ``copy_start`` equation's size in bytes (as :func:`copy_bytes` counts it), the
+    memory spaces of its source and destination Refs, and whether it is a remote copy, read
+    from the equation's types alone (for ``pl.report``)."""
+    tree, roles = eqn.params["tree"], eqn.params["roles"]
+    n_refs = max(roles) + 1
+    avals = [a.aval for a in eqn.invars]
+    transforms = jax.tree_util.tree_unflatten(tree, avals[n_refs:n_refs + tree.num_leaves])
+    role = _DST if _skipping(transforms[_SRC]) else _SRC
+    base = avals[roles[role]]
+    view = _jax.shape_after_transforms(_jax.make_ref_aval(base.shape, base.dtype),
+                                       transforms[role])
+    size = math.prod(view.shape) * np.dtype(view.dtype).itemsize
+    spaces = tuple(getattr(avals[roles[r]], "memory_space", None) for r in (_SRC, _DST))
+    return size, spaces[0], spaces[1], bool(eqn.params.get("remote"))
+
+
 def _move(state: RefViews, add: bool) -> None:
     """A local copy's data: the source (as it is now) into the destination."""
     if _skipping(state.transforms[_SRC]) or _skipping(state.transforms[_DST]):

@@ -487,20 +487,27 @@ def _index_values(bm: BlockMapping, cols: Sequence[np.ndarray], n: int) -> np.nd
     return np.stack(columns, 1) if columns else np.zeros((n, 0), np.int64)
 
 
-def _index_values_with_jax(bm: BlockMapping, cols: Sequence[np.ndarray], n: int
-                           ) -> list[np.ndarray]:
+def _index_values_with_jax(bm: BlockMapping, cols: Sequence[np.ndarray], n: int,
+                           prefetch: Sequence[np.ndarray] = ()) -> list[np.ndarray]:
     """As :func:`_index_values`, with JAX, on chunks of a fixed size (so that JAX compiles
-    the same few shapes whatever the grid)."""
+    the same few shapes whatever the grid); ``prefetch`` holds the scalar-prefetch values
+    the index map reads, if any."""
+    values = tuple(jnp.asarray(v) for v in prefetch[:bm.num_prefetch]) if bm.num_prefetch \
+        else ()
+
+    def indices(*grid_indices: Any) -> list[Any]:
+        return list(bm.block_indices(*grid_indices, *values))
+
     # Concrete evaluation, even when pallas_call is traced (jit, shard_map, vmap, ...).
     with _jax.eval_context(), jax.ensure_compile_time_eval():
         if not cols:
-            return [np.asarray(v) for v in bm.block_indices()]
+            return [np.asarray(v) for v in indices()]
         parts = []
         for start in range(0, n, _JAX_CHUNK):
             chunk = [np.broadcast_to(c, (n,))[start:start + _JAX_CHUNK] for c in cols]
             size = len(chunk[0])
             padded = [jnp.asarray(np.pad(c, (0, _JAX_CHUNK - size))) for c in chunk]
-            parts.append([np.asarray(v)[:size] for v in jax.vmap(bm.block_indices)(*padded)])
+            parts.append([np.asarray(v)[:size] for v in jax.vmap(indices)(*padded)])
     return [np.concatenate(vals) for vals in zip(*parts)]
 
 
@@ -530,6 +537,23 @@ def block_index_tables(gm: GridMapping) -> tuple[np.ndarray, list[np.ndarray]] |
         table = _index_values(bm, cols, gm.num_steps)
         assert table is not None  # no scalar prefetch
         tables.append(table)
+    return points, tables
+
+
+def prefetch_index_tables(gm: GridMapping, prefetch: Sequence[np.ndarray]
+                          ) -> tuple[np.ndarray, list[np.ndarray]] | None:
+    """As :func:`block_index_tables`, for a grid whose index maps read scalar-prefetch
+    operands, on the values ``prefetch`` (one array per scalar-prefetch operand)."""
+    if gm.dynamic_axes or gm.num_steps == 0 or gm.num_steps > MAX_STATIC_CHECK_POINTS:
+        return None
+    points = grid_points(gm.grid)
+    cols = [points[:, k] for k in range(len(gm.grid))]
+    tables = []
+    for bm in gm.block_mappings:
+        outs = _index_values_with_jax(bm, cols, gm.num_steps, prefetch)[:bm.num_index_outputs]
+        columns = [np.broadcast_to(np.asarray(o, np.int64), (gm.num_steps,)) for o in outs]
+        tables.append(np.stack(columns, 1) if columns
+                      else np.zeros((gm.num_steps, 0), np.int64))
     return points, tables
 
 

@@ -27,6 +27,7 @@ import pluggy
 if TYPE_CHECKING:
     from pallas_core.emulation.call import EmulatedCall
     from pallas_core.plugins import BackendInfo
+    from pallas_core.report_work import OpCost
     from pallas_core.request import KernelCall, LoweringRequest
     from pallas_core.roofline import Chip
     from pallas_core.semantics import PrimitiveSemantics
@@ -84,6 +85,28 @@ def pallas_footprint(call: KernelCall, chip: Chip | None) -> tuple[Sequence[tupl
     backend's own internal buffers), and the limit the kernel may use on ``chip`` (one of
     this backend's ``BackendInfo.chips``; ``None`` for its default), as its lowering counts
     them: a kernel whose parts exceed the limit is the one the lowering refuses.
+    Since 0.2.
+    """
+    raise NotImplementedError
+
+
+@hookspec(firstresult=True)
+def pallas_op_cost(eqn: Any) -> OpCost | None:
+    """What one equation of a kernel body costs (a backend hook, for ``pl.report`` and
+    ``kernel_cost``), for this backend's own primitives the core cannot count: a matrix
+    instruction's flops, the HBM bytes of a copy the kernel makes (DMA, TMA). ``None`` for
+    equations the core counts itself (``dot_general``, elementwise ``lax`` ops, loops).
+    Since 0.2.
+    """
+    raise NotImplementedError
+
+
+@hookspec(firstresult=True)
+def pallas_op_value(eqn: Any) -> Any:
+    """The value one of this backend's scalar primitives has on the hardware, where it is
+    known ahead of time (a query its lowering folds to a constant, such as Mosaic GPU's
+    ``warpgroups_run_concurrently``), so that ``pl.report`` decides the branches that test it;
+    ``None`` where it is not known.
     Since 0.2.
     """
     raise NotImplementedError

@@ -154,19 +154,23 @@ def _evaluate(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[np
             ins = [read(a) for a in eqn.invars]
         except KeyError:
             raise NotVectorisableError(f"{name} reads a Ref") from None
-        if name in _CALLS:
-            sub = _call_jaxpr(eqn.params)
-            sub_jaxpr, sub_consts = getattr(sub, "jaxpr", sub), getattr(sub, "consts", ())
-            outs = _evaluate(sub_jaxpr, sub_consts, ins)
-        elif name in _RULES:
-            params = eqn.params if name in ("convert_element_type", "integer_pow") else {}
-            result = _RULES[name](*ins, **params)
-            outs = [result]
-        else:
-            raise NotVectorisableError(name)
-        for var, out in zip(eqn.outvars, outs):
+        for var, out in zip(eqn.outvars, evaluate_equation(eqn, ins)):
             env[var] = _scalar_per_point(var.aval, np.asarray(out))
     return [read(v) for v in jaxpr.outvars]
+
+
+def evaluate_equation(eqn: Any, ins: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """One scalar equation on values per grid point (as :func:`evaluate` holds them): its
+    outputs. Raises :class:`NotVectorisableError` where it cannot."""
+    name = eqn.primitive.name
+    if name in _CALLS:
+        sub = _call_jaxpr(eqn.params)
+        sub_jaxpr, sub_consts = getattr(sub, "jaxpr", sub), getattr(sub, "consts", ())
+        return _evaluate(sub_jaxpr, sub_consts, ins)
+    if name in _RULES:
+        params = eqn.params if name in ("convert_element_type", "integer_pow") else {}
+        return [_RULES[name](*ins, **params)]
+    raise NotVectorisableError(name)
 
 
 def _scalar_per_point(aval: Any, value: np.ndarray) -> np.ndarray:

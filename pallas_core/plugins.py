@@ -86,6 +86,11 @@ class BackendInfo:
     """Chips (target name -> ``pallas_core.roofline.Chip``) whose peaks and on-chip memory
     ``pl.report`` uses, the first being the default; keys may differ from ``device_kinds``'
     (``"h100"`` where the compile target is ``"sm_90"``)."""
+    block_traffic: str = "pipeline"
+    """How blocks reach the kernel, for ``pl.report``'s HBM bytes: ``"pipeline"`` (each grid
+    step's blocks are copied into on-chip memory, a copy skipped where the step keeps the
+    previous step's block: Mosaic TPU, Mosaic GPU) or ``"loads"`` (a block is a window on
+    HBM, and the bytes are those the body loads and stores: Triton)."""
 
 
 @dataclasses.dataclass(frozen=True)

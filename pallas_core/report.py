@@ -7,17 +7,14 @@ For every ``pallas_call`` the function makes:
   the pipeline moves: an input block is fetched at the first grid step and whenever the block
   index differs from the previous step's (a step that keeps the same block skips the fetch, as
   every backend's pipeline does); an output block is written back each time the index moves
-  on, and at the end. Index maps are evaluated ahead of time on every grid point
-  (``grid_mapping.block_index_tables``); a block at the array's edge counts only the part
-  inside the array. Operands the kernel copies itself (``pl.ANY``, HBM) are not counted, and
-  the report says so; so are grids whose index maps read scalar-prefetch operands or whose
-  sizes are dynamic, for which every step is counted as a fetch (an upper bound).
-- **Work.** Flops and transcendentals of the kernel body times the number of grid steps:
-  ``dot_general`` as matrix flops (two per multiply-add), elementwise arithmetic and
-  reductions as vector flops (one per element), ``exp``/``log``/``tanh``/... as
-  transcendentals, as XLA's cost analysis counts them; ``lax.fori_loop``/``scan`` with a
-  static trip count multiplied out; of ``pl.when``/``lax.cond`` the costlier branch (an upper
-  bound, said in ``notes``); a ``while`` loop of run-time trip count counted once (said too).
+  on, and at the end. A backend without a pipeline (``BackendInfo.block_traffic="loads"``,
+  Triton) moves each distinct block once. Index maps are evaluated ahead of time on every
+  grid point; a block at the array's edge counts only the part inside the array. Index maps
+  that read scalar-prefetch operands are evaluated on the values that follow from ``fn``'s
+  concrete arguments, else on values drawn at random (:mod:`pallas_core.report_prefetch`).
+  Operands the kernel copies itself (``pl.ANY``) count the bytes of those copies.
+- **Work** (:mod:`pallas_core.report_work`). Flops and transcendentals of the kernel body
+  over the grid, branches and loop bounds that depend on the grid indices decided per step.
 - **On chip.** The backend's own account (its ``pallas_footprint`` hook: buffers per operand,
   scratch, internal buffers) against the target chip's limit, and whether it fits.
 - **Roofline** for each chip (:mod:`pallas_core.roofline`).
@@ -27,23 +24,25 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
+import pathlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 import numpy as np
-from jax import lax
 
-from pallas_core import _jax
 from pallas_core import grid_mapping as gmap
 from pallas_core.call import resolve_backend, unvalidated, validate
 from pallas_core.chips import backend_of_target, target_chip
-from pallas_core.cost import dot_general_flops, element_count, integer_pow_flops
 from pallas_core.errors import ArgumentError, PallasError
 from pallas_core.plugins import manager
+from pallas_core.report_prefetch import Prefetch, given_prefetch, reads_prefetch, sample_prefetch
+from pallas_core.report_work import block_loads, count_work
 from pallas_core.request import KernelCall
 from pallas_core.roofline import Chip, Roofline, roofline
 from pallas_core.spec import BoundedSlice, CostEstimate, Element, Squeezed, block_dim_size
+from pallas_core.units import nbytes, seconds, si
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +63,18 @@ class OperandReport:
     """Grid steps that kept the previous step's block (no fetch or write-back)."""
     hbm_bytes: int
     """Bytes moved between HBM and the chip for this operand (edge blocks clipped)."""
+    block_indices: np.ndarray | None = dataclasses.field(default=None, compare=False,
+                                                         repr=False)
+    """Per grid step (in the order the grid runs, the last axis fastest), the block index
+    along each dimension of the array: an ``(steps, rank)`` int array; ``None`` where the
+    steps are not known ahead of time (a dynamic grid)."""
+    moved: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)
+    """Per grid step, whether the pipeline moves this operand's block there (an input
+    fetched before the step, an output written back after it)."""
+    index_source: str = "grid"
+    """Where the block indices come from: ``"grid"`` (the grid indices alone),
+    ``"given"`` (scalar-prefetch values passed to ``pl.report``) or ``"sampled"``
+    (scalar-prefetch values drawn at random: the counts are an estimate)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +89,15 @@ class KernelReport:
     matmul_flops: int
     vector_flops: int
     transcendentals: int
+    skipped_flops: int
+    """Flops the kernel skips against running its costlier branch at every step: branches of
+    ``pl.when`` and ``fori_loop`` bounds decided per grid step from the grid indices (causal
+    attention's masked-out blocks); ``skipped_fraction`` is its share."""
     hbm_bytes: int
+    loaded_bytes: int | None
+    """For a backend without a block pipeline (Triton): the bytes the body's loads and stores
+    move, summed over the grid, as if no cache caught any (``hbm_bytes`` counts each distinct
+    block once); ``None`` for pipelined backends, where the two are the same."""
     onchip_bytes: int | None
     """On-chip memory the backend allocates for the kernel (``None``: the backend does not
     say)."""
@@ -88,9 +107,23 @@ class KernelReport:
     roofline: Mapping[str, Roofline]
     notes: tuple[str, ...] = ()
     """Where a figure is a bound rather than exact, and why."""
+    limit_needed: int | None = None
+    """When the kernel does not fit under its limit but does fit the chip's on-chip memory:
+    the limit to ask for (whole MiB; for Mosaic TPU, ``vmem_limit_bytes``)."""
+    smaller_blocks: tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...] = ()
+    """When the kernel does not fit: the fewest halvings of block dimensions that make it fit,
+    as ``(operand, block shape, smaller block shape)``."""
 
     @property
-    def steps(self) -> int:
+    def skipped_fraction(self) -> float:
+        dense = self.flops + self.skipped_flops
+        return self.skipped_flops / dense if dense else 0.0
+
+    @property
+    def steps(self) -> int | None:
+        """Grid steps (``None`` for a grid with sizes known only at run time)."""
+        if not all(isinstance(g, (int, np.integer)) for g in self.grid):
+            return None
         return int(np.prod(self.grid, dtype=np.int64))
 
 
@@ -111,6 +144,15 @@ class Report:
 
     def __str__(self) -> str:
         return "\n\n".join(_describe(k) for k in self.kernels) or "(no kernels)"
+
+    def save(self, path: str | os.PathLike[str], *, title: str | None = None) -> pathlib.Path:
+        """Writes the report as one self-contained HTML page (roofline chart, a block map
+        per operand, the on-chip footprint, the table; inline SVG, nothing fetched) to
+        ``path`` (a ``str`` or ``os.PathLike``) and returns it as a ``pathlib.Path``
+        (:mod:`pallas_core.report_page`)."""
+        from pallas_core import report_page
+
+        return report_page.save(self, path, title=title)
 
 
 # --- the chips -------------------------------------------------------------------------------
@@ -139,93 +181,26 @@ def _targets(target: str | Sequence[str] | None, backend: str) -> list[str]:
     return names
 
 
-# --- counting ----------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class _Work:
-    matmul: int = 0
-    vector: int = 0
-    transcendentals: int = 0
-    notes: frozenset[str] = frozenset()
-    matmul_dtype: str | None = None
-
-    def __add__(self, o: _Work) -> _Work:
-        return _Work(self.matmul + o.matmul, self.vector + o.vector,
-                     self.transcendentals + o.transcendentals, self.notes | o.notes,
-                     self.matmul_dtype or o.matmul_dtype)
-
-    def times(self, n: int) -> _Work:
-        return _Work(self.matmul * n, self.vector * n, self.transcendentals * n, self.notes,
-                     self.matmul_dtype)
-
-    @property
-    def total(self) -> int:
-        return self.matmul + self.vector
-
-
-_VECTOR_OUT = (lax.add_p, lax.sub_p, lax.mul_p, lax.div_p, lax.rem_p, lax.max_p, lax.min_p,
-               lax.and_p, lax.or_p, lax.xor_p, lax.select_n_p, lax.pow_p)
-_VECTOR_IN = (lax.neg_p, lax.abs_p, lax.sign_p, lax.floor_p, lax.ceil_p, lax.round_p,
-              lax.not_p, lax.square_p, lax.reduce_sum_p, lax.reduce_max_p, lax.reduce_min_p,
-              lax.argmax_p, lax.argmin_p)
-_TRANSCENDENTAL = (lax.exp_p, lax.exp2_p, lax.log_p, lax.log1p_p, lax.expm1_p, lax.tanh_p,
-                   lax.logistic_p, lax.sqrt_p, lax.rsqrt_p, lax.cbrt_p, lax.sin_p, lax.cos_p,
-                   lax.tan_p, lax.atan2_p, lax.erf_p, lax.erf_inv_p, lax.sinh_p, lax.cosh_p,
-                   lax.asin_p, lax.acos_p, lax.atan_p)
-
-
-def _dot(eqn: Any) -> _Work:
-    return _Work(matmul=dot_general_flops(eqn),
-                 matmul_dtype=np.dtype(eqn.invars[0].aval.dtype).name)
-
-
-def _count(jaxpr: Any) -> _Work:
-    total = _Work()
-    for eqn in jaxpr.eqns:
-        total = total + _count_eqn(eqn)
-    return total
-
-
-def _count_eqn(eqn: Any) -> _Work:
-    p = eqn.primitive
-    if p is lax.dot_general_p:
-        return _dot(eqn)
-    if p in _VECTOR_OUT:
-        return _Work(vector=element_count(eqn.outvars[0].aval))
-    if p in _VECTOR_IN:
-        return _Work(vector=element_count(eqn.invars[0].aval))
-    if p is lax.integer_pow_p:
-        return _Work(vector=integer_pow_flops(eqn))
-    if p in _TRANSCENDENTAL:
-        return _Work(transcendentals=element_count(eqn.invars[0].aval))
-    if p is _jax.scan_p:
-        return _count(eqn.params["jaxpr"].jaxpr).times(int(eqn.params["length"]))
-    if p is _jax.while_p:
-        body = _count(eqn.params["body_jaxpr"].jaxpr)
-        if not body.total and not body.transcendentals:
-            return body
-        return dataclasses.replace(body, notes=body.notes | {
-            "a while loop whose trip count is known only at run time is counted once"})
-    if p is _jax.cond_p:
-        branches = [_count(b.jaxpr) for b in eqn.params["branches"]]
-        worst = max(branches, key=lambda w: (w.total, w.transcendentals))
-        if any(b != worst for b in branches):
-            worst = dataclasses.replace(worst, notes=worst.notes | {
-                "pl.when/lax.cond: the costlier branch is counted at every step (an upper "
-                "bound)"})
-        return worst
-    total = _Work()
-    for sub in _jax.sub_jaxprs(eqn.params):
-        total = total + _count(sub)
-    return total
-
-
-def _operands(call: KernelCall, onchip: str) -> tuple[list[OperandReport], list[str]]:
-    """Each operand's traffic; ``onchip`` names where blocks of the default space live."""
+def _operands(call: KernelCall, onchip: str, prefetch: Prefetch | None = None,
+              distinct: bool = False) -> tuple[list[OperandReport], list[str]]:
+    """Each operand's traffic; ``onchip`` names where blocks of the default space live;
+    ``prefetch`` holds the scalar-prefetch values the index maps read, given or sampled;
+    ``distinct``: each distinct block is moved once (a cache, not a pipeline)."""
     gm = call.grid_mapping
     notes: list[str] = []
-    tables = gmap.block_index_tables(gm)
+    source = "grid"
+    if not gm.num_scalar_prefetch:
+        tables = gmap.block_index_tables(gm)
+    elif prefetch is not None:
+        tables = gmap.prefetch_index_tables(gm, prefetch.values)
+        source = prefetch.source
+        if tables is not None and source == "sampled":
+            notes.append("the index maps read scalar-prefetch operands, which were not given: "
+                         "they were evaluated on values drawn at random in "
+                         f"[0, {prefetch.bound}) (an estimate). Fix: pass the scalar-prefetch "
+                         "arrays themselves to pl.report to count exactly")
+    else:
+        tables = None
     steps = None if gm.dynamic_axes else gm.num_steps
     out = []
     for k, bm in enumerate(gm.block_mappings):
@@ -241,24 +216,37 @@ def _operands(call: KernelCall, onchip: str) -> tuple[list[OperandReport], list[
             continue
         role = "input" if k < gm.num_inputs else "output"
         if bm.is_whole_array:
-            notes.append(f"{bm.origin} is in {space}: the kernel copies it itself, so its "
-                         "traffic is not counted")
+            notes.append(f"{bm.origin} is in {space}: the kernel copies it itself (its "
+                         "traffic is what the backend counts of those copies)")
             out.append(OperandReport(bm.origin, "whole", tuple(bm.array_shape), str(bm.dtype),
                                      space, 0, 0, 0, 0))
             continue
         if tables is not None:
-            table = tables[1][k][:, :len(bm.array_shape)]
+            full = tables[1][k]
+            table = full[:, :len(bm.array_shape)]
             moved = np.ones(len(table), bool)
-            moved[1:] = np.any(table[1:] != table[:-1], axis=1)
-            if role == "output":  # written back when the next step moves on, and at the end
-                moved = np.append(moved[1:], True)
-            extents = _extents(bm, tables[1][k][moved])
+            if distinct:  # the first step to touch each block
+                moved[:] = False
+                moved[np.unique(full, axis=0, return_index=True)[1]] = True
+            else:
+                moved[1:] = np.any(table[1:] != table[:-1], axis=1)
+                if role == "output":  # written back when the next step moves on, and at the end
+                    moved = np.append(moved[1:], True)
+            extents = _extents(bm, full[moved])
             blocks = int(moved.sum())
-            out.append(OperandReport(bm.origin, role, block, str(bm.dtype), space, block_bytes,
-                                     blocks, len(table) - blocks, int(extents) * itemsize))
+            out.append(OperandReport(
+                bm.origin, role, block, str(bm.dtype), space, block_bytes, blocks,
+                len(table) - blocks, int(extents) * itemsize, block_indices=table, moved=moved,
+                index_source=source if reads_prefetch(bm, len(gm.grid)) else "grid"))
         else:
             n = steps if steps is not None else 1
+            if steps == 0:
+                out.append(OperandReport(bm.origin, role, block, str(bm.dtype), space,
+                                         block_bytes, 0, 0, 0))
+                continue
             why = ("its grid has dynamic sizes" if steps is None
+                   else f"its grid has more than {gmap.MAX_STATIC_CHECK_POINTS} steps"
+                   if steps > gmap.MAX_STATIC_CHECK_POINTS
                    else "its index map reads scalar-prefetch operands")
             notes.append(f"{bm.origin}: every step is counted as moving a block ({why}; an "
                          "upper bound)")
@@ -296,42 +284,124 @@ def _footprint(call: KernelCall, backend: str, chip: Chip | None
     return tuple((str(n), int(b)) for n, b in parts), limit
 
 
-def _kernel_report(call: KernelCall, backend: str, targets: list[str]) -> KernelReport:
+def _kernel_report(call: KernelCall, backend: str, targets: list[str],
+                   prefetch: Prefetch | None) -> KernelReport:
     gm = call.grid_mapping
     known = chips()
-    own = [t for t in targets if known[t][0] == backend]
-    chip = known[own[0]][1] if own else None
-    operands, notes = _operands(call, chip.onchip_name if chip is not None else "blocks")
-    steps = 1 if gm.dynamic_axes else gm.num_steps
+    listed = getattr(manager.get(backend).info, "chips", {})
+    own = [t for t in targets if t in listed]
+    chip = listed[own[0]] if own else None
+    operands, notes = _operands(call, chip.onchip_name if chip is not None else "blocks",
+                                prefetch, distinct=block_loads(backend))
+    work, skipped = count_work(call, backend)
     if gm.dynamic_axes:
         notes.append("the grid has dynamic sizes: the work of one step is reported")
-    work = _count(call.jaxpr.jaxpr).times(steps)
+    if skipped:
+        notes.append(f"branches and loop bounds decided per grid step skip {skipped:,} FLOP "
+                     f"({skipped / (work.total + skipped):.1%} of the work if every step ran "
+                     "the costlier branch)")
     notes.extend(sorted(work.notes))
-    hbm = sum(o.hbm_bytes for o in operands)
+    hbm = sum(o.hbm_bytes for o in operands) + work.copy_bytes
+    loaded = None
+    if block_loads(backend):
+        loaded = work.load_bytes + work.copy_bytes
+        notes.append(f"the {backend} backend has no block pipeline: the body's loads and "
+                     "stores go to HBM through the caches. hbm_bytes counts each distinct "
+                     "block once (programs sharing a block hit the cache: the roofline's lower "
+                     f"bound); the loads and stores themselves add up to {nbytes(loaded)} "
+                     "(loaded_bytes, with no cache)")
+    if work.copy_bytes:
+        notes.append(f"the kernel's own copies (DMA, TMA) move {nbytes(work.copy_bytes)} "
+                     "between HBM and the chip, counted in hbm_bytes")
     parts, limit = _footprint(call, backend, chip)
     onchip = sum(b for _, b in parts) if limit is not None else None
     dtype = work.matmul_dtype or (str(gm.block_mappings[0].dtype) if gm.block_mappings
                                   else "float32")
     lines = {t: roofline(known[t][1], matmul_flops=work.matmul, vector_flops=work.vector,
                          hbm_bytes=hbm, dtype=dtype) for t in targets}
+    limit_needed: int | None = None
+    smaller: tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...] = ()
+    if onchip is not None and limit is not None and onchip > limit:
+        capacity = chip.onchip_bytes if chip is not None else None
+        mib = -(-onchip // 2**20) * 2**20
+        if capacity is not None and mib <= capacity:
+            limit_needed = mib
+        smaller = _smaller_blocks(operands, parts, limit)
+        notes.extend(_fit_advice(backend, onchip, limit, limit_needed, smaller, chip))
     return KernelReport(
+        limit_needed=limit_needed, smaller_blocks=smaller,
         name=call.name, backend=backend, grid=tuple(gm.grid), operands=tuple(operands),
         flops=work.total, matmul_flops=work.matmul, vector_flops=work.vector,
-        transcendentals=work.transcendentals, hbm_bytes=hbm, onchip_bytes=onchip,
+        transcendentals=work.transcendentals, skipped_flops=skipped or 0, loaded_bytes=loaded,
+        hbm_bytes=hbm, onchip_bytes=onchip,
         onchip_limit=limit, onchip_parts=parts,
         fits=None if onchip is None or limit is None else onchip <= limit,
         roofline=lines, notes=tuple(notes))
 
 
-def kernel_cost(call: KernelCall) -> CostEstimate:
+def _smaller_blocks(operands: Sequence[OperandReport], parts: Sequence[tuple[str, int]],
+                    limit: int) -> tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...]:
+    """Halves, one at a time, the largest dimension of the block whose buffers take the most
+    on-chip memory (the leading dimensions first, the last one last: the layout's tiles lie
+    along the last two) until the parts fit under ``limit``; the blocks changed."""
+    sizes: dict[str, int] = {}
+    for name, size in parts:
+        owner = next((o.name for o in operands if name.startswith(o.name)), None)
+        if owner is not None:
+            sizes[owner] = sizes.get(owner, 0) + size
+    other = sum(size for _, size in parts) - sum(sizes.values())
+    if other > limit or not sizes:
+        return ()
+    shapes = {o.name: list(o.block_shape) for o in operands if o.name in sizes}
+    original = {n: tuple(v) for n, v in shapes.items()}
+    for _ in range(64):
+        if other + sum(sizes.values()) <= limit:
+            return tuple((n, original[n], tuple(shapes[n])) for n in shapes
+                         if tuple(shapes[n]) != original[n])
+        name = max(sizes, key=lambda n: sizes[n])
+        shape = shapes[name]
+        order = sorted(range(len(shape)), key=lambda d: (d >= len(shape) - 2, -shape[d]))
+        dim = next((d for d in order if shape[d] >= 2 * (128 if d == len(shape) - 1 else 8)),
+                   None)
+        if dim is None:
+            return ()
+        shape[dim] //= 2
+        sizes[name] //= 2
+    return ()
+
+
+def _fit_advice(backend: str, needed: int, limit: int, limit_needed: int | None,
+                smaller: Sequence[tuple[str, tuple[int, ...], tuple[int, ...]]],
+                chip: Chip | None) -> list[str]:
+    advice = []
+    where = chip.onchip_name if chip is not None else "on-chip memory"
+    if limit_needed is not None:
+        params = manager.get(backend).info.compiler_params_type
+        fields = [f.name for f in dataclasses.fields(params)] if params is not None and \
+            dataclasses.is_dataclass(params) else []
+        knob = next((f for f in fields if f.endswith("limit_bytes")), None)
+        ask = (f"compiler params with {knob}={limit_needed}" if knob
+               else f"a limit of {limit_needed} bytes")
+        advice.append(f"to fit: the kernel needs {nbytes(needed)} of {where} against a limit of "
+                      f"{nbytes(limit)}, and the chip has {nbytes(chip.onchip_bytes)}: ask for "
+                      f"{ask}" if chip is not None else "")
+    if smaller:
+        changes = ", ".join(f"{n} {old} -> {new}" for n, old, new in smaller)
+        advice.append(f"to fit under {nbytes(limit)} with the same limit, the fewest halvings "
+                      f"of block dimensions: {changes}")
+    return [a for a in advice if a]
+
+
+def kernel_cost(call: KernelCall, backend: str | None = None) -> CostEstimate:
     """The cost of ``call`` as ``pl.report`` counts it (flops of the body times the grid,
-    transcendentals, HBM bytes the pipeline moves), for a backend that passes an estimate to
-    its compiler when the user gave none."""
-    gm = call.grid_mapping
-    work = _count(call.jaxpr.jaxpr).times(1 if gm.dynamic_axes else gm.num_steps)
-    operands, _ = _operands(call, "blocks")
+    transcendentals, HBM bytes the pipeline and the kernel's own copies move), for a
+    backend that passes an estimate to its compiler when the user gave none. ``backend``
+    (default: the one the call names) counts its own primitives."""
+    name = backend or call.backend
+    work, _ = count_work(call, name)
+    moved = sum(o.hbm_bytes for o in _operands(call, "blocks", distinct=block_loads(name))[0])
     return CostEstimate(flops=work.total, transcendentals=work.transcendentals,
-                        bytes_accessed=sum(o.hbm_bytes for o in operands))
+                        bytes_accessed=moved + work.copy_bytes)
 
 
 def report(fn: Callable[..., Any], *args: Any, backend: str | None = None,
@@ -351,14 +421,23 @@ def report(fn: Callable[..., Any], *args: Any, backend: str | None = None,
     owner = chosen or (backend_of_target(first) if first is not None else None)
     ctx = target_chip(owner, first if owner and first in _own(owner) else None) if owner \
         else contextlib.nullcontext()
-    with ctx, unvalidated():
-        closed = jax.make_jaxpr(lambda *a: fn(*a, **kwargs))(*args)
     from pallas_core.stages import kernel_calls
 
+    with ctx, unvalidated():
+        closed = jax.make_jaxpr(lambda *a: fn(*a, **kwargs))(*args)
+        calls = list(kernel_calls(closed.jaxpr))
+    given = given_prefetch(closed, args)
     kernels = []
-    for call in kernel_calls(closed.jaxpr):
+    for n, call in enumerate(calls):
         name = chosen or call.backend or manager.default_for_platform(jax.default_backend())
-        kernel = _kernel_report(call, name, _targets(target, name))
+        prefetch = given.get(id(call))
+        if prefetch is not None and prefetch.grid is not None:
+            # A dynamic grid whose sizes follow from the values given: reported at them.
+            call = call.replace(grid_mapping=dataclasses.replace(
+                call.grid_mapping, grid=prefetch.grid))
+        if prefetch is None and call.grid_mapping.num_scalar_prefetch:
+            prefetch = sample_prefetch(call, seed=n)
+        kernel = _kernel_report(call, name, _targets(target, name), prefetch)
         try:
             validate(call, name)
         except PallasError as e:  # reported, not raised: the report says why
@@ -375,46 +454,28 @@ def _own(backend: str) -> Mapping[str, Any]:
 # --- the table ---------------------------------------------------------------------------
 
 
-def _si(x: float, unit: str) -> str:
-    for div, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(x) >= div:
-            return f"{x / div:.3g} {prefix}{unit}"
-    return f"{x:.3g} {unit}"
-
-
-def _bytes(n: float) -> str:
-    for div, name in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if n >= div:
-            return f"{n / div:.3g} {name}"
-    return f"{int(n)} B"
-
-
-def _seconds(s: float) -> str:
-    for div, name in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us")):
-        if s >= div:
-            return f"{s / div:.3g} {name}"
-    return f"{s / 1e-9:.3g} ns"
 
 
 def _describe(k: KernelReport) -> str:
-    lines = [f"kernel {k.name!r} on {k.backend}: grid {k.grid} ({k.steps} steps)"]
+    steps = "steps known at run time" if k.steps is None else f"{k.steps} steps"
+    lines = [f"kernel {k.name!r} on {k.backend}: grid {k.grid} ({steps})"]
     rows: list[tuple[str, ...]] = [("operand", "role", "block", "dtype", "space", "block bytes",
                                     "blocks", "skipped", "HBM bytes")]
     for o in k.operands:
         rows.append((o.name, o.role, str(o.block_shape), o.dtype, o.memory_space,
-                     _bytes(o.block_bytes), str(o.blocks), str(o.skipped), _bytes(o.hbm_bytes)))
+                     nbytes(o.block_bytes), str(o.blocks), str(o.skipped), nbytes(o.hbm_bytes)))
     lines += _table(rows)
-    lines.append(f"work: {_si(k.flops, 'FLOP')} ({_si(k.matmul_flops, 'FLOP')} matmul, "
-                 f"{_si(k.vector_flops, 'FLOP')} vector), {k.transcendentals:,} transcendentals; "
-                 f"HBM traffic {_bytes(k.hbm_bytes)}")
+    lines.append(f"work: {si(k.flops, 'FLOP')} ({si(k.matmul_flops, 'FLOP')} matmul, "
+                 f"{si(k.vector_flops, 'FLOP')} vector), {k.transcendentals:,} transcendentals; "
+                 f"HBM traffic {nbytes(k.hbm_bytes)}")
     if k.onchip_bytes is not None:
         verdict = "fits" if k.fits else "does NOT fit"
-        lines.append(f"on chip: {_bytes(k.onchip_bytes)} of {_bytes(k.onchip_limit or 0)} "
-                     f"({verdict}): " + ", ".join(f"{n} {_bytes(b)}" for n, b in k.onchip_parts))
+        lines.append(f"on chip: {nbytes(k.onchip_bytes)} of {nbytes(k.onchip_limit or 0)} "
+                     f"({verdict}): " + ", ".join(f"{n} {nbytes(b)}" for n, b in k.onchip_parts))
     lines_ = [("chip", "ridge FLOP/B", "intensity", "compute", "memory", "bound", "time >=")]
     for chip, r in k.roofline.items():
-        lines_.append((chip, f"{r.ridge:.1f}", f"{r.intensity:.1f}", _seconds(r.compute_seconds),
-                     _seconds(r.memory_seconds), r.bound, _seconds(r.seconds)))
+        lines_.append((chip, f"{r.ridge:.1f}", f"{r.intensity:.1f}", seconds(r.compute_seconds),
+                     seconds(r.memory_seconds), r.bound, seconds(r.seconds)))
     if k.roofline:
         lines += _table(lines_)
     notes = list(k.notes) + [a for r in k.roofline.values() for a in r.assumptions]

@@ -9,6 +9,7 @@ from typing import Any
 
 import jax
 
+from pallas_core import _jax
 from pallas_core.call import pallas_call_p, resolve_backend, validate
 from pallas_core.chips import backend_of_target, target_chip
 from pallas_core.errors import UnsupportedError
@@ -56,6 +57,13 @@ def kernel_calls(jaxpr: Any) -> Iterator[KernelCall]:
     for eqn in jaxpr.eqns:
         if eqn.primitive is pallas_call_p:
             yield eqn.params["call"]
+            continue
+        if eqn.primitive in _jax.KEY_PRIMITIVES:
+            # A key implementation's functions (a Pallas PRNG's random_bits) are traced
+            # only when the program is lowered: traced here, their kernels are found.
+            expanded = _jax.key_expansion(eqn)
+            if not isinstance(expanded, str):
+                yield from kernel_calls(expanded.jaxpr)
             continue
         for sub in sub_jaxprs(eqn.params):
             yield from kernel_calls(sub)

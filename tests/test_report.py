@@ -39,7 +39,7 @@ def test_elementwise_work_and_traffic_on_the_interpreter() -> None:
     assert not k.roofline  # it lists no chips
 
 
-def test_static_loops_are_multiplied_and_when_counts_the_costlier_branch() -> None:
+def test_static_loops_are_multiplied_and_when_is_decided_per_step() -> None:
     def kernel(x_ref: Any, o_ref: Any) -> None:
         def body(_: Any, acc: Any) -> Any:
             return acc * 1.5
@@ -53,11 +53,43 @@ def test_static_loops_are_multiplied_and_when_counts_the_costlier_branch() -> No
 
     (k,) = pl.report(_rows(kernel), X).kernels
     per_block = 8 * 256
-    # Five multiplies of the block and five increments of the loop's counter per step, and
-    # the add of the branch.
-    assert k.vector_flops == 8 * (5 * per_block + 5 + per_block)
-    assert k.transcendentals == 8 * per_block
+    # Five multiplies of the block and five increments of the loop's counter per step; the
+    # branch (an add and a tanh) runs at step 0 only.
+    assert k.vector_flops == 8 * (5 * per_block + 5) + per_block
+    assert k.transcendentals == per_block
+    assert k.skipped_flops == 7 * per_block
+    assert k.skipped_fraction == pytest.approx(7 * per_block / (k.flops + 7 * per_block))
+    assert any("decided per grid step" in n for n in k.notes)
+
+
+def test_a_branch_on_data_counts_the_costlier_branch_at_every_step() -> None:
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        y = x_ref[...]
+        o_ref[...] = y
+
+        @pl.when(y[0, 0] > 0)
+        def _() -> None:
+            o_ref[...] = jnp.tanh(y)
+
+    (k,) = pl.report(_rows(kernel), X).kernels
+    assert k.transcendentals == 64 * 256 and k.skipped_flops == 0
     assert any("costlier branch" in n for n in k.notes)
+
+
+def test_a_fori_loop_bounded_by_the_grid_index_counts_each_steps_trips() -> None:
+    """A causal loop: step i runs i + 1 trips (2 multiplies of the block each)."""
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        i = pl.program_id(0)
+        o_ref[...] = lax.fori_loop(0, i + 1, lambda _, acc: acc * acc * 0.5, x_ref[...])
+
+    (k,) = pl.report(_rows(kernel), X).kernels
+    per_block = 8 * 256
+    trips = sum(i + 1 for i in range(8))
+    # Per trip two multiplies of the block and the counter's increment; per step the bound's
+    # add (i + 1).
+    assert k.vector_flops == trips * (2 * per_block + 1) + 8
+    # Against every step running the most trips (8).
+    assert k.skipped_flops == (8 * 8 - trips) * (2 * per_block + 1)
 
 
 def test_kernel_cost_is_the_reports_count() -> None:

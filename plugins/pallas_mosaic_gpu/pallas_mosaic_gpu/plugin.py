@@ -6,13 +6,14 @@ import types
 from collections.abc import Mapping
 from typing import Any
 
-from pallas_core.backend import RuleTable, pallas_use_mosaic_gpu
+from pallas_core.backend import GPU_CHIPS, Chip, OpCost, RuleTable, pallas_use_mosaic_gpu
 from pallas_core.hookspecs import hookimpl
 from pallas_core.plugins import BackendInfo
 from pallas_core.request import KernelCall, LoweringRequest
 from pallas_core.spec import ANY
 from pallas_mosaic_gpu import (
     blackwell,
+    cost,
     im2col,
     inline,
     inspection,
@@ -33,6 +34,10 @@ __version__ = "0.1.0"
 TARGETS = targets.TARGETS
 """GPUs ``pl.stages(..., target=...)`` accepts (Hopper sm_90a, Blackwell sm_100a)."""
 
+CHIPS = ("h100", "h200", "b200")
+"""The chips of ``pl.report`` this backend compiles for (Hopper and Blackwell, from the core's
+GPU datasheets), its default first."""
+
 
 def lowering_rules() -> RuleTable:
     """This backend's full lowering-rule table (primitive -> rule), read-only. Each entry is
@@ -47,7 +52,8 @@ def pallas_describe() -> BackendInfo:
     return BackendInfo(name=NAME, version=__version__, platforms=("cuda",),
                        compiler_params_type=GPUCompilerParams, default_for=("cuda",),
                        default_priority=_default_priority,
-                       package="pallas-mosaic-gpu", capabilities=frozenset())
+                       package="pallas-mosaic-gpu", capabilities=frozenset(),
+                       chips={name: GPU_CHIPS[name] for name in CHIPS})
 
 
 def _default_priority(platform: str) -> int:
@@ -70,6 +76,27 @@ def pallas_primitives() -> Any:
 @hookimpl
 def pallas_validate(call: KernelCall) -> None:
     validation.check(call)
+
+
+@hookimpl
+def pallas_footprint(call: KernelCall, chip: Chip | None) -> Any:
+    """Shared memory as the lowering allocates it (``validation.smem_parts``: the dynamic
+    shared memory of the launch, part by part) and the per-block limit: ``chip``'s, else the
+    one the lowering refuses beyond (``validation.smem_limit``)."""
+    limit = chip.onchip_default_limit if chip is not None else validation.smem_limit()
+    return validation.smem_parts(call), limit
+
+
+@hookimpl
+def pallas_op_cost(eqn: Any) -> OpCost | None:
+    """Matrix flops of ``wgmma``/``tcgen05_mma`` and HBM bytes of TMA copies (``cost.py``)."""
+    return cost.op_cost(eqn)
+
+
+@hookimpl
+def pallas_op_value(eqn: Any) -> Any:
+    """On the GPU, warpgroups run concurrently (the lowering folds the query to true)."""
+    return True if eqn.primitive is warp_specialized.concurrent_p else None
 
 
 @hookimpl

@@ -20,6 +20,7 @@ phase completed (a wait that could never return is reported instead of hanging).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -176,8 +177,19 @@ def copy_gmem_to_smem(src: Any, dst: Any, barrier: Any, *, collective_axes: Any 
                               "leader-tracked copy is shared along one cluster axis.")
     _check_copy(src, dst, fn, "GMEM", "SMEM", partitioned=getattr(leader_tracked, "axis", None))
     _check_barrier(barrier, fn)
+    shared = {} if axes is None else {"cluster_blocks": _blocks_along(axes)}
     bind_views(copy_gmem_to_smem_p, [src, dst, barrier], [], fn, collective_axes=axes,
-               leader_tracked=leader_tracked)
+               leader_tracked=leader_tracked, **shared)
+
+
+def _blocks_along(axes: tuple[Any, ...]) -> int | None:
+    """How many blocks of the cluster lie along the cluster axes ``axes`` (they share a
+    collective copy; ``pl.report`` counts its HBM bytes once per cluster, ``cost.py``);
+    ``None`` where an axis is not bound while tracing (the lowering then names it)."""
+    try:
+        return math.prod(int(lax.axis_size(a)) for a in axes)
+    except (NameError, KeyError, TypeError, ValueError):
+        return None
 
 
 def copy_smem_to_gmem(src: Any, dst: Any, *, commit_group: bool = True) -> None:
@@ -308,7 +320,7 @@ def _window(transforms: Any) -> tuple[Any, ...]:
 
 
 def _copy_in(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any,
-             collective_axes: Any = None, leader_tracked: Any = None) -> Any:
+             collective_axes: Any = None, leader_tracked: Any = None, **_: Any) -> Any:
     if leader_tracked is not None:
         from pallas_mosaic_gpu.cluster import refused_in_interpreter
         raise refused_in_interpreter(f"plgpu.copy_gmem_to_smem(leader_tracked="
@@ -329,7 +341,7 @@ def _copy_in_axes(in_avals: Any, *, collective_axes: Any = None, leader_tracked:
 
 def _copy_in_cross(in_avals: Any, out_avals: Any, *args: Any, stacked: Any, marks: Any,
                    block: Any, tree: Any, roles: Any, collective_axes: Any = None,
-                   leader_tracked: Any = None) -> Any:
+                   leader_tracked: Any = None, **_: Any) -> Any:
     """A leader-tracked copy issued by block ``block``: it receives its part of the window
     (all of it where REPLICATED); the ``k``-th such copy of every block on a barrier meets,
     and the first block's barrier gets the arrival once all of them were issued (as the

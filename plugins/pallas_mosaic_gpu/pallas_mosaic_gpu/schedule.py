@@ -304,8 +304,14 @@ def _scoped_kind(mref: Any, body: Any, var: Any) -> str:
     return "smem"
 
 
-def _nbytes(buf: jax.ShapeDtypeStruct) -> int:
-    return math.prod(buf.shape) * bits(buf.dtype) // 8
+def entry_bytes(entry: Any) -> int:
+    """The bytes the Mosaic GPU library gives one entry of a shared-memory tree: a buffer's
+    size, 8 per barrier, 4 for the TMEM allocation's address."""
+    if isinstance(entry, (mgpu.Barrier, mgpu.ClusterBarrier)):
+        return 8 * int(entry.num_barriers)
+    if isinstance(entry, mgpu.TMEM):
+        return 4
+    return math.prod(entry.shape) * bits(entry.dtype) // 8
 
 
 def _barriers(call: KernelCall, mesh: Any, space: BarrierSpace, n: int) -> Any:
@@ -342,7 +348,7 @@ def aligned_smem(entries: Sequence[Any]) -> tuple[tuple[Any, ...], list[int]]:
             pad(SMEM_ALIGNMENT)
             positions[i] = len(tree)
             tree.append(entry)
-            offset += _nbytes(entry)
+            offset += entry_bytes(entry)
     for i, entry in enumerate(entries):
         if isinstance(entry, barrier_types):
             pad(8)
@@ -357,29 +363,53 @@ def aligned_smem(entries: Sequence[Any]) -> tuple[tuple[Any, ...], list[int]]:
     return tuple(tree), positions
 
 
-def build(call: KernelCall, devices: tuple[tuple[str, int], ...] = ()
-          ) -> Callable[..., Any]:
-    """The Mosaic GPU kernel of ``call`` as a function of its operands (``mgpu.as_gpu_kernel``);
-    it must be called inside an MLIR context (see :func:`kernel_fn`). ``devices``: the
-    ``shard_map`` mesh axes it runs under (``lax.axis_index`` of them reads the device id).
+@dataclasses.dataclass
+class SharedMemory:
+    """The shared memory :func:`build` allocates for a kernel (:func:`shared_memory`), in the
+    order it allocates it; :func:`aligned_smem` lays the entries out."""
 
-    Semaphore scratch (``plgpu.SemaphoreType.REGULAR``) is one int32 array in global memory,
-    each thread block's semaphores side by side (block-major), zeroed before the call and
-    passed as an in-out operand of it (its result is dropped), as JAX's lowering does."""
-    arch = _check_spaces(call)
+    entries: list[Any]
+    """Buffers (``jax.ShapeDtypeStruct``), barriers and the one TMEM allocation's address."""
+    names: list[str]
+    """What each entry holds, for ``pl.report`` (``"input 0 (x_ref) (2 x block (64, 128)
+    float32)"``)."""
+    slots: int
+    """Buffers per windowed input (``max_concurrent_steps``, at most the sequential steps)."""
+    steps: int
+    """Steps of the sequential loop inside a thread block."""
+    buffers: list[tuple[str, int, Any]]
+    """``(kind, operand index, tiled)`` of each windowed operand with a buffer of its own."""
+    scratch_refs: list[Any]
+    """``(kind, shape, dtype)`` of each scratch operand."""
+    n_main: int
+    """Entries of the operands and scratch; the ``pl.run_scoped`` ones follow."""
+    scoped: list[tuple[int, list[tuple[str, tuple[int, ...], Any, Any]]]]
+    tmem: TmemPool
+    tmem_pool: Any
+    reuse: dict[int, tuple[int, int]]
+    """Outputs staged in an input's buffer (:mod:`pallas_mosaic_gpu.smem_reuse`)."""
+
+
+def shared_memory(call: KernelCall, reuse: dict[int, tuple[int, int]] | None = None
+                  ) -> SharedMemory:
+    """What :func:`build` allocates in shared memory for ``call``: per windowed input
+    ``slots`` buffers and as many barriers, per windowed output a buffer (unless ``reuse``,
+    by default :func:`pallas_mosaic_gpu.smem_reuse.reused`, stages it in an input's), then
+    scratch, then every ``pl.run_scoped`` allocation, and the TMEM allocation's address."""
     gm = call.grid_mapping
     pl_ = plan(call)
     params = call.compiler_params if isinstance(call.compiler_params, GPUCompilerParams) else \
         GPUCompilerParams()
     ins, outs = _operands(call)
-    slots = params.max_concurrent_steps
-    seq_sizes = [gm.grid[a] for a in pl_.sequential_axes]
-    steps = math.prod(seq_sizes)
-    if steps <= 1:
-        slots = 1
-    slots = min(slots, max(steps, 1))
+    steps = math.prod(gm.grid[a] for a in pl_.sequential_axes)
+    slots = 1 if steps <= 1 else min(params.max_concurrent_steps, steps)
     smem: list[Any] = []
+    names: list[str] = []
     buffers: list[tuple[str, int, Any]] = []  # (kind, operand index, tiled)
+
+    def add(entry: Any, name: str) -> None:
+        smem.append(entry)
+        names.append(name)
 
     def buf_shape(shape: Sequence[int], dtype: Any) -> tuple[int, ...]:
         return tile_shape(shape, dtype) if is_tileable(shape, dtype) else tuple(shape)
@@ -393,25 +423,33 @@ def build(call: KernelCall, devices: tuple[tuple[str, int], ...] = ()
     def window_shape(tiled: bool, bm: BlockMapping) -> tuple[int, ...]:
         return tile_shape(bm.ref_shape, bm.dtype) if tiled else tuple(bm.ref_shape)
 
+    def what(shape: Any, dtype: Any) -> str:
+        return f"{tuple(shape)} {np.dtype(dtype).name}"
+
     for k, bm in enumerate(ins):
         if _windowed(bm):
             tiled = window_tiled(k, bm)
-            smem.append(jax.ShapeDtypeStruct((slots, *window_shape(tiled, bm)), bm.dtype))
-            smem.append(mgpu.Barrier(1, slots))  # one arrival: the TMA's
+            add(jax.ShapeDtypeStruct((slots, *window_shape(tiled, bm)), bm.dtype),
+                f"{bm.origin} ({slots} x block {what(bm.ref_shape, bm.dtype)})")
+            add(mgpu.Barrier(1, slots), f"{bm.origin} barriers ({slots})")  # the TMA's arrival
             buffers.append(("in", k, tiled))
-    from pallas_mosaic_gpu import smem_reuse
-    reuse = smem_reuse.reused(call)  # outputs staged in an input's buffer
+    if reuse is None:
+        from pallas_mosaic_gpu import smem_reuse
+        reuse = smem_reuse.reused(call)  # outputs staged in an input's buffer
     for k, bm in enumerate(outs):
         if _windowed(bm) and k not in reuse:
             tiled = window_tiled(len(ins) + k, bm)
-            smem.append(jax.ShapeDtypeStruct(window_shape(tiled, bm), bm.dtype))
+            add(jax.ShapeDtypeStruct(window_shape(tiled, bm), bm.dtype),
+                f"{bm.origin} (block {what(bm.ref_shape, bm.dtype)})")
             buffers.append(("out", k, tiled))
     scratch_refs: list[Any] = []
     tmem = TmemPool()
-    for a in gm.scratch_avals:
+    for i, a in enumerate(gm.scratch_avals):
         shape, dtype, space = a.inner_aval.shape, a.inner_aval.dtype, a.memory_space
+        name = f"scratch {i} {what(shape, dtype)}"
         if isinstance(space, BarrierSpace):
-            smem.append(_barriers(call, pl_.mesh, space, math.prod(shape)))
+            add(_barriers(call, pl_.mesh, space, math.prod(shape)),
+                f"scratch {i} ({math.prod(shape)} barriers)")
             scratch_refs.append(("barrier", shape, dtype))
         elif space is ACC_SPACE:
             scratch_refs.append(("acc", shape, dtype))
@@ -421,30 +459,53 @@ def build(call: KernelCall, devices: tuple[tuple[str, int], ...] = ()
         elif space is SEMAPHORE:
             scratch_refs.append(("sem", shape, dtype))
         elif asks_tiling(a) and is_tileable(shape, dtype, asked=True):  # 8/32-bit, asked
-            smem.append(jax.ShapeDtypeStruct(tile_shape(shape, dtype), dtype))
+            add(jax.ShapeDtypeStruct(tile_shape(shape, dtype), dtype), name)
             scratch_refs.append(("smem_tiled", shape, dtype))
         else:
-            smem.append(jax.ShapeDtypeStruct(buf_shape(shape, dtype), dtype))
+            add(jax.ShapeDtypeStruct(buf_shape(shape, dtype), dtype), name)
             scratch_refs.append(("smem", shape, dtype))
     n_main = len(smem)
     scoped = scoped_allocations(call)
     for _, allocs in scoped:
         for kind, shape, dtype, space in allocs:
+            name = f"pl.run_scoped {what(shape, dtype)}"
             if kind == "barrier":
-                smem.append(_barriers(call, pl_.mesh, space, math.prod(shape)))
+                add(_barriers(call, pl_.mesh, space, math.prod(shape)),
+                    f"pl.run_scoped ({math.prod(shape)} barriers)")
             elif kind == "smem":
-                smem.append(jax.ShapeDtypeStruct(buf_shape(shape, dtype), dtype))
+                add(jax.ShapeDtypeStruct(buf_shape(shape, dtype), dtype), name)
             elif kind == "smem_tiled":
-                smem.append(jax.ShapeDtypeStruct(tile_shape(shape, dtype), dtype))
+                add(jax.ShapeDtypeStruct(tile_shape(shape, dtype), dtype), name)
             elif kind == "smem_plain":
-                smem.append(jax.ShapeDtypeStruct(tuple(shape), dtype))
+                add(jax.ShapeDtypeStruct(tuple(shape), dtype), name)
             elif kind == "tmem":
                 tmem.add(shape, dtype, space)
     tmem_pool = tmem.allocation(call)
     if tmem_pool is not None:
-        smem.append(tmem_pool)
+        add(tmem_pool, "TMEM address")
+    return SharedMemory(smem, names, slots, steps, buffers, scratch_refs, n_main, scoped, tmem,
+                        tmem_pool, reuse)
+
+
+def build(call: KernelCall, devices: tuple[tuple[str, int], ...] = ()
+          ) -> Callable[..., Any]:
+    """The Mosaic GPU kernel of ``call`` as a function of its operands (``mgpu.as_gpu_kernel``);
+    it must be called inside an MLIR context (see :func:`kernel_fn`). ``devices``: the
+    ``shard_map`` mesh axes it runs under (``lax.axis_index`` of them reads the device id).
+
+    Semaphore scratch (``plgpu.SemaphoreType.REGULAR``) is one int32 array in global memory,
+    each thread block's semaphores side by side (block-major), zeroed before the call and
+    passed as an in-out operand of it (its result is dropped), as JAX's lowering does."""
+    arch = _check_spaces(call)
+    pl_ = plan(call)
+    params = call.compiler_params if isinstance(call.compiler_params, GPUCompilerParams) else \
+        GPUCompilerParams()
+    ins, outs = _operands(call)
+    sm = shared_memory(call)
+    slots, steps, buffers, scratch_refs = sm.slots, sm.steps, sm.buffers, sm.scratch_refs
+    n_main, scoped, tmem, tmem_pool, reuse = sm.n_main, sm.scoped, sm.tmem, sm.tmem_pool, sm.reuse
     n_main_tmem = sum(kind == "tmem" for kind, _, _ in scratch_refs)
-    smem_tree, smem_positions = aligned_smem(smem)
+    smem_tree, smem_positions = aligned_smem(sm.entries)
 
     # Aliased inputs are the library's in-out operands: passed after the other inputs, their
     # buffers written in place and returned after the other outputs.

@@ -111,29 +111,24 @@ def candidates(call: KernelCall) -> dict[int, tuple[int, int]]:
 
 def reused(call: KernelCall) -> dict[int, tuple[int, int]]:
     """The outputs of ``call`` staged in an input's buffer (as :func:`candidates`), chosen in
-    order only while the kernel would otherwise need more than a thread block's shared memory;
-    empty for every kernel that fits."""
+    order only while the kernel would otherwise need more shared memory than a thread block
+    may use (``validation.smem_parts`` against ``validation.smem_limit``); empty for every
+    kernel that fits."""
     from pallas_mosaic_gpu import validation
 
-    needed = validation.smem_bytes(call)
-    if needed <= validation.SMEM_BYTES:
-        return {}
-    _, outs = schedule._operands(call)
+    limit = validation.smem_limit()
+
+    def needed(reuse: dict[int, tuple[int, int]]) -> int:
+        return sum(b for _, b in validation.smem_parts(call, reuse))
+
     chosen: dict[int, tuple[int, int]] = {}
+    if needed(chosen) <= limit:
+        return chosen
     for j, pair in candidates(call).items():
-        if needed <= validation.SMEM_BYTES:
-            break
         chosen[j] = pair
-        needed -= validation.buffer_bytes(outs[j].ref_shape, outs[j].dtype)
+        if needed(chosen) <= limit:
+            break
     return chosen
-
-
-def saved_bytes(call: KernelCall) -> int:
-    """Shared memory :func:`reused` saves."""
-    from pallas_mosaic_gpu import validation
-
-    _, outs = schedule._operands(call)
-    return sum(validation.buffer_bytes(outs[j].ref_shape, outs[j].dtype) for j in reused(call))
 
 
 def lower_body(state: Any, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any],

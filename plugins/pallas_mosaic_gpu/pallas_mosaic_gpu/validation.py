@@ -2,33 +2,53 @@
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
-from typing import Any
-
+import jax
 import numpy as np
 
 from pallas_core.errors import BlockSpecError, UnsupportedError
 from pallas_core.request import KernelCall
 from pallas_mosaic_gpu import tma
-from pallas_mosaic_gpu.params import (
-    ACC_SPACE,
-    GMEM,
-    BarrierSpace,
-    GPUCompilerParams,
-    TensorMemorySpace,
-)
-from pallas_mosaic_gpu.values import SMEM_ALIGNMENT, bits, is_tileable
+from pallas_mosaic_gpu.params import GMEM, GPUCompilerParams
+from pallas_mosaic_gpu.values import SMEM_ALIGNMENT, is_tileable
 
 SMEM_BYTES = 227 * 1024
-"""Shared memory one thread block may use on Hopper (sm_90)."""
+"""Shared memory one thread block may use on Hopper (sm_90) and Blackwell (sm_100): CUDA's
+opt-in maximum per block for compute capabilities 9.0 and 10.x, 232448 bytes, which the Mosaic
+GPU library also assumes where no GPU is attached."""
 
 
-def buffer_bytes(shape: Sequence[int], dtype: Any) -> int:
-    """Bytes a shared-memory buffer of ``shape`` and ``dtype`` takes, rounded up to the
-    alignment every buffer starts at (``values.SMEM_ALIGNMENT``)."""
-    nbytes = math.prod(shape) * bits(dtype) // 8
-    return -(-nbytes // SMEM_ALIGNMENT) * SMEM_ALIGNMENT
+def smem_limit() -> int:
+    """The shared memory a thread block of this kernel may use, as the Mosaic GPU library
+    checks it when it builds the launch: the opt-in maximum of the GPU JAX compiles for
+    (``shared_memory_per_block_optin``), else :data:`SMEM_BYTES`."""
+    device = jax.local_devices()[0]
+    return int(getattr(device, "shared_memory_per_block_optin", SMEM_BYTES))
+
+
+def smem_parts(call: KernelCall, reuse: dict[int, tuple[int, int]] | None = None
+               ) -> list[tuple[str, int]]:
+    """The shared memory ``call`` needs, part by part, exactly as the lowering allocates it
+    (:func:`pallas_mosaic_gpu.schedule.shared_memory`, laid out by ``aligned_smem``): each
+    windowed input's buffers (one per slot: ``max_concurrent_steps``, at most the steps of the
+    sequential loop) and their barriers, each output's buffer (none for an output staged in an
+    input's buffer, :mod:`pallas_mosaic_gpu.smem_reuse`), scratch, ``pl.run_scoped``
+    allocations, the TMEM allocation's address, and the padding that aligns each buffer to
+    ``values.SMEM_ALIGNMENT`` bytes and the barriers to 8. Their sum is the dynamic shared
+    memory of the kernel's launch. ``reuse``: the outputs to stage (default: as lowered)."""
+    from pallas_mosaic_gpu.schedule import aligned_smem, entry_bytes, shared_memory
+
+    sm = shared_memory(call, reuse)
+    tree, positions = aligned_smem(sm.entries)
+    parts = [(name, entry_bytes(tree[p])) for name, p in zip(sm.names, positions, strict=True)]
+    bms = call.grid_mapping.block_mappings
+    n_in = len(bms) - len(call.out_avals)
+    parts += [(f"{bms[n_in + j].origin} (staged in the buffer of {bms[k].origin})", 0)
+              for j, (k, _) in sorted(sm.reuse.items())]
+    placed = set(positions)
+    padding = sum(entry_bytes(e) for i, e in enumerate(tree) if i not in placed)
+    if padding:
+        parts.append(("alignment padding", padding))
+    return parts
 
 
 def check(call: KernelCall) -> None:
@@ -64,48 +84,14 @@ def check(call: KernelCall) -> None:
                 f"kernel {call.name!r}: a GMEM scratch buffer; the mosaic_gpu backend allocates "
                 "scratch in shared memory only. Fix: use plgpu.SMEM(...) scratch, or pass the "
                 "global buffer as an operand.")
-    from pallas_mosaic_gpu import smem_reuse
-    used = smem_bytes(call) - smem_reuse.saved_bytes(call)
-    if used > SMEM_BYTES:
+    parts = smem_parts(call)
+    used, limit = sum(b for _, b in parts), smem_limit()
+    if used > limit:
+        largest = ", ".join(f"{name}: {b}" for name, b in sorted(parts, key=lambda p: -p[1])[:3])
         raise BlockSpecError(
-            f"kernel {call.name!r} needs {used} bytes of shared memory (blocks times "
-            f"max_concurrent_steps={params.max_concurrent_steps}, plus scratch and "
-            f"pl.run_scoped buffers, less outputs staged in an input's buffer as "
-            f"docs/backends/mosaic_gpu.md describes); a Hopper thread block has {SMEM_BYTES}. "
-            "Fix: use smaller blocks or fewer concurrent steps.")
-
-
-def smem_bytes(call: KernelCall) -> int:
-    """The shared memory ``call`` needs with a buffer of its own for every block: blocks
-    (inputs times ``max_concurrent_steps``), scratch and ``pl.run_scoped`` allocations, each
-    buffer rounded up to its 1024-byte alignment (``values.SMEM_ALIGNMENT``)."""
-    gm = call.grid_mapping
-    params = call.compiler_params if isinstance(call.compiler_params, GPUCompilerParams) else \
-        GPUCompilerParams()
-    used = 0
-    n_out = len(call.out_avals)
-    bms = list(gm.block_mappings)
-    for k, bm in enumerate(bms):
-        if bm.is_whole_array or bm.memory_space is GMEM:
-            continue
-        buffers = params.max_concurrent_steps if k < len(bms) - n_out else 1
-        used += buffers * buffer_bytes(bm.ref_shape, bm.dtype)
-    tmem = False
-    for a in gm.scratch_avals:
-        if a.memory_space is GMEM or a.memory_space is ACC_SPACE:
-            continue
-        if isinstance(a.memory_space, TensorMemorySpace):
-            tmem = True
-            continue
-        used += (8 * math.prod(a.inner_aval.shape) if isinstance(a.memory_space, BarrierSpace)
-                 else buffer_bytes(a.inner_aval.shape, a.inner_aval.dtype))
-    from pallas_mosaic_gpu.schedule import scoped_allocations
-    for _, allocs in scoped_allocations(call):
-        for kind, shape, dtype, _arrivals in allocs:
-            if kind in ("smem", "smem_plain"):
-                used += buffer_bytes(shape, dtype)
-            elif kind == "barrier":
-                used += 8 * math.prod(shape)
-            tmem = tmem or kind == "tmem"
-    # TMEM is not shared memory, but the address of its one allocation is kept there.
-    return used + 4 * tmem
+            f"kernel {call.name!r} needs {used} bytes of shared memory (input blocks times "
+            f"max_concurrent_steps={params.max_concurrent_steps} with their barriers, output "
+            f"blocks, scratch and pl.run_scoped buffers, each aligned to {SMEM_ALIGNMENT} bytes, "
+            f"less outputs staged in an input's buffer as docs/backends/mosaic_gpu.md "
+            f"describes; largest: {largest}) but a thread block may use {limit}. Fix: use "
+            "smaller blocks or fewer concurrent steps.")

@@ -114,19 +114,21 @@ def _copy_through(x_ref: Any, o_ref: Any) -> None:
 @pytest.mark.parametrize("kernel", [_write_then_read, _late_lazy_read, _read_in_cond,
                                     _copy_through])
 def test_no_reuse_where_it_is_not_provably_safe(kernel: Any) -> None:
-    """These kernels keep separate buffers, so (64, 512) float32 is refused as before; the
-    interpreter runs them (the refusal is about shared memory, not the kernel)."""
+    """These kernels keep separate buffers, so (64, 512) float32 is refused as before (two
+    128 KiB buffers and the input's barrier); the interpreter runs them (the refusal is about
+    shared memory, not the kernel)."""
     fn, x = _blocked(kernel), _rand((256, 512), 2)
-    with pytest.raises(pl.BlockSpecError, match="needs 262144 bytes of shared memory"):
+    with pytest.raises(pl.BlockSpecError, match="needs 262152 bytes of shared memory"):
         _module(fn, S(x.shape, x.dtype))
     assert fn(x, backend="interpret").shape == x.shape
 
 
 def test_only_as_much_as_needed_and_still_refused_when_not_enough() -> None:
-    """Two inputs and one output: sharing saves one buffer, 256 KiB remain."""
+    """Two inputs and one output: sharing saves one buffer, 256 KiB and two barriers
+    remain."""
     fn = _blocked(lambda x_ref, y_ref, o_ref: o_ref.__setitem__(..., x_ref[...] + y_ref[...]),
                   n_in=2)
-    with pytest.raises(pl.BlockSpecError, match="needs 262144 bytes"):
+    with pytest.raises(pl.BlockSpecError, match="needs 262160 bytes"):
         _module(fn, S((256, 512), jnp.float32), S((256, 512), jnp.float32))
 
 
@@ -151,7 +153,7 @@ def test_sequential_grids_keep_their_buffers() -> None:
                               backend=backend)(x)
 
     x = _rand((256, 1024), 3)
-    with pytest.raises(pl.BlockSpecError, match="needs 262144 bytes"):
+    with pytest.raises(pl.BlockSpecError, match="needs 262152 bytes"):
         _module(fn, S(x.shape, x.dtype))
     np.testing.assert_allclose(fn(x, backend="interpret"), x[:, :512] + x[:, 512:], rtol=1e-6)
 

@@ -5,7 +5,8 @@
 windows, scalar prefetch, scratch); ``block_indices(module, window, ids, prefetch)`` evaluates a
 window's index map at one grid point. Together they let a test check this backend against what
 ``jax.experimental.pallas`` emits for the same kernel, whatever the text of the index maps;
-``assert_same_kernel(ours, theirs)`` does all of it for two modules.
+``assert_same_kernel(ours, theirs)`` does all of it for two modules, and
+``assert_same_config(ours, theirs)`` compares their configurations.
 """
 
 from __future__ import annotations
@@ -44,6 +45,22 @@ def kernels(stablehlo_text: str) -> list[tuple[dict[str, Any], ir.Module]]:
         body = config["custom_call_config"].pop("body")
         found.append((config, mir.deserialize(body.encode("ascii"))))
     return found
+
+
+def assert_same_config(ours: dict[str, Any], theirs: dict[str, Any]) -> None:
+    """Raises ``AssertionError`` unless two configurations (as :func:`kernels` gives them,
+    ours and JAX's for the same kernel) are equal, but for the cost estimate this backend
+    computes where the user gave none (``plugin.estimated_cost``) and JAX writes none: where
+    ``theirs`` has no ``cost_estimate``, ``ours`` is compared without its own. Where JAX
+    has one (the user's), the two must match as everything else does."""
+    if "cost_estimate" not in theirs.get("custom_call_config", {}):
+        mine = {k: v for k, v in ours.get("custom_call_config", {}).items()
+                if k != "cost_estimate"}
+        ours = {**ours, "custom_call_config": mine} if "custom_call_config" in ours else ours
+    if ours != theirs:
+        keys = sorted(set(ours) | set(theirs))
+        diff = {k: (ours.get(k), theirs.get(k)) for k in keys if ours.get(k) != theirs.get(k)}
+        raise AssertionError(f"the configurations differ (ours, theirs): {diff}")
 
 
 def format_versions(stablehlo_text: str) -> list[int]:

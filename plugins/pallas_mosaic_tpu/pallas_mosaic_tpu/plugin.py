@@ -39,10 +39,31 @@ CHIPS = {"v4": "TPU v4", "v5e": "TPU v5 lite", "v5p": "TPU v5p", "v6e": "TPU v6 
 """TPU generations ``pl.stages(..., target=...)`` accepts, with their JAX device kinds."""
 
 
+def estimated_cost(call: KernelCall, has_communication: bool = False) -> plb.CostEstimate | None:
+    """The cost estimate a TensorCore kernel's custom call carries for XLA's scheduler: the
+    user's (``pallas_call(cost_estimate=...)``), else the one ``pl.report`` counts
+    (``plb.kernel_cost``: flops of the body times the grid, transcendentals, HBM bytes the
+    pipeline and the kernel's own copies move).
+
+    ``None`` (no estimate, as JAX emits without one) where that count would be wrong: a grid
+    or shapes known only at run time, a kernel that talks to other devices (its remote bytes
+    are not counted), or a kernel the count fails on."""
+    if call.cost_estimate is not None:
+        return call.cost_estimate
+    if has_communication or call.grid_mapping.dynamic_axes or call.symbolic_dims:
+        return None
+    try:
+        return plb.kernel_cost(call, backend=NAME)
+    except Exception:  # a hint to the scheduler: a count that fails never fails a lowering
+        return None
+
+
 def custom_call_config(call: KernelCall, body: bytes, has_communication: bool = False,
-                       needs_layout_passes: bool = True) -> dict[str, Any]:
+                       needs_layout_passes: bool = True,
+                       cost: plb.CostEstimate | None = None) -> dict[str, Any]:
     """The ``custom_call_config`` part of a ``tpu_custom_call``'s configuration (key order as
-    TPU runtimes expect); the SparseCore backend builds on it."""
+    TPU runtimes expect); the SparseCore backend builds on it. ``cost`` is the estimate to
+    write (default: the user's, if any)."""
     config: dict[str, Any] = {"body": base64.b64encode(body).decode("ascii")}
     params = call.compiler_params
     tpu_params = params if isinstance(params, TPUCompilerParams) else None
@@ -50,8 +71,8 @@ def custom_call_config(call: KernelCall, body: bytes, has_communication: bool = 
         config["has_communication"] = True
     if tpu_params is not None and tpu_params.collective_id is not None:
         config["collective_id"] = tpu_params.collective_id
-    if call.cost_estimate is not None:
-        ce = call.cost_estimate
+    ce = cost if cost is not None else call.cost_estimate
+    if ce is not None:  # keys sorted, as JAX writes them
         config["cost_estimate"] = {"bytes_accessed": ce.bytes_accessed, "flops": ce.flops,
                                    "remote_bytes_transferred": ce.remote_bytes_transferred,
                                    "transcendentals": ce.transcendentals}
@@ -82,10 +103,12 @@ def _flag_value(value: Any) -> dict[str, Any]:
 
 
 def backend_config(call: KernelCall, body: bytes, has_communication: bool = False) -> str:
-    """The JSON configuration of the ``tpu_custom_call`` of a TensorCore kernel."""
+    """The JSON configuration of the ``tpu_custom_call`` of a TensorCore kernel, with its
+    :func:`estimated_cost`."""
     params = call.compiler_params
-    full: dict[str, Any] = {"custom_call_config": custom_call_config(call, body,
-                                                                     has_communication)}
+    cost = estimated_cost(call, has_communication)
+    full: dict[str, Any] = {"custom_call_config": custom_call_config(
+        call, body, has_communication, cost=cost)}
     if isinstance(params, TPUCompilerParams) and params.vmem_limit_bytes is not None:
         full["scoped_memory_configs"] = [
             {"memory_space": 1, "offset": 0, "size": params.vmem_limit_bytes}]

@@ -105,7 +105,7 @@ def test_blog_matmul_lowers_for_tpu_like_jax_experimental_pallas(num_cores: int)
     with plb.assume_device("TPU v5 lite", "tpu", num_cores):
         (theirs_config, theirs), = inspection.kernels(_lowered(
             blog_matmul(jax_pl, jax_pltpu, num_cores=num_cores), x, y))
-    assert config == theirs_config
+    inspection.assert_same_config(config, theirs_config)
     ours, reference = inspection.summary(module), inspection.summary(theirs)
     assert ours == reference
 

@@ -131,6 +131,14 @@ def test_the_footprint_is_what_the_lowering_refuses() -> None:
                for n in big.notes)
     with pytest.raises(pl.PallasError, match=re.escape(f"{big.onchip_bytes / 2**20:.2f} MiB")):
         pl.stages(functools.partial(copy, block=2048), x)
+    # What to change: the limit to ask for (v5e has 128 MiB of VMEM), or the blocks; both
+    # are taken up here and then fit.
+    assert big.limit_needed == 32 * 2**20
+    assert any("vmem_limit_bytes=33554432" in n and "to fit" in n for n in big.notes)
+    assert {(name, new) for name, _, new in big.smaller_blocks} == {
+        ("input 0 (x_ref)", (1024, 1024)), ("output 0 (o_ref)", (1024, 1024))}
+    (halved,) = pl.report(functools.partial(copy, block=1024), x).kernels
+    assert halved.fits is True and not halved.smaller_blocks and halved.limit_needed is None
     (small,) = pl.report(functools.partial(copy, block=512), x).kernels
     assert small.fits is True and small.onchip_bytes == 4 * 512 * 1024 * 4
     assert pl.stages(functools.partial(copy, block=512), x)[0]["mosaic"]

@@ -40,7 +40,7 @@ def _agree(build: Callable[[Any], Callable[..., Any]], *args: Any) -> str:
     config, ours = _lower(build(pl), *args)
     with plb.assume_device("TPU v5 lite", "tpu"):
         their_config, theirs = _lower(build(jax_pl), *args)
-    assert config == their_config
+    inspection.assert_same_config(config, their_config)
     inspection.assert_same_kernel(ours, theirs)
     return str(ours)
 

@@ -129,7 +129,7 @@ def _both(build: Callable[..., Any], in_axes: Any, out_axis: int,
 def _assert_agree(ours: str, theirs: str, prefetch: list[np.ndarray] | None = None) -> None:
     (ours_config, mine), = inspection.kernels(ours)
     (theirs_config, other), = inspection.kernels(theirs)
-    assert ours_config == theirs_config
+    inspection.assert_same_config(ours_config, theirs_config)
     inspection.assert_same_kernel(mine, other, prefetch)
     # The same data movement around the kernel: a transpose only for out_axes other than 0.
     assert ours.count("stablehlo.transpose") == theirs.count("stablehlo.transpose")

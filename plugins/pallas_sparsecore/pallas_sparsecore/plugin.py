@@ -70,8 +70,19 @@ def pallas_primitives() -> Any:
 
 @hookimpl
 def pallas_validate(call: KernelCall) -> None:
-    """Checks a SparseCore kernel against its chip before lowering."""
+    """Checks a SparseCore kernel against its chip before lowering (its VMEM too)."""
     validation.check(call)
+    validation.check_vmem(call)
+
+
+@hookimpl
+def pallas_footprint(call: KernelCall) -> Any:
+    """One vector subcore's VMEM as the lowering declares it (``validation.vmem_parts``) and
+    its capacity on the kernel's chip, the limit the lowering refuses beyond; not reported
+    for scalar-subcore kernels. This backend lists no chips of its own (the TPU datasheets
+    describe the TensorCore), so the limit is always the kernel's own target's."""
+    parts = validation.vmem_parts(call)
+    return None if parts is None else (parts, validation.vmem_limit(call))
 
 
 @hookimpl

@@ -132,40 +132,9 @@ def get_gpu_info() -> GpuInfo:
         "a kernel traced for Triton (backend='triton', pl.stages/pl.emulate with target=).")
 
 
-_KiB = 1024
-
-
 def roofline_chips() -> dict[str, plb.Chip]:
-    """The GPUs of ``pl.report`` (``BackendInfo.chips``): dense tensor-core peaks per type,
-    HBM bandwidth, and the shared memory one thread block may use (opt-in maximum), each from
-    the vendor's public datasheet named in ``source``. Vector (CUDA core, SIMD) peaks are
-    given where the sheet gives them."""
-    def chip(name: str, matmul: dict[str, float], bw: float, smem_kib: int, cores: int,
-             source: str, vector: dict[str, float] | None = None) -> plb.Chip:
-        return plb.Chip(name=name, matmul_flops=matmul, hbm_bandwidth=bw,
-                        onchip_name="shared memory", onchip_bytes=smem_kib * _KiB,
-                        onchip_default_limit=smem_kib * _KiB, cores=cores, source=source,
-                        vector_flops=vector or {})
-
-    return {
-        "h100": chip("h100", {"bfloat16": 989.4e12, "float16": 989.4e12, "float32": 494.7e12,
-                              "float8": 1978.9e12, "int8": 1978.9e12}, 3.35e12, 227, 132,
-                     "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM, dense)",
-                     {"float32": 66.9e12}),
-        "a100": chip("a100", {"bfloat16": 312e12, "float16": 312e12, "float32": 156e12,
-                              "int8": 624e12}, 2.039e12, 163, 108,
-                     "NVIDIA A100 Tensor Core GPU datasheet (A100 80GB SXM, dense)",
-                     {"float32": 19.5e12}),
-        "h200": chip("h200", {"bfloat16": 989.4e12, "float16": 989.4e12, "float32": 494.7e12,
-                              "float8": 1978.9e12, "int8": 1978.9e12}, 4.8e12, 227, 132,
-                     "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM, dense)",
-                     {"float32": 66.9e12}),
-        "b200": chip("b200", {"bfloat16": 2.25e15, "float16": 2.25e15, "float32": 1.1e15,
-                              "float8": 4.5e15, "int8": 4.5e15}, 8.0e12, 227, 148,
-                     "NVIDIA HGX B200 datasheet (per GPU, dense)"),
-        "mi300x": chip("mi300x", {"bfloat16": 1307.4e12, "float16": 1307.4e12,
-                                  "float32": 163.4e12, "float8": 2614.9e12,
-                                  "int8": 2614.9e12}, 5.3e12, 64, 304,
-                       "AMD Instinct MI300X accelerator datasheet (dense)",
-                       {"float32": 163.4e12}),
-    }
+    """The GPUs of ``pl.report`` (``BackendInfo.chips``): all of the core's GPU datasheets
+    (``pallas_core.backend.GPU_CHIPS``: h100, this backend's default, then a100, h200, b200
+    and mi300x), each with its dense tensor-core peaks, HBM bandwidth and the shared memory
+    one thread block may use."""
+    return dict(plb.GPU_CHIPS)

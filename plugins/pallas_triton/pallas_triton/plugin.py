@@ -49,6 +49,8 @@ def pallas_describe() -> BackendInfo:
         device_kinds={"sm_90": "NVIDIA H100", "sm_80": "NVIDIA A100", "sm_100": "NVIDIA B200",
                       "gfx942": "gfx942", "gfx90a": "gfx90a", "gfx950": "gfx950"},
         chips=roofline_chips(),
+        # A block is a window on HBM: the bytes are the body's loads and stores (pl.report).
+        block_traffic="loads",
     )
 
 
@@ -82,14 +84,36 @@ def pallas_lower(request: LoweringRequest) -> Any:
         operand_output_aliases=dict(call.input_output_aliases) or None)
 
 
+def _ttir(call: KernelCall, target: str | None) -> tuple[str, str]:
+    """``call`` lowered for ``target``'s platform: its TTIR text and its function's name."""
+    gpu = triton_compile.parse_target(target)  # an unknown target fails before lowering
+    module, name = lowering.lower_kernel(call, gpu.platform)
+    return lowering.module_text(module), name
+
+
 @hookimpl
 def pallas_stages(call: KernelCall, target: str | None) -> Mapping[str, Any]:
-    gpu = triton_compile.parse_target(target)  # an unknown target fails before lowering
-    module, _ = lowering.lower_kernel(call, gpu.platform)
-    ttir = lowering.module_text(module)
+    ttir, name = _ttir(call, target)
     params = params_of(call)
-    compiled = triton_compile.compile_stages(ttir, target, params.num_warps, params.num_stages)
+    compiled = triton_compile.compile_stages(ttir, target, params.num_warps, params.num_stages,
+                                             kernel=name)
     return {"ttir": ttir, **{k: v for k, v in compiled.items() if k != "ttir"}}
+
+
+@hookimpl
+def pallas_footprint(call: KernelCall, chip: plb.Chip | None) -> Any:
+    """Shared memory as Triton allocates it for ``chip``'s target (its ``shared`` metadata
+    after the ``llir`` stage, the number ``pl.stages`` refuses beyond) and that target's
+    per-block limit; ``None`` (not reported) without the ``triton`` package, which alone
+    knows the allocation."""
+    if not triton_compile.available():
+        return None
+    target = triton_compile.target_of_chip(chip.name if chip is not None else None)
+    ttir, _ = _ttir(call, target)
+    params = params_of(call)
+    shared = triton_compile.shared_memory(ttir, target, params.num_warps, params.num_stages)
+    limit = triton_compile.parse_target(target).shared_memory
+    return [("shared memory (Triton's allocation)", shared)], limit
 
 
 @hookimpl

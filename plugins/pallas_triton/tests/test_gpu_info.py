@@ -111,3 +111,17 @@ def test_lowering_answers_for_the_default_target() -> None:
     assert pallas_triton.CUSTOM_CALL_TARGET_NAME in text
     closed = jax.make_jaxpr(lambda x: _scaled(x, backend="triton"))(x)
     assert "90.0" in str(closed)
+
+
+def test_the_report_chips_are_the_cores_gpu_datasheets() -> None:
+    """Triton lists every GPU of ``pallas_core.backend.GPU_CHIPS`` (h100, its default, first),
+    the very entries Mosaic GPU lists its Hopper and Blackwell chips from."""
+    from pallas_core import backend as plb
+    from pallas_core.plugins import manager
+
+    chips = manager.get("triton").info.chips
+    assert list(chips) == ["h100", "a100", "h200", "b200", "mi300x"] == list(plb.GPU_CHIPS)
+    assert all(chips[name] is plb.GPU_CHIPS[name] for name in chips)
+    assert pallas_triton.gpu_info.roofline_chips() == dict(plb.GPU_CHIPS)
+    assert chips["h100"].hbm_bandwidth == 3.35e12
+    assert chips["h100"].onchip_default_limit == 232448

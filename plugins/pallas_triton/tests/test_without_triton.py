@@ -1,7 +1,8 @@
 """``triton`` is an optional extra (``pallas-triton[compile]``): without it a kernel still lowers
 for ``cuda`` and ``rocm`` (through jaxlib's own Triton dialect), and only the stages that need
 Triton's compiler (``ptx``/``cubin``, ``amdgcn``/``hsaco``) fail, with a PallasError that names
-the extra to install.
+the extra to install. ``pl.report`` gives no on-chip footprint (only Triton's compiler knows
+the shared memory it allocates).
 
 The check runs in a fresh interpreter in which importing ``triton`` fails, as it does where the
 package is not installed.
@@ -53,6 +54,8 @@ _SCRIPT = textwrap.dedent("""
             assert target in str(e), e
         else:
             raise SystemExit(f"compiling for {target} without triton did not fail")
+    (k,) = pl.report(f, x, backend="triton").kernels
+    assert k.onchip_bytes is None and k.fits is None and not k.onchip_parts, k
     assert not any(m == "triton" or m.startswith("triton.") for m in sys.modules)
     print("OK")
 """)
