@@ -35,6 +35,7 @@ import numpy as np
 from pallas_core import grid_mapping as gmap
 from pallas_core.call import resolve_backend, unvalidated, validate
 from pallas_core.chips import backend_of_target, target_chip
+from pallas_core.datasheets import GPU_CHIPS
 from pallas_core.errors import ArgumentError, PallasError
 from pallas_core.plugins import manager
 from pallas_core.report_prefetch import Prefetch, given_prefetch, reads_prefetch, sample_prefetch
@@ -159,11 +160,15 @@ class Report:
 
 
 def chips() -> dict[str, tuple[str, Chip]]:
-    """Every chip the loaded backends list, by target name: ``(backend, chip)``."""
+    """Every chip the loaded backends list, by target name: ``(backend, chip)``; then the
+    GPUs of the core's datasheets that none lists (backend ``""``), so that a roofline can
+    compare a kernel with a GPU where no GPU backend is installed."""
     found: dict[str, tuple[str, Chip]] = {}
     for name, b in sorted(manager.backends().items()):
         for target, chip in getattr(b.info, "chips", {}).items():
             found.setdefault(target, (name, chip))
+    for target, chip in GPU_CHIPS.items():
+        found.setdefault(target, ("", chip))
     return found
 
 
@@ -312,7 +317,9 @@ def _kernel_report(call: KernelCall, backend: str, targets: list[str],
                      "(loaded_bytes, with no cache)")
     if work.copy_bytes:
         notes.append(f"the kernel's own copies (DMA, TMA) move {nbytes(work.copy_bytes)} "
-                     "between HBM and the chip, counted in hbm_bytes")
+                     "between HBM and the chip, counted in hbm_bytes as issued (on a GPU, "
+                     "its L2 cache may serve re-reads of the same data: there, an upper "
+                     "bound)")
     parts, limit = _footprint(call, backend, chip)
     onchip = sum(b for _, b in parts) if limit is not None else None
     dtype = work.matmul_dtype or (str(gm.block_mappings[0].dtype) if gm.block_mappings
@@ -443,6 +450,12 @@ def report(fn: Callable[..., Any], *args: Any, backend: str | None = None,
         except PallasError as e:  # reported, not raised: the report says why
             kernel = dataclasses.replace(kernel, notes=(
                 *kernel.notes, f"the {name} backend refuses this kernel: {e}"))
+        else:
+            if kernel.fits is False:  # refused later, when compiled (Triton)
+                kernel = dataclasses.replace(kernel, notes=(
+                    *kernel.notes, f"the {name} backend refuses this kernel when it compiles "
+                    f"it (pl.stages, or on the device): it needs {kernel.onchip_bytes} bytes "
+                    f"on chip, more than the {kernel.onchip_limit} it may use"))
         kernels.append(kernel)
     return Report(tuple(kernels))
 

@@ -166,6 +166,8 @@ def test_a_kernel_that_does_not_fit_is_refused_with_the_same_numbers() -> None:
     big = functools.partial(_matmul, bk=64, num_stages=16, num_warps=8)
     (k,) = pl.report(big, x, x, backend="triton", target="h100").kernels
     assert k.fits is False and k.onchip_bytes == 16 * (2 * 64 * 64 * 2)
+    assert any(f"needs {k.onchip_bytes} bytes on chip, more than the {k.onchip_limit}" in n
+               for n in k.notes)
     with pytest.raises(pl.PallasError) as refused:
         pl.stages(big, x, x, backend="triton", target="sm_90")
     message = str(refused.value)
