@@ -9,7 +9,8 @@ Each report is timed: the first call (tracing included) and the median of five m
 
 Run: ``python benchmarks/report_library.py`` (prints a Markdown table for RESULTS.md);
 ``--every-kernel`` also times ``pl.report`` on every kernel the tests report (JAX's library on
-each backend that lowers it, every seed example on interpret, Mosaic TPU and Triton).
+each backend that lowers it, its TPU kernels on the interpreter too, every seed example on
+interpret, Mosaic TPU and Triton).
 """
 
 from __future__ import annotations
@@ -188,12 +189,22 @@ def every_kernel() -> None:
         if name == "mqa":
             fn = functools.partial(fn, kv_seq_len=None)
         runs.append((f"gpu.{name}", "triton", fn, triton_cases.ARGS[name]))
-    mgpu_cases._library("hopper_matmul_mgpu", True).get_num_sms = lambda: 4
-    mgpu_cases._library("attention_mgpu", True).cuda_versions = types.SimpleNamespace(
+    # The facts the library asks a GPU for (as the agreement test's fixture gives them).
+    lib = functools.partial(mgpu_cases._library, ours=True)
+    lib("hopper_matmul_mgpu").get_num_sms = lambda: 4
+    lib("attention_mgpu").cuda_versions = types.SimpleNamespace(
         cuda_runtime_get_version=lambda: mgpu_cases.CUDA_VERSION)
-    for name in ("hopper_matmul_mgpu", "attention_mgpu", "attention_mgpu_causal"):
-        fn, args = mgpu_cases._library_case(name, mgpu_cases._library(name, True))
+    lib("hopper_mixed_type_matmul_mgpu").backend = types.SimpleNamespace(
+        get_default_device=lambda: types.SimpleNamespace(core_count=4))
+    lib("transposed_ragged_dot_mgpu").jax = mgpu_cases._JaxWithDevices("jax")
+    for name in mgpu_cases.LIBRARY:
+        fn, args = mgpu_cases._library_case(name, lib(name))
+        if "ragged" in name:  # the group sizes go by keyword
+            fn = functools.partial(lambda f, lhs, rhs, g: f(lhs, rhs, group_sizes=g), fn)
         runs.append((f"gpu.{name}", "mosaic_gpu", fn, args))
+    for name, build in tpu_cases.CASES.items():  # the interpreter runs them all
+        fn, args = build(porting.ported)
+        runs.append((f"tpu.{name}", "interpret", fn, args))
     for name, (fn, _, inputs, _) in SEEDS.items():
         for backend in ("interpret", "mosaic_tpu", "triton"):
             runs.append((f"examples.{name}", backend, fn, inputs()))

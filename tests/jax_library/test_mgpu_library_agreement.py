@@ -958,3 +958,19 @@ def test_blackwell_ragged_dot_collective_port_runs_in_the_interpreter(
     expected = np.concatenate([np.asarray(a[s:e], np.float32) @ np.asarray(b[g], np.float32)
                                for g, (s, e) in enumerate(itertools.pairwise(starts))])
     np.testing.assert_allclose(np.asarray(got, np.float32), expected, rtol=2e-2, atol=5e-2)
+
+
+@pytest.mark.parametrize("name", LIBRARY)
+def test_port_gets_a_report(name: str) -> None:
+    """``pl.report`` on each ported kernel: its matrix work (``wgmma``, counted by the
+    backend's ``pallas_op_cost``), its TMA traffic, a footprint that fits, an H100 roofline."""
+    fn, args = _library_case(name, _library(name, True))
+    if name in ("ragged_dot_mgpu", "transposed_ragged_dot_mgpu"):  # group sizes: keyword
+        fn = functools.partial(lambda f, lhs, rhs, g: f(lhs, rhs, group_sizes=g), fn)
+    rep = pl.report(fn, *args, backend="mosaic_gpu", target="h100")
+    assert len(rep) >= 1
+    for k in rep:
+        assert k.matmul_flops > 0 and k.hbm_bytes > 0 and k.fits is True
+        assert k.roofline["h100"].seconds > 0
+        assert not any("refuses" in n for n in k.notes), k.notes
+

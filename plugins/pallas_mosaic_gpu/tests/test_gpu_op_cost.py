@@ -7,8 +7,9 @@ hook (``pallas_mosaic_gpu.cost``): ``wgmma``'s matrix flops, the HBM bytes of TM
 * JAX's attention_mgpu (ported): flops within 10% of XLA's count of a plain-jnp attention,
   the block pairs it runs counted exactly (causal: fewer), HBM bytes the closed form.
 * JAX's hopper_matmul_mgpu (ported): each wgmma and TMA copy of its body costs what it
-  should; the totals over its persistent, warp-specialised loop are bounds, not yet the
-  closed form (see ``test_hopper_matmul_totals``: two things the core does not decide).
+  should, and over its persistent, warp-specialised loop (trips decided per SM, roles per
+  warpgroup, ``warpgroups_run_concurrently`` true as on the GPU: the backend's
+  ``pallas_op_value``) the totals are XLA's flops and the closed-form bytes.
 * JAX's blackwell_matmul (ported): each ``tcgen05_mma``, one block's or (collective) the
   pair's, and each block's part of a partitioned copy.
 """
