@@ -90,6 +90,9 @@ class KernelReport:
     matmul_flops: int
     vector_flops: int
     transcendentals: int
+    integer_ops: int
+    """Elementwise integer and boolean operations (index and mask arithmetic, a PRNG's
+    rounds), which are not flops and do not enter the roofline."""
     skipped_flops: int
     """Flops the kernel skips against running its costlier branch at every step: branches of
     ``pl.when`` and ``fori_loop`` bounds decided per grid step from the grid indices (causal
@@ -339,7 +342,8 @@ def _kernel_report(call: KernelCall, backend: str, targets: list[str],
         limit_needed=limit_needed, smaller_blocks=smaller,
         name=call.name, backend=backend, grid=tuple(gm.grid), operands=tuple(operands),
         flops=work.total, matmul_flops=work.matmul, vector_flops=work.vector,
-        transcendentals=work.transcendentals, skipped_flops=skipped or 0, loaded_bytes=loaded,
+        transcendentals=work.transcendentals, integer_ops=work.integer,
+        skipped_flops=skipped or 0, loaded_bytes=loaded,
         hbm_bytes=hbm, onchip_bytes=onchip,
         onchip_limit=limit, onchip_parts=parts,
         fits=None if onchip is None or limit is None else onchip <= limit,
@@ -478,9 +482,10 @@ def _describe(k: KernelReport) -> str:
         rows.append((o.name, o.role, str(o.block_shape), o.dtype, o.memory_space,
                      nbytes(o.block_bytes), str(o.blocks), str(o.skipped), nbytes(o.hbm_bytes)))
     lines += _table(rows)
+    integer = f", {si(k.integer_ops, 'integer ops')}" if k.integer_ops else ""
     lines.append(f"work: {si(k.flops, 'FLOP')} ({si(k.matmul_flops, 'FLOP')} matmul, "
-                 f"{si(k.vector_flops, 'FLOP')} vector), {k.transcendentals:,} transcendentals; "
-                 f"HBM traffic {nbytes(k.hbm_bytes)}")
+                 f"{si(k.vector_flops, 'FLOP')} vector), {k.transcendentals:,} transcendentals"
+                 f"{integer}; HBM traffic {nbytes(k.hbm_bytes)}")
     if k.onchip_bytes is not None:
         verdict = "fits" if k.fits else "does NOT fit"
         lines.append(f"on chip: {nbytes(k.onchip_bytes)} of {nbytes(k.onchip_limit or 0)} "

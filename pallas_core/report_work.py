@@ -58,16 +58,20 @@ class Work:
     load_bytes: int = 0
     """Bytes the body loads from and stores to its operands' Refs (HBM for a backend whose
     ``block_traffic`` is ``"loads"``)."""
+    integer: int = 0
+    """Elementwise integer and boolean operations (index and mask arithmetic, a PRNG's
+    rounds): not flops."""
 
     def __add__(self, o: Work) -> Work:
         return Work(self.matmul + o.matmul, self.vector + o.vector,
                      self.transcendentals + o.transcendentals, self.notes | o.notes,
                      self.matmul_dtype or o.matmul_dtype, self.copy_bytes + o.copy_bytes,
-                     self.load_bytes + o.load_bytes)
+                     self.load_bytes + o.load_bytes, self.integer + o.integer)
 
     def times(self, n: int) -> Work:
         return Work(self.matmul * n, self.vector * n, self.transcendentals * n, self.notes,
-                     self.matmul_dtype, self.copy_bytes * n, self.load_bytes * n)
+                     self.matmul_dtype, self.copy_bytes * n, self.load_bytes * n,
+                     self.integer * n)
 
     @property
     def total(self) -> int:
@@ -76,6 +80,7 @@ class Work:
 
 _VECTOR_OUT = (lax.add_p, lax.sub_p, lax.mul_p, lax.div_p, lax.rem_p, lax.max_p, lax.min_p,
                lax.and_p, lax.or_p, lax.xor_p, lax.select_n_p, lax.pow_p)
+_SHIFTS = (lax.shift_left_p, lax.shift_right_logical_p, lax.shift_right_arithmetic_p)
 _VECTOR_IN = (lax.neg_p, lax.abs_p, lax.sign_p, lax.floor_p, lax.ceil_p, lax.round_p,
               lax.not_p, lax.square_p, lax.reduce_sum_p, lax.reduce_max_p, lax.reduce_min_p,
               lax.argmax_p, lax.argmin_p)
@@ -102,16 +107,24 @@ def _count(jaxpr: Any) -> Work:
     return total
 
 
+def _floating(aval: Any) -> bool:
+    """Whether values of ``aval`` are floating-point (or complex): what flops count."""
+    return np.dtype(aval.dtype).kind in "fcV" or "float" in str(aval.dtype)
+
+
 def _count_eqn(eqn: Any) -> Work:
     p = eqn.primitive
     if p is lax.dot_general_p:
         return _dot(eqn)
-    if p in _VECTOR_OUT:
-        return Work(vector=element_count(eqn.outvars[0].aval))
-    if p in _VECTOR_IN:
-        return Work(vector=element_count(eqn.invars[0].aval))
-    if p is lax.integer_pow_p:
-        return Work(vector=integer_pow_flops(eqn))
+    if p in _SHIFTS:
+        return Work(integer=element_count(eqn.outvars[0].aval))
+    if p in _VECTOR_OUT or p in _VECTOR_IN or p is lax.integer_pow_p:
+        if not _floating(eqn.outvars[0].aval):  # index and mask arithmetic: not flops
+            return Work(integer=element_count(eqn.outvars[0].aval))
+        if p is lax.integer_pow_p:
+            return Work(vector=integer_pow_flops(eqn))
+        return Work(vector=element_count((eqn.outvars if p in _VECTOR_OUT
+                                          else eqn.invars)[0].aval))
     if p in _TRANSCENDENTAL:
         return Work(transcendentals=element_count(eqn.invars[0].aval))
     if p is _jax.scan_p:

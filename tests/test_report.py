@@ -53,9 +53,10 @@ def test_static_loops_are_multiplied_and_when_is_decided_per_step() -> None:
 
     (k,) = pl.report(_rows(kernel), X).kernels
     per_block = 8 * 256
-    # Five multiplies of the block and five increments of the loop's counter per step; the
-    # branch (an add and a tanh) runs at step 0 only.
-    assert k.vector_flops == 8 * (5 * per_block + 5) + per_block
+    # Five multiplies of the block per step; the branch (an add and a tanh) runs at step 0
+    # only. The loop counter's increments are integer operations, not flops.
+    assert k.vector_flops == 8 * 5 * per_block + per_block
+    assert k.integer_ops >= 8 * 5
     assert k.transcendentals == per_block
     assert k.skipped_flops == 7 * per_block
     assert k.skipped_fraction == pytest.approx(7 * per_block / (k.flops + 7 * per_block))
@@ -85,11 +86,12 @@ def test_a_fori_loop_bounded_by_the_grid_index_counts_each_steps_trips() -> None
     (k,) = pl.report(_rows(kernel), X).kernels
     per_block = 8 * 256
     trips = sum(i + 1 for i in range(8))
-    # Per trip two multiplies of the block and the counter's increment; per step the bound's
-    # add (i + 1).
-    assert k.vector_flops == trips * (2 * per_block + 1) + 8
+    # Per trip two multiplies of the block (the counter's increment and the bound's add are
+    # integer operations).
+    assert k.vector_flops == trips * 2 * per_block
+    assert k.integer_ops == trips + 8
     # Against every step running the most trips (8).
-    assert k.skipped_flops == (8 * 8 - trips) * (2 * per_block + 1)
+    assert k.skipped_flops == (8 * 8 - trips) * 2 * per_block
 
 
 def test_kernel_cost_is_the_reports_count() -> None:
