@@ -20,8 +20,10 @@ import pallas_core as pl
 BLOCK = 512
 
 
-def matmul(a: jax.Array, b: jax.Array) -> jax.Array:
-    """``a @ b`` in ``a``'s dtype through Mosaic TPU; every size a multiple of 512."""
+def matmul(a: jax.Array, b: jax.Array, *, bm: int = BLOCK, bn: int = BLOCK,
+           bk: int = BLOCK) -> jax.Array:
+    """``a @ b`` in ``a``'s dtype through Mosaic TPU, in ``(bm, bk) x (bk, bn)`` blocks
+    (each size a multiple of its blocks; the tests and ``pl.autotune``'s docs vary them)."""
     import pallas_mosaic_tpu as pltpu
 
     (m, k), n = a.shape, b.shape[1]
@@ -39,11 +41,11 @@ def matmul(a: jax.Array, b: jax.Array) -> jax.Array:
 
     return pl.pallas_call(
         kernel, jax.ShapeDtypeStruct((m, n), a.dtype),
-        grid=(m // BLOCK, n // BLOCK, k // BLOCK),
-        in_specs=[pl.BlockSpec((BLOCK, BLOCK), lambda i, j, kk: (i, kk)),
-                  pl.BlockSpec((BLOCK, BLOCK), lambda i, j, kk: (kk, j))],
-        out_specs=pl.BlockSpec((BLOCK, BLOCK), lambda i, j, kk: (i, j)),
-        scratch_shapes=[pltpu.VMEM((BLOCK, BLOCK), jnp.float32)],
+        grid=(m // bm, n // bn, k // bk),
+        in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
+                  pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))],
+        out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
+        scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary")),
         backend="mosaic_tpu")(a, b)

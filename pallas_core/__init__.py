@@ -13,6 +13,7 @@ from typing import Any
 
 from pallas_core._jax import Slice, ds, run_state, warn_if_untested_jax
 from pallas_core._jax import ds as dslice
+from pallas_core.autotune import Autotuned, AutotuneResult, autotune
 from pallas_core.call import pallas_call, pallas_call_p
 from pallas_core.copies import select_ref
 from pallas_core.cost import estimate_cost
@@ -125,7 +126,8 @@ __all__ = [
     "ReferenceContext", "register_backend", "RevisitMode", "run_scoped",
     "run_state", "select_ref", "semaphore", "semaphore_read", "semaphore_signal",
     "semaphore_wait", "Slice", "Squeezed", "squeezed", "stages", "store", "report", "Report",
-    "KernelReport", "Chip", "Roofline", "strides_from_shape",
+    "KernelReport", "Chip", "Roofline", "strides_from_shape", "autotune", "Autotuned",
+    "AutotuneResult",
     "swap", "UnsupportedError",
     "UnsupportedNameError", "when", "with_scoped",
     # Block dimensions of BlockSpec.block_shape.

@@ -162,8 +162,15 @@ def _check_arity(fn: Callable[..., Any], spec: str, shapes: list[Any]) -> None:
     except TypeError as e:
         raise ArgumentError(
             f"{spec!r}: {len(shapes)} shape(s) given for "
-            f"{getattr(fn, '__name__', spec)}({', '.join(signature.parameters)}): {e}. Fix: "
+            f"{getattr(fn, '__name__', spec)}({', '.join(_positional(signature))}): {e}. Fix: "
             "give one SHAPE per positional argument, e.g. 'bf16[4096,4096]'.") from None
+
+
+def _positional(signature: inspect.Signature) -> list[str]:
+    """The parameters shapes are given for (keyword-only ones keep their defaults)."""
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+             inspect.Parameter.VAR_POSITIONAL)
+    return [name for name, p in signature.parameters.items() if p.kind in kinds]
 
 
 def _backends() -> int:

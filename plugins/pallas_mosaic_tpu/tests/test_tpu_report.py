@@ -19,29 +19,12 @@ pltpu = pytest.importorskip("pallas_mosaic_tpu")
 N = 4096
 
 
-def _matmul(a: Any, b: Any, *, block: int, out_dtype: Any = jnp.bfloat16) -> Any:
-    """The seed's blocked matmul: grid (i, j, k) with k innermost, a float32 accumulator."""
-    m, k = a.shape
-    n = b.shape[1]
+def _matmul(a: Any, b: Any, *, block: int) -> Any:
+    """The seed's blocked matmul (``examples/report_matmul.py``): grid (i, j, k) with k
+    innermost, a float32 accumulator, ``block`` square blocks."""
+    from examples.report_matmul import matmul
 
-    def kernel(a_ref: Any, b_ref: Any, o_ref: Any, acc_ref: Any) -> None:
-        @pl.when(pl.program_id(2) == 0)
-        def _() -> None:
-            acc_ref[...] = jnp.zeros_like(acc_ref)
-
-        acc_ref[...] += jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.float32)
-
-        @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
-        def _() -> None:
-            o_ref[...] = acc_ref[...].astype(o_ref.dtype)
-
-    return pl.pallas_call(
-        kernel, jax.ShapeDtypeStruct((m, n), out_dtype),
-        grid=(m // block, n // block, k // block),
-        in_specs=[pl.BlockSpec((block, block), lambda i, j, kk: (i, kk)),
-                  pl.BlockSpec((block, block), lambda i, j, kk: (kk, j))],
-        out_specs=pl.BlockSpec((block, block), lambda i, j, kk: (i, j)),
-        scratch_shapes=[pltpu.VMEM((block, block), jnp.float32)], backend="mosaic_tpu")(a, b)
+    return matmul(a, b, bm=block, bn=block, bk=block)
 
 
 A = jax.ShapeDtypeStruct((N, N), jnp.bfloat16)
