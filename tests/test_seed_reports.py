@@ -5,14 +5,12 @@ of its ``jax.numpy`` reference, its flops are within 10% of XLA's own count of t
 
 from __future__ import annotations
 
-from typing import Any
-
-import jax
 import pytest
 
 import pallas_core as pl
 from pallas_core.plugins import manager
 from tests.test_seed_examples_emulated import CASES
+from tests.xla_cost import xla_flops
 
 BACKENDS = [b for b in ("interpret", "mosaic_tpu", "triton") if b in manager.backends()]
 
@@ -21,13 +19,6 @@ DENSE = {"matmul_2x2", "matmul_3d_grid", "matmul_3d_grid_bf16", "matmul_activati
          "multi_query_attention", "softmax", "row_reduction", "vector_add"}
 """Examples whose kernels do the work of their reference, no more (blocked_add_uneven adds
 whole edge blocks; iota and shard_map_add do no arithmetic XLA counts)."""
-
-
-def _xla_flops(f: Any, *args: Any) -> float:
-    analysis = jax.jit(f).lower(*args).cost_analysis()
-    if isinstance(analysis, list):  # JAX 0.10 returns one dict per device
-        analysis = analysis[0]
-    return float(analysis.get("flops", 0.0))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -42,6 +33,6 @@ def test_every_seed_example_gets_a_report(name: str, backend: str) -> None:
         assert not any("refuses" in n for n in k.notes), k.notes
         assert k.hbm_bytes > 0
     if name in DENSE:
-        xla = _xla_flops(reference, *args)
+        xla = xla_flops(reference, *args)
         flops = sum(k.flops for k in rep)
         assert abs(flops - xla) <= 0.1 * xla, (flops, xla)

@@ -15,6 +15,7 @@ import pytest
 import pallas_core as pl
 from pallas_core.plugins import manager
 from tests.jax_library import porting
+from tests.xla_cost import xla_flops
 
 if "triton" not in manager.backends():
     pytest.skip("the triton backend is not installed", allow_module_level=True)
@@ -31,17 +32,10 @@ def _mha(causal: bool) -> tuple[Any, Any]:
                                         block_sizes=blocks)
 
 
-def _xla_flops(f: Any, *args: Any) -> float:
-    analysis = jax.jit(f).lower(*args).cost_analysis()
-    if isinstance(analysis, list):  # JAX 0.10 returns one dict per device
-        analysis = analysis[0]
-    return float(analysis["flops"])
-
-
 def test_triton_attention_flops_and_bytes() -> None:
     attention, fn = _mha(causal=False)
     (k,) = pl.report(fn, *QKV, backend="triton", target="h100").kernels
-    xla = _xla_flops(functools.partial(attention.mha_reference, segment_ids=None), *QKV)
+    xla = xla_flops(functools.partial(attention.mha_reference, segment_ids=None), *QKV)
     assert abs(k.flops - xla) <= 0.1 * xla, (k.flops, xla)
     assert k.matmul_flops == 2 * (2 * B * H * S * S * D)  # q @ k.T and p @ v
     array = B * S * H * D * 2

@@ -30,6 +30,7 @@ import pallas_core as pl
 from pallas_core import backend as plb
 from pallas_core.stages import kernel_calls
 from tests.jax_library import porting
+from tests.xla_cost import xla_flops
 
 plgpu = pytest.importorskip("pallas_mosaic_gpu")
 from pallas_mosaic_gpu import cost  # noqa: E402
@@ -43,13 +44,6 @@ NUM_SMS = 4
 def _report(fn: Any, *args: Any) -> Any:
     (kernel,) = pl.report(fn, *args, backend="mosaic_gpu", target="h100").kernels
     return kernel
-
-
-def _xla_flops(fn: Any, *args: Any) -> float:
-    analysis = jax.jit(fn).lower(*args).cost_analysis()
-    if isinstance(analysis, (list, tuple)):  # JAX 0.10: one dict per computation
-        analysis = analysis[0]
-    return float(analysis["flops"])
 
 
 def _nbytes(*shapes: Any) -> int:
@@ -115,7 +109,7 @@ def test_a_wgmma_kernel_counts_2mnk(steps: int, transpose_b: bool,
     assert got.hbm_bytes == _nbytes(a, b, S((m, n), F32))  # A and B in, C out, each once
     assert got.roofline["h100"].compute_seconds == pytest.approx(  # at the float16 peak
         2 * m * n * k / plb.GPU_CHIPS["h100"].matmul_peak("float16"))
-    assert got.matmul_flops == _xla_flops(
+    assert got.matmul_flops == xla_flops(
         lambda x, y: jnp.dot(x, y.T if transpose_b else y, preferred_element_type=F32), a, b)
     pl.stages(fn, a, b, backend="mosaic_gpu")  # the kernel counted is one that lowers
 
@@ -236,7 +230,7 @@ def test_attention_mgpu(attention_mgpu: types.ModuleType, causal: bool) -> None:
     pairs = blocks * (blocks + 1) // 2 if causal else blocks * blocks
     assert got.matmul_flops == BATCH * HEADS * pairs * 2 * (2 * BLOCK ** 3)
     assert got.transcendentals > 0
-    xla = _xla_flops(attention_reference, *args)
+    xla = xla_flops(attention_reference, *args)
     if causal:
         assert got.flops < 0.6 * xla
     else:
@@ -303,7 +297,7 @@ def test_hopper_matmul_primitives(hopper_matmul: Any) -> None:
 def test_hopper_matmul_bounds(hopper_matmul: Any) -> None:
     """What holds today: the counts are upper bounds of the closed forms (see below)."""
     got = _report(hopper_matmul, *ARGS)
-    xla = _xla_flops(jnp.dot, *ARGS)
+    xla = xla_flops(jnp.dot, *ARGS)
     assert got.matmul_flops >= 0.9 * xla
     assert got.hbm_bytes >= CLOSED_FORM_BYTES
 
@@ -313,8 +307,8 @@ def test_hopper_matmul_totals(hopper_matmul: Any) -> None:
     warpgroup inside it, and the pipeline's warp-specialised branch as on the GPU (its
     warpgroups run concurrently): the flops are XLA's, the bytes the closed form."""
     got = _report(hopper_matmul, *ARGS)
-    assert got.flops == pytest.approx(_xla_flops(jnp.dot, *ARGS), rel=0.1)
-    assert got.matmul_flops == pytest.approx(_xla_flops(jnp.dot, *ARGS), rel=0.1)
+    assert got.flops == pytest.approx(xla_flops(jnp.dot, *ARGS), rel=0.1)
+    assert got.matmul_flops == pytest.approx(xla_flops(jnp.dot, *ARGS), rel=0.1)
     assert got.hbm_bytes == CLOSED_FORM_BYTES
 
 

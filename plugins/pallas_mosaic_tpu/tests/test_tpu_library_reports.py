@@ -15,18 +15,12 @@ import pytest
 
 import pallas_core as pl
 from tests.jax_library import porting
+from tests.xla_cost import xla_flops
 
 pltpu = pytest.importorskip("pallas_mosaic_tpu")
 from tests.jax_library import test_tpu_library_lowering as tpu_cases  # noqa: E402
 
 S = jax.ShapeDtypeStruct
-
-
-def _xla_flops(f: Any, *args: Any) -> float:
-    analysis = jax.jit(f).lower(*args).cost_analysis()
-    if isinstance(analysis, list):  # JAX 0.10 returns one dict per device
-        analysis = analysis[0]
-    return float(analysis["flops"])
 
 
 @pytest.mark.parametrize("name", list(tpu_cases.CASES))
@@ -51,7 +45,7 @@ def test_the_library_matmul_flops_are_xlas() -> None:
     a, b = S((512, 1024), jnp.float32), S((1024, 768), jnp.float32)
     (k,) = pl.report(functools.partial(mm.matmul, block_shape=(128, 128), block_k=256),
                      a, b).kernels
-    xla = _xla_flops(jnp.dot, a, b)
+    xla = xla_flops(jnp.dot, a, b)
     assert k.matmul_flops == 2 * 512 * 1024 * 768
     assert abs(k.flops - xla) <= 0.1 * xla
 
@@ -77,7 +71,7 @@ def test_flash_attention_flops_are_xlas_and_its_bytes_the_closed_form() -> None:
     # every step (the kv index changes at each one).
     block = BLOCK * D * 4
     assert k.hbm_bytes == B * H * n * (2 * block + 2 * n * block)
-    xla = _xla_flops(functools.partial(flash.mha_reference, ab=None, sm_scale=0.125), *QKV)
+    xla = xla_flops(functools.partial(flash.mha_reference, ab=None, sm_scale=0.125), *QKV)
     assert abs(k.flops - xla) <= 0.1 * xla
     assert k.skipped_flops == 0
 

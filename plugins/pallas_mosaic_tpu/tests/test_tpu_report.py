@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import pytest
 
 import pallas_core as pl
+from tests.xla_cost import xla_flops
 
 pltpu = pytest.importorskip("pallas_mosaic_tpu")
 
@@ -30,13 +31,6 @@ def _matmul(a: Any, b: Any, *, block: int) -> Any:
 A = jax.ShapeDtypeStruct((N, N), jnp.bfloat16)
 
 
-def _xla_flops(f: Any, *args: Any) -> float:
-    analysis = jax.jit(f).lower(*args).cost_analysis()
-    if isinstance(analysis, list):  # JAX 0.10 returns one dict per device
-        analysis = analysis[0]
-    return float(analysis["flops"])
-
-
 def test_the_seeds_matmul_on_v5e() -> None:
     """4096^3 in bfloat16 with 512 blocks: ridge 240 FLOPs/byte (197 TFLOP/s over 819 GB/s),
     every step fetches an A and a B block (k is innermost), C is written once per (i, j)."""
@@ -48,7 +42,7 @@ def test_the_seeds_matmul_on_v5e() -> None:
     a, b, c = k.operands
     assert (a.blocks, b.blocks, c.blocks, c.skipped) == (steps, steps, 64, steps - 64)
     assert k.matmul_flops == 2 * N ** 3
-    xla = _xla_flops(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32), A, A)
+    xla = xla_flops(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32), A, A)
     assert abs(k.flops - xla) <= 0.1 * xla
     line = k.roofline["v5e"]
     assert line.intensity == pytest.approx(k.flops / k.hbm_bytes)
