@@ -66,7 +66,7 @@ class Row:
     bound: str = ""
     """``"compute"`` or ``"memory"`` on the target (``"mixed"`` over several kernels)."""
     terms: Mapping[str, float] = dataclasses.field(default_factory=dict)
-    """The model's terms (seconds): ``roofline``, ``tile waste``, ``step overhead``,
+    """The model's terms (seconds): ``roofline``, ``tile waste``, ``idle cores``, ``step overhead``,
     ``fill and drain``."""
     cached: bool = False
     """Whether this call found it in the cache (nothing was traced for it)."""
@@ -193,6 +193,17 @@ def _trace(build: Callable[..., Any], config: Config, args: Sequence[Any], backe
         raise _PrunedError(f"tracing raised {type(e).__name__}: {e}") from e
 
 
+_MEASURED = ("measured_seconds", "measured_on", "verified")
+"""What a record keeps when its prediction is made again by a newer model."""
+
+
+def _current(record: dict[str, Any] | None) -> bool:
+    """Whether a cached record needs no new evaluation: a pruned one (pruning does not
+    depend on the cost model), or a prediction by this version of the model."""
+    return record is not None and (record["verdict"] == "pruned"
+                                   or record.get("model") == model.VERSION)
+
+
 def _evaluate(build: Callable[..., Any], config: Config, args: Sequence[Any],
               backend: str | None, target: str | None) -> dict[str, Any]:
     """The cache record of one configuration: pruned with its reason, or its prediction."""
@@ -223,9 +234,11 @@ def _evaluate(build: Callable[..., Any], config: Config, args: Sequence[Any],
     if target is None and rep.kernels:  # the first chip of the kernel's backend
         target = next(iter(rep.kernels[0].roofline), None)
     chip = chips()[target][1] if target is not None else None
-    found = model.predict(rep.kernels, model.dot_shapes(list(kernel_calls(closed.jaxpr))),
-                          target, chip)
+    calls = list(kernel_calls(closed.jaxpr))
+    found = model.predict(rep.kernels, model.dot_shapes(calls), target, chip,
+                          [model.warps_of(c.compiler_params) for c in calls])
     return {"verdict": "ranked", "reason": reason, "note": note, "backend": named,
+            "model": model.VERSION,
             "target": target,
             "predicted_seconds": found.seconds, "hbm_bytes": found.hbm_bytes,
             "onchip_bytes": found.onchip_bytes, "bound": found.bound,
@@ -376,9 +389,12 @@ def tune(build: Callable[..., Any], space: Any, args: Sequence[Any],
     try:
         for config in configs:
             text = canonical(config)
-            cached.append(text in stored)
-            if text not in stored:
+            old = stored.get(text)
+            cached.append(_current(old))
+            if not _current(old):
                 stored[text] = _evaluate(build, config, args, backend, target)
+                if old is not None and stored[text]["verdict"] != "pruned":
+                    stored[text].update({k: old[k] for k in _MEASURED if k in old})
                 evaluated += 1
             records.append(stored[text])
             if progress.on:

@@ -9,8 +9,17 @@ A configuration's predicted time is the sum over its kernels of
   matrix work is wasted (the matmul part of the compute time is divided by the utilisation);
 - **per-step overhead**: on a TPU the grid runs as a sequential loop, and each step costs a
   fixed time beyond its work (:attr:`Overheads.step_seconds` times the steps); on a GPU
-  programs run in waves of one per SM, and each wave costs a fixed latency
-  (:attr:`Overheads.wave_seconds` times ``ceil(programs / SMs)``);
+  programs run in waves, as many per SM at once as its occupancy allows (:func:`resident`:
+  the SM's warp slots over the program's ``num_warps``, its shared memory over the program's
+  footprint, its thread-block slots), and no wave takes less than a fixed latency
+  (:attr:`Overheads.wave_seconds`: a program's first loads make one HBM round trip): the term
+  is what ``ceil(programs / (SMs x resident))`` such latencies exceed the kernel's other time
+  by (zero for a kernel with enough work per wave to hide them);
+- **idle cores** (GPU): programs are spread over the SMs, and the busiest SM runs
+  ``ceil(programs / SMs)`` of them where the roofline assumes ``programs / SMs``: the compute
+  time is stretched by that ratio (a grid of 8 programs has 8 of an H100's 132 SMs compute).
+  The memory time is not: a few SMs draw more than their share of the bandwidth (how much
+  more is not modelled: the wave floor below bounds such a kernel);
 - **pipeline fill and drain**: the first step's input blocks arrive before any compute can
   start, and the last step's output blocks leave after it ends (each at the chip's HBM
   bandwidth), not overlapped with anything.
@@ -32,6 +41,10 @@ from pallas_core.roofline import Chip
 
 _MiB = 2**20
 
+VERSION = 2
+"""Raised when the model's terms change: a cached prediction of another version is made again
+(what was measured is kept)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Overheads:
@@ -47,6 +60,12 @@ class Overheads:
     llc_bytes: int = 64 * _MiB
     """A buffer at least the size of the last-level cache: writing it between timed runs
     evicts the kernel's operands (a generous figure for the chip family)."""
+    warps_per_core: int = 0
+    """GPU occupancy: the warps (wavefronts on AMD) one SM (CU) holds at once (0: no GPU)."""
+    programs_per_core: int = 0
+    """GPU occupancy: the thread blocks one SM holds at once."""
+    onchip_per_core: int = 0
+    """GPU occupancy: the shared memory (LDS) of one SM, which its resident blocks share."""
     source: str = ""
 
 
@@ -56,8 +75,12 @@ pipeline's per-iteration bookkeeping (semaphore waits, DMA issue, scalar work). 
 in a source searched while writing this; an assumption, to be replaced by a measurement."""
 
 _GPU_WAVE = 1.0e-6
-"""Per wave of programs on a GPU: one HBM round trip under load (~0.5-1 us) before a program's
-first blocks arrive, plus the launch of the wave's thread blocks. An assumption."""
+"""The least time a wave of programs takes on a GPU: one HBM round trip under load (~0.5-1 us)
+before a program's first blocks arrive, plus the launch of the wave's thread blocks. An
+assumption."""
+
+_SM90: dict[str, Any] = {"warps_per_core": 64, "programs_per_core": 32,
+                         "onchip_per_core": 228 * 1024}
 
 OVERHEADS: Mapping[str, Overheads] = {
     # TPU MXU: 128 x 128 systolic arrays on v4/v5e/v5p, 256 x 256 on v6e/v7x (Cloud TPU system
@@ -73,16 +96,21 @@ OVERHEADS: Mapping[str, Overheads] = {
                      source="MXU 256x256 (Cloud TPU docs, v6e)"),
     "v7x": Overheads((8, 256, 256), step_seconds=_TPU_STEP, llc_bytes=128 * _MiB,
                      source="MXU 256x256 (Cloud TPU docs, TPU7x)"),
-    # GPUs: the smallest tensor-core instruction that keeps the units full.
+    # GPUs: the smallest tensor-core instruction that keeps the units full; occupancy limits
+    # per SM from the CUDA C++ Programming Guide's table of compute capabilities (8.0: 64
+    # warps, 32 blocks, 164 KiB of shared memory; 9.0 and 10.0: 64, 32, 228 KiB) and AMD's
+    # CDNA3 guide (4 SIMDs of 8 wavefronts, 64 KiB of LDS per CU).
     "h100": Overheads((64, 8, 16), wave_seconds=_GPU_WAVE, llc_bytes=64 * _MiB,
-                      source="wgmma m64nNk16 (PTX ISA); 50 MiB L2 (H100 datasheet)"),
+                      **_SM90, source="wgmma m64nNk16 (PTX ISA); 50 MiB L2 (H100 datasheet)"),
     "h200": Overheads((64, 8, 16), wave_seconds=_GPU_WAVE, llc_bytes=64 * _MiB,
-                      source="wgmma m64nNk16 (PTX ISA); 50 MiB L2"),
+                      **_SM90, source="wgmma m64nNk16 (PTX ISA); 50 MiB L2"),
     "a100": Overheads((16, 8, 16), wave_seconds=_GPU_WAVE, llc_bytes=64 * _MiB,
+                      warps_per_core=64, programs_per_core=32, onchip_per_core=164 * 1024,
                       source="mma.sync m16n8k16 (PTX ISA); 40 MiB L2 (A100 datasheet)"),
     "b200": Overheads((128, 16, 16), wave_seconds=_GPU_WAVE, llc_bytes=256 * _MiB,
-                      source="tcgen05.mma M=128 (PTX ISA); ~126 MiB L2"),
+                      **_SM90, source="tcgen05.mma M=128 (PTX ISA); ~126 MiB L2"),
     "mi300x": Overheads((16, 16, 16), wave_seconds=_GPU_WAVE, llc_bytes=512 * _MiB,
+                        warps_per_core=32, programs_per_core=32, onchip_per_core=64 * 1024,
                         source="v_mfma_f32_16x16x16 (CDNA3 ISA); 256 MiB Infinity Cache"),
 }
 """Per chip (``target=`` name): the efficiency terms of the model and the cache to flush."""
@@ -153,17 +181,50 @@ def tile_utilisation(shapes: Sequence[tuple[int, int, int, int, Any]],
     return useful / padded if padded else 1.0
 
 
+DEFAULT_WARPS = 4
+"""Warps per program where a kernel's compiler params name none (Triton's default; one
+warpgroup of a Mosaic GPU kernel)."""
+
+
+def warps_of(params: Any) -> int | None:
+    """The ``num_warps`` a kernel's compiler params ask for (an object with the attribute, or
+    a mapping, possibly by backend name), ``None`` if they name none."""
+    if isinstance(params, Mapping):
+        found = params.get("num_warps")
+        if isinstance(found, int):
+            return found
+        for value in params.values():
+            if (inner := warps_of(value)) is not None:
+                return inner
+        return None
+    found = getattr(params, "num_warps", None)
+    return found if isinstance(found, int) else None
+
+
+def resident(row: Overheads, warps: int, onchip: int | None) -> int:
+    """Programs one SM (CU) runs at once: the least of its warp slots over ``warps``, its
+    shared memory over the program's footprint ``onchip`` and its thread-block slots (at
+    least one; registers are not counted: their use is known only after ``ptxas``)."""
+    limits = [row.warps_per_core // max(warps, 1), row.programs_per_core]
+    if onchip:
+        limits.append(row.onchip_per_core // onchip)
+    return max(1, min(limits))
+
+
 def predict(kernels: Sequence[Any], shapes: Sequence[tuple[int, int, int, int, Any]],
-            target: str | None, chip: Chip | None) -> Prediction:
+            target: str | None, chip: Chip | None,
+            warps: Sequence[int | None] = ()) -> Prediction:
     """The model's time for a configuration whose ``pl.report`` gave ``kernels`` and whose
-    kernel bodies hold the dots ``shapes``, on ``target``."""
+    kernel bodies hold the dots ``shapes``, on ``target``; ``warps`` is each kernel's
+    ``num_warps`` (GPU occupancy; :data:`DEFAULT_WARPS` where missing)."""
     row = overheads(target)
     util = tile_utilisation(shapes, row.matrix_tile)
-    terms = dict.fromkeys(("roofline", "tile waste", "step overhead", "fill and drain"), 0.0)
+    terms = dict.fromkeys(("roofline", "tile waste", "idle cores", "step overhead",
+                           "fill and drain"), 0.0)
     hbm = onchip = 0
     bounds = set()
     timed = False
-    for k in kernels:
+    for i, k in enumerate(kernels):
         hbm += k.hbm_bytes
         onchip += k.onchip_bytes or 0
         line = k.roofline.get(target) if target is not None else None
@@ -180,7 +241,14 @@ def predict(kernels: Sequence[Any], shapes: Sequence[tuple[int, int, int, int, A
                    else "memory")
         steps = k.steps if k.steps is not None else 1
         if row.wave_seconds:
-            terms["step overhead"] += -(-steps // max(chip.cores, 1)) * row.wave_seconds
+            cores = max(chip.cores, 1)
+            stretch = -(-steps // cores) * cores / max(steps, 1)
+            busiest = max((line.compute_seconds + waste) * stretch, line.memory_seconds)
+            terms["idle cores"] += busiest - total
+            w = (warps[i] if i < len(warps) else None) or DEFAULT_WARPS
+            slots = cores * resident(row, w, k.onchip_bytes)
+            floor = -(-steps // slots) * row.wave_seconds  # waves, each a round trip at least
+            terms["step overhead"] += max(0.0, floor - busiest)
         terms["step overhead"] += steps * row.step_seconds
         first = sum(o.block_bytes for o in k.operands if o.role == "input")
         last = sum(o.block_bytes for o in k.operands if o.role == "output")

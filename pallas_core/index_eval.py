@@ -28,9 +28,10 @@ class NotVectorisableError(Exception):
     """An index map has an equation that :func:`evaluate` cannot run with numpy."""
 
 
-_CALLS = ("pjit", "jit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call",
-          "custom_vjp_call", "custom_vjp_call_jaxpr")
-"""Primitives that call a jaxpr: evaluated by evaluating it (derivative rules ignored)."""
+CALLS = ("pjit", "jit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call",
+         "custom_vjp_call", "custom_vjp_call_jaxpr")
+"""Primitives that call one jaxpr, their operands flowing into it and their outputs coming from
+it: evaluated by evaluating it (derivative rules ignored). Shared with ``report_prefetch``."""
 
 
 def _call_jaxpr(params: Any) -> Any:
@@ -163,7 +164,7 @@ def evaluate_equation(eqn: Any, ins: Sequence[np.ndarray]) -> list[np.ndarray]:
     """One scalar equation on values per grid point (as :func:`evaluate` holds them): its
     outputs. Raises :class:`NotVectorisableError` where it cannot."""
     name = eqn.primitive.name
-    if name in _CALLS:
+    if name in CALLS:
         sub = _call_jaxpr(eqn.params)
         sub_jaxpr, sub_consts = getattr(sub, "jaxpr", sub), getattr(sub, "consts", ())
         return _evaluate(sub_jaxpr, sub_consts, ins)

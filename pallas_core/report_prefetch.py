@@ -121,11 +121,6 @@ def _run_compiled(program: Any, inputs: Sequence[Any]) -> Any:
     return run(*inputs)
 
 
-_THROUGH = ("pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
-            "remat", "checkpoint")
-"""Calls whose operands flow into their one jaxpr and whose outputs come from it."""
-
-
 def _interpret(jaxpr: Any, consts: Sequence[Any], vals: Sequence[Any],
                known: Sequence[bool], wanted: list[tuple[int, int, tuple[int, ...]]],
                outs: list[Any]) -> tuple[list[Any], list[bool]]:
@@ -158,7 +153,7 @@ def _interpret(jaxpr: Any, consts: Sequence[Any], vals: Sequence[Any],
                 wanted.append((id(eqn.params["call"]), n, grid))
                 outs.extend(ins[i] for i in idx)
             results, kouts = _placeholders(eqn), False
-        elif eqn.primitive.name in _THROUGH and len(subs) == 1:
+        elif eqn.primitive.name in index_eval.CALLS and len(subs) == 1:
             sub, sub_consts = subs[0]
             results, kk = _interpret(sub, sub_consts, ins, ks, wanted, outs)
             for v, r, k in zip(eqn.outvars, results, kk, strict=True):

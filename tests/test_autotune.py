@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import importlib
 import json
+import sys
 import time
 from typing import Any
 
@@ -154,6 +155,69 @@ def test_adding_a_config_evaluates_only_it(tuned: Any, monkeypatch: Any, tmp_pat
     (new,) = [r for r in result.table if not r.cached]
     assert new.verdict == "pruned" and "128" in new.reason
     assert _lowers({"bm": 512, "bn": 512, "bk": 64})
+
+
+def test_a_newer_model_predicts_again_and_keeps_what_was_measured(
+        tuned: Any, monkeypatch: Any, tmp_path: Any) -> None:
+    """Records of another model version are predicted again (measured times kept); pruned
+    ones and current ones are not evaluated again."""
+    _, path, _ = tuned
+    data = json.loads(path.read_text())
+    (entry,) = data["entries"].values()
+    kept = [c for c, r in entry["configs"].items() if r["verdict"] != "pruned"]
+    old = entry["configs"][kept[0]]
+    old.update(model=autotune_module.model.VERSION - 1, predicted_seconds=1.0,
+               measured_seconds=2.5e-4, measured_on="TPU v5 lite")
+    copy = tmp_path / "tuned.json"
+    copy.write_text(json.dumps(data))
+    counts = _count(monkeypatch)
+    result = pl.autotune(build_matmul, SPACE, A, A, backend="mosaic_tpu", target="v5e",
+                         cache=copy, measure=False)
+    assert result.evaluated == 1 and counts["report"] == 1
+    (row,) = [r for r in result.table if not r.cached]
+    assert json.loads(autotune_module.canonical(dict(row.config))) == json.loads(kept[0])
+    assert row.predicted_seconds is not None and row.predicted_seconds < 1e-2
+    record = json.loads(copy.read_text())["entries"]
+    (again,) = record.values()
+    assert again["configs"][kept[0]]["measured_seconds"] == 2.5e-4
+    assert again["configs"][kept[0]]["model"] == autotune_module.model.VERSION
+
+
+def test_gpu_occupancy_and_idle_cores() -> None:
+    """On an H100 (132 SMs; per SM 64 warps, 228 KiB, 32 blocks): how many programs an SM
+    holds, the compute time stretched when a grid leaves SMs idle, and the floor of one
+    round trip per wave."""
+    model = autotune_module.model
+    h100 = model.overheads("h100")
+    assert model.resident(h100, 4, None) == 16          # 64 warps / 4
+    assert model.resident(h100, 1, None) == 32          # the block slots
+    assert model.resident(h100, 8, 100 * 1024) == 2     # 228 KiB / 100 KiB
+    assert model.resident(h100, 32, 300 * 1024) == 1    # at least one
+    assert model.warps_of({"triton": {"num_warps": 8}}) == 8 and model.warps_of(None) is None
+
+    def add(x_ref: Any, y_ref: Any, o_ref: Any) -> None:
+        o_ref[...] = x_ref[...] + y_ref[...]
+
+    def run(programs: int) -> Any:
+        x = jax.ShapeDtypeStruct((programs * 8, 512), jnp.float32)
+        spec = pl.BlockSpec((8, 512), lambda i: (i, 0))
+        fn = pl.pallas_call(add, grid=(programs,), in_specs=[spec, spec], out_specs=spec,
+                            out_shape=x)
+        (k,) = pl.report(fn, x, x, backend="triton", target="h100").kernels
+        chip = sys.modules["pallas_core.report"].chips()["h100"][1]
+        return k, model.predict([k], [], "h100", chip, [4])
+
+    for programs in (8, 132, 3960):
+        k, found = run(programs)
+        line = k.roofline["h100"]
+        stretch = -(-programs // 132) * 132 / programs
+        busiest = max(line.compute_seconds * stretch, line.memory_seconds)
+        assert found.terms["idle cores"] == pytest.approx(busiest - line.seconds)
+        waves = -(-programs // (132 * 16))  # 16 programs of 4 warps per SM
+        assert found.terms["step overhead"] == pytest.approx(max(0.0, waves * 1e-6 - busiest))
+        if programs == 8:  # a tiny kernel is bound by the floor: one round trip
+            assert found.seconds == pytest.approx(1e-6 + found.terms["fill and drain"])
+    assert stretch == 1.0 and found.terms["step overhead"] == 0.0  # 3960 programs: no floor
 
 
 def test_a_table_shipped_read_only(tuned: Any, monkeypatch: Any, tmp_path: Any) -> None:
