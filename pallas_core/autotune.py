@@ -235,8 +235,7 @@ def _evaluate(build: Callable[..., Any], config: Config, args: Sequence[Any],
         target = next(iter(rep.kernels[0].roofline), None)
     chip = chips()[target][1] if target is not None else None
     calls = list(kernel_calls(closed.jaxpr))
-    found = model.predict(rep.kernels, model.dot_shapes(calls), target, chip,
-                          [model.warps_of(c.compiler_params) for c in calls])
+    found = model.predict(rep.kernels, calls, target, chip)
     return {"verdict": "ranked", "reason": reason, "note": note, "backend": named,
             "model": model.VERSION,
             "target": target,

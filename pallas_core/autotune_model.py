@@ -8,18 +8,21 @@ A configuration's predicted time is the sum over its kernels of
   chip's matrix tile is padded to them by the hardware, and the padded fraction of the
   matrix work is wasted (the matmul part of the compute time is divided by the utilisation);
 - **per-step overhead**: on a TPU the grid runs as a sequential loop, and each step costs a
-  fixed time beyond its work (:attr:`Overheads.step_seconds` times the steps); on a GPU
+  fixed time beyond its work (:attr:`Overheads.step_seconds` times the steps). On a GPU
   programs run in waves, as many per SM at once as its occupancy allows (:func:`resident`:
   the SM's warp slots over the program's ``num_warps``, its shared memory over the program's
-  footprint, its thread-block slots), and no wave takes less than a fixed latency
-  (:attr:`Overheads.wave_seconds`: a program's first loads make one HBM round trip): the term
-  is what ``ceil(programs / (SMs x resident))`` such latencies exceed the kernel's other time
-  by (zero for a kernel with enough work per wave to hide them);
+  footprint, its registers over the program's estimate (:func:`thread_registers`), its
+  thread-block slots), and no wave takes less than its program's sequential HBM round trips
+  (:func:`memory_rounds`) at :attr:`Overheads.wave_seconds` each: the term is what the waves'
+  round trips exceed the kernel's other time by (zero for a kernel with enough work to
+  hide them);
 - **idle cores** (GPU): programs are spread over the SMs, and the busiest SM runs
   ``ceil(programs / SMs)`` of them where the roofline assumes ``programs / SMs``: the compute
   time is stretched by that ratio (a grid of 8 programs has 8 of an H100's 132 SMs compute).
   The memory time is not: a few SMs draw more than their share of the bandwidth (how much
-  more is not modelled: the wave floor below bounds such a kernel);
+  more is not modelled: the wave floor bounds such a kernel);
+- **register spills** (GPU): registers a thread needs beyond 255 are stored to and reloaded
+  from local memory, once each, counted as HBM traffic;
 - **pipeline fill and drain**: the first step's input blocks arrive before any compute can
   start, and the last step's output blocks leave after it ends (each at the chip's HBM
   bandwidth), not overlapped with anything.
@@ -36,12 +39,14 @@ from typing import Any
 
 import numpy as np
 
+from pallas_core import _jax
 from pallas_core.reference import sub_jaxprs
+from pallas_core.report_work import operand_refs
 from pallas_core.roofline import Chip
 
 _MiB = 2**20
 
-VERSION = 2
+VERSION = 3
 """Raised when the model's terms change: a cached prediction of another version is made again
 (what was measured is kept)."""
 
@@ -56,7 +61,8 @@ class Overheads:
     step_seconds: float = 0.0
     """Fixed cost of each grid step (a TPU's sequential grid loop)."""
     wave_seconds: float = 0.0
-    """Fixed cost of each wave of programs, one program per core (a GPU's SMs)."""
+    """A GPU's HBM round trip: a wave of programs takes at least this times its programs'
+    sequential round trips."""
     llc_bytes: int = 64 * _MiB
     """A buffer at least the size of the last-level cache: writing it between timed runs
     evicts the kernel's operands (a generous figure for the chip family)."""
@@ -66,6 +72,9 @@ class Overheads:
     """GPU occupancy: the thread blocks one SM holds at once."""
     onchip_per_core: int = 0
     """GPU occupancy: the shared memory (LDS) of one SM, which its resident blocks share."""
+    registers_per_core: int = 0
+    """GPU occupancy: the 32-bit registers of one SM, which its resident threads share (0:
+    not modelled); a thread holds at most 255."""
     source: str = ""
 
 
@@ -75,12 +84,12 @@ pipeline's per-iteration bookkeeping (semaphore waits, DMA issue, scalar work). 
 in a source searched while writing this; an assumption, to be replaced by a measurement."""
 
 _GPU_WAVE = 1.0e-6
-"""The least time a wave of programs takes on a GPU: one HBM round trip under load (~0.5-1 us)
-before a program's first blocks arrive, plus the launch of the wave's thread blocks. An
-assumption."""
+"""One HBM round trip under load on a GPU (~0.5-1 us, the launch of a wave included): what
+each of a program's sequential loads waits, so that a wave takes at least its programs'
+round trips. An assumption."""
 
 _SM90: dict[str, Any] = {"warps_per_core": 64, "programs_per_core": 32,
-                         "onchip_per_core": 228 * 1024}
+                         "onchip_per_core": 228 * 1024, "registers_per_core": 65536}
 
 OVERHEADS: Mapping[str, Overheads] = {
     # TPU MXU: 128 x 128 systolic arrays on v4/v5e/v5p, 256 x 256 on v6e/v7x (Cloud TPU system
@@ -98,14 +107,16 @@ OVERHEADS: Mapping[str, Overheads] = {
                      source="MXU 256x256 (Cloud TPU docs, TPU7x)"),
     # GPUs: the smallest tensor-core instruction that keeps the units full; occupancy limits
     # per SM from the CUDA C++ Programming Guide's table of compute capabilities (8.0: 64
-    # warps, 32 blocks, 164 KiB of shared memory; 9.0 and 10.0: 64, 32, 228 KiB) and AMD's
-    # CDNA3 guide (4 SIMDs of 8 wavefronts, 64 KiB of LDS per CU).
+    # warps, 32 blocks, 164 KiB of shared memory, 64K registers; 9.0 and 10.0: 64, 32,
+    # 228 KiB, 64K) and AMD's CDNA3 guide (4 SIMDs of 8 wavefronts, 64 KiB of LDS per CU;
+    # its registers are not modelled).
     "h100": Overheads((64, 8, 16), wave_seconds=_GPU_WAVE, llc_bytes=64 * _MiB,
                       **_SM90, source="wgmma m64nNk16 (PTX ISA); 50 MiB L2 (H100 datasheet)"),
     "h200": Overheads((64, 8, 16), wave_seconds=_GPU_WAVE, llc_bytes=64 * _MiB,
                       **_SM90, source="wgmma m64nNk16 (PTX ISA); 50 MiB L2"),
     "a100": Overheads((16, 8, 16), wave_seconds=_GPU_WAVE, llc_bytes=64 * _MiB,
                       warps_per_core=64, programs_per_core=32, onchip_per_core=164 * 1024,
+                      registers_per_core=65536,
                       source="mma.sync m16n8k16 (PTX ISA); 40 MiB L2 (A100 datasheet)"),
     "b200": Overheads((128, 16, 16), wave_seconds=_GPU_WAVE, llc_bytes=256 * _MiB,
                       **_SM90, source="tcgen05.mma M=128 (PTX ISA); ~126 MiB L2"),
@@ -201,26 +212,103 @@ def warps_of(params: Any) -> int | None:
     return found if isinstance(found, int) else None
 
 
-def resident(row: Overheads, warps: int, onchip: int | None) -> int:
+MAX_THREAD_REGISTERS = 255
+"""The most 32-bit registers one GPU thread holds (PTX's limit); what a kernel needs beyond it
+spills to local memory."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuProgram:
+    """What the GPU terms need of one kernel's program, read from its traced body."""
+
+    warps: int
+    """``num_warps`` (:data:`DEFAULT_WARPS` where the compiler params name none)."""
+    rounds: float
+    """Sequential HBM round trips one program makes (:func:`memory_rounds`)."""
+    registers: int
+    """Estimated 32-bit registers per thread (:func:`thread_registers`), uncapped."""
+
+
+def gpu_program(call: Any, row: Overheads) -> GpuProgram:
+    """:class:`GpuProgram` of the kernel call ``call`` (a ``KernelCall``)."""
+    warps = warps_of(call.compiler_params) or DEFAULT_WARPS
+    stages = getattr(call.compiler_params, "num_stages", None)
+    return GpuProgram(warps, memory_rounds(call, stages if isinstance(stages, int) else 1),
+                      thread_registers(call.jaxpr.jaxpr, warps))
+
+
+_LOADS = ("get", "masked_load")
+
+
+def memory_rounds(call: Any, num_stages: int) -> float:
+    """How many HBM round trips one program waits for in sequence: its loads of operands
+    outside loops count one (they are issued together), a loop counts its trips times its
+    body's rounds, a branch its costlier side. A loop whose body holds a ``dot_general`` is
+    software-pipelined ``num_stages`` deep (Triton's pipeliner), overlapping ``num_stages -
+    1`` trips. A ``while`` loop's trips are not known here: it counts once."""
+    refs = operand_refs(call)
+
+    def rounds(jaxpr: Any) -> float:
+        direct, nested = 0.0, 0.0
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name in _LOADS and eqn.invars and eqn.invars[0] in refs:
+                direct = 1.0
+            elif eqn.primitive is _jax.scan_p:
+                body = eqn.params["jaxpr"].jaxpr
+                overlap = max(num_stages - 1, 1) if _has_dot(body) else 1
+                nested += rounds(body) * int(eqn.params["length"]) / overlap
+            elif eqn.primitive is _jax.cond_p:
+                nested += max(rounds(b.jaxpr) for b in eqn.params["branches"])
+            else:
+                nested += sum(rounds(sub) for sub in sub_jaxprs(eqn.params))
+        return direct + nested
+
+    return max(rounds(call.jaxpr.jaxpr), 1.0)
+
+
+def _has_dot(jaxpr: Any) -> bool:
+    return any(e.primitive.name == "dot_general" for e in _eqns(jaxpr))
+
+
+def thread_registers(jaxpr: Any, warps: int) -> int:
+    """An estimate of the 32-bit registers a thread needs: 32 for addresses, indices and loop
+    state, plus two values the size of the body's largest array value (one being computed
+    from the other) spread over the program's ``32 x warps`` threads."""
+    largest = 0
+    for eqn in _eqns(jaxpr):
+        for v in eqn.outvars:
+            shape, dtype = getattr(v.aval, "shape", None), getattr(v.aval, "dtype", None)
+            if shape is None or dtype is None:
+                continue
+            words = -(-math.prod(shape) * np.dtype(dtype).itemsize // 4)
+            largest = max(largest, words)
+    return 32 + 2 * -(-largest // (32 * max(warps, 1)))
+
+
+def resident(row: Overheads, warps: int, onchip: int | None, registers: int = 0) -> int:
     """Programs one SM (CU) runs at once: the least of its warp slots over ``warps``, its
-    shared memory over the program's footprint ``onchip`` and its thread-block slots (at
-    least one; registers are not counted: their use is known only after ``ptxas``)."""
+    shared memory over the program's footprint ``onchip``, its registers over the program's
+    (``registers`` per thread, at most :data:`MAX_THREAD_REGISTERS`) and its thread-block
+    slots (at least one)."""
     limits = [row.warps_per_core // max(warps, 1), row.programs_per_core]
     if onchip:
         limits.append(row.onchip_per_core // onchip)
+    if registers and row.registers_per_core:
+        per_program = min(registers, MAX_THREAD_REGISTERS) * 32 * max(warps, 1)
+        limits.append(row.registers_per_core // per_program)
     return max(1, min(limits))
 
 
-def predict(kernels: Sequence[Any], shapes: Sequence[tuple[int, int, int, int, Any]],
-            target: str | None, chip: Chip | None,
-            warps: Sequence[int | None] = ()) -> Prediction:
-    """The model's time for a configuration whose ``pl.report`` gave ``kernels`` and whose
-    kernel bodies hold the dots ``shapes``, on ``target``; ``warps`` is each kernel's
-    ``num_warps`` (GPU occupancy; :data:`DEFAULT_WARPS` where missing)."""
+def predict(kernels: Sequence[Any], calls: Sequence[Any], target: str | None,
+            chip: Chip | None) -> Prediction:
+    """The model's time for a configuration whose ``pl.report`` gave ``kernels``, for the
+    kernel calls ``calls`` (``KernelCall``s, in the same order: their bodies give the dots,
+    and on a GPU each program's warps, round trips and registers), on ``target``."""
     row = overheads(target)
+    shapes = dot_shapes(calls)
     util = tile_utilisation(shapes, row.matrix_tile)
-    terms = dict.fromkeys(("roofline", "tile waste", "idle cores", "step overhead",
-                           "fill and drain"), 0.0)
+    terms = dict.fromkeys(("roofline", "tile waste", "idle cores", "register spills",
+                           "step overhead", "fill and drain"), 0.0)
     hbm = onchip = 0
     bounds = set()
     timed = False
@@ -241,17 +329,31 @@ def predict(kernels: Sequence[Any], shapes: Sequence[tuple[int, int, int, int, A
                    else "memory")
         steps = k.steps if k.steps is not None else 1
         if row.wave_seconds:
-            cores = max(chip.cores, 1)
-            stretch = -(-steps // cores) * cores / max(steps, 1)
-            busiest = max((line.compute_seconds + waste) * stretch, line.memory_seconds)
-            terms["idle cores"] += busiest - total
-            w = (warps[i] if i < len(warps) else None) or DEFAULT_WARPS
-            slots = cores * resident(row, w, k.onchip_bytes)
-            floor = -(-steps // slots) * row.wave_seconds  # waves, each a round trip at least
-            terms["step overhead"] += max(0.0, floor - busiest)
+            program = (gpu_program(calls[i], row) if i < len(calls)
+                       else GpuProgram(DEFAULT_WARPS, 1.0, 0))
+            terms.update(_gpu_terms(terms, row, chip, program, k.onchip_bytes, steps,
+                                    line.compute_seconds + waste, line.memory_seconds, total))
         terms["step overhead"] += steps * row.step_seconds
         first = sum(o.block_bytes for o in k.operands if o.role == "input")
         last = sum(o.block_bytes for o in k.operands if o.role == "output")
         terms["fill and drain"] += (first + last) / chip.hbm_bandwidth
     bound = "" if not bounds else bounds.pop() if len(bounds) == 1 else "mixed"
     return Prediction(sum(terms.values()) if timed else None, terms, hbm, onchip, bound)
+
+
+def _gpu_terms(terms: Mapping[str, float], row: Overheads, chip: Chip, program: GpuProgram,
+               onchip: int | None, steps: int, compute: float, memory: float,
+               total: float) -> dict[str, float]:
+    """The GPU terms of one kernel added to ``terms``: idle SMs stretch the compute time,
+    spilled registers add memory traffic, and each wave takes at least its round trips."""
+    cores = max(chip.cores, 1)
+    stretched = compute * -(-steps // cores) * cores / max(steps, 1)
+    spilled = max(program.registers - MAX_THREAD_REGISTERS, 0)
+    # Each spilled register is stored and loaded once per thread (4 bytes each way).
+    spill = steps * 32 * program.warps * spilled * 8 / chip.hbm_bandwidth
+    busiest = max(stretched, memory + spill)
+    slots = cores * resident(row, program.warps, onchip, program.registers)
+    floor = -(-steps // slots) * program.rounds * row.wave_seconds
+    return {"idle cores": terms["idle cores"] + max(stretched, memory) - total,
+            "register spills": terms["register spills"] + busiest - max(stretched, memory),
+            "step overhead": terms["step overhead"] + max(0.0, floor - busiest)}

@@ -178,7 +178,7 @@ _OPERAND_REFS: contextvars.ContextVar[frozenset[Any]] = contextvars.ContextVar(
 jaxprs inside, that hold its operands' Refs."""
 
 
-def _operand_refs(call: KernelCall) -> frozenset[Any]:
+def operand_refs(call: KernelCall) -> frozenset[Any]:
     """The variables holding ``call``'s operand Refs (not scratch), followed into the jaxprs
     of loops, branches, calls and scoped allocations."""
     jaxpr = call.jaxpr.jaxpr
@@ -186,7 +186,7 @@ def _operand_refs(call: KernelCall) -> frozenset[Any]:
 
     def walk(j: Any) -> None:
         for eqn in j.eqns:
-            for sub, operands in _aligned(eqn):
+            for sub, operands in aligned(eqn):
                 found.update(v for v, a in zip(sub.invars, operands, strict=False)
                              if _jax.is_var(a) and a in found)
                 walk(sub)
@@ -195,7 +195,7 @@ def _operand_refs(call: KernelCall) -> frozenset[Any]:
     return frozenset(found)
 
 
-def _aligned(eqn: Any) -> list[tuple[Any, list[Any]]]:
+def aligned(eqn: Any) -> list[tuple[Any, list[Any]]]:
     """Each jaxpr inside ``eqn`` with the operands of ``eqn`` its invars receive, in order."""
     p, params, ins = eqn.primitive, eqn.params, list(eqn.invars)
     if p is _jax.cond_p:
@@ -450,7 +450,7 @@ def count_work(call: KernelCall, backend: str | None) -> tuple[Work, int | None]
     :func:`_count_steps`), and the flops skipped against the costlier-branch bound;
     ``backend`` counts its own primitives."""
     gm = call.grid_mapping
-    token = _OPERAND_REFS.set(_operand_refs(call) if block_loads(backend) else frozenset())
+    token = _OPERAND_REFS.set(operand_refs(call) if block_loads(backend) else frozenset())
     try:
         with _backend_costs(backend):
             return _work_counted(call, gm)

@@ -19,6 +19,7 @@ import pytest
 import pallas_core as pl
 from pallas_core import autotune_measure
 from pallas_core.plugins import manager
+from pallas_core.stages import kernel_calls
 
 autotune_module = importlib.import_module("pallas_core.autotune")  # pl.autotune hides it
 N = 4096
@@ -184,15 +185,16 @@ def test_a_newer_model_predicts_again_and_keeps_what_was_measured(
 
 
 def test_gpu_occupancy_and_idle_cores() -> None:
-    """On an H100 (132 SMs; per SM 64 warps, 228 KiB, 32 blocks): how many programs an SM
-    holds, the compute time stretched when a grid leaves SMs idle, and the floor of one
-    round trip per wave."""
+    """On an H100 (132 SMs; per SM 64 warps, 228 KiB, 32 blocks, 64K registers): how many
+    programs an SM holds, the compute time stretched when a grid leaves SMs idle, and the
+    floor of one round trip per wave."""
     model = autotune_module.model
     h100 = model.overheads("h100")
     assert model.resident(h100, 4, None) == 16          # 64 warps / 4
     assert model.resident(h100, 1, None) == 32          # the block slots
     assert model.resident(h100, 8, 100 * 1024) == 2     # 228 KiB / 100 KiB
     assert model.resident(h100, 32, 300 * 1024) == 1    # at least one
+    assert model.resident(h100, 4, None, 128) == 4      # 65536 / (128 x 128 threads)
     assert model.warps_of({"triton": {"num_warps": 8}}) == 8 and model.warps_of(None) is None
 
     def add(x_ref: Any, y_ref: Any, o_ref: Any) -> None:
@@ -205,19 +207,53 @@ def test_gpu_occupancy_and_idle_cores() -> None:
                             out_shape=x)
         (k,) = pl.report(fn, x, x, backend="triton", target="h100").kernels
         chip = sys.modules["pallas_core.report"].chips()["h100"][1]
-        return k, model.predict([k], [], "h100", chip, [4])
+        calls = list(kernel_calls(jax.make_jaxpr(fn)(x, x).jaxpr))
+        return k, model.predict([k], calls, "h100", chip)
 
+    # A block of 8 x 512 float32 over 128 threads: 32 words each, two such values live, plus
+    # 32: 96 registers; 65536 / (96 x 128) = 5 programs per SM. One round trip per program.
     for programs in (8, 132, 3960):
         k, found = run(programs)
         line = k.roofline["h100"]
         stretch = -(-programs // 132) * 132 / programs
         busiest = max(line.compute_seconds * stretch, line.memory_seconds)
         assert found.terms["idle cores"] == pytest.approx(busiest - line.seconds)
-        waves = -(-programs // (132 * 16))  # 16 programs of 4 warps per SM
+        assert found.terms["register spills"] == 0.0
+        waves = -(-programs // (132 * 5))
         assert found.terms["step overhead"] == pytest.approx(max(0.0, waves * 1e-6 - busiest))
         if programs == 8:  # a tiny kernel is bound by the floor: one round trip
             assert found.seconds == pytest.approx(1e-6 + found.terms["fill and drain"])
     assert stretch == 1.0 and found.terms["step overhead"] == 0.0  # 3960 programs: no floor
+
+
+def test_gpu_round_trips_and_spills() -> None:
+    """A loop of loads is as many round trips as its trips (a row reduction in 8 column
+    blocks: 8 trips, plus the loads before it); a block too large for one warp's registers
+    spills."""
+    model = autotune_module.model
+
+    def rows(block: int, warps: int) -> Any:
+        def kernel(x_ref: Any, o_ref: Any) -> None:
+            def body(j: Any, acc: Any) -> Any:
+                return acc + x_ref[:, pl.ds(j * block, block)]
+
+            o_ref[...] = jax.lax.fori_loop(1, 4096 // block, body, x_ref[:, :block])
+
+        x = jax.ShapeDtypeStruct((64 * 8, 4096), jnp.float32)
+        fn = pl.pallas_call(kernel, grid=(64,), out_shape=jax.ShapeDtypeStruct((512, block),
+                                                                                jnp.float32),
+                            in_specs=[pl.BlockSpec((8, 4096), lambda i: (i, 0))],
+                            out_specs=pl.BlockSpec((8, block), lambda i: (i, 0)),
+                            compiler_params={"triton": {"num_warps": warps}})
+        (call,) = kernel_calls(jax.make_jaxpr(fn)(x).jaxpr)
+        return model.gpu_program(call, model.overheads("h100"))
+
+    small = rows(512, 4)
+    assert small.rounds == 1 + 4096 // 512 - 1
+    assert small.registers == 32 + 2 * (8 * 512 // 128)
+    big = rows(4096, 1)  # 32768 words over 32 threads
+    assert big.rounds == 1 and big.registers == 32 + 2 * 1024
+    assert big.registers > model.MAX_THREAD_REGISTERS
 
 
 def test_a_table_shipped_read_only(tuned: Any, monkeypatch: Any, tmp_path: Any) -> None:
