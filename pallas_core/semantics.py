@@ -172,7 +172,7 @@ def _reciprocal(ctx: ReferenceContext, x: Any, *, approx: bool, full_range: bool
 # --- discharge rules --------------------------------------------------------------------
 
 
-def _pad_for_slices(x: Any, idx: Any) -> tuple[Any, Any]:
+def _pad_for_slices(x: Any, idx: Any, fill: Any = 0) -> tuple[Any, Any]:
     """Pads ``x`` so that the slices of the indexer ``idx`` starting inside it never get
     clamped by ``dynamic_slice``.
 
@@ -185,7 +185,7 @@ def _pad_for_slices(x: Any, idx: Any) -> tuple[Any, Any]:
         pads.append(size * s.stride if isinstance(s, _jax.Slice) and isinstance(size, int) else 0)
     if not any(pads):
         return x, idx
-    xp = lax.pad(x, jnp.zeros((), x.dtype), [(0, p, 0) for p in pads])
+    xp = lax.pad(x, jnp.asarray(fill, x.dtype), [(0, p, 0) for p in pads])
     return xp, _jax.NDIndexer(idx.indices, tuple(xp.shape), idx.int_indexer_shape)
 
 
@@ -224,6 +224,65 @@ def read_modify_write(x: Any, flat: Sequence[Any], tree: Any,
         new_view = _unpad(new_vp, view.shape)
     new_y = _jax.transform_swap_array(y, head, new_view)[1] if head else new_view
     return old, new_y if y is x else new_y.reshape(x.shape)
+
+
+def _gathers(transforms: Sequence[Any]) -> bool:
+    """Whether the Ref transforms index with integer arrays, so that two lanes of the view may
+    name the same element of the Ref."""
+    return any(isinstance(t, _jax.NDIndexer) and tuple(t.int_indexer_shape)
+               for t in transforms)
+
+
+def _lane_positions(x: Any, flat: Sequence[Any], tree: Any) -> Any:
+    """For each lane of the view the Ref transforms select, the flat position in ``x`` of the
+    element it names (-1 for a lane past the end of ``x``)."""
+    iota = jnp.arange(x.size, dtype=jnp.int32).reshape(x.shape)
+    y, transforms = _jax.apply_leading_reshapes(iota, jax.tree_util.tree_unflatten(tree, flat))
+    head, last = _split_last(transforms)
+    view = _jax.transform_array(y, head) if head else y
+    if last is not None:
+        vp, idx = _pad_for_slices(view, last, fill=-1)
+        view = _jax.transform_array(vp, [idx])
+    return view
+
+
+def lanewise_read_modify_write(x: Any, flat: Sequence[Any], tree: Any,
+                               update: Callable[[Any, Any], Any]) -> tuple[Any, Any]:
+    """:func:`read_modify_write` for a view whose lanes may name the same element (integer
+    array indices): the lanes update ``x`` one at a time, in row-major order, each seeing the
+    updates of the lanes before it, as a sequence of atomic operations does. ``update(old,
+    lane)`` gives lane ``lane``'s (flat index) new value from the element's current one; the
+    first result holds each lane's current value before its own update."""
+    positions = _lane_positions(x, flat, tree)
+    pos = positions.reshape(-1)
+    zero = jnp.zeros((), x.dtype)
+
+    def body(i: Any, carry: tuple[Any, Any]) -> tuple[Any, Any]:
+        xf, olds = carry
+        p = pos[i]
+        inside = p >= 0
+        q = jnp.where(inside, p, 0)
+        current = jnp.where(inside, xf[q], zero)
+        xf = xf.at[q].set(jnp.where(inside, update(current, i), xf[q]))
+        return xf, olds.at[i].set(current)
+
+    xf, olds = lax.fori_loop(0, pos.size, body, (x.reshape(-1), jnp.zeros(pos.shape, x.dtype)))
+    return olds.reshape(positions.shape), xf.reshape(x.shape)
+
+
+def _atomic_update(x: Any, flat: Sequence[Any], tree: Any, lane_values: Sequence[Any],
+                   update: Callable[..., Any]) -> tuple[Any, Any]:
+    """``(old, new_x)`` of an atomic operation whose new element is ``update(old, *values)``,
+    ``values`` the operands in ``lane_values`` at the lane (each of the view's shape or
+    broadcastable to it): all lanes at once where they name distinct elements, lane by lane
+    where integer array indices may repeat an element."""
+    transforms = jax.tree_util.tree_unflatten(tree, flat)
+    if not _gathers(transforms):
+        return read_modify_write(x, flat, tree, lambda old: update(old, *lane_values))
+    shape = _lane_positions(x, flat, tree).shape
+    lanes = [jnp.broadcast_to(v, shape).reshape(-1) for v in lane_values]
+    return lanewise_read_modify_write(
+        x, flat, tree, lambda old, i: update(old, *(v[i] for v in lanes)))
 
 
 def _masked_load_discharge(in_avals: Any, out_avals: Any, x: Any, *args: Any, tree: Any,
@@ -266,20 +325,18 @@ def _atomic_rmw_discharge(in_avals: Any, out_avals: Any, x: Any, val: Any, *args
     flat = args[:n]
     combine = _COMBINE[op]
     if has_mask:
-        mask = args[n]
-
-        def update(old: Any) -> Any:
-            return jnp.where(mask, combine(old, val), old)
+        old, new_x = _atomic_update(
+            x, flat, tree, [val, args[n]],
+            lambda old, v, m: jnp.where(m, combine(old, v), old))
     else:
-        def update(old: Any) -> Any:
-            return combine(old, val)
-    old, new_x = read_modify_write(x, flat, tree, update)
+        old, new_x = _atomic_update(x, flat, tree, [val], combine)
     return (new_x, None) + (None,) * len(args), old
 
 
 def _atomic_cas_discharge(in_avals: Any, out_avals: Any, x: Any, cmp: Any, val: Any,
                           *flat: Any, tree: Any) -> Any:
-    old, new_x = read_modify_write(x, flat, tree, lambda old: jnp.where(old == cmp, val, old))
+    old, new_x = _atomic_update(x, flat, tree, [cmp, val],
+                                lambda old, c, v: jnp.where(old == c, v, old))
     return (new_x, None, None) + (None,) * len(flat), old
 
 
