@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import os
 import tempfile
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -95,13 +96,37 @@ def default_num_stages(platform: str) -> int:
     return 1 if platform == "rocm" else 3
 
 
+_IMPORT_LOCK = threading.Lock()
+"""Held while the ``triton`` package is first imported: threads importing it at once can meet
+its modules partially initialized ("cannot import name 'compile' from partially initialized
+module 'triton.compiler'"), which must not read as "not installed"."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Triton:
+    ir: Any
+    GPUTarget: Any
+    Language: Any
+    make_backend: Any
+
+
+@functools.lru_cache(maxsize=1)
+def _triton() -> _Triton | ImportError:
+    """Triton's compiler entry points, imported once under :data:`_IMPORT_LOCK` (or the
+    ``ImportError`` that importing them raised)."""
+    with _IMPORT_LOCK:
+        try:
+            from triton._C.libtriton import ir as triton_ir
+            from triton.backends.compiler import GPUTarget, Language
+            from triton.compiler.compiler import make_backend
+        except ImportError as e:
+            return e
+    return _Triton(triton_ir, GPUTarget, Language, make_backend)
+
+
 def available() -> bool:
     """Whether the ``triton`` package (the ``compile`` extra) is installed."""
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return not isinstance(_triton(), ImportError)
 
 
 def compile_stages(ttir: str, target: str | None, num_warps: int,
@@ -157,18 +182,21 @@ def _run(ttir: str, target: str | None, num_warps: int,
     """Runs Triton's stages one by one, yielding each stage's name, output (text, or bytes
     for binaries) and Triton's metadata so far; the caller stops when it has what it needs."""
     gpu = parse_target(target)
-    try:
-        from triton._C.libtriton import ir as triton_ir
-        from triton.backends.compiler import GPUTarget, Language
-        from triton.compiler.compiler import make_backend
-    except ImportError as e:
+    found = _triton()
+    if isinstance(found, ModuleNotFoundError) and (found.name or "").split(".")[0] == "triton":
         raise PallasError(
             f"compiling Triton IR for target {target!r} to GPU code (PTX and cubin, or AMDGCN "
             "and hsaco) needs the `triton` package, an optional dependency that is not "
             "installed (lowering for cuda and rocm does not need it). "
-            "Fix: pip install 'pallas-triton[compile]'") from e
-    gpu_target = GPUTarget(gpu.backend, gpu.arch, gpu.warp_size)
-    backend = make_backend(gpu_target)
+            "Fix: pip install 'pallas-triton[compile]'") from found
+    if isinstance(found, ImportError):
+        raise PallasError(
+            f"the `triton` package is installed but could not be imported ({found}). Fix: "
+            "reinstall it in a version this plugin supports (pip install "
+            "'pallas-triton[compile]'), or check the error above.") from found
+    triton_ir, Language = found.ir, found.Language
+    gpu_target = found.GPUTarget(gpu.backend, gpu.arch, gpu.warp_size)
+    backend = found.make_backend(gpu_target)
     stages_count = default_num_stages(gpu.platform) if num_stages is None else num_stages
     options = backend.parse_options({"num_warps": num_warps, "num_stages": stages_count,
                                      "enable_fp_fusion": True})
