@@ -25,7 +25,7 @@ from pallas_core.errors import UnsupportedError
 from pallas_core.plugins import manager
 from pallas_core.semantics import ReferenceContext
 
-Rules = Mapping[Any, Callable[..., Any]]
+SemanticsRules = Mapping[Any, Callable[..., Any]]
 """Primitive -> ``evaluate`` rule ``(ctx, *args, **params) -> output(s)``."""
 
 
@@ -49,7 +49,7 @@ manager.add_listener(registered_primitives.cache_clear)
 
 
 @functools.cache
-def semantics_rules() -> Rules:
+def semantics_rules() -> SemanticsRules:
     """``evaluate`` rules of every loaded plugin's primitives; discharge rules go to JAX."""
     rules: dict[Any, Any] = {}
     for sem in _all_semantics():
@@ -151,13 +151,14 @@ def find_eqn(jaxpr: Any, primitives: Any) -> Any | None:
     return next((eqn for eqn in all_eqns(jaxpr) if eqn.primitive in primitives), None)
 
 
-def evaluate(closed: Any, args: Sequence[Any], ctx: ReferenceContext, rules: Rules) -> list[Any]:
+def evaluate(closed: Any, args: Sequence[Any], ctx: ReferenceContext,
+             rules: SemanticsRules) -> list[Any]:
     """Evaluates the closed jaxpr ``closed`` on ``args`` at the grid step ``ctx``."""
     return eval_jaxpr(closed.jaxpr, closed.consts, args, ctx, rules)
 
 
 def eval_jaxpr(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], ctx: ReferenceContext,
-               rules: Rules) -> list[Any]:
+               rules: SemanticsRules) -> list[Any]:
     """Like ``jax.core.eval_jaxpr``, with ``rules`` applied at every depth."""
     env: dict[Any, Any] = dict(zip(jaxpr.constvars, consts))
     env.update(zip(jaxpr.invars, args))
@@ -172,7 +173,7 @@ def eval_jaxpr(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], ctx: Refe
     return [read(v) for v in jaxpr.outvars]
 
 
-def _eval_eqn(eqn: Any, invals: list[Any], ctx: ReferenceContext, rules: Rules) -> Any:
+def _eval_eqn(eqn: Any, invals: list[Any], ctx: ReferenceContext, rules: SemanticsRules) -> Any:
     prim, params = eqn.primitive, eqn.params
     if prim in rules:
         return rules[prim](ctx, *invals, **params)
@@ -222,14 +223,14 @@ def _one_shape(operands: Sequence[Any]) -> list[Any]:
     return [jnp.bitwise_or(x, zero) for x in operands]
 
 
-def _fn(sub: Any, ctx: ReferenceContext, rules: Rules) -> Callable[..., list[Any]]:
+def _fn(sub: Any, ctx: ReferenceContext, rules: SemanticsRules) -> Callable[..., list[Any]]:
     if isinstance(sub, _jax.ClosedJaxpr):
         return lambda *args: eval_jaxpr(sub.jaxpr, sub.consts, args, ctx, rules)
     return lambda *args: eval_jaxpr(sub, (), args, ctx, rules)
 
 
 def _cond(invals: list[Any], params: Mapping[str, Any], ctx: ReferenceContext,
-          rules: Rules) -> Any:
+          rules: SemanticsRules) -> Any:
     index, *ops = invals
     branches = [_fn(b, ctx, rules) for b in params["branches"]]
     if not isinstance(index, _jax.Tracer):  # decided at trace time
@@ -238,7 +239,7 @@ def _cond(invals: list[Any], params: Mapping[str, Any], ctx: ReferenceContext,
 
 
 def _while(invals: list[Any], params: Mapping[str, Any], ctx: ReferenceContext,
-           rules: Rules) -> Any:
+           rules: SemanticsRules) -> Any:
     nc, nb = params["cond_nconsts"], params["body_nconsts"]
     cconsts, bconsts, init = invals[:nc], invals[nc:nc + nb], invals[nc + nb:]
     cond_fn = _fn(params["cond_jaxpr"], ctx, rules)
@@ -248,7 +249,7 @@ def _while(invals: list[Any], params: Mapping[str, Any], ctx: ReferenceContext,
 
 
 def _scan(invals: list[Any], params: Mapping[str, Any], ctx: ReferenceContext,
-          rules: Rules) -> Any:
+          rules: SemanticsRules) -> Any:
     consts, init, xs, split_out = _jax.scan_parts(params, invals)
     body = _fn(params["jaxpr"], ctx, rules)
 
@@ -262,13 +263,13 @@ def _scan(invals: list[Any], params: Mapping[str, Any], ctx: ReferenceContext,
 
 def _inline(key: str) -> Callable[..., Any]:
     def handler(invals: list[Any], params: Mapping[str, Any], ctx: ReferenceContext,
-                rules: Rules) -> Any:
+                rules: SemanticsRules) -> Any:
         return _fn(params[key], ctx, rules)(*invals)
     return handler
 
 
 def _run_state(invals: list[Any], params: Mapping[str, Any], ctx: ReferenceContext,
-               rules: Rules) -> Any:
+               rules: SemanticsRules) -> Any:
     """``pl.run_state`` around rules (a backend's accumulator Refs): its body discharged and
     evaluated here; the results are the Refs' final values."""
     jaxpr = params["jaxpr"]

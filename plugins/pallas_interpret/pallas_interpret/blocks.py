@@ -91,7 +91,7 @@ class Window:
 
 
 def starts(bm: BlockMapping, ids: Sequence[Any], prefetch: Sequence[Any] = (),
-           ctx: ReferenceContext | None = None, rules: reference.Rules | None = None
+           ctx: ReferenceContext | None = None, rules: reference.SemanticsRules | None = None
            ) -> Window:
     """The window of ``bm``'s block at grid point ``ids``.
 

@@ -258,7 +258,8 @@ class _Operand:
         return lax.dynamic_update_slice(xb, view.reshape(sizes), starts)
 
 
-def run(call: KernelCall, args: Sequence[Any], p: Plan, rules: reference.Rules) -> list[Any]:
+def run(call: KernelCall, args: Sequence[Any], p: Plan,
+        rules: reference.SemanticsRules) -> list[Any]:
     """The outputs of ``call`` on ``args``, parallel axes batched, sequential axes looped."""
     gm = call.grid_mapping
     kernel = plb.discharge_state(call.jaxpr, axis_sizes=gm.axis_env)

@@ -27,7 +27,7 @@ from pallas_interpret import blocks, checks, fast, handshake, lockstep, phases, 
 from pallas_interpret.params import InterpretParams
 
 
-def run(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
+def run(call: KernelCall, args: Sequence[Any], rules: reference.SemanticsRules,
         params: InterpretParams | None = None) -> list[Any]:
     """The outputs of ``call`` on ``args`` (the primitive's operands: inputs, then the sizes
     of dynamic grid axes): batched where that is proven safe and allowed by ``params``, else
@@ -80,7 +80,7 @@ def _split_grid_sizes(call: KernelCall, args: Sequence[Any]) -> tuple[list[Any],
     return list(args[:n]), gm.resolved_grid([jnp.asarray(s, jnp.int32) for s in args[n:]])
 
 
-def run_exact(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
+def run_exact(call: KernelCall, args: Sequence[Any], rules: reference.SemanticsRules,
               params: InterpretParams | None = None) -> list[Any]:
     """The outputs of ``call`` on ``args`` (as for :func:`run`), one grid step after another,
     in the order and on the simulated cores of :mod:`pallas_interpret.schedule`."""
@@ -211,7 +211,7 @@ class _InputBlocks:
                 for j, x in zip(self.written, state)]
 
 
-def run_jitted(call: KernelCall, rules: reference.Rules,
+def run_jitted(call: KernelCall, rules: reference.SemanticsRules,
                params: InterpretParams | None = None) -> Any:
     """A jitted function of the call's operands (for inspection stages)."""
     return jax.jit(lambda *args: run(call, args, rules, params))

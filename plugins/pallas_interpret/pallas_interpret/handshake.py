@@ -473,7 +473,7 @@ def _report_stuck(pc: Any, *, kernel: str, end: int) -> None:
             "other cores send (semaphore_signal(core_index=...)) and the copies they start.")
 
 
-def run(call: Any, args: Sequence[Any], rules: reference.Rules, params: Any) -> list[Any]:
+def run(call: Any, args: Sequence[Any], rules: reference.SemanticsRules, params: Any) -> list[Any]:
     """The outputs of ``call`` on ``args``, its cores run each at its own pace (see
     :func:`signals_cores`)."""
     if lockstep.barrier_axes(call) is not None:

@@ -131,7 +131,7 @@ def _row(x: Any, m: Any) -> Any:
 class _Runner:
     """Evaluates a kernel jaxpr for one group of ``members`` points, phase by phase."""
 
-    def __init__(self, call: KernelCall, rules: reference.Rules, params: InterpretParams,
+    def __init__(self, call: KernelCall, rules: reference.SemanticsRules, params: InterpretParams,
                  axes: tuple[int, ...]):
         gm = call.grid_mapping
         self.call, self.rules, self.checked = call, rules, params.checked
@@ -424,7 +424,7 @@ _STRUCTURED: dict[Any, Callable[..., tuple[list[_Entry], Slots]]] = {
 # --- the whole call -------------------------------------------------------------------------
 
 
-def run(call: KernelCall, args: Sequence[Any], rules: reference.Rules,
+def run(call: KernelCall, args: Sequence[Any], rules: reference.SemanticsRules,
         params: InterpretParams, axes: tuple[int, ...],
         runner_class: Callable[..., _Runner] | None = None) -> list[Any]:
     """The outputs of ``call`` on ``args``, the points along ``axes`` (see

@@ -599,7 +599,7 @@ class _Runner(handshake._Runner):
         return outs
 
 
-def run(call: Any, args: Sequence[Any], rules: reference.Rules, params: Any,
+def run(call: Any, args: Sequence[Any], rules: reference.SemanticsRules, params: Any,
         axes: tuple[int, ...]) -> list[Any]:
     """The outputs of ``call`` on ``args``, the points along ``axes`` (see
     :func:`group_axes`) run each at its own pace."""
