@@ -43,7 +43,7 @@ from pallas_core import backend as plb
 from pallas_core import reference, semantics
 from pallas_core.copies import RefViews, bind_views
 from pallas_core.errors import PallasError, UnsupportedError
-from pallas_mosaic_gpu import cluster, rules, values
+from pallas_mosaic_gpu import cluster, registry, values
 from pallas_mosaic_gpu import primitives as gp
 from pallas_mosaic_gpu.params import TensorMemorySpace
 
@@ -591,7 +591,7 @@ def _issuer(state: Any, eqn: Any, collective_axis: Any, fn: str) -> Any:
     return arith.andi(one, cluster.is_first_block(dim))
 
 
-@rules.rule(tcgen05_mma_p, lazy=True)
+@registry.rule(tcgen05_mma_p, lazy=True)
 def _mma_rule(state: Any, eqn: Any, *args: Any, arrive: bool, accumulate: bool | None,
               collective_axis: Any = None, scaled: bool = False, sparse: bool = False,
               **_: Any) -> Any:
@@ -641,14 +641,14 @@ def _copy_rule(impl: Any, fn: str) -> Any:
     return rule
 
 
-rules.rule(copy_scales_p, lazy=True)(
+registry.rule(copy_scales_p, lazy=True)(
     _copy_rule(tcgen05.async_copy_scales_smem_to_tmem, "async_copy_scales_to_tmem"))
-rules.rule(copy_sparse_metadata_p, lazy=True)(
+registry.rule(copy_sparse_metadata_p, lazy=True)(
     _copy_rule(tcgen05.async_copy_sparse_metadata_smem_to_tmem,
                "async_copy_sparse_metadata_to_tmem"))
 
 
-@rules.rule(copy_smem_to_tmem_p, lazy=True)
+@registry.rule(copy_smem_to_tmem_p, lazy=True)
 def _copy_smem_rule(state: Any, eqn: Any, *args: Any, **_: Any) -> Any:
     """A tiled SMEM buffer is copied as JAX's lowering copies it: ``tcgen05.cp`` issued by one
     thread, asynchronous until ``tcgen05_commit_arrive``. An untiled one (which JAX's lowering
@@ -673,7 +673,7 @@ def _copy_smem_rule(state: Any, eqn: Any, *args: Any, **_: Any) -> Any:
     return []
 
 
-@rules.rule(tcgen05_commit_arrive_p, lazy=True)
+@registry.rule(tcgen05_commit_arrive_p, lazy=True)
 def _commit_arrive_rule(state: Any, eqn: Any, *args: Any, collective_axis: Any = None,
                         **_: Any) -> Any:
     (bar,) = _role_views(state, eqn, args)
@@ -683,7 +683,7 @@ def _commit_arrive_rule(state: Any, eqn: Any, *args: Any, collective_axis: Any =
     return []
 
 
-@rules.rule(async_load_tmem_p, lazy=True)
+@registry.rule(async_load_tmem_p, lazy=True)
 def _load_rule(state: Any, eqn: Any, *args: Any, dtype: Any, layout: str | None = None,
                **_: Any) -> Any:
     (view,) = _role_views(state, eqn, args)
@@ -694,7 +694,7 @@ def _load_rule(state: Any, eqn: Any, *args: Any, dtype: Any, layout: str | None 
         raise state.fail(f"this TMEM read ({e})") from None
 
 
-@rules.rule(async_store_tmem_p, lazy=True)
+@registry.rule(async_store_tmem_p, lazy=True)
 def _store_rule(state: Any, eqn: Any, *args: Any, **_: Any) -> Any:
     (view,) = _role_views(state, eqn, args)
     value = args[-1]
@@ -715,13 +715,13 @@ def _store_rule(state: Any, eqn: Any, *args: Any, **_: Any) -> Any:
     return []
 
 
-@rules.rule(wait_load_tmem_p)
+@registry.rule(wait_load_tmem_p)
 def _wait_load_rule(state: Any, eqn: Any, **_: Any) -> Any:
     tcgen05.wait_load_tmem()
     return []
 
 
-@rules.rule(commit_tmem_p)
+@registry.rule(commit_tmem_p)
 def _commit_tmem_rule(state: Any, eqn: Any, **_: Any) -> Any:
     tcgen05.commit_tmem()
     return []

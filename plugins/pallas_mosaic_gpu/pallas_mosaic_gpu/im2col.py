@@ -30,7 +30,7 @@ from pallas_core import semantics
 from pallas_core.copies import RefViews, bind_views
 from pallas_core.errors import PallasError
 from pallas_mosaic_gpu import primitives as gp
-from pallas_mosaic_gpu import rules
+from pallas_mosaic_gpu import registry
 
 im2col_copy_p = gp._primitive("gpu_im2col_copy")
 
@@ -200,7 +200,7 @@ def _copy(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any,
     return state.new_values(), []
 
 
-@rules.rule(im2col_copy_p, lazy=True)
+@registry.rule(im2col_copy_p, lazy=True)
 def _copy_rule(state: Any, eqn: Any, *args: Any, **_: Any) -> Any:
     raise state.fail("plgpu.copy_gmem_to_smem from a plgpu.im2col_ref view (TMA's im2col "
                      "mode is not lowered by this backend; run the kernel in the interpreter, "

@@ -28,7 +28,7 @@ from pallas_core import backend as plb
 from pallas_core import semantics
 from pallas_core.copies import bind_views
 from pallas_core.errors import PallasError, UnsupportedError
-from pallas_mosaic_gpu import rules
+from pallas_mosaic_gpu import registry
 from pallas_mosaic_gpu.layouts import SomeLayout
 from pallas_mosaic_gpu.names import RefType
 
@@ -96,7 +96,7 @@ def _interpret(*_: Any, **__: Any) -> Any:
                            "operation with plgpu and jax.numpy.")
 
 
-@rules.rule(inline_mgpu_p, lazy=True)
+@registry.rule(inline_mgpu_p, lazy=True)
 def _rule(state: Any, eqn: Any, *args: Any, kinds: Any, ret: Any, mgpu_fn: Any,
           **_: Any) -> Any:
     from pallas_mosaic_gpu.rules_memory import _views

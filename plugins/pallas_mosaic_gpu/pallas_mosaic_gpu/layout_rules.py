@@ -1,5 +1,5 @@
 """Lowering rules of :mod:`pallas_mosaic_gpu.layouts` and of the accumulators of
-``pl.run_state`` (``plgpu.ACC.init``), registered into :data:`pallas_mosaic_gpu.rules.RULES`.
+``pl.run_state`` (``plgpu.ACC.init``), registered into :data:`pallas_mosaic_gpu.registry.RULES`.
 
 * ``layout_cast``: the array moved into the layout (a splat is built in it, an SMEM read is
   read straight into it, other arrays are converted by the library, which refuses the
@@ -26,7 +26,7 @@ from pallas_core.errors import UnsupportedError
 from pallas_core.mlir_lowering import element_type
 from pallas_mosaic_gpu import layouts
 from pallas_mosaic_gpu.params import ACC_SPACE
-from pallas_mosaic_gpu.rules import lower_jaxpr, rule
+from pallas_mosaic_gpu.registry import lower_jaxpr, rule
 from pallas_mosaic_gpu.values import (
     FA,
     SWIZZLE,

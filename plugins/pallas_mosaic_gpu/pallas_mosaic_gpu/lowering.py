@@ -9,13 +9,16 @@ names other modules use, from the three parts the lowering is made of.
   register arrays :data:`FA`, :class:`Loaded`, :class:`Expanded`), the layouts chosen for
   SMEM buffers and registers (:func:`is_tileable`, :func:`layout_for`), and the lowering state
   :class:`GPULowering`;
-* the rules, :mod:`pallas_mosaic_gpu.rules` (with :mod:`~pallas_mosaic_gpu.rules_arrays`,
-  :mod:`~pallas_mosaic_gpu.rules_memory`, :mod:`~pallas_mosaic_gpu.warp_specialized_lowering`
-  and :mod:`~pallas_mosaic_gpu.blackwell`): the table :data:`RULES`, one entry a primitive,
+* the rules, :mod:`pallas_mosaic_gpu.rules` (which imports every rule module:
+  :mod:`~pallas_mosaic_gpu.rules_control`, :mod:`~pallas_mosaic_gpu.rules_arrays`,
+  :mod:`~pallas_mosaic_gpu.rules_memory`, :mod:`~pallas_mosaic_gpu.warp_specialized_lowering`,
+  :mod:`~pallas_mosaic_gpu.blackwell`, ...): the table :data:`RULES`, one entry a primitive,
   each with the rule signature all backends share (``pallas_core.backend.Rule``:
-  ``rule(state, eqn, *in_values)``), registered by :func:`rule`.
+  ``rule(state, eqn, *in_values)``), registered by :func:`rule` (both in
+  :mod:`pallas_mosaic_gpu.registry`, which imports no rule module).
 
-The modules import one another in that order: values, then the rules, then the schedule.
+The modules import one another in that order: values, then the registry, the rule modules and
+:mod:`~pallas_mosaic_gpu.rules`, then the schedule.
 """
 
 from __future__ import annotations

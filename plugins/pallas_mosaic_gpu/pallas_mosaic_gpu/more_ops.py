@@ -19,7 +19,7 @@ from pallas_core import semantics
 from pallas_core.copies import RefViews, bind_views
 from pallas_core.errors import PallasError, UnsupportedError
 from pallas_mosaic_gpu import primitives as gp
-from pallas_mosaic_gpu import rules
+from pallas_mosaic_gpu import registry
 from pallas_mosaic_gpu.multidevice import RefView
 
 barrier_test_p = plb.Primitive("gpu_barrier_test")
@@ -50,7 +50,7 @@ def _test(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any,
     return state.new_values(), [jnp.all(state.read(0) >= need)]
 
 
-@rules.rule(barrier_test_p, lazy=True)
+@registry.rule(barrier_test_p, lazy=True)
 def _test_rule(state: Any, eqn: Any, *args: Any, **_: Any) -> Any:
     from pallas_mosaic_gpu.rules_memory import _orders_tensor_core, _views
 
@@ -208,7 +208,7 @@ def _store_cross(in_avals: Any, out_avals: Any, *args: Any, stacked: Any, marks:
     return cluster.restack(state, stacked, views), [None] * len(marks), []
 
 
-@rules.rule(async_store_smem_p, lazy=True)
+@registry.rule(async_store_smem_p, lazy=True)
 def _store_rule(state: Any, eqn: Any, *args: Any, **_: Any) -> Any:
     raise state.fail("plgpu.async_store_smem (a store into another block's SMEM is not "
                      "lowered by this backend; run the kernel in the interpreter, or exchange "
@@ -307,7 +307,7 @@ def _swap_cross(in_avals: Any, out_avals: Any, *args: Any, stacked: Any, marks: 
     return cluster.restack(state, stacked, views), [None] * len(marks), []
 
 
-@rules.rule(cluster_get_p, cluster_swap_p, lazy=True)
+@registry.rule(cluster_get_p, cluster_swap_p, lazy=True)
 def _cluster_rule(state: Any, eqn: Any, *args: Any, **_: Any) -> Any:
     raise state.fail("plgpu.cluster_ref (reads and writes of another block's SMEM are not "
                      "lowered by this backend; run the kernel in the interpreter, or use "

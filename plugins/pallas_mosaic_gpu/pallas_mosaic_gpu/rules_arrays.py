@@ -1,5 +1,5 @@
 """Lowering rules of the Mosaic GPU backend for values (registered in
-:data:`pallas_mosaic_gpu.rules.RULES`, with its rule signature): elementwise ops, ``select_n``,
+:data:`pallas_mosaic_gpu.registry.RULES`, with its rule signature): elementwise ops, ``select_n``,
 ``iota``, broadcasts, reshapes, concatenation and reductions of register arrays
 (``FragmentedArray``), and scalars through the rules ``pallas_core.mlir_rules`` shares among
 backends.
@@ -19,7 +19,7 @@ from pallas_core import backend as plb
 from pallas_core import mlir_lowering, mlir_rules
 from pallas_core.errors import UnsupportedError
 from pallas_core.mlir_lowering import element_type
-from pallas_mosaic_gpu.rules import lower_jaxpr, rule
+from pallas_mosaic_gpu.registry import lower_jaxpr, rule
 from pallas_mosaic_gpu.values import (
     FA,
     Expanded,

@@ -1,5 +1,5 @@
 """Lowering rules of the Mosaic GPU backend for kernels whose devices talk to each other
-(registered in :data:`pallas_mosaic_gpu.rules.RULES`): GPU semaphores (``pl.semaphore_signal``
+(registered in :data:`pallas_mosaic_gpu.registry.RULES`): GPU semaphores (``pl.semaphore_signal``
 to this or another device, ``pl.semaphore_wait``, ``pl.semaphore_read``,
 ``plgpu.semaphore_signal_multicast``) and
 NVLink multicast memory (``plgpu.multimem_store``, ``plgpu.multimem_load_reduce``).
@@ -26,7 +26,7 @@ from jaxlib.mlir.dialects import arith, llvm
 from pallas_core import primitives as prims
 from pallas_mosaic_gpu import multidevice as md
 from pallas_mosaic_gpu import values
-from pallas_mosaic_gpu.rules import rule
+from pallas_mosaic_gpu.registry import rule
 from pallas_mosaic_gpu.values import FA, GPULowering, Ref, _view, i32, signed
 
 _WG = mgpu.ThreadSubset.WARPGROUP

@@ -1,5 +1,5 @@
 """Lowering rules of the Mosaic GPU backend for memory and the tensor cores (registered in
-:data:`pallas_mosaic_gpu.rules.RULES`, with its rule signature): Ref reads and writes
+:data:`pallas_mosaic_gpu.registry.RULES`, with its rule signature): Ref reads and writes
 (``get``, ``swap``, atomics), ``jnp.dot`` as wgmma on SMEM operands, and this backend's
 primitives: TMA copies, barriers, ``commit_smem``, ``wait_smem_to_gmem``, ``plgpu.wgmma``.
 """
@@ -23,7 +23,7 @@ from pallas_core import primitives as prims
 from pallas_core.mlir_lowering import element_type, is_float
 from pallas_mosaic_gpu import cluster, tma, values, warp_specialized_lowering
 from pallas_mosaic_gpu import primitives as gp
-from pallas_mosaic_gpu.rules import rule
+from pallas_mosaic_gpu.registry import rule
 from pallas_mosaic_gpu.values import (
     FA,
     SWIZZLE,

@@ -1,5 +1,5 @@
 """Lowering rules of the Mosaic GPU backend for debugging and timing (registered in
-:data:`pallas_mosaic_gpu.rules.RULES`): ``pl.debug_print``, checks (``checkify.debug_check``
+:data:`pallas_mosaic_gpu.registry.RULES`): ``pl.debug_print``, checks (``checkify.debug_check``
 and ``pl.debug_check``), ``pl.delay`` and the grid-dependency instructions
 (``plgpu.griddepcontrol_wait``, ``plgpu.griddepcontrol_launch_dependents``).
 
@@ -21,7 +21,7 @@ from pallas_core import backend as plb
 from pallas_core import extras, mlir_rules
 from pallas_core import primitives as prims
 from pallas_mosaic_gpu import primitives as gp
-from pallas_mosaic_gpu.rules import rule
+from pallas_mosaic_gpu.registry import rule
 from pallas_mosaic_gpu.values import FA, Expanded, GPULowering, i32
 
 

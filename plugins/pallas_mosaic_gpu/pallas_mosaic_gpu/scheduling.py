@@ -55,7 +55,7 @@ from pallas_core import primitives as prims
 from pallas_core import reference, semantics
 from pallas_core.copies import RefViews, bind_views
 from pallas_core.errors import PallasError, UnsupportedError
-from pallas_mosaic_gpu import cluster, rules, values
+from pallas_mosaic_gpu import cluster, registry, values
 from pallas_mosaic_gpu import primitives as gp
 from pallas_mosaic_gpu.loops import NDLoopInfo
 from pallas_mosaic_gpu.params import SMEM, Barrier, ClusterBarrier
@@ -276,7 +276,7 @@ def _is_first_warpgroup() -> Any:
                       values.i32(0))
 
 
-@rules.rule(try_cluster_cancel_p, lazy=True)
+@registry.rule(try_cluster_cancel_p, lazy=True)
 def _try_cancel_rule(state: Any, eqn: Any, *args: Any, **_: Any) -> Any:
     answer, bar = _views(state, eqn, args)
     first_wg = _is_first_warpgroup()
@@ -292,7 +292,7 @@ def _try_cancel_rule(state: Any, eqn: Any, *args: Any, **_: Any) -> Any:
     return []
 
 
-@rules.rule(query_cluster_cancel_p, lazy=True)
+@registry.rule(query_cluster_cancel_p, lazy=True)
 def _query_rule(state: Any, eqn: Any, *args: Any, grid_names: Any, **_: Any) -> Any:
     (answer,) = _views(state, eqn, args)
     x, y, z, ok = mgpu.query_cluster_cancel(answer.memref)
@@ -316,14 +316,14 @@ _ACQUIRE = "fence.proxy.async::generic.acquire.sync_restrict::shared::cluster.cl
 _RELEASE = "fence.proxy.async::generic.release.sync_restrict::shared::cta.cluster;"
 
 
-@rules.rule(fence_p)
+@registry.rule(fence_p)
 def _fence_rule(state: Any, eqn: Any, *, release: bool) -> Any:
     llvm.inline_asm(ir.Type.parse("!llvm.void"), [], _RELEASE if release else _ACQUIRE, "",
                     has_side_effects=True)
     return []
 
 
-@rules.rule(warp_region_p)
+@registry.rule(warp_region_p)
 def _warp_region_rule(state: Any, eqn: Any, *, axis_name: Any, begin: bool) -> Any:
     # The warps' async work (copies, tensor-core ops) is ordered with the warpgroup's by a
     # warpgroup barrier on both sides of the region.

@@ -66,7 +66,7 @@ def last_read_before_first_use(jaxpr: Any, in_var: Any, out_var: Any) -> int | N
             continue
         if any(v is in_var for v in used) and eqn.primitive is not plb.get_p:
             return None  # written, transformed, or handed to something else
-        lazy = eqn.primitive in rules._LAZY_OK
+        lazy = eqn.primitive in rules.LAZY_OK
         if lazy and eqn.primitive not in _SYNCHRONOUS:
             return None
         last_read = i

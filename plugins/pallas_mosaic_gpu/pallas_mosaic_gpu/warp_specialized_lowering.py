@@ -1,5 +1,5 @@
 """Lowering rules for warp specialisation and the register slices it needs (registered into
-:data:`pallas_mosaic_gpu.rules.RULES`, which imports this module).
+:data:`pallas_mosaic_gpu.registry.RULES`).
 
 * ``set_max_registers`` is PTX ``setmaxnreg`` (``nvvm.setmaxregister``);
 * ``warpgroups_run_concurrently`` is a constant true: a ``lax.cond`` on it (or on any
@@ -28,7 +28,7 @@ from pallas_core.errors import UnsupportedError
 from pallas_mosaic_gpu import values
 from pallas_mosaic_gpu import warp_specialized as ws
 from pallas_mosaic_gpu.params import ACC_SPACE
-from pallas_mosaic_gpu.rules import rule
+from pallas_mosaic_gpu.registry import rule
 from pallas_mosaic_gpu.values import FA, GPULowering
 
 _CASTS = ("arith.extui", "arith.extsi", "arith.index_cast", "arith.trunci")

@@ -7,7 +7,8 @@ and the element offset of the block's start in every dimension (from the index m
 in the kernel). Reading or writing a Ref computes a tensor of pointers and, for edge blocks and
 user masks, a mask.
 
-Rules are registered per primitive in ``RULES``; a primitive without a rule raises an
+Rules are registered per primitive in ``RULES`` (:mod:`pallas_triton.registry`, which this module
+and :mod:`pallas_triton.lowering_arrays` register into); a primitive without a rule raises an
 ``UnsupportedError`` naming it, the kernel and the source line.
 """
 
@@ -29,14 +30,18 @@ from jaxlib.mlir.dialects import math as mmath
 from jaxlib.triton import dialect as tt
 
 from pallas_core import backend as plb
-from pallas_core import mlir_lowering, mlir_rules
+from pallas_core import mlir_lowering
 from pallas_core import primitives as prims
 from pallas_core.grid_mapping import BlockMapping, block_index_tables
-from pallas_core.mlir_lowering import LoweringState
 from pallas_core.request import KernelCall
-from pallas_triton import barriers, validation
+from pallas_triton import (
+    barriers,
+    lowering_arrays,  # noqa: F401 - its whole-array rules join RULES
+    validation,
+)
 from pallas_triton import ir as tir
 from pallas_triton import primitives as tprims
+from pallas_triton.registry import RULES, Lowering, convert, lower_jaxpr, rule
 
 
 @dataclasses.dataclass
@@ -49,23 +54,7 @@ class BlockRef:
     """Element offset (i32 scalar) of the block's first element, per array dimension."""
 
 
-@dataclasses.dataclass
-class Lowering(LoweringState):
-    """The lowering state, and the platform the module is for (the few rules that differ)."""
-
-    platform: str = "cuda"
-
-
 Rule = mlir_lowering.Rule
-
-
-DIALECT = mlir_rules.Dialect(
-    constant=tir.constant, broadcast_to=tir.broadcast_to, value_type=tir.value_type,
-    lower_jaxpr=lambda *a: lower_jaxpr(*a), reduce=lambda *a: _reduce(*a))
-"""Triton's values: scalars, and ranked tensors for arrays."""
-RULES = mlir_lowering.Rules(mlir_rules.table(DIALECT))
-"""The shared rules (``pallas_core.mlir_rules``) and Triton's own (``tanh``, memory, dot)."""
-rule = RULES.rule
 
 
 # --- the kernel function ---------------------------------------------------------------------
@@ -177,15 +166,6 @@ def _eval_index_map(lowering: Lowering, bm: BlockMapping, ids: list[ir.Value]) -
 # --- evaluating a jaxpr into Triton IR -------------------------------------------------------
 
 
-def lower_jaxpr(lowering: Lowering, jaxpr: Any, consts: Sequence[Any],
-                args: Sequence[Any]) -> list[Any]:
-    """Emits ``jaxpr`` at the current insertion point; returns its outputs' values."""
-    return mlir_lowering.lower_jaxpr(lowering, RULES, jaxpr, consts, args, _literal)
-
-
-_literal = mlir_lowering.splat_literal(tir.constant, "Triton")
-
-
 def _aval_in(eqn: Any, i: int) -> Any:
     return eqn.invars[i].aval
 
@@ -237,11 +217,6 @@ def _tanh_of(x: ir.Value, dtype: Any, shape: Sequence[int]) -> ir.Value:
                         poly([28.0, 3150.0, 62370.0, 135135.0], x2)).result
     small = arith.CmpFOp(arith.CmpFPredicate.OLT, mmath.AbsFOp(x).result, c(0.5)).result
     return arith.SelectOp(small, near, far).result
-
-
-def convert(x: ir.Value, src: Any, dst: Any, shape: Sequence[int]) -> ir.Value:
-    """``x`` (of dtype ``src``) converted to ``dst`` as ``lax.convert_element_type`` does."""
-    return mlir_rules.convert(DIALECT, x, src, dst, shape)
 
 
 # --- shapes ------------------------------------------------------------------------------------
@@ -316,21 +291,6 @@ def _dot(lowering: Lowering, eqn: Any, a: ir.Value, b: ir.Value) -> ir.Value:
         input_precision = tt.InputPrecision.IEEE  # bf16/f16 inputs: tensor cores either way
     res = tt.DotOp(a, b, acc, inputPrecision=input_precision, maxNumImpreciseAcc=0).result
     return convert(res, acc_dtype, out.dtype, out.shape)
-
-
-def _reduce(lowering: Lowering, eqn: Any, x: ir.Value, axes: Sequence[int],
-            kind: str) -> ir.Value:
-    """A ``tt.reduce`` per axis, combining with ``kind``'s op (``mlir_rules.Dialect.reduce``)."""
-    dtype = _aval_in(eqn, 0).dtype
-    combine = mlir_rules.reduction_op(kind, dtype)
-    elt = tir.element_type(dtype)
-    for axis in sorted(axes, reverse=True):
-        red = tt.ReduceOp([x], axis)
-        body = red.regions[0].blocks.append(elt, elt)
-        with ir.InsertionPoint(body):
-            tt.ReduceReturnOp([combine(*body.arguments).result])
-        x = red.result[0] if isinstance(red.result, list) else red.results[0]
-    return x
 
 
 # --- grid position and hints -----------------------------------------------------------------
@@ -669,10 +629,6 @@ def _max_contiguous(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
 def _debug_barrier(lowering: Lowering, eqn: Any) -> list[Any]:
     gpu.BarrierOp()
     return []
-
-
-# Whole-array rules (broadcast_to, concatenate and split, argmax, cumulative sums) join RULES.
-from pallas_triton import lowering_arrays  # noqa: E402, F401
 
 
 def lowering_rules() -> Mapping[Any, mlir_lowering.Rule]:

@@ -6,7 +6,8 @@ from ``tt.join`` (two tensors side by side along a new last axis of size 2), a t
 moves that axis in front of the joined one, and a reshape merging the two; ``tt.split`` undoes
 it. Any power-of-two number of equal-shaped pieces joins or splits along any axis this way.
 ``argmax``/``argmin`` are a ``tt.reduce`` over (value, index) pairs, and the cumulative
-reductions a ``tt.scan``. Imported by :mod:`pallas_triton.lowering`, whose ``RULES`` they join.
+reductions a ``tt.scan``. Registered into :data:`pallas_triton.registry.RULES`; imported by
+:mod:`pallas_triton.lowering`, so the table is full once that is imported.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from jaxlib.triton import dialect as tt
 from pallas_core import backend as plb
 from pallas_core import mlir_rules
 from pallas_triton import ir as tir
-from pallas_triton.lowering import Lowering, convert, rule
+from pallas_triton.registry import Lowering, convert, rule
 
 
 def _out(eqn: Any, i: int = 0) -> Any:
