@@ -1,5 +1,6 @@
-"""``python -m pallas_core``: the installed backends, their versions and platforms; and
-``python -m pallas_core report MODULE:FUNCTION SHAPE...``, ``pl.report`` from the command line.
+"""``python -m pallas_core``: the installed backends, their versions and platforms (``--json``:
+the same as a JSON object); and ``python -m pallas_core report MODULE:FUNCTION SHAPE...``,
+``pl.report`` from the command line.
 
 ``report`` imports ``FUNCTION`` from ``MODULE`` (the current directory is searched first, as
 ``python -m`` does), calls ``pl.report`` on it with one ``jax.ShapeDtypeStruct`` per ``SHAPE``
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import inspect
+import json
 import os
 import re
 import sys
@@ -50,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except PallasError as e:
             print(f"python -m pallas_core report: error: {e}", file=sys.stderr)
             return 2
-    return _backends()
+    return _backends_json() if args.json else _backends()
 
 
 def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
@@ -60,6 +62,9 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                     "(exit status 1 if one failed to load).")
     parser.add_argument("--version", action="version",
                         version=f"pallas-core {__version__} (jax {jax.__version__})")
+    parser.add_argument("--json", action="store_true",
+                        help="print the backends as one JSON object (versions, platforms, "
+                             "capabilities, and those skipped or failed to load)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     report = commands.add_parser(
         "report", help="pl.report of a function on arrays of the given shapes",
@@ -171,6 +176,31 @@ def _positional(signature: inspect.Signature) -> list[str]:
     kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD,
              inspect.Parameter.VAR_POSITIONAL)
     return [name for name, p in signature.parameters.items() if p.kind in kinds]
+
+
+def backend_listing() -> dict[str, Any]:
+    """What ``python -m pallas_core --json`` prints: the versions, then each installed backend
+    (``version``, ``package``, ``platforms``, ``default_for``, ``capabilities``), those
+    skipped (name -> the variable that skipped it) and those that failed to load (name ->
+    the error)."""
+    backends = {}
+    for name, b in sorted(manager.backends().items()):
+        info = b.info
+        backends[name] = {
+            "version": info.version, "package": info.package or None,
+            "platforms": list(info.platforms), "default_for": list(info.default_for),
+            "capabilities": sorted(str(getattr(c, "value", c)) for c in info.capabilities)}
+    return {
+        "pallas_core": __version__, "jax": jax.__version__,
+        "default_platform": jax.default_backend(), "backends": backends,
+        "skipped": {n: str(r) for n, r in sorted(manager.skipped().items())},
+        "errors": {n: str(e) for n, e in sorted(manager.errors().items())}}
+
+
+def _backends_json() -> int:
+    listing = backend_listing()
+    print(json.dumps(listing, indent=2))
+    return 1 if listing["errors"] else 0
 
 
 def _backends() -> int:

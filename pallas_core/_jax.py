@@ -13,8 +13,10 @@ import dataclasses
 import functools
 import importlib
 import inspect
+import logging
 import math
 import os
+import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -25,6 +27,7 @@ import numpy as np
 from jax import lax
 from jax._src import ad_checkpoint as _ad_checkpoint
 from jax._src import ad_util, api_util, core, dispatch, effects, source_info_util
+from jax._src import callback as _jax_callback
 from jax._src import config as _config
 from jax._src import linear_util as lu
 from jax._src.custom_derivatives import custom_jvp_call_p, custom_vjp_call_p
@@ -40,6 +43,8 @@ from jax._src.state import indexing as state_indexing
 from jax._src.state import primitives as state_primitives
 from jax._src.state import types as state_types
 
+from pallas_core import errors
+
 __all__ = [
     "AbstractRef",
     "ClosedJaxpr",
@@ -54,6 +59,10 @@ __all__ = [
 # Frames inside pallas_core are internal, like JAX's own: source lines attached to a kernel's
 # equations (and filtered tracebacks) point at the user's code.
 source_info_util.register_exclusion(os.path.dirname(os.path.abspath(__file__)))
+
+# A PallasError raised in a host callback (checked mode's reports, the emulators) is raised
+# again by pallas' entry points; JAX's log of it, with the callback's traceback, is left out.
+logging.getLogger(_jax_callback.__name__).addFilter(errors.unlogged_reports)
 
 
 # --- versions ---------------------------------------------------------------------------
@@ -241,6 +250,47 @@ def out_of_bound_slice(error: BaseException) -> bool:
     """Whether ``error`` is JAX's own refusal of a static slice past a Ref's end (raised while
     the Ref is indexed)."""
     return isinstance(error, ValueError) and str(error).startswith("Out of bound slice")
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreMismatch:
+    """What JAX's refusal of a Ref store (``ref[...] = value``, ``ref[...] += value``) found:
+    ``kind`` is ``"dtype"`` or ``"shape"``; ``expected`` is the Ref's (or the view's) and
+    ``found`` the value's, as JAX prints them (``int32``, ``(16, 128)``), or ``None`` where
+    its message does not say."""
+
+    kind: str
+    expected: str | None
+    found: str | None
+
+
+_STORE_REFUSED = re.compile(r"Invalid (dtype|shape) for `(?:swap|addupdate)`")
+_STORE_PARTS = {
+    # What JAX 0.10 to 0.12 print, first found first: the shape of the view stored into (a
+    # Ref's own where there is no view); ``addupdate`` prints its value's dtype as a shape.
+    "dtype": ((r"Ref dtype: ([^\s.]+)",), (r"Value (?:dtype|shape): ([^\s.]+)",)),
+    "shape": ((r"Expected shape: (\([^)]*\))", r"Ref shape: (\([^)]*\))"),
+              (r"Value shape: (\([^)]*\))",)),
+}
+
+
+def store_mismatch(error: BaseException) -> StoreMismatch | None:
+    """The mismatch of dtype or shape for which JAX refused to store a value into a Ref
+    while a kernel was traced, or ``None`` where ``error`` is something else."""
+    if not isinstance(error, ValueError):
+        return None
+    text = str(error)
+    refused = _STORE_REFUSED.search(text)
+    if refused is None:
+        return None
+    kind = refused.group(1)
+
+    def first(patterns: Sequence[str]) -> str | None:
+        found = (re.search(p, text) for p in patterns)
+        return next((m.group(1) for m in found if m is not None), None)
+
+    expected, found = (first(p) for p in _STORE_PARTS[kind])
+    return StoreMismatch(kind, expected, found)
 
 
 def _plain_memory_space(x: Any) -> Any:

@@ -32,7 +32,7 @@ from pallas_core.errors import (
     UnsupportedError,
     reraising_reports,
 )
-from pallas_core.plugins import manager
+from pallas_core.plugins import Capability, manager
 from pallas_core.request import KernelCall, LoweringRequest
 from pallas_core.spec import (
     BARRIER_SEMAPHORE,
@@ -306,9 +306,38 @@ def _explained_resource_errors(kernel_name: str, kernel: Any) -> Iterator[None]:
 def _raised_at(error: BaseException, kernel: Any) -> str:
     """``file:line`` of the innermost frame of ``error`` in the kernel's file (else the
     kernel's definition)."""
+    frame = _raised_frame(error, kernel)
+    return f"{frame.filename}:{frame.lineno}" if frame else _source_of(kernel)
+
+
+def _raised_frame(error: BaseException, kernel: Any) -> traceback.FrameSummary | None:
     where = getattr(getattr(kernel, "__code__", None), "co_filename", None)
     frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == where]
-    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else _source_of(kernel)
+    return frames[-1] if frames else None
+
+
+def _store_error(error: BaseException, found: _jax.StoreMismatch, kernel: Any,
+                 kernel_name: str) -> KernelTraceError:
+    """JAX's refusal of ``ref[...] = value`` (a dtype or shape that is not the Ref's), said
+    with the store's line and the fix."""
+    frame = _raised_frame(error, kernel)
+    line = (frame.line or "").strip() if frame else ""
+    named = re.match(r"([A-Za-z_]\w*)\s*(?:\[|\.at\b)", line)
+    ref = named.group(1) if named else "ref"
+    store = f"`{line}` stores" if line else "a store writes"
+    head = f"kernel {kernel_name!r} ({_raised_at(error, kernel)}) failed while being traced: "
+    if found.kind == "dtype":
+        return KernelTraceError(
+            f"{head}{store} a {found.found or '?'} value into a Ref of {found.expected or '?'}"
+            "; a store does not convert dtypes. Fix: convert the value "
+            f"({ref}[...] = value.astype({ref}.dtype)), or give the Ref the value's dtype "
+            "(in out_shape or the scratch shape).")
+    return KernelTraceError(
+        f"{head}{store} a value of shape {found.found or '?'} into a Ref (or view) of shape "
+        f"{found.expected or '?'}; a store neither broadcasts nor reshapes. Fix: store into "
+        f"a view of the value's shape ({ref}[pl.ds(start, n)] = value, {ref}.at[...]), give "
+        f"the value the shape {found.expected or 'of the Ref'} (jnp.broadcast_to, reshape), "
+        "or change the block shape in the BlockSpec.")
 
 
 def _kernel_name(kernel: Any, name: str | None) -> str:
@@ -365,8 +394,11 @@ def trace_kernel(kernel: Callable[..., Any], gm: gmap.GridMapping, in_tree: Any,
                     "start and start + size <= the Ref's size (pl.ds(start, size); a masked "
                     "access needs only its start inside); to reach other rows, move the block "
                     "with its index map.") from e
+            mismatch = _jax.store_mismatch(e)
+            if mismatch is not None:
+                raise _store_error(e, mismatch, kernel, kernel_name) from e
             raise KernelTraceError(
-                f"kernel {kernel_name!r} ({_source_of(kernel)}) failed while being traced: "
+                f"kernel {kernel_name!r} ({_raised_at(e, kernel)}) failed while being traced: "
                 f"{type(e).__name__}: {e}"
             ) from e
         except AssertionError as e:
@@ -733,31 +765,34 @@ def _check_aliases(aliases: Sequence[tuple[int, int]], args: Sequence[Any],
             )
 
 
-def _check_grid_and_block_forms(call: KernelCall, backend: str, capabilities: Any) -> None:
-    """Raises ``UnsupportedError`` for a dynamic grid or an element-indexed block dimension
-    that ``backend`` does not declare it lowers (capabilities ``dynamic_grid``,
-    ``element_blocks``, ``bounded_slice_blocks``)."""
+def _check_grid_and_block_forms(call: KernelCall, backend: str,
+                                capabilities: frozenset[Capability]) -> None:
+    """Raises ``UnsupportedError`` for a dynamic grid, a symbolic block shape or an
+    element-indexed block dimension that ``backend`` does not declare it lowers (capabilities
+    ``DYNAMIC_GRID``, ``SYMBOLIC_BLOCKS``, ``ELEMENT_BLOCKS``, ``BOUNDED_SLICE_BLOCKS``)."""
     gm = call.grid_mapping
-    found = []
+    found: list[tuple[Capability, str, str]] = []
     if gm.dynamic_axes:
-        found.append(("dynamic_grid", f"its grid {gm.user_grid} has dynamic sizes",
+        found.append((Capability.DYNAMIC_GRID, f"its grid {gm.user_grid} has dynamic sizes",
                       "give the grid Python int sizes (e.g. a static upper bound, skipping "
                       "the extra steps with pl.when)"))
     symbolic = [bm for bm in gm.block_mappings
                 if not _jax.is_static_shape([b for b in bm.block_shape if b is not None])]
     if symbolic:
-        found.append(("symbolic_blocks", f"{symbolic[0].origin} has the symbolic block shape "
+        found.append((Capability.SYMBOLIC_BLOCKS,
+                      f"{symbolic[0].origin} has the symbolic block shape "
                       f"{symbolic[0].block_shape} (jax.export with shape polymorphism)",
                       "give every block static sizes (the backend compiles a kernel for "
                       "static block shapes), or export for TPU (backend='mosaic_tpu')"))
     for bm in gm.block_mappings:
         for d in bm.dims:
             if isinstance(d, Element):
-                found.append(("element_blocks", f"{bm.origin} has block dimension {d}",
+                found.append((Capability.ELEMENT_BLOCKS, f"{bm.origin} has block dimension {d}",
                               "use block-indexed dimensions (ints), padding the array "
                               "yourself"))
             elif isinstance(d, BoundedSlice):
-                found.append(("bounded_slice_blocks", f"{bm.origin} has block dimension {d}",
+                found.append((Capability.BOUNDED_SLICE_BLOCKS,
+                              f"{bm.origin} has block dimension {d}",
                               "use a full block and mask the unused part in the kernel"))
     for capability, what, fix in found:
         if capability not in capabilities:
@@ -785,7 +820,7 @@ def validate(call: KernelCall, backend: str) -> None:
     """Checks ``call`` for ``backend``: memory spaces here, the hardware rules in the plugin."""
     info = manager.get(backend).info
     _check_grid_and_block_forms(call, backend, info.capabilities)
-    if "foreign_memory_spaces" not in info.capabilities:
+    if Capability.FOREIGN_MEMORY_SPACES not in info.capabilities:
         spaces = [(bm.origin, bm.memory_space) for bm in call.grid_mapping.block_mappings]
         spaces += [(f"scratch {i}", a.memory_space)
                    for i, a in enumerate(call.grid_mapping.scratch_avals)]
@@ -799,7 +834,7 @@ def validate(call: KernelCall, backend: str) -> None:
                     f"to the {owner!r} backend, but the kernel is lowered by {backend!r}. Fix: "
                     f"pass backend={owner!r}, or use a memory space of {backend!r} (or pl.ANY)."
                 )
-    if "pipeline_mode" not in info.capabilities:
+    if Capability.PIPELINE_MODE not in info.capabilities:
         for bm in call.grid_mapping.block_mappings:
             if bm.pipeline_mode is not None:
                 raise UnsupportedError(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -49,6 +50,14 @@ class UnsupportedNameError(UnsupportedError, AttributeError):
 
 class ArgumentError(PallasError, ValueError):
     """An argument of a pallas function has a value it cannot take."""
+
+
+class StageNotFoundError(PallasError, KeyError, IndexError):
+    """``pl.stages``' result for a kernel was asked for a stage it does not have (by name, a
+    ``KeyError``, or by position, an ``IndexError``)."""
+
+    def __str__(self) -> str:  # a KeyError would quote its message
+        return str(self.args[0]) if self.args else ""
 
 
 class BlockSpecError(PallasError, ValueError):
@@ -126,6 +135,18 @@ def reported(callback: _F) -> _F:
             raise
 
     return run  # type: ignore[return-value]
+
+
+def unlogged_reports(record: logging.LogRecord) -> bool:
+    """A logging filter: ``False`` for a record of an exception that is a ``PallasError``
+    remembered by :func:`report_from_callback`. JAX logs an exception raised in a host
+    callback with its traceback before the runtime wraps it; this error is raised again, on
+    its own, at the entry point, so the log would only print it twice."""
+    error = record.exc_info[1] if record.exc_info else None
+    if not isinstance(error, PallasError):
+        return True
+    with _reported_lock:
+        return not any(e is error for e in _reported)
 
 
 def reported_cause(error: BaseException) -> PallasError | None:

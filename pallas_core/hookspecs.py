@@ -10,7 +10,11 @@ Every hook below is optional except ``pallas_describe``. The core resolves the b
 call once (``backend=`` > ``interpret=`` > the type of ``compiler_params`` > the platform's
 default) and calls the *backend hooks* (``pallas_describe``, ``pallas_memory_spaces``,
 ``pallas_validate``, ``pallas_lower``, ``pallas_stages``, ``pallas_footprint``) on that
-backend's plugin only, so an implementation never checks which backend it is asked for. The
+backend's plugin only, so an implementation never checks which backend it is asked for. They
+go through pluggy's hook callers (``PluginManager.call_hook``), so ``firstresult``, hook
+wrappers of any plugin (``@hookimpl(wrapper=True)``, registered on
+``pallas_core.plugins.manager.pluggy_manager``) and pluggy's tracing see them; only
+``pallas_describe`` is called directly, once, before the plugin is registered. The
 *broadcast hooks* are called on every plugin: ``pallas_primitives`` (semantics of every
 primitive, for every backend that interprets), ``pallas_validate_call`` (a plugin's checks of
 calls that other backends run) and ``pallas_emulate`` (answered by the plugin that owns the

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import enum
 import importlib.metadata
 import os
 import threading
 import traceback
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import pluggy
@@ -54,6 +55,56 @@ KNOWN_PACKAGES: Mapping[str, str] = {
 """The distribution that provides each first-party backend (for error messages)."""
 
 
+class Capability(enum.StrEnum):
+    """A feature a backend declares it runs, in ``BackendInfo.capabilities``
+    (``pallas_core.backend.Capability``). Each member equals its value as a string
+    (``Capability.ATOMICS == "atomics"``). A feature the core reads is refused by the core for
+    a backend that lacks it; one the conformance suite tests (``pallas_core.testing.
+    CAPABILITIES``) must be refused by a backend that does not declare it."""
+
+    ALIASING = "aliasing"
+    """``input_output_aliases`` (conformance)."""
+    ASYNC_COPY = "async_copy"
+    """Local asynchronous copies, ``pallas_core.copies`` (conformance)."""
+    ATOMICS = "atomics"
+    """``pl.atomic_add``, ``pl.atomic_max``, ... (conformance)."""
+    BOUNDED_SLICE_BLOCKS = "bounded_slice_blocks"
+    """``pl.BoundedSlice`` block dimensions (read by the core)."""
+    CHECKED_MODE = "checked_mode"
+    """A checked mode: uninitialised memory poisoned, out-of-bounds blocks and races
+    reported."""
+    DEBUG_PRINT = "debug_print"
+    """``pl.debug_print`` (conformance)."""
+    DYNAMIC_GRID = "dynamic_grid"
+    """Grid sizes that are traced values (read by the core)."""
+    ELEMENT_BLOCKS = "element_blocks"
+    """``pl.Element`` block dimensions (read by the core)."""
+    FOREIGN_MEMORY_SPACES = "foreign_memory_spaces"
+    """Refs in other backends' memory spaces, as the interpreter runs them (read by the
+    core)."""
+    MASKED_ACCESS = "masked_access"
+    """``pl.load``/``pl.store`` with ``mask=`` (conformance)."""
+    MESH = "mesh"
+    """``pl.kernel`` over a ``pl.Mesh`` (conformance)."""
+    PIPELINE_MODE = "pipeline_mode"
+    """``BlockSpec(pipeline_mode=pl.Buffered(n))`` (read by the core)."""
+    REMOTE_COPY = "remote_copy"
+    """Copies to other devices' memory (``make_async_remote_copy``)."""
+    RUN_SCOPED = "run_scoped"
+    """``pl.run_scoped`` (conformance)."""
+    SCALAR_PREFETCH = "scalar_prefetch"
+    """``GridSpec(num_scalar_prefetch=...)`` (conformance)."""
+    SCRATCH = "scratch"
+    """``scratch_shapes`` (conformance)."""
+    SEMAPHORES = "semaphores"
+    """``pl.semaphore_signal``/``wait``/``read`` (conformance)."""
+    SYMBOLIC_BLOCKS = "symbolic_blocks"
+    """Symbolic block shapes, ``jax.export`` with shape polymorphism (read by the core;
+    conformance)."""
+    VMAP = "vmap"
+    """``jax.vmap`` of a kernel (conformance)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class BackendInfo:
     """What a plugin says about itself (returned by its ``pallas_describe`` hook)."""
@@ -70,12 +121,12 @@ class BackendInfo:
     ``default_priority(platform)`` is highest is chosen (``None`` counts as 0; ties go to the
     first name alphabetically). Asked each time a backend is chosen, so it may follow a setting
     (Mosaic GPU and Triton follow JAX's ``jax_pallas_use_mosaic_gpu`` on ``cuda``)."""
-    capabilities: frozenset[str] = frozenset()
-    """Free-form feature names; the core reads ``foreign_memory_spaces`` (the backend runs
-    kernels whose Refs live in other backends' memory spaces, as the interpreter does), and
-    refuses kernels with a dynamic grid, ``pl.Element`` or ``pl.BoundedSlice`` block
-    dimensions for backends that lack ``dynamic_grid``, ``element_blocks`` or
-    ``bounded_slice_blocks``."""
+    capabilities: frozenset[Capability] = frozenset()
+    """The features the backend runs, as :class:`Capability` members (plain strings naming
+    one, ``"atomics"``, are accepted and converted; anything else is a ``PluginLoadError``).
+    The core reads ``FOREIGN_MEMORY_SPACES``, ``PIPELINE_MODE``, ``DYNAMIC_GRID``,
+    ``ELEMENT_BLOCKS``, ``BOUNDED_SLICE_BLOCKS`` and ``SYMBOLIC_BLOCKS``, refusing kernels that
+    need one the backend lacks; the conformance suite tests the others."""
     package: str = ""
     """The pip distribution that provides it."""
     device_kinds: Mapping[str, str] = dataclasses.field(default_factory=dict)
@@ -91,6 +142,38 @@ class BackendInfo:
     step's blocks are copied into on-chip memory, a copy skipped where the step keeps the
     previous step's block: Mosaic TPU, Mosaic GPU) or ``"loads"`` (a block is a window on
     HBM, and the bytes are those the body loads and stores: Triton)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "capabilities", _capabilities(self.capabilities, self.name))
+
+
+def _capabilities(value: Any, backend: str) -> frozenset[Capability]:
+    """``value`` (``BackendInfo.capabilities``) as a frozenset of :class:`Capability`, or a
+    ``PluginLoadError`` naming what is not one."""
+    where = f"BackendInfo(name={backend!r}, capabilities=...)"
+    valid = ", ".join(c.value for c in Capability)
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise PluginLoadError(
+            f"{where}: expected a collection of pallas_core.backend.Capability members, found "
+            f"{type(value).__name__} {value!r}. Fix: capabilities=frozenset({{Capability.X, "
+            f"...}}), with X one of {valid}.")
+    found, unknown = set(), []
+    for c in value:
+        try:
+            found.add(Capability(c))
+        except ValueError:
+            unknown.append(c)
+    if unknown:
+        bad = unknown[0]
+        close = (difflib.get_close_matches(bad, [c.value for c in Capability], n=1)
+                 if isinstance(bad, str) else [])
+        hint = f" (did you mean Capability.{Capability(close[0]).name}?)" if close else ""
+        raise PluginLoadError(
+            f"{where}: {bad!r} is not a capability{hint}. Expected members of "
+            f"pallas_core.backend.Capability (or their names as strings): {valid}. Fix: "
+            f"correct the spelling, or drop {bad!r} (a backend's own features are not "
+            "capabilities: the core and the conformance suite read only these).")
+    return frozenset(found)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +202,8 @@ class PluginManager:
     @property
     def hook(self) -> Any:
         """The pluggy hook relay, for the broadcast hooks
-        (``manager.hook.pallas_primitives()``); backend hooks go through :meth:`call_hook`."""
+        (``manager.hook.pallas_primitives()``); backend hooks go through :meth:`call_hook`
+        (calling one here would ask every backend)."""
         self.ensure_loaded()
         return self._pm.hook
 
@@ -314,16 +398,34 @@ class PluginManager:
             "one of the installed backends."
         )
 
+    @property
+    def pluggy_manager(self) -> pluggy.PluginManager:
+        """The underlying ``pluggy.PluginManager``, for plugins that observe hook calls
+        rather than answer them: register a hook wrapper with ``.register(obj)`` (an object
+        whose ``@hookimpl(wrapper=True)`` methods wrap ``pallas_lower``, ...), trace with
+        ``.enable_tracing()`` or ``.add_hookcall_monitoring(...)``. Backends register through
+        :meth:`register`. Does not load the entry points, so tracing may start first."""
+        return self._pm
+
     def call_hook(self, name: str, hook: str, **kwargs: Any) -> Any:
-        """Calls ``hook`` of backend ``name``'s plugin alone, with the arguments its
-        implementation takes (a subset of ``kwargs``, as pluggy allows); ``None`` if the plugin
-        does not implement it. How the core calls the backend hooks: it resolves the backend
-        once, and no other plugin is asked."""
+        """Calls ``hook`` on backend ``name``'s plugin alone, through pluggy's hook caller, so
+        that hook wrappers (``@hookimpl(wrapper=True)`` or ``hookwrapper=True``, from any
+        plugin), ``firstresult`` and pluggy's tracing and monitoring apply; ``None`` if the
+        plugin does not implement it. How the core calls the backend hooks: it resolves the
+        backend once, and no other plugin's implementation is asked. The result is the
+        implementation's (for a hook without ``firstresult``, not pluggy's list of results);
+        an exception it raises propagates unchanged, for the caller to report."""
         plugin = self.get(name).plugin
-        for impl in getattr(self._pm.hook, hook).get_hookimpls():
-            if impl.plugin is plugin:
-                return impl.function(*[kwargs[arg] for arg in impl.argnames])
-        return None
+        caller = getattr(self._pm.hook, hook)
+        impls = caller.get_hookimpls()
+        answers = [impl.plugin for impl in impls if not (impl.wrapper or impl.hookwrapper)]
+        if not any(p is plugin for p in answers):
+            return None
+        subset = self._pm.subset_hook_caller(hook, [p for p in answers if p is not plugin])
+        result = subset(**kwargs)
+        if caller.spec is not None and caller.spec.opts.get("firstresult"):
+            return result
+        return result[0] if result else None
 
     def memory_spaces(self, name: str) -> tuple[Any, ...]:
         """The memory spaces backend ``name`` defines (its ``pallas_memory_spaces`` hook)."""

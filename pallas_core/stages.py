@@ -12,22 +12,48 @@ import jax
 from pallas_core import _jax
 from pallas_core.call import pallas_call_p, resolve_backend, validate
 from pallas_core.chips import backend_of_target, target_chip
-from pallas_core.errors import UnsupportedError
+from pallas_core.errors import StageNotFoundError, UnsupportedError
 from pallas_core.plugins import manager
 from pallas_core.reference import sub_jaxprs
 from pallas_core.request import KernelCall
 
 
-@dataclasses.dataclass(frozen=True)
-class KernelStages:
-    """The stages of one kernel: ``stages["jaxpr"]``, ``stages["stablehlo"]``, ..."""
+@dataclasses.dataclass(frozen=True, eq=False)
+class KernelStages(Mapping[str, "str | bytes"]):
+    """The stages of one kernel, a mapping of stage name to text in pipeline order:
+    ``s["jaxpr"]``, ``s["stablehlo"]``, ...; ``for name in s``, ``len(s)``, ``s.items()``
+    as a dict's; ``s[i]``, an int, is the text of the ``i``-th stage (``s[0]`` the jaxpr,
+    ``s[-1]`` the last). ``pl.stages`` returns a list of these, one per kernel."""
 
     name: str
     backend: str
     stages: Mapping[str, str | bytes]
 
-    def __getitem__(self, stage: str) -> str | bytes:
-        return self.stages[stage]
+    def __getitem__(self, stage: str | int) -> str | bytes:
+        if isinstance(stage, int):
+            names = list(self.stages)
+            if not -len(names) <= stage < len(names):
+                raise StageNotFoundError(
+                    f"stage {stage} of kernel {self.name!r}: it has {len(names)} stages "
+                    f"({', '.join(names)}). Fix: index by a position in "
+                    f"{-len(names)}..{len(names) - 1}, or by name (s[{names[0]!r}]).")
+            stage = names[stage]
+        try:
+            return self.stages[stage]
+        except KeyError:
+            raise StageNotFoundError(
+                f"kernel {self.name!r} has no stage {stage!r} on the {self.backend!r} "
+                f"backend; its stages: {', '.join(self.stages)}. Fix: ask for one of "
+                "those.") from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.stages)
+
+    def __len__(self) -> int:
+        return len(self.stages)
+
+    def __contains__(self, stage: object) -> bool:
+        return stage in self.stages
 
 
 class _LazyStages(Mapping[str, "str | bytes"]):

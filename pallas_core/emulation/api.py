@@ -24,7 +24,7 @@ import numpy as np
 from jaxlib.mlir import ir
 
 from pallas_core import _jax
-from pallas_core.call import pallas_call_p
+from pallas_core.call import pallas_call_p, validate
 from pallas_core.emulation import shape_programs
 from pallas_core.emulation.call import EmulatedCall, EmulateOptions, Joint
 from pallas_core.emulation.machine import Compiler, Rule
@@ -195,8 +195,13 @@ def _replace(eqn: Any, invals: list[Any], *, platform: str, options: EmulateOpti
             "kernel over a mesh). Fix: write it with pallas_core's pl.kernel, or with "
             "pallas_call.")
     if kind == "pallas_call":
-        params = dict(eqn.params, call=eqn.params["call"].replace(
-            backend=options.backend, interpret=False))
+        call = eqn.params["call"]
+        if call.backend != options.backend:
+            # Checked for the emulated backend as pl.stages and a call naming it are (memory
+            # spaces, capabilities, the plugin's rules): a kernel it cannot lower is refused
+            # with the cause, not with whatever the lowering trips over first.
+            validate(call, options.backend)
+        params = dict(eqn.params, call=call.replace(backend=options.backend, interpret=False))
     elif kind == "exported":  # its kernels were lowered when it was exported
         params = dict(eqn.params)
         exported = params["exported"]

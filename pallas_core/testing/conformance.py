@@ -48,7 +48,7 @@ from jax import lax
 
 import pallas_core as pl
 from pallas_core import _jax
-from pallas_core.plugins import manager
+from pallas_core.plugins import Capability, manager
 
 ELEMENTWISE = "elementwise"
 PROGRAM_ID = "program_id"
@@ -56,21 +56,21 @@ BLOCKED_GRID = "blocked_grid"
 ACCUMULATION = "accumulation"
 WHEN = "when"
 FORI_LOOP = "fori_loop"
-SCRATCH = "scratch"
-ALIASING = "aliasing"
-MASKED_ACCESS = "masked_access"
-ATOMICS = "atomics"
-DEBUG_PRINT = "debug_print"
-RUN_SCOPED = "run_scoped"
-MESH = "mesh"
+SCRATCH = Capability.SCRATCH
+ALIASING = Capability.ALIASING
+MASKED_ACCESS = Capability.MASKED_ACCESS
+ATOMICS = Capability.ATOMICS
+DEBUG_PRINT = Capability.DEBUG_PRINT
+RUN_SCOPED = Capability.RUN_SCOPED
+MESH = Capability.MESH
 JIT = "jit"
-VMAP = "vmap"
-SCALAR_PREFETCH = "scalar_prefetch"
-SEMAPHORES = "semaphores"
-ASYNC_COPY = "async_copy"
+VMAP = Capability.VMAP
+SCALAR_PREFETCH = Capability.SCALAR_PREFETCH
+SEMAPHORES = Capability.SEMAPHORES
+ASYNC_COPY = Capability.ASYNC_COPY
 ARG_REDUCTION = "arg_reduction"
 GATHER = "gather"
-SYMBOLIC_BLOCKS = "symbolic_blocks"
+SYMBOLIC_BLOCKS = Capability.SYMBOLIC_BLOCKS
 
 FEATURES: Mapping[str, str] = {
     ELEMENTWISE: "a kernel without a grid: whole arrays in, whole arrays out",
@@ -100,11 +100,12 @@ FEATURES: Mapping[str, str] = {
 }
 """Every feature the suite tests, by name, with what its tests check."""
 
-CAPABILITIES: frozenset[str] = frozenset({
+CAPABILITIES: frozenset[Capability] = frozenset({
     SCRATCH, ALIASING, MASKED_ACCESS, ATOMICS, DEBUG_PRINT, RUN_SCOPED, MESH, VMAP,
     SCALAR_PREFETCH, SEMAPHORES, ASYNC_COPY, SYMBOLIC_BLOCKS})
-"""The features that are capabilities: a backend that runs one lists it in
-``BackendInfo.capabilities``, and one it does not list must be refused with a ``PallasError``
+"""The features that are capabilities (members of ``pallas_core.backend.Capability``, equal to
+their names as strings): a backend that runs one lists it in ``BackendInfo.capabilities``, and
+one it does not list must be refused with a ``PallasError``
 (``test_undeclared_capability_is_refused``). The other features every backend runs."""
 
 _FEATURE_ATTR = "pallas_feature"
@@ -124,7 +125,9 @@ def feature(name: str) -> Callable[[_TestFn], _TestFn]:
     ``test_unsupported_feature_raises[name]`` runs it expecting a ``PallasError`` instead.
     """
     if name not in FEATURES:
-        raise ValueError(f"unknown conformance feature {name!r}; known: {sorted(FEATURES)}.")
+        raise ValueError(f"unknown conformance feature {name!r}; known: "
+                         f"{sorted(map(str, FEATURES))}.")
+    name = str(name)  # a Capability member as its plain name, in messages
 
     def decorate(fn: _TestFn) -> _TestFn:
         @functools.wraps(fn)
@@ -188,7 +191,7 @@ class ConformanceSuite:
         if unknown:
             raise ValueError(
                 f"{cls.__name__}.unsupported names unknown conformance features {unknown}; "
-                f"the suite knows {sorted(FEATURES)}. Fix: use the constants of "
+                f"the suite knows {sorted(map(str, FEATURES))}. Fix: use the constants of "
                 "pallas_core.testing (e.g. pallas_core.testing.ATOMICS)."
             )
 
@@ -204,13 +207,13 @@ class ConformanceSuite:
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         """Runs ``test_unsupported_feature_raises`` once per feature in ``unsupported``."""
         if "unsupported_feature" in metafunc.fixturenames:
-            names: list[str | None] = list(sorted(self.unsupported))
+            names: list[str | None] = [str(n) for n in sorted(self.unsupported)]
             ids = [str(n) for n in names]
             metafunc.parametrize("unsupported_feature", names or [None], ids=ids or ["none"])
 
     # --- helpers for tests -------------------------------------------------------------------
 
-    def declared_capabilities(self) -> frozenset[str]:
+    def declared_capabilities(self) -> frozenset[Capability]:
         """The capabilities the backend under test declares (``BackendInfo.capabilities``)."""
         return frozenset(manager.get(self.backend).info.capabilities)
 
@@ -292,17 +295,19 @@ class ConformanceSuite:
         """An unsupported feature raises a ``PallasError``: never a wrong answer or a crash."""
         if unsupported_feature is None:
             pytest.skip(f"backend {self.backend!r} declares every feature supported.")
+        unsupported_feature = str(unsupported_feature)
         self._run_expecting_refusal(
             unsupported_feature, request,
             f"backend {self.backend!r} declares {unsupported_feature!r} unsupported, but",
             f"Fix: remove {unsupported_feature!r} from `unsupported`.")
 
-    @pytest.mark.parametrize("capability", sorted(CAPABILITIES))
+    @pytest.mark.parametrize("capability", sorted(c.value for c in CAPABILITIES))
     def test_undeclared_capability_is_refused(self, capability: str,
                                               request: pytest.FixtureRequest) -> None:
         """A capability missing from ``BackendInfo.capabilities`` is refused with a
         ``PallasError``: a backend that runs it correctly under-declares (users and tools
         that read the capabilities would avoid what works), and fails here."""
+        capability = str(capability)  # a Capability member as its plain name, in messages
         if capability in self.declared_capabilities():
             pytest.skip(f"backend {self.backend!r} declares {capability!r}; its tests run.")
         if capability in self.unsupported:
@@ -313,7 +318,8 @@ class ConformanceSuite:
             f"backend {self.backend!r} does not declare {capability!r} in "
             "BackendInfo.capabilities, but",
             f"backend {self.backend!r} handles {capability!r} but does not declare it. Fix: "
-            f"add {capability!r} to the capabilities its pallas_describe hook returns.")
+            f"add Capability.{Capability(capability).name} to the capabilities its "
+            "pallas_describe hook returns.")
 
     def _run_expecting_refusal(self, name: str, request: pytest.FixtureRequest, where: str,
                                if_it_passes: str) -> None:
@@ -356,7 +362,7 @@ class ConformanceSuite:
     def test_capabilities_agree_with_unsupported(self) -> None:
         """Features advertised in ``BackendInfo.capabilities`` are not listed as unsupported."""
         info = manager.get(self.backend).info
-        both = sorted(set(info.capabilities) & set(self.unsupported))
+        both = sorted(str(c) for c in set(info.capabilities) & set(self.unsupported))
         if both:
             pytest.fail(
                 f"backend {self.backend!r} advertises {both} in BackendInfo.capabilities but "

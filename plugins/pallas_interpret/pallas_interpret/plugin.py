@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 from pallas_core import backend as plb
 from pallas_core import reference, semantics
+from pallas_core.backend import Capability as Cap
 from pallas_core.hookspecs import hookimpl
 from pallas_core.plugins import BackendInfo
 from pallas_core.request import KernelCall, LoweringRequest
@@ -35,12 +36,12 @@ def pallas_describe() -> BackendInfo:
         platforms=("cpu", "cuda", "rocm", "tpu"),
         compiler_params_type=InterpretParams,
         default_for=("cpu",),
-        capabilities=frozenset({"atomics", "masked_access", "debug_print", "scratch",
-                                "run_scoped", "mesh", "aliasing", "vmap",
-                                "foreign_memory_spaces", "scalar_prefetch", "semaphores",
-                                "async_copy", "remote_copy", "checked_mode", "dynamic_grid",
-                                "symbolic_blocks", "element_blocks", "bounded_slice_blocks",
-                                "pipeline_mode"}),
+        capabilities=frozenset({
+            Cap.ATOMICS, Cap.MASKED_ACCESS, Cap.DEBUG_PRINT, Cap.SCRATCH, Cap.RUN_SCOPED,
+            Cap.MESH, Cap.ALIASING, Cap.VMAP, Cap.FOREIGN_MEMORY_SPACES, Cap.SCALAR_PREFETCH,
+            Cap.SEMAPHORES, Cap.ASYNC_COPY, Cap.REMOTE_COPY, Cap.CHECKED_MODE, Cap.DYNAMIC_GRID,
+            Cap.SYMBOLIC_BLOCKS, Cap.ELEMENT_BLOCKS, Cap.BOUNDED_SLICE_BLOCKS,
+            Cap.PIPELINE_MODE}),
         package="pallas-interpret",
     )
 

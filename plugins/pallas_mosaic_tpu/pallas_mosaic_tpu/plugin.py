@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pallas_core import backend as plb
+from pallas_core.backend import Capability as Cap
 from pallas_core.backend import RuleTable
 from pallas_core.emulation.call import EmulatedCall
 from pallas_core.errors import PallasError
@@ -152,10 +153,10 @@ def pallas_describe() -> BackendInfo:
     return BackendInfo(name=NAME, version=__version__, platforms=("tpu",),
                        compiler_params_type=TPUCompilerParams, default_for=("tpu",),
                        package="pallas-mosaic-tpu",
-                       capabilities=frozenset({"scalar_prefetch", "pipeline_mode",
-                                               "dynamic_grid", "symbolic_blocks", "scratch",
-                                               "aliasing", "run_scoped", "vmap", "semaphores",
-                                               "async_copy", "debug_print"}),
+                       capabilities=frozenset({
+                           Cap.SCALAR_PREFETCH, Cap.PIPELINE_MODE, Cap.DYNAMIC_GRID,
+                           Cap.SYMBOLIC_BLOCKS, Cap.SCRATCH, Cap.ALIASING, Cap.RUN_SCOPED,
+                           Cap.VMAP, Cap.SEMAPHORES, Cap.ASYNC_COPY, Cap.DEBUG_PRINT}),
                        device_kinds={"v5e": CHIPS["v5e"], **CHIPS},
                        chips=roofline_chips(validation.DEFAULT_VMEM_LIMIT))
 

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pallas_core import backend as plb
+from pallas_core.backend import Capability as Cap
 from pallas_core.backend import RuleTable
 from pallas_core.emulation.call import EmulatedCall
 from pallas_core.hookspecs import hookimpl
@@ -41,8 +42,8 @@ def pallas_describe() -> BackendInfo:
     return BackendInfo(
         name=NAME, version=__version__, platforms=("cuda", "rocm"),
         compiler_params_type=TritonParams, default_for=("cuda", "rocm"), package="pallas-triton",
-        capabilities=frozenset({"masked_access", "atomics", "aliasing", "vmap", "debug_print",
-                                "mesh"}),
+        capabilities=frozenset({Cap.MASKED_ACCESS, Cap.ATOMICS, Cap.ALIASING, Cap.VMAP,
+                                Cap.DEBUG_PRINT, Cap.MESH}),
         # What pl.emulate tells JAX it compiles for (JAX 0.11's Triton lowering asks). An AMD
         # GPU's kind is its architecture name, as JAX reads it off a ROCm device (the
         # marketing name, "AMD Instinct MI300X", tells JAX 0.11+ nothing it can lower for).

@@ -23,9 +23,10 @@ __version__ = "0.1.0"
 LOWER_CALLS = 0
 """How many kernels ``pallas_lower`` has lowered for this backend in this process."""
 
+Cap = plb.Capability
 CAPABILITIES = frozenset(
-    {"aliasing", "async_copy", "debug_print", "masked_access", "mesh", "run_scoped", "scratch",
-     "semaphores", "vmap"})
+    {Cap.ALIASING, Cap.ASYNC_COPY, Cap.DEBUG_PRINT, Cap.MASKED_ACCESS, Cap.MESH, Cap.RUN_SCOPED,
+     Cap.SCRATCH, Cap.SEMAPHORES, Cap.VMAP})
 """What this backend runs; atomics and scalar prefetch are missing on purpose (they raise
 ``UnsupportedError``)."""
 
