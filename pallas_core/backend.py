@@ -16,8 +16,9 @@ is defined, and grouped here by use.
 
 **The contract** (``docs/writing-a-backend.md``): :data:`hookimpl` marks hook implementations
 (specifications in :mod:`pallas_core.hookspecs`); :class:`BackendInfo` is what
-``pallas_describe`` returns; :class:`KernelCall` (the kernel as bound) and
-:class:`LoweringRequest` (one call to lower) are what the hooks receive; :class:`EmulatedCall`
+``pallas_describe`` returns (its ``capabilities`` are :class:`Capability` members);
+:class:`KernelCall` (the kernel as bound) and :class:`LoweringRequest` (one call to lower) are
+what the hooks receive; :class:`EmulatedCall`
 is what ``pallas_emulate`` receives; :func:`register_backend` registers a plugin by hand.
 A call's :class:`GridMapping` has one :class:`BlockMapping` per operand. A plugin subclasses
 :class:`CompilerParams` for its options and makes its :class:`MemorySpace` objects. A
@@ -171,12 +172,11 @@ from pallas_core.deprecations import Deprecated, Deprecations
 from pallas_core.emulation.call import EmulatedCall
 from pallas_core.emulation.shape_programs import run as run_dimension_program
 from pallas_core.errors import PallasError, UnsupportedError, unsupported
-from pallas_core.grid_mapping import BlockMapping, GridMapping
+from pallas_core.grid_mapping import BlockMapping, GridMapping, refuse_empty_operands
 from pallas_core.hookspecs import hookimpl
 from pallas_core.mlir_lowering import LoweringState, Rule, Rules, lower_jaxpr
-from pallas_core.plugins import Backend, BackendInfo, register_backend
-from pallas_core.reference import Rules as SemanticsRules
-from pallas_core.reference import evaluate, find_eqn, semantics_rules
+from pallas_core.plugins import Backend, BackendInfo, Capability, register_backend
+from pallas_core.reference import SemanticsRules, evaluate, find_eqn, semantics_rules
 from pallas_core.report import kernel_cost
 from pallas_core.report_work import OpCost
 from pallas_core.request import KernelCall, LoweringRequest
@@ -216,10 +216,10 @@ def remote_view(ref: Any, device_id: Any,
 
 __all__ = [
     # the contract
-    "Backend", "BackendInfo", "BlockMapping", "Chip", "CompilerParams", "CostEstimate",
-    "GPU_CHIPS", "OpCost", "kernel_cost",
+    "Backend", "BackendInfo", "BlockMapping", "Capability", "Chip", "CompilerParams",
+    "CostEstimate", "GPU_CHIPS", "OpCost", "kernel_cost",
     "Deprecated", "Deprecations",
-    "EmulatedCall", "GridMapping",
+    "EmulatedCall", "GridMapping", "refuse_empty_operands",
     "Indices", "KernelCall", "LoweringRequest", "MemorySpace", "PallasError", "UnsupportedError",
     "hookimpl", "register_backend", "unsupported",
     # reference semantics

@@ -702,3 +702,16 @@ def scratch_avals(scratch_shapes: Any) -> tuple[Any, ...]:
     from pallas_core.primitives import scratch_aval
 
     return tuple(scratch_aval(s) for s in scratch_leaves(scratch_shapes)[0])
+
+
+def refuse_empty_operands(where: str, gm: GridMapping, backend: str) -> None:
+    """Raises a ``BlockSpecError`` for an operand with no elements, for a backend that cannot
+    hold an empty block (hardware vector and tensor types have at least one element: MLIR's
+    verifier refuses a ``vector<2x0xf32>``, Triton an empty range)."""
+    for bm in gm.block_mappings:
+        if any(isinstance(d, (int, np.integer)) and d == 0 for d in bm.array_shape):
+            raise BlockSpecError(
+                f"{where}: {bm.origin} has shape {tuple(bm.array_shape)}, with no elements; "
+                f"the {backend!r} backend cannot hold an empty block (its vector and tensor "
+                "types have at least one element). Fix: skip the call when an array is empty "
+                "(its result is empty too), or run it with backend='interpret'.")

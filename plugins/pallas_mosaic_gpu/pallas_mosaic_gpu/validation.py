@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from pallas_core.backend import refuse_empty_operands
 from pallas_core.errors import BlockSpecError, UnsupportedError
 from pallas_core.request import KernelCall
 from pallas_mosaic_gpu import tma
@@ -59,13 +60,28 @@ def check(call: KernelCall) -> None:
         raise UnsupportedError(
             f"kernel {call.name!r}: scalar prefetch is a Mosaic TPU feature; the mosaic_gpu "
             "backend does not support it. Fix: pass the scalars as an input in GMEM.")
+    refuse_empty_operands(f"kernel {call.name!r}", gm, "mosaic_gpu")
     for bm in gm.block_mappings:
         dt = np.dtype(bm.dtype)
         if dt.itemsize == 8 or dt.kind == "c":
             raise UnsupportedError(
                 f"kernel {call.name!r}, {bm.origin}: {dt} is not supported by the mosaic_gpu "
                 "backend. Fix: use 32-bit or narrower types.")
-        if bm.is_whole_array or bm.memory_space is GMEM:
+        if dt.kind == "b":
+            raise UnsupportedError(
+                f"kernel {call.name!r}, {bm.origin}: bool operands are not supported by the "
+                "mosaic_gpu backend (its layouts hold no 1-bit integers). Fix: pass the "
+                "array as int8 (x.astype(jnp.int8)) and compare it with 0 in the kernel.")
+        if bm.memory_space is GMEM:
+            continue
+        if not bm.ref_shape:
+            raise BlockSpecError(
+                f"kernel {call.name!r}, {bm.origin}: a 0-d block (a scalar) in shared memory; "
+                "the mosaic_gpu backend copies blocks with TMA, which moves at least 16 bytes "
+                "along a last dimension. Fix: give the array a dimension of 16 bytes (e.g. "
+                "shape (4,) for float32, and read element 0), or keep it in global memory "
+                "(pl.BlockSpec(memory_space=plgpu.GMEM)).")
+        if bm.is_whole_array:
             continue
         shape = bm.ref_shape
         if shape and shape[-1] * dt.itemsize % 16:

@@ -13,7 +13,7 @@ from pallas_core.errors import BlockSpecError, PallasError, UnsupportedError
 from pallas_core.primitives import run_scoped_p
 from pallas_core.request import KernelCall
 from pallas_core.spec import BARRIER_SEMAPHORE
-from pallas_mosaic_tpu.params import HBM, SMEM, VMEM
+from pallas_mosaic_tpu.params import DMA_SEMAPHORE, HBM, SEMAPHORE, SMEM, VMEM
 
 SUBLANES, LANES = 8, 128
 
@@ -22,7 +22,9 @@ def check(call: KernelCall) -> None:
     """Raises a ``PallasError`` for blocks the TPU cannot tile and unsupported features."""
     gm = call.grid_mapping
     where = f"kernel {call.name!r} ({call.source})"
+    plb.refuse_empty_operands(where, gm, "mosaic_tpu")
     for bm in gm.block_mappings[gm.num_scalar_prefetch:]:
+        _check_rank(bm, where)
         if bm.is_whole_array:
             continue
         block, shape = bm.full_block_shape, bm.array_shape
@@ -68,6 +70,20 @@ def check(call: KernelCall) -> None:
             f"the primitive {eqn.primitive.name!r} ({where}) is not supported by the "
             "'mosaic_tpu' backend yet. Fix: rewrite that part of the kernel, or pass "
             "backend='interpret'.")
+
+
+def _check_rank(bm: Any, where: str) -> None:
+    """A 0-d block (a scalar) lives only in SMEM or a semaphore space: vector memory holds
+    vectors, and Mosaic's verifier refuses a ``vector.load`` of a scalar."""
+    if len(bm.full_block_shape) or bm.memory_space in (SMEM, SEMAPHORE, DMA_SEMAPHORE):
+        return
+    space = "VMEM" if bm.memory_space in (None, VMEM) else str(bm.memory_space)
+    raise BlockSpecError(
+        f"{where}: {bm.origin} is a 0-d block (a scalar) in {space}; Mosaic TPU keeps 0-d "
+        "operands only in SMEM (JAX's TPU lowering refuses them too: it supports only blocks "
+        "of rank >= 1 outside SMEM). Fix: put the operand in SMEM "
+        "(pl.BlockSpec(memory_space=pltpu.SMEM)), or give the array a dimension (shape (1,) "
+        "in SMEM, or a lane-sized 1-D block in VMEM).")
 
 
 def _lowered() -> frozenset[object]:

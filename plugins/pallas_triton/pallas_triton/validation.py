@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 from pallas_core import reference
+from pallas_core.backend import refuse_empty_operands
 from pallas_core.errors import BlockSpecError, UnsupportedError
 from pallas_core.request import KernelCall
 
@@ -21,12 +22,14 @@ def check(call: KernelCall) -> None:
     if gm.scratch_avals:
         raise UnsupportedError(
             f"scratch_shapes ({where}) are not supported by the 'triton' backend: Triton has "
-            "no scratch memory. Fix: keep temporaries in values (loop carries), or pass "
-            "backend='interpret'.")
+            "no scratch memory. Fix: keep temporaries in values (loop carries) and, across "
+            "grid steps, in the output block the grid revisits (the README's 'Scratch memory "
+            "that works on every backend'), or pass backend='interpret'.")
     if gm.num_scalar_prefetch:
         raise UnsupportedError(
             f"scalar prefetch ({where}) is not supported by the 'triton' backend. Fix: pass "
             "the indices as an ordinary input and load them in the kernel.")
+    refuse_empty_operands(where, gm, "triton")
     if gm.num_steps > MAX_PROGRAMS:
         raise UnsupportedError(f"{where} has {gm.num_steps} grid steps, more than Triton's "
                                f"{MAX_PROGRAMS}. Fix: use bigger blocks.")
@@ -45,6 +48,7 @@ def check(call: KernelCall) -> None:
         if any(size & (size - 1) for size in tiled):
             raise BlockSpecError(_power_of_two_message(where, bm.origin, bm.ref_shape))
     _check_atomics(call, where)
+    _check_values(call, where)
     unknown = reference.registered_primitives() - _lowered()
     eqn = reference.find_eqn(call.jaxpr.jaxpr, unknown)
     if eqn is not None:
@@ -76,6 +80,50 @@ def _check_atomics(call: KernelCall, where: str) -> None:
             f"only, and on {dtype.name} they fail inside the Triton compiler. Fix: widen the "
             "Ref to int32 (e.g. an int32 out_shape, converted back after the call), or pass "
             "backend='interpret', which runs them.")
+
+
+MAX_TENSOR_ELEMENTS = 2**20
+"""Triton's largest tensor (its ``TRITON_MAX_TENSOR_NUMEL``): its verifier refuses more (a
+``tt.make_range`` or a load of more elements)."""
+
+
+def _check_values(call: KernelCall, where: str) -> None:
+    """Refuses complex dtypes (Triton has none) and values of more than
+    :data:`MAX_TENSOR_ELEMENTS` elements, before Triton's verifier meets them."""
+    for bm in call.grid_mapping.block_mappings:
+        if np.dtype(bm.dtype).kind == "c":
+            raise UnsupportedError(_complex_message(np.dtype(bm.dtype), f"{where}: {bm.origin}"))
+    for eqn in reference.all_eqns(call.jaxpr.jaxpr):
+        for v in eqn.outvars:
+            aval = v.aval
+            if hasattr(aval, "inner_aval") or getattr(aval, "dtype", None) is None:
+                continue  # a Ref, or a token
+            at = f"{where}, at {reference.source_line(eqn)}"
+            if np.dtype(aval.dtype).kind == "c":
+                raise UnsupportedError(_complex_message(np.dtype(aval.dtype), at))
+            size = math.prod(aval.shape)
+            if size == 0:
+                raise BlockSpecError(
+                    f"{at}: a value of shape {tuple(aval.shape)} has no elements (from "
+                    f"`{eqn.primitive.name}`); a Triton tensor cannot be empty (its verifier "
+                    "refuses the empty range that would index it). Fix: skip the call when an "
+                    "array is empty (its result is empty too), or give the block at least one "
+                    "element.")
+            if size > MAX_TENSOR_ELEMENTS:
+                raise BlockSpecError(
+                    f"{at}: a value of shape {tuple(aval.shape)} ({size} elements, from "
+                    f"`{eqn.primitive.name}`), more than the {MAX_TENSOR_ELEMENTS} (2**20) a "
+                    "Triton tensor may hold; Triton's verifier refuses it (JAX's Triton lowering "
+                    "emits it and fails there). Fix: use smaller blocks (at most 2**20 "
+                    "elements each, e.g. a grid over the array), or loop over the block in "
+                    "chunks with pl.ds.")
+
+
+def _complex_message(dtype: np.dtype, at: str) -> str:
+    return (f"{dtype.name} ({at}) is not supported by the 'triton' backend: Triton has no "
+            "complex types (JAX's Triton lowering has none either). Fix: pass the real and "
+            "imaginary parts as two float arrays (jnp.real, jnp.imag) and combine them after "
+            "the call, or pass backend='interpret'.")
 
 
 def _power_of_two_message(where: str, origin: str, shape: tuple[int, ...]) -> str:
