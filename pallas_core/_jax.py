@@ -1459,3 +1459,18 @@ def jax_pallas_primitives() -> dict[str, Primitive]:
     except ImportError:
         return found
     return {**found, "mpmd_map": mpmd.mpmd_map_p}
+
+
+_JAX_PARAMS_MODULES = {"jax._src.pallas.triton.core": "triton",
+                       "jax._src.pallas.mosaic.core": "mosaic_tpu",
+                       "jax._src.pallas.mosaic_gpu.core": "mosaic_gpu"}
+
+
+def jax_params_backend(params: Any) -> str | None:
+    """The backend ``jax.experimental.pallas``'s own ``CompilerParams`` object ``params``
+    belongs to (``pltpu.CompilerParams``: ``"mosaic_tpu"``), by the module JAX defines its
+    class in; ``None`` for any other object."""
+    cls = type(params)
+    if cls.__name__ != "CompilerParams":
+        return None
+    return _JAX_PARAMS_MODULES.get(cls.__module__)

@@ -816,11 +816,32 @@ def unvalidated() -> Iterator[None]:
         _UNCHECKED.reset(token)
 
 
+def _check_params_owner(call: KernelCall, backend: str, info: Any) -> None:
+    """Refuses compiler params of a backend for another platform (Triton's on Mosaic TPU, and
+    the reverse): the chosen backend would drop them without a word; JAX refuses them too. A
+    backend for the same platform may read another's (SparseCore reads Mosaic TPU's)."""
+    params = call.compiler_params
+    if params is None or isinstance(params, Mapping):
+        return  # {"triton": {...}, "mosaic_tpu": {...}}: each backend reads its own entry
+    owner = manager.backend_for_params(params)
+    if owner is None or owner == backend or owner not in manager.backends():
+        return
+    if set(manager.get(owner).info.platforms) & set(info.platforms):
+        return
+    raise UnsupportedError(
+        f"kernel {call.name!r} ({call.source}) has compiler_params of the {owner!r} backend "
+        f"({type(params).__module__}.{type(params).__name__}), but is compiled by {backend!r}, "
+        f"which would ignore them (JAX refuses such params too). Fix: pass {backend!r}'s own "
+        f"CompilerParams, or backend={owner!r}; to give both, pass a mapping "
+        f"{{{owner!r}: ..., {backend!r}: ...}}.")
+
+
 def validate(call: KernelCall, backend: str) -> None:
     """Checks ``call`` for ``backend``: memory spaces here, the hardware rules in the plugin."""
     info = manager.get(backend).info
     _check_grid_and_block_forms(call, backend, info.capabilities)
     if Capability.FOREIGN_MEMORY_SPACES not in info.capabilities:
+        _check_params_owner(call, backend, info)
         spaces = [(bm.origin, bm.memory_space) for bm in call.grid_mapping.block_mappings]
         spaces += [(f"scratch {i}", a.memory_space)
                    for i, a in enumerate(call.grid_mapping.scratch_avals)]
@@ -843,7 +864,7 @@ def validate(call: KernelCall, backend: str) -> None:
                     "could set. Fix: drop pipeline_mode= for this backend (it never changes "
                     "results).")
     manager.call_hook(backend, "pallas_validate", call=call)
-    manager.hook.pallas_validate_call(call=call, backend=backend)
+    manager.broadcast("pallas_validate_call", call=call, backend=backend)
 
 
 # --- the primitive -------------------------------------------------------------------------
@@ -885,7 +906,8 @@ def _lowering(ctx: Any, *operands: Any, call: KernelCall) -> Sequence[Any]:
         )
     request = LoweringRequest(call, backend, platform, ctx, tuple(operands))
     try:
-        result = manager.call_hook(backend, "pallas_lower", request=request)
+        result = manager.call_hook(backend, "pallas_lower", passthrough=(Exception,),
+                                   request=request)
     except PallasError:
         raise
     except NotImplementedError as e:
@@ -910,6 +932,11 @@ def _lowering(ctx: Any, *operands: Any, call: KernelCall) -> Sequence[Any]:
             "`pallas_lower` hook, or the hook returned None. Fix: implement pallas_lower "
             "(docs/writing-a-backend.md), or choose another backend."
         )
+    if not isinstance(result, (list, tuple)) or len(result) != len(call.out_avals):
+        raise manager.plugin_error(
+            backend, "pallas_lower", f"returned {type(result).__name__} {result!r:.80} for "
+            f"kernel {call.name!r}, where its specification expects a sequence of "
+            f"{len(call.out_avals)} MLIR value(s), one per output")
     return list(result)
 
 

@@ -84,8 +84,22 @@ class OutOfBoundsError(PallasError, IndexError):
     the others when the kernel runs)."""
 
 
-class LoweringError(PallasError):
-    """A backend could not lower a kernel."""
+class PluginError(PallasError):
+    """A plugin's hook failed: it raised an exception that is not a ``PallasError`` (a
+    deliberate refusal passes through as it is), or returned what its specification does not
+    allow. The message names the backend, its distribution and the hook; the original
+    exception is the ``__cause__``."""
+
+
+class PluginWarning(UserWarning):
+    """A plugin's broadcast hook (one every plugin answers: ``pallas_primitives``,
+    ``pallas_validate_call``, ``pallas_emulate``) failed; its answer is left out, and the
+    other plugins and kernels go on."""
+
+
+class LoweringError(PluginError):
+    """A backend could not lower a kernel (its ``pallas_lower`` hook crashed or returned
+    nothing): a ``PluginError``."""
 
 
 class AutodiffError(PallasError, TypeError):

@@ -7,7 +7,13 @@ Environment variables:
   points (register plugins by hand with :func:`register_backend`); ``0`` (``false``, ``no``,
   ``off``) or unset loads them. Any other value is a ``PluginConfigError``.
 * ``PALLAS_BACKENDS=a,b``: load only the named entry points (an allow-list);
-* ``PALLAS_DISABLED_BACKENDS=a,b``: skip the named entry points.
+* ``PALLAS_DISABLED_BACKENDS=a,b``: skip the named entry points;
+* ``PALLAS_OVERRIDE_BACKENDS=a,b``: let another distribution's entry point take the name of
+  a first-party backend (``interpret``, ``triton``, ...). Without it such an entry point is
+  not loaded (an error names it): installation order never replaces a built-in backend;
+* ``PALLAS_DEFAULT_BACKEND=platform=name,...``: the backend used on a platform when a kernel
+  names none. Without it, a first-party backend that is the default for the platform is
+  chosen before any third-party one, whatever their priorities.
 
 A plugin that fails to import, to describe itself or to match the hook specifications is
 recorded with its error and reported by name (``python -m pallas_core``), and warned about
@@ -19,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
+import functools
 import importlib.metadata
 import os
 import threading
@@ -32,15 +39,21 @@ import pluggy
 from pallas_core import hookspecs
 from pallas_core.errors import (
     BackendNotFoundError,
+    LoweringError,
+    PallasError,
     PluginConfigError,
+    PluginError,
     PluginLoadError,
     PluginLoadWarning,
+    PluginWarning,
 )
 
 ENTRY_POINT_GROUP = "pallas.backends"
 DISABLE_AUTOLOAD_ENV = "PALLAS_DISABLE_PLUGIN_AUTOLOAD"
 DISABLED_BACKENDS_ENV = "PALLAS_DISABLED_BACKENDS"
 ALLOWED_BACKENDS_ENV = "PALLAS_BACKENDS"
+OVERRIDE_BACKENDS_ENV = "PALLAS_OVERRIDE_BACKENDS"
+DEFAULT_BACKEND_ENV = "PALLAS_DEFAULT_BACKEND"
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"", "0", "false", "no", "off"})
@@ -236,6 +249,10 @@ class PluginManager:
             allowed_env = os.environ.get(ALLOWED_BACKENDS_ENV)
             allowed = _names(allowed_env) if allowed_env is not None else None
             for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+                impostor = _impostor(ep.name, _dist_name(ep))
+                if impostor:
+                    self._errors[f"{ep.name} (from {_dist_name(ep)})"] = impostor
+                    continue
                 if ep.name in self._backends:
                     continue
                 if autoload.lower() in _TRUE:
@@ -407,14 +424,19 @@ class PluginManager:
         :meth:`register`. Does not load the entry points, so tracing may start first."""
         return self._pm
 
-    def call_hook(self, name: str, hook: str, **kwargs: Any) -> Any:
+    def call_hook(self, name: str, hook: str, *, passthrough: tuple[type[BaseException], ...]
+                  = (), **kwargs: Any) -> Any:
         """Calls ``hook`` on backend ``name``'s plugin alone, through pluggy's hook caller, so
         that hook wrappers (``@hookimpl(wrapper=True)`` or ``hookwrapper=True``, from any
         plugin), ``firstresult`` and pluggy's tracing and monitoring apply; ``None`` if the
         plugin does not implement it. How the core calls the backend hooks: it resolves the
         backend once, and no other plugin's implementation is asked. The result is the
-        implementation's (for a hook without ``firstresult``, not pluggy's list of results);
-        an exception it raises propagates unchanged, for the caller to report."""
+        implementation's (for a hook without ``firstresult``, not pluggy's list of results).
+
+        A ``PallasError`` the hook raises (a refusal) propagates unchanged, as do exceptions
+        of the types in ``passthrough`` (for a caller that reports them itself); any other
+        exception, or a result of the wrong kind (:func:`results`), is the plugin's defect: a
+        ``PluginError`` naming the backend, its distribution and the hook."""
         plugin = self.get(name).plugin
         caller = getattr(self._pm.hook, hook)
         impls = caller.get_hookimpls()
@@ -422,10 +444,80 @@ class PluginManager:
         if not any(p is plugin for p in answers):
             return None
         subset = self._pm.subset_hook_caller(hook, [p for p in answers if p is not plugin])
-        result = subset(**kwargs)
-        if caller.spec is not None and caller.spec.opts.get("firstresult"):
-            return result
-        return result[0] if result else None
+        try:
+            result = subset(**kwargs)
+        except Exception as e:
+            if isinstance(e, (PallasError, *passthrough)):
+                raise
+            raise self.plugin_error(name, hook, f"raised {type(e).__name__}: {e}") from e
+        if not (caller.spec is not None and caller.spec.opts.get("firstresult")):
+            result = result[0] if result else None
+        expected = results().get(hook)
+        if result is not None and expected is not None and not expected[0](result):
+            raise self.plugin_error(name, hook, f"returned {_show(result)}, where its "
+                                    f"specification expects {expected[1]}")
+        return result
+
+    def plugin_error(self, name: str, hook: str, what: str) -> PluginError:
+        """The ``PluginError`` for backend ``name``'s hook ``hook`` having done ``what`` (a
+        ``LoweringError``, one kind of it, for ``pallas_lower``)."""
+        backend = self._backends.get(name)
+        dist = (backend.info.package if backend is not None else "") or \
+            KNOWN_PACKAGES.get(name, "")
+        by = f" (distribution {dist!r})" if dist else ""
+        kind = LoweringError if hook == "pallas_lower" else PluginError
+        return kind(
+            f"the {name!r} backend plugin{by}: its `{hook}` hook {what}. This is a defect of "
+            "the plugin, not of the kernel: a hook refuses what it cannot do with a "
+            "PallasError. Fix: report it to the plugin's authors; meanwhile use another "
+            f"backend, or keep this one from loading ({DISABLED_BACKENDS_ENV}={name}).")
+
+    def broadcast(self, hook: str, *, first: bool = False, **kwargs: Any
+                  ) -> list[tuple[str, Any]]:
+        """Calls every plugin's implementation of the broadcast hook ``hook`` one at a time
+        (through pluggy, wrappers included), newest first as pluggy orders them, and returns
+        ``(plugin name, answer)`` for each that answered (``None`` is no answer). A
+        ``PallasError`` propagates (a refusal); any other exception, or an answer of the wrong
+        kind (:func:`results`), is that plugin's defect: a ``PluginWarning`` naming it, and
+        its answer is left out, so that one faulty plugin breaks no other plugin or kernel."""
+        self.ensure_loaded()
+        caller = getattr(self._pm.hook, hook)
+        answers = [impl.plugin for impl in caller.get_hookimpls()
+                   if not (impl.wrapper or impl.hookwrapper)]
+        found: list[tuple[str, Any]] = []
+        faults: list[tuple[str, str, BaseException | None]] = []
+        for plugin in reversed(answers):
+            name = self._pm.get_name(plugin) or type(plugin).__name__
+            subset = self._pm.subset_hook_caller(hook, [p for p in answers if p is not plugin])
+            try:
+                result = subset(**kwargs)
+            except PallasError:
+                raise
+            except Exception as e:
+                faults.append((name, f"raised {type(e).__name__}: {e}", e))
+                continue
+            if not (caller.spec is not None and caller.spec.opts.get("firstresult")):
+                result = result[0] if result else None
+            expected = results().get(hook)
+            if result is not None and expected is not None and not expected[0](result):
+                faults.append((name, f"returned {_show(result)}, where its specification "
+                               f"expects {expected[1]}", None))
+                continue
+            if result is not None:
+                found.append((name, result))
+                if first:
+                    break
+        if first and not found and faults:  # the faulty plugin was the one to answer
+            name, what, cause = faults[0]
+            raise self.plugin_error(name, hook, what) from cause
+        for name, what, _ in faults:
+            self._warn(name, hook, what)
+        return found
+
+    def _warn(self, name: str, hook: str, what: str) -> None:
+        message = str(self.plugin_error(name, hook, what)).replace(
+            "This is a defect", "Its answer is left out. This is a defect")
+        warnings.warn(PluginWarning(message), stacklevel=4)
 
     def memory_spaces(self, name: str) -> tuple[Any, ...]:
         """The memory spaces backend ``name`` defines (its ``pallas_memory_spaces`` hook)."""
@@ -438,15 +530,24 @@ class PluginManager:
             if t is not None and isinstance(params, t):
                 return name
         backend = getattr(type(params), "BACKEND", None)
-        return backend if isinstance(backend, str) else None
+        if isinstance(backend, str):
+            return backend
+        from pallas_core import _jax  # JAX's own params classes, by where JAX defines them
+
+        return _jax.jax_params_backend(params)
 
     def default_for_platform(self, platform: str) -> str:
-        """The backend used on ``platform`` when the user chose none: of the loaded backends
-        whose ``default_for`` names it, the one of highest ``default_priority``."""
-        candidates = [(-_priority(b.info, platform), name)
+        """The backend used on ``platform`` when the user chose none: the one
+        ``PALLAS_DEFAULT_BACKEND`` names for it, else, of the loaded backends whose
+        ``default_for`` names it, a first-party one before any other, then the one of highest
+        ``default_priority`` (ties: the first name alphabetically)."""
+        chosen = _defaults().get(platform)
+        if chosen is not None:
+            return self.get(chosen).info.name
+        candidates = [(not _first_party(b), -_priority(b.info, platform), name)
                       for name, b in self.backends().items() if platform in b.info.default_for]
         if candidates:
-            return min(candidates)[1]
+            return min(candidates)[2]
         skipped = ", ".join(f"{n} ({reason})" for n, reason in sorted(self.skipped().items()))
         skipped = f" Installed but not loaded: {skipped}." if skipped else ""
         raise BackendNotFoundError(
@@ -455,6 +556,86 @@ class PluginManager:
             "backend=NAME, install a backend for this platform (e.g. `pip install "
             "pallas-interpret`), or unset the environment variable that keeps it from loading."
         )
+
+
+def _sequence_of(kind: type | tuple[type, ...]) -> Callable[[Any], bool]:
+    return lambda r: isinstance(r, (list, tuple)) and all(isinstance(x, kind) for x in r)
+
+
+@functools.cache
+def results() -> Mapping[str, tuple[Callable[[Any], bool], str]]:
+    """Per hook, a check of what an implementation returned and what it should return; a
+    result that fails it is a ``PluginError`` (or, from a broadcast hook, a
+    ``PluginWarning``). Built on first use: the checks' types live in modules that import
+    this one."""
+    from pallas_core.report_work import OpCost
+    from pallas_core.semantics import PrimitiveSemantics
+    from pallas_core.spec import MemorySpace
+
+    return {
+        "pallas_validate": (lambda r: r is None, "None (a refusal raises a PallasError)"),
+        "pallas_validate_call": (lambda r: r is None,
+                                 "None (a refusal raises a PallasError)"),
+        "pallas_lower": (lambda r: isinstance(r, (list, tuple)),
+                         "a sequence of MLIR values, one per kernel output"),
+        "pallas_stages": (lambda r: isinstance(r, Mapping) and all(
+            isinstance(k, str) for k in r), "a mapping of stage name to text or bytes"),
+        "pallas_memory_spaces": (_sequence_of(MemorySpace), "a sequence of MemorySpace"),
+        "pallas_primitives": (_sequence_of(PrimitiveSemantics),
+                              "a sequence of PrimitiveSemantics"),
+        "pallas_emulate": (lambda r: isinstance(r, (list, tuple)),
+                           "a sequence of arrays, one per result"),
+        "pallas_footprint": (lambda r: isinstance(r, tuple) and len(r) == 2,
+                             "(parts, limit): a sequence of (what, bytes) and an int"),
+        "pallas_op_cost": (lambda r: isinstance(r, OpCost),
+                           "a pallas_core.backend.OpCost, or None"),
+    }
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:80]}{'...' if len(text) > 80 else ''}"
+
+
+def _normalized(dist: str) -> str:
+    return dist.lower().replace("_", "-").replace(".", "-")
+
+
+def _first_party(backend: Backend) -> bool:
+    """Whether ``backend`` is a first-party one: its name and distribution those of
+    :data:`KNOWN_PACKAGES` (a backend registered by hand with a first-party name counts)."""
+    dist = KNOWN_PACKAGES.get(backend.info.name)
+    return dist is not None and _normalized(backend.info.package or dist) == dist
+
+
+def _impostor(name: str, dist: str) -> str:
+    """Why the entry point ``name`` of distribution ``dist`` is not loaded, if it takes a
+    first-party backend's name from another distribution without ``PALLAS_OVERRIDE_BACKENDS``
+    (``""`` otherwise)."""
+    owner = KNOWN_PACKAGES.get(name)
+    if owner is None or not dist or _normalized(dist) == owner:
+        return ""
+    if name in _names(os.environ.get(OVERRIDE_BACKENDS_ENV, "")):
+        return ""
+    return (f"the distribution {dist!r} provides an entry point named {name!r}, the name of "
+            f"the first-party backend of {owner!r}; it is not loaded, so that installing a "
+            "package never replaces a built-in backend. Fix: give that backend another name, "
+            f"or set {OVERRIDE_BACKENDS_ENV}={name} to let it replace the built-in.")
+
+
+def _defaults() -> dict[str, str]:
+    """``PALLAS_DEFAULT_BACKEND`` as platform -> backend name."""
+    value = os.environ.get(DEFAULT_BACKEND_ENV, "").strip()
+    found: dict[str, str] = {}
+    for item in filter(None, (i.strip() for i in value.split(","))):
+        platform, sep, name = item.partition("=")
+        if not sep or not platform.strip() or not name.strip():
+            raise PluginConfigError(
+                f"{DEFAULT_BACKEND_ENV}={value!r}: expected platform=backend pairs separated "
+                f"by commas, found {item!r}. Fix: e.g. {DEFAULT_BACKEND_ENV}=cpu=interpret,"
+                "cuda=triton.")
+        found[platform.strip()] = name.strip()
+    return found
 
 
 def _priority(info: BackendInfo, platform: str) -> int:

@@ -33,7 +33,7 @@ SemanticsRules = Mapping[Any, Callable[..., Any]]
 def _all_semantics() -> tuple[Any, ...]:
     """Every :class:`PrimitiveSemantics` the loaded plugins (and the core) declare, in one
     sequence: the tables below are each a view of it."""
-    return tuple(sem for group in manager.hook.pallas_primitives() for sem in group)
+    return tuple(sem for _, group in manager.broadcast("pallas_primitives") for sem in group)
 
 
 manager.add_listener(_all_semantics.cache_clear)

@@ -16,6 +16,7 @@ from pallas_core.errors import StageNotFoundError, UnsupportedError
 from pallas_core.plugins import manager
 from pallas_core.reference import sub_jaxprs
 from pallas_core.request import KernelCall
+from pallas_core.utils import check_tool_arguments
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -105,6 +106,7 @@ def stages(fn: Callable[..., Any], *args: Any, backend: str | None = None,
     whole program lowered for the backend's platform, ``rocm`` for an AMD ``gfx*`` target, which
     carries the kernel's custom call; made when first read), then its backend's stages.
     """
+    check_tool_arguments("pl.stages", fn, target)
     chosen = resolve_backend(backend, None, False) if backend is not None else None
     # Chip queries (pltpu.get_tpu_info(), ...) answer for the target while the function is
     # traced and its stages made, where no such device is attached (pallas_core.chips).

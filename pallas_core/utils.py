@@ -53,3 +53,28 @@ def strides_from_shape(shape: Sequence[int]) -> tuple[int, ...]:
         remaining = remaining // size if size else 0
         strides.append(int(remaining))
     return tuple(strides)
+
+
+def check_tool_arguments(api: str, fn: Any, target: Any, **flags: Any) -> None:
+    """The checks ``pl.stages``, ``pl.emulate`` and ``pl.report`` share: ``fn`` is callable,
+    ``target`` a string or ``None``; ``flags`` are ``name=(value, kind)`` with ``kind``
+    ``"bool"`` or ``"int or None"`` (a bool is not an int here)."""
+    if not callable(fn):
+        raise ArgumentError(
+            f"{api}(fn, ...): expected a function (or a pallas_call) as the first argument, "
+            f"found {type(fn).__name__} {fn!r:.60}. Fix: pass the function to run, e.g. "
+            f"{api}(my_kernel_call, x, ...).")
+    if target is not None and not isinstance(target, str):
+        raise ArgumentError(
+            f"{api}(target={target!r}): expected a target name (a string such as 'sm_90' or "
+            "'v5e') or None for the backend's default, found "
+            f"{type(target).__name__}. Fix: pass target='...' as a string.")
+    for name, (value, kind) in flags.items():
+        ok = isinstance(value, bool) if kind == "bool" else (
+            value is None or (isinstance(value, int) and not isinstance(value, bool)))
+        if not ok:
+            wanted, example = (("True or False", "True") if kind == "bool"
+                               else ("an int or None", "0 (any int)"))
+            raise ArgumentError(
+                f"{api}({name}={value!r}): expected {wanted}, found {type(value).__name__}. "
+                f"Fix: pass {name}={example}.")

@@ -102,8 +102,9 @@ def test_enable_tracing_shows_the_backend_hooks() -> None:
 def test_wrappers_see_hooks_without_firstresult_and_exceptions_as_pluggy_says() -> None:
     """A wrapper of a hook without ``firstresult`` (``pallas_memory_spaces``) sees pluggy's
     list of results while the core still gets the backend's answer; an exception the backend
-    raises passes through the wrappers and reaches the core unchanged (the core reports it
-    naming the backend); a backend without the hook gives ``None``, no wrapper called."""
+    raises passes through the wrappers unchanged and reaches the core as the plugin's error (a
+    ``PluginError`` naming the backend, the original its cause); a backend without the hook
+    gives ``None``, no wrapper called."""
     space = pl.MemorySpace("SCRATCHPAD", backend="contract_demo")
 
     class Demo:
@@ -145,8 +146,9 @@ def test_wrappers_see_hooks_without_firstresult_and_exceptions_as_pluggy_says() 
     pm.register(Demo())
     pm.pluggy_manager.register(Watcher())
     assert pm.memory_spaces("contract_demo") == (space,)
-    with pytest.raises(KeyError, match="boom"):
+    with pytest.raises(pl.LoweringError, match="hook raised KeyError: 'boom'") as info:
         pm.call_hook("contract_demo", "pallas_lower", request=None)
+    assert isinstance(info.value, pl.PluginError) and isinstance(info.value.__cause__, KeyError)
     assert pm.call_hook("contract_demo", "pallas_stages", call=None, target=None) is None
     assert [type(s) for s in seen] == [list, KeyError]
     assert seen[0] == [[space]]

@@ -30,7 +30,10 @@ def test_every_seed_example_gets_a_report(name: str, backend: str) -> None:
     assert len(rep) >= 1
     for k in rep:
         assert k.backend == backend
-        assert not any("refuses" in n for n in k.notes), k.notes
+        # A report may say a kernel does not fit on chip (with the triton compiler
+        # installed, the attention examples' default blocks need 448 KiB of shared memory on
+        # an H100); any other refusal is a defect.
+        assert not any("refuses" in n and "on chip" not in n for n in k.notes), k.notes
         assert k.hbm_bytes > 0
     if name in DENSE:
         xla = xla_flops(reference, *args)

@@ -37,6 +37,7 @@ from pallas_core.errors import (
     reraising_reports,
 )
 from pallas_core.plugins import manager
+from pallas_core.utils import check_tool_arguments
 
 
 def emulate(fn: Callable[..., Any], *, backend: str, target: str | None = None,
@@ -52,6 +53,8 @@ def emulate(fn: Callable[..., Any], *, backend: str, target: str | None = None,
     """
     if not isinstance(backend, str):
         raise ArgumentError(f"pl.emulate(backend=...) must be a backend name, found {backend!r}")
+    check_tool_arguments("pl.emulate", fn, target, checked=(checked, "bool"),
+                         seed=(seed, "int or None"))
     found = manager.get(backend)
     if not hasattr(found.plugin, "pallas_emulate"):
         runs_here = "cpu" in found.info.platforms
@@ -450,7 +453,8 @@ def _custom_call(op: ir.Operation, kernel: _Kernel) -> Callable[..., Any]:
                             name=kernel.name, device=getattr(kernel.here, "device", 0),
                             devices=max(kernel.devices, 1),
                             meeting=meeting.join if meeting is not None else None)
-        outs = manager.hook.pallas_emulate(call=call)
+        answered = manager.broadcast("pallas_emulate", first=True, call=call)
+        outs = answered[0][1] if answered else None
         if outs is None:
             raise UnsupportedError(
                 f"pl.emulate(backend={options.backend!r}): no installed plugin emulates the "

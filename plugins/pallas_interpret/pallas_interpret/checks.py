@@ -122,6 +122,48 @@ def check_block_indices(call: KernelCall, params: InterpretParams, ids: Sequence
     left to check: the index maps were checked on every grid point ahead of time (when they
     read no scalar-prefetch operand and the grid is static and not huge). Input blocks are
     not checked with ``out_of_bounds_reads="uninitialized"``."""
+    found = _block_checks(call, params, windows)
+    if found is None:
+        return None
+    which, bad, values = found
+    report = functools.partial(_report_block, call=call, which=which)
+    point = _point(call, ids)
+    return io_callback(report, jax.ShapeDtypeStruct((), jnp.int32), bad, values, point)
+
+
+def check_all_block_indices(call: KernelCall, params: InterpretParams, num_steps: int,
+                            windows_at: Callable[[Any], tuple[Sequence[Any], Sequence[Any]]]
+                            ) -> Any | None:
+    """Outside checked mode, once per call: the blocks of every grid step lie inside their
+    arrays, for index maps not checked ahead of time (those that read scalar-prefetch
+    operands, or grids too large). ``windows_at(k)`` is step ``k``'s ``(grid point, windows)``.
+    One host check over all steps (the index maps evaluated for every step at once) raises
+    ``OutOfBoundsError`` naming the first step that leaves its array, where the hardware
+    would read or write outside it; a token to order the kernel after it, or ``None``."""
+    gm = call.grid_mapping
+    first_step = None if gm.dynamic_axes or num_steps < 1 else _block_checks(
+        call, params, windows_at(jnp.int32(0))[1])
+    if first_step is None:
+        return None
+    which = first_step[0]
+
+    def at(k: Any) -> tuple[Any, Any, Any]:
+        ids, windows = windows_at(k)
+        found = _block_checks(call, params, windows)
+        assert found is not None
+        return found[1], found[2], _point(call, ids)
+
+    bad, values, points = jax.vmap(at)(jnp.arange(num_steps, dtype=jnp.int32))
+    first = jnp.argmax(bad.any(axis=1))
+    report = functools.partial(_report_block, call=call, which=which)
+    return io_callback(report, jax.ShapeDtypeStruct((), jnp.int32), bad[first],
+                       [v[first] for v in values], points[first])
+
+
+def _block_checks(call: KernelCall, params: InterpretParams, windows: Sequence[Any]
+                  ) -> tuple[tuple[int, ...], Any, list[Any]] | None:
+    """``(operands checked, whether each block leaves its array, their index-map values)``
+    for one step's ``windows``; ``None`` when nothing is left to check at run time."""
     gm = call.grid_mapping
     if gmap.block_index_tables(gm) is not None:
         return None
@@ -136,10 +178,12 @@ def check_block_indices(call: KernelCall, params: InterpretParams, ids: Sequence
         values.append(jnp.stack(vals))
     if not which:
         return None
-    report = functools.partial(_report_block, call=call, which=tuple(which))
-    point = [jnp.asarray(i, jnp.int32) for i in ids[gm.num_batch_axes:]]
-    return io_callback(report, jax.ShapeDtypeStruct((), jnp.int32), jnp.stack(bad), values,
-                       jnp.stack(point) if point else jnp.zeros(0, jnp.int32))
+    return tuple(which), jnp.stack(bad), values
+
+
+def _point(call: KernelCall, ids: Sequence[Any]) -> Any:
+    point = [jnp.asarray(i, jnp.int32) for i in ids[call.grid_mapping.num_batch_axes:]]
+    return jnp.stack(point) if point else jnp.zeros(0, jnp.int32)
 
 
 def _outside_array(bm: Any, vals: Sequence[Any]) -> Any:
@@ -189,8 +233,8 @@ def _report_block(bad: Any, values: Any, point: Any, *, call: KernelCall,
         f"places the block of {bm.full_block_shape} outside the array of shape "
         f"{bm.array_shape}" + (" (valid block indices: " + ", ".join(
             f"0..{n - 1}" for n in n_blocks) + ")" if bm.block_indexed else "")
-        + ". Without checked mode the interpreter would clamp the block back inside the array "
-        "(and the hardware would read or write memory outside it). Fix: keep the values the "
+        + ". The hardware would read or write memory outside it (JAX's TPU interpret mode "
+        "raises here too). Fix: keep the values the "
         "index map computes (e.g. from scalar-prefetch operands) within the array's blocks, "
         "or clamp them in the index map if that is what you mean.")
 

@@ -140,6 +140,17 @@ def run_exact(call: KernelCall, args: Sequence[Any], rules: reference.SemanticsR
 
     carry = (outs, scratch0, inputs.initial(ins), jnp.int32(0))
     num_steps = sched.num_steps
+    if not checked and not gm.dynamic_axes:  # once per call (checked mode: at every step)
+
+        def windows_at(k: Any) -> tuple[Any, list[Any]]:
+            ids = sched.point(k)
+            ctx = ReferenceContext(ids, grid, gm.num_batch_axes, gm.grid_names, False)
+            return ids, [blocks.starts(bm, ids, prefetch, ctx, rules)
+                         for bm in (*gm.inputs, *gm.outputs)]
+
+        token = checks.check_all_block_indices(call, params, num_steps, windows_at)
+        if token is not None:
+            carry = lax.optimization_barrier((carry, token))[0]
     if gm.dynamic_axes:  # the number of steps is a traced value
         carry = lax.fori_loop(jnp.int32(0), num_steps, step, carry)
     elif num_steps == 1:

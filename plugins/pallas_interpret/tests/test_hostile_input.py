@@ -1,9 +1,9 @@
 """The interpreter under hostile input (issue 18): no silent wrong result, no raw exception.
 
-Block indices computed from scalar-prefetch operands are checked in checked mode (and clamped,
-as documented, without it); checked mode's reports reach the caller as the ``PallasError``
-itself, also when the callbacks run in the runtime's threads under ``shard_map``;
-``parallel_axes`` must name axes of the grid.
+Block indices computed from scalar-prefetch operands are checked in every mode (checked mode
+at each step, the default once per call over all steps, issue 34); checked mode's reports
+reach the caller as the ``PallasError`` itself, also when the callbacks run in the runtime's
+threads under ``shard_map``; ``parallel_axes`` must name axes of the grid.
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ def test_prefetch_block_index_outside_the_array_is_reported(seed: int) -> None:
                        match=rf"block index \({6 + seed}, 0\) for input 1 \(x_ref\) in kernel "
                              rf"'gather_rows' at grid step \({step},\): its index map "
                              rf"\(.*test_hostile_input\.py:\d+\) .* shape \(6, 8\) \(valid block "
-                             r"indices: 0\.\.5, 0\.\.0\)\..*would clamp.*Fix: keep"):
+                             r"indices: 0\.\.5, 0\.\.0\)\. The hardware would read or write "
+                             r"memory outside it.*Fix: keep"):
         _gather_rows(CHECKED, 6, 5)(idx, x)
 
 
@@ -71,14 +72,22 @@ def test_negative_prefetch_block_index_of_an_output_is_reported() -> None:
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_unchecked_mode_clamps_the_block_index_as_documented(seed: int) -> None:
-    """Without checked mode a block's start (block index times block size) is taken from the
-    end of the (padded) dimension when negative, then clamped so that the block lies inside it
-    (docs/architecture.md, "The interpreter")."""
+def test_unchecked_mode_reports_it_too(seed: int) -> None:
+    """Without checked mode the block indices of every step are checked once per call (they
+    were clamped back inside the array before; JAX's TPU interpret mode raises)."""
     x, idx, step = _random_case(seed)
-    idx[step] = [-3, 6, -40][seed]
-    out = _gather_rows(InterpretParams(), 6, 5)(idx, x)
-    np.testing.assert_allclose(out, 2 * x[np.clip(np.where(idx < 0, idx + 6, idx), 0, 5)])
+    np.testing.assert_allclose(_gather_rows(InterpretParams(), 6, 5)(idx, x), 2 * x[idx])
+    bad = [-3, 6, -40][seed]
+    idx[step] = bad
+    with pytest.raises(pl.OutOfBoundsError,
+                       match=rf"block index \({bad}, 0\) for input 1 \(x_ref\) in kernel "
+                             rf"'gather_rows' at grid step \({step},\)"):
+        _gather_rows(InterpretParams(), 6, 5)(idx, x)
+    # The first step that leaves is named.
+    idx[:] = 0
+    idx[1:] = 7
+    with pytest.raises(pl.OutOfBoundsError, match=r"at grid step \(1,\)"):
+        _gather_rows(InterpretParams(), 6, 5)(idx, x)
 
 
 def test_uninitialized_reads_allow_input_blocks_outside() -> None:

@@ -263,7 +263,9 @@ def _set_attributes(kernel: Any, call: KernelCall, windows: list[ir.Attribute],
             f"grid {gm.user_grid} has {len(gm.user_grid)} axes. Fix: give one per grid axis.")
     # The cores of a mesh (pl.kernel) run in parallel; grid steps default to arbitrary.
     default = "parallel" if gm.is_mesh else "arbitrary"
-    names = ["parallel"] * gm.num_batch_axes + [s.value for s in semantics] + [
+    # Ours are enum members; JAX's own pltpu.CompilerParams may hold its enum or strings.
+    names = ["parallel"] * gm.num_batch_axes + [
+        str(getattr(s, "value", s)).lower() for s in semantics] + [
         default] * (len(gm.user_grid) - len(semantics))
     attrs = kernel.attributes
     attrs["dimension_semantics"] = ir.ArrayAttr.get(

@@ -102,10 +102,7 @@ def pallas_lower(request: LoweringRequest) -> Any:
 
 @hookimpl
 def pallas_stages(call: KernelCall, target: str | None) -> Mapping[str, Any]:
-    if target is not None and target not in CHIPS:
-        raise PallasError(
-            f"pl.stages(backend='sparsecore', target={target!r}): unknown chip. Fix: use one "
-            f"of {sorted(CHIPS)}.")
+    _check_target("pl.stages", target)
     module, _ = lowering.lower_kernel(call)
     return {"mosaic": lowering.tl.module_text(module)}
 
@@ -114,4 +111,15 @@ def pallas_stages(call: KernelCall, target: str | None) -> Mapping[str, Any]:
 def pallas_emulate(call: EmulatedCall) -> Any:
     from pallas_sparsecore import emulator  # numpy machinery, loaded on first use
 
+    if call.options.backend == "sparsecore":
+        _check_target("pl.emulate", call.options.target)
     return emulator.emulate(call)
+
+
+def _check_target(api: str, target: str | None) -> None:
+    """Refuses a target that is not a chip with SparseCores (as ``pl.stages`` and
+    ``pl.emulate`` both do)."""
+    if target is not None and target not in CHIPS:
+        raise PallasError(
+            f"{api}(backend='sparsecore', target={target!r}): unknown chip. Fix: use one "
+            f"of {sorted(CHIPS)}.")

@@ -407,3 +407,22 @@ def test_scalar_subcore_kernel_with_smem() -> None:
 
     x = jax.random.randint(jax.random.key(0), (2, 8), -100, 100, jnp.int32)
     np.testing.assert_array_equal(emulate(fn)(x), np.asarray(x) * 2 + np.arange(2)[:, None])
+
+
+def test_an_unknown_target_is_refused_as_pl_stages_refuses_it() -> None:
+    """``pl.emulate`` ran any target before (issue 34); now it names the chips, as
+    ``pl.stages`` does."""
+    def fn(x):
+        @pl.kernel(out_type=jax.ShapeDtypeStruct((4, L), x.dtype), mesh=B.mesh(1, 4))
+        def k(x_hbm, o_hbm):
+            s = lax.axis_index("s")
+            pltpu.sync_copy(x_hbm.at[s], o_hbm.at[s])
+        return k(x)
+
+    x = B.rand(15, (4, L))
+    with pytest.raises(pl.PallasError, match=r"pl.emulate\(backend='sparsecore', target='v99'\)"
+                       r": unknown chip. Fix: use one of"):
+        jax.block_until_ready(emulate(fn, target="v99")(x))
+    with pytest.raises(pl.PallasError, match=r"pl.stages\(backend='sparsecore', target='v99'\)"):
+        pl.stages(fn, x, backend="sparsecore", target="v99")[0]["mosaic"]
+    np.testing.assert_array_equal(np.asarray(emulate(fn)(x)), np.asarray(x))

@@ -122,4 +122,6 @@ def pallas_emulate(call: EmulatedCall) -> list[Any] | None:
     """Runs XLA's Triton custom call (ours and ``jax.experimental.pallas``'s) with numpy."""
     if call.target != CUSTOM_CALL_TARGET:
         return None
+    if call.options.target is not None:  # a target pl.stages would refuse is refused here too
+        triton_compile.parse_target(call.options.target)
     return emulator.emulate(call)
