@@ -8,17 +8,21 @@ zero-size arrays; dtypes the interpreter or JAX may refuse. When ours runs, its 
 agree with ``jax.experimental.pallas`` (``interpret=True``) on every element some grid step
 writes, and with ``jax.numpy`` when the blocks cover the array once.
 
-A small budget runs in CI; ``PALLAS_PROPERTY_EXAMPLES=2000`` (``tox -e property``) runs more.
+The same holds for atomics whose lanes repeat an element (against a sequential model) and for
+``pl.emulate`` on random targets (refusing exactly what ``pl.stages`` refuses). A small budget
+runs in CI; ``PALLAS_PROPERTY_EXAMPLES=2000`` (``tox -e property``) runs 2000 of each.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jax.experimental import pallas as jpl
@@ -162,3 +166,92 @@ def test_hostile_kernels_match_jax_or_raise_a_pallas_error(ex: dict[str, Any]) -
 def _kernel_reference(x: np.ndarray) -> Any:
     x = jnp.asarray(x)
     return x if x.dtype == jnp.bool_ else x * 2 + 1
+
+
+# --- atomics at repeated indices, and emulation on random targets (issue 34) ---------------
+
+SMALL = settings(max_examples=EXAMPLES if EXAMPLES > 60 else 20, deadline=None,
+                 derandomize=True, suppress_health_check=list(HealthCheck))
+ATOMIC_OPS = {"add": (pl.atomic_add, np.add), "max": (pl.atomic_max, np.maximum),
+              "min": (pl.atomic_min, np.minimum), "or": (pl.atomic_or, np.bitwise_or),
+              "xor": (pl.atomic_xor, np.bitwise_xor), "xchg": (pl.atomic_xchg, lambda a, b: b)}
+
+
+@st.composite
+def atomic_examples(draw: Any) -> dict[str, Any]:
+    op = draw(st.sampled_from(sorted(ATOMIC_OPS)))
+    n = draw(st.integers(1, 8))
+    lanes = draw(st.integers(1, 24))
+    return {"op": op, "n": n, "dtype": "int32" if op in ("or", "xor") else draw(
+                st.sampled_from(["int32", "float32"])),
+            "idx": draw(st.lists(st.integers(0, n - 1), min_size=lanes, max_size=lanes)),
+            "mask": draw(st.one_of(st.none(), st.lists(st.booleans(), min_size=lanes,
+                                                       max_size=lanes))),
+            "seed": draw(st.integers(0, 2**16))}
+
+
+@SMALL
+@given(atomic_examples())
+def test_atomics_at_repeated_indices_match_a_sequential_model(ex: dict[str, Any]) -> None:
+    """The lanes of one atomic update the Ref one after another: the final contents and each
+    lane's old value are those of a numpy loop over the lanes."""
+    atomic, combine = ATOMIC_OPS[ex["op"]]
+    rng = np.random.default_rng(ex["seed"])
+    idx = np.asarray(ex["idx"], np.int32)
+    lanes, dtype = len(idx), np.dtype(ex["dtype"])
+    x = rng.integers(-20, 20, ex["n"]).astype(dtype)
+    v = rng.integers(-20, 20, lanes).astype(dtype)
+    mask = np.ones(lanes, bool) if ex["mask"] is None else np.asarray(ex["mask"])
+
+    def kernel(x_ref: Any, i_ref: Any, v_ref: Any, m_ref: Any, o_ref: Any,
+               old_ref: Any) -> None:
+        o_ref[...] = x_ref[...]
+        old_ref[...] = atomic(o_ref, (i_ref[...],), v_ref[...],
+                              mask=None if ex["mask"] is None else m_ref[...] != 0)
+
+    got, olds = pl.pallas_call(kernel, backend="interpret", out_shape=(
+        jax.ShapeDtypeStruct((ex["n"],), dtype), jax.ShapeDtypeStruct((lanes,), dtype)))(
+        x, idx, v, mask.astype(np.int32))
+    want, want_olds = x.copy(), np.zeros(lanes, dtype)
+    for lane in range(lanes):
+        want_olds[lane] = want[idx[lane]]
+        if mask[lane]:
+            want[idx[lane]] = combine(want[idx[lane]], v[lane])
+    np.testing.assert_array_equal(np.asarray(got), want)
+    np.testing.assert_array_equal(np.asarray(olds), want_olds)
+
+
+EMULATORS = {name: targets for name, targets in {
+    "triton": ["sm_80", "sm_90", "sm_100", "gfx942"], "mosaic_tpu": ["v4", "v5e", "v6e"]}.items()
+    if importlib.util.find_spec(f"pallas_{name}") is not None}
+"""Each installed emulating backend's targets (a sample of the known ones)."""
+
+
+@pytest.mark.skipif(not EMULATORS, reason="needs pallas_triton or pallas_mosaic_tpu")
+@SMALL
+@given(st.sampled_from(sorted(EMULATORS) or ["none"]),
+       st.one_of(st.none(), st.sampled_from(sorted({t for ts in EMULATORS.values()
+                                                    for t in ts} | {"sm_7", "v99", "h100",
+                                                                    "", "TPU v5 lite"})),
+                 st.text(max_size=6)),
+       st.integers(0, 2**16))
+def test_emulation_on_random_targets_runs_or_refuses_as_stages_does(
+        backend: str, target: str | None, seed: int) -> None:
+    """``pl.emulate`` on any target either gives the right result or raises a
+    ``PallasError``; it refuses exactly the targets ``pl.stages`` refuses."""
+    x = np.random.default_rng(seed).standard_normal((8, 128)).astype(np.float32)
+    fn = pl.pallas_call(_kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                        backend=backend)
+    stage = {"triton": "ttir", "mosaic_tpu": "mosaic"}[backend]
+    try:
+        pl.stages(fn, x, backend=backend, target=target)[0][stage]
+        staged = None
+    except pl.PallasError as e:
+        staged = e
+    try:
+        out = np.asarray(pl.emulate(fn, backend=backend, target=target)(x))
+    except pl.PallasError as e:
+        assert staged is not None, f"pl.emulate refused target {target!r} ({e}); stages ran"
+        return
+    assert staged is None, f"pl.emulate ran target {target!r}, which stages refuses: {staged}"
+    np.testing.assert_allclose(out, x * 2 + 1, rtol=1e-6)

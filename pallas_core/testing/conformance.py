@@ -570,6 +570,41 @@ class ConformanceSuite:
         self.assert_close(old.min(0), jnp.zeros((n,)), what="first value atomic_add returned")
         self.assert_close((old + x).max(0), x.sum(0), what="last value atomic_add returned")
 
+    @feature(ATOMICS)
+    def test_atomics_at_repeated_indices(self) -> None:
+        """One ``atomic_add`` (and one ``atomic_max``) whose lanes name the same element
+        several times, through integer-array indices with repeats, masked: every unmasked
+        lane's update counts, as a sequence of atomic operations applies them (checked
+        against a sequential model; the values returned depend on the lanes' order and are
+        not compared)."""
+        n, lanes = 8, 16
+        idx = np.concatenate([[0, 1, 1, 3, 3, 3, 5, 7], self.rng.integers(0, n, lanes - 8)])
+        mask = np.ones(lanes, bool)
+        mask[self.rng.integers(0, lanes, 3)] = False
+        x = self.random_ints_as_floats((lanes,), low=1, high=9)
+        k = self.random((lanes,), jnp.int32)
+
+        def kernel(i_ref: Any, m_ref: Any, x_ref: Any, k_ref: Any, sum_ref: Any,
+                   max_ref: Any) -> None:
+            sum_ref[...] = jnp.zeros_like(sum_ref)
+            max_ref[...] = jnp.full_like(max_ref, jnp.iinfo(jnp.int32).min)
+            lanes_on = m_ref[...] != 0
+            pl.atomic_add(sum_ref, (i_ref[...],), x_ref[...], mask=lanes_on)
+            pl.atomic_max(max_ref, (i_ref[...],), k_ref[...], mask=lanes_on)
+
+        sums, maxes = self.pallas_call(
+            kernel, (jax.ShapeDtypeStruct((n,), jnp.float32),
+                     jax.ShapeDtypeStruct((n,), jnp.int32)),
+        )(jnp.asarray(idx, jnp.int32), jnp.asarray(mask, jnp.int32), x, k)
+        want_sum = np.zeros(n, np.float32)
+        want_max = np.full(n, np.iinfo(np.int32).min, np.int32)
+        for lane in range(lanes):  # one lane after another
+            if mask[lane]:
+                want_sum[idx[lane]] += float(x[lane])
+                want_max[idx[lane]] = max(want_max[idx[lane]], int(k[lane]))
+        self.assert_close(sums, want_sum, what="atomic_add at repeated indices")
+        self.assert_close(maxes, want_max, what="atomic_max at repeated indices")
+
     @feature(DEBUG_PRINT)
     def test_debug_print(self, capfd: pytest.CaptureFixture[str]) -> None:
         """``pl.debug_print`` with a grid-dependent value prints once per grid step."""

@@ -77,7 +77,9 @@ class KernelState:
     and the other devices' kernels (:class:`Network`)."""
 
     def __init__(self, bounds: Sequence[int], device: int | None = None,
-                 network: Network | None = None) -> None:
+                 network: Network | None = None, name: str = "kernel") -> None:
+        self.name = name
+        """The kernel's name, for messages."""
         self.bounds = tuple(bounds)
         self.core = 0
         self.rng: np.random.Generator | None = None
@@ -892,13 +894,15 @@ def run_kernel(module: ir.Module, operands: Sequence[np.ndarray],
                results: Sequence[tuple[tuple[int, ...], np.dtype]],
                aliases: Sequence[tuple[int, int]], options: EmulateOptions, *,
                extra_rules: Mapping[str, Rule] | None = None,
-               backend: str = "mosaic_tpu", device: int | None = None) -> list[np.ndarray]:
+               backend: str = "mosaic_tpu", device: int | None = None,
+               name: str = "kernel") -> list[np.ndarray]:
     """Runs the Mosaic kernel of ``module`` on ``operands`` (the custom call's: dynamic grid
     sizes first, then scalar prefetch, then inputs) and returns its results. ``device``: the
-    logical id ``tpu.device_id`` reads (under ``shard_map``)."""
+    logical id ``tpu.device_id`` reads (under ``shard_map``); ``name``: the kernel's, for
+    messages."""
     with module.context, ir.Location.unknown():
         return _prepare(module, operands, results, aliases, options, extra_rules or {},
-                        backend, KernelState((), device))()
+                        backend, KernelState((), device, name=name))()
 
 
 def run_devices(module: ir.Module, calls: Sequence[EmulatedCall]) -> list[list[np.ndarray]]:
@@ -995,10 +999,32 @@ def _prepare(module: ir.Module, operands: Sequence[np.ndarray],
         for core, share in enumerate(shares):
             state.core = core
             mine, scratch = first if core == 0 else memories()
-            _walk(body, windows, n_in, mine, scratch, share, grid_args)
+            try:
+                _walk(body, windows, n_in, mine, scratch, share, grid_args)
+            except EmulationError as e:
+                raise _in_context(e, state, windows, n_in, mine, scratch) from e
         return [np.asarray(o).astype(dtype) for o, (_, dtype) in zip(outs, results,
                                                                      strict=True)]
     return run
+
+
+def _in_context(error: EmulationError, state: KernelState, windows: list[_Window], n_in: int,
+                prefetch: list[np.ndarray], scratch: list[np.ndarray]) -> EmulationError:
+    """``error`` naming the kernel, the grid step :func:`_walk` was at, and (for an
+    out-of-bounds access) the operand whose buffer it reached."""
+    named = [(f"input {w.index}" if w.index < n_in else f"output {w.index - n_in}", w.buffer)
+             for w in windows]
+    named += [(f"scalar-prefetch operand {j}", x) for j, x in enumerate(prefetch)]
+    named += [(f"scratch operand {j}", x) for j, x in enumerate(scratch)]
+    ref = error.ref
+    operand = next((name for name, x in named if ref is not None and isinstance(x, np.ndarray)
+                    and np.shares_memory(ref, x)), None)
+    step = error.grid_step
+    where = f"kernel {state.name!r}" + (f" at grid step {step}" if step is not None else "")
+    where += f", {operand}" if operand else ""
+    found = EmulationError(f"{where}: {error}")
+    found.ref = ref
+    return found
 
 
 def _walk(body: Any, windows: list[_Window], n_in: int, prefetch: list[np.ndarray],
@@ -1022,7 +1048,11 @@ def _walk(body: Any, windows: list[_Window], n_in: int, prefetch: list[np.ndarra
                     w.fresh()
                 w.block = block
         ids = [np.asarray(i, dt) for i, dt in zip(point, grid_dtypes, strict=True)]
-        body(*ids, *prefetch, *[w.buffer for w in windows], *scratch)
+        try:
+            body(*ids, *prefetch, *[w.buffer for w in windows], *scratch)
+        except EmulationError as e:
+            e.grid_step = tuple(int(i) for i in point)
+            raise
         upcoming = blocks_at(points[step + 1]) if step + 1 < len(points) else []
         for k, w in enumerate(blocked):
             if w.index >= n_in and (not upcoming or upcoming[k] != w.block):
@@ -1058,4 +1088,4 @@ def emulate(call: EmulatedCall) -> list[np.ndarray] | None:
         return list(call.run_jointly(functools.partial(run_devices, module)))
     return run_kernel(module, [np.asarray(x) for x in call.operands], call.results,
                       call.aliases, call.options,
-                      device=call.device if call.under_shard_map else None)
+                      device=call.device if call.under_shard_map else None, name=call.name)

@@ -33,6 +33,11 @@ class EmulationError(PallasError):
     """A kernel did something that a TPU would not run correctly (out-of-bounds access,
     a wait on a semaphore nothing signals)."""
 
+    ref: np.ndarray | None = None
+    """The buffer an out-of-bounds access reached (for the grid runner to name it)."""
+    grid_step: tuple[int, ...] | None = None
+    """The grid step the kernel was at (set by the grid runner)."""
+
 
 def _unsupported(op: ir.Operation, what: str) -> UnsupportedError:
     return UnsupportedError(
@@ -110,10 +115,12 @@ def _key(op: ir.Operation, ref: np.ndarray, idx: Sequence[Any], shape: Sequence[
             size, stride = int(shape[d - lead]), int(strides[d - lead])
         end = i + (size - 1) * stride + 1
         if i < 0 or end > ref.shape[d]:
-            raise EmulationError(
+            error = EmulationError(
                 f"{op.name} at {op.location} reads or writes indices {i}..{end - 1} of "
                 f"dimension {d} of a ref of shape {ref.shape}: out of bounds. Fix: keep the "
                 "access inside the ref (the TPU does not check it).")
+            error.ref = ref
+            raise error
         key.append(i if d < lead else slice(i, end, stride))
     return tuple(key)
 

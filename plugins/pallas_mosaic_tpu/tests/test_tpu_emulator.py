@@ -591,3 +591,24 @@ def test_a_talking_kernel_only_some_devices_call_is_reported(
     with pytest.raises(_RAISED, match=r"devices \[0\] reached it, devices \[1, 2, 3\] did "
                        r"not within 2 s"):
         _emulate(_per_device(mesh, per_device), _x((32, 128)))
+
+
+@pytest.mark.parametrize("m", MODULES)
+def test_an_out_of_bounds_access_names_the_kernel_the_step_and_the_operand(m: Any) -> None:
+    """The emulator's report said only ``vector.load at loc("-":24:10) ... out of bounds``
+    (issue 34); it now names the kernel, the grid step and the operand, as the interpreter's
+    checked mode does. Step 2 reads rows 16..23 of a 16-row scratch buffer."""
+    def kernel(x_ref: Any, o_ref: Any, s_ref: Any) -> None:
+        i = m.program_id(0)
+        s_ref[...] = jnp.zeros_like(s_ref)
+        o_ref[...] = x_ref[...] + s_ref[m.ds(i * 8, 8), :]
+
+    x = _x((32, 128), 7)
+    f = m.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(4,),
+                      in_specs=[m.BlockSpec((8, 128), lambda i: (i, 0))],
+                      out_specs=m.BlockSpec((8, 128), lambda i: (i, 0)),
+                      scratch_shapes=[_tpu(m).VMEM((16, 128), F32)], name="oob_scratch")
+    with pytest.raises(PallasError, match=r"kernel 'oob_scratch' at grid step \(2,\), scratch "
+                       r"operand 0: vector\.load .* indices 16\.\.23 of dimension 0 .* out of "
+                       r"bounds"):
+        _emulate(f, x)
