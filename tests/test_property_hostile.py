@@ -247,7 +247,9 @@ def test_emulation_on_random_targets_runs_or_refuses_as_stages_does(
         pl.stages(fn, x, backend=backend, target=target)[0][stage]
         staged = None
     except pl.PallasError as e:
-        staged = e
+        # Without the triton compiler pl.stages cannot make Triton's stages at all: that
+        # says nothing of the target.
+        staged = None if "needs the `triton` package" in str(e) else e
     try:
         out = np.asarray(pl.emulate(fn, backend=backend, target=target)(x))
     except pl.PallasError as e:
