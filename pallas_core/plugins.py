@@ -438,24 +438,35 @@ class PluginManager:
         exception, or a result of the wrong kind (:func:`results`), is the plugin's defect: a
         ``PluginError`` naming the backend, its distribution and the hook."""
         plugin = self.get(name).plugin
-        caller = getattr(self._pm.hook, hook)
-        impls = caller.get_hookimpls()
-        answers = [impl.plugin for impl in impls if not (impl.wrapper or impl.hookwrapper)]
+        answers = self._answering(hook)
         if not any(p is plugin for p in answers):
             return None
-        subset = self._pm.subset_hook_caller(hook, [p for p in answers if p is not plugin])
         try:
-            result = subset(**kwargs)
+            result = self._call_one(hook, plugin, answers, kwargs)
         except Exception as e:
             if isinstance(e, (PallasError, *passthrough)):
                 raise
             raise self.plugin_error(name, hook, f"raised {type(e).__name__}: {e}") from e
+        wrong = _malformed(hook, result)
+        if wrong:
+            raise self.plugin_error(name, hook, wrong)
+        return result
+
+    def _answering(self, hook: str) -> list[Any]:
+        """The plugins implementing ``hook`` (wrappers aside), in registration order."""
+        return [impl.plugin for impl in getattr(self._pm.hook, hook).get_hookimpls()
+                if not (impl.wrapper or impl.hookwrapper)]
+
+    def _call_one(self, hook: str, plugin: Any, answers: list[Any],
+                  kwargs: Mapping[str, Any]) -> Any:
+        """``plugin``'s answer to ``hook`` alone, through pluggy (every plugin's wrappers
+        kept, the other ``answers`` left out): the result itself, also for a hook without
+        ``firstresult`` (not pluggy's list)."""
+        caller = getattr(self._pm.hook, hook)
+        subset = self._pm.subset_hook_caller(hook, [p for p in answers if p is not plugin])
+        result = subset(**kwargs)
         if not (caller.spec is not None and caller.spec.opts.get("firstresult")):
             result = result[0] if result else None
-        expected = results().get(hook)
-        if result is not None and expected is not None and not expected[0](result):
-            raise self.plugin_error(name, hook, f"returned {_show(result)}, where its "
-                                    f"specification expects {expected[1]}")
         return result
 
     def plugin_error(self, name: str, hook: str, what: str) -> PluginError:
@@ -481,27 +492,21 @@ class PluginManager:
         kind (:func:`results`), is that plugin's defect: a ``PluginWarning`` naming it, and
         its answer is left out, so that one faulty plugin breaks no other plugin or kernel."""
         self.ensure_loaded()
-        caller = getattr(self._pm.hook, hook)
-        answers = [impl.plugin for impl in caller.get_hookimpls()
-                   if not (impl.wrapper or impl.hookwrapper)]
+        answers = self._answering(hook)
         found: list[tuple[str, Any]] = []
         faults: list[tuple[str, str, BaseException | None]] = []
         for plugin in reversed(answers):
             name = self._pm.get_name(plugin) or type(plugin).__name__
-            subset = self._pm.subset_hook_caller(hook, [p for p in answers if p is not plugin])
             try:
-                result = subset(**kwargs)
+                result = self._call_one(hook, plugin, answers, kwargs)
             except PallasError:
                 raise
             except Exception as e:
                 faults.append((name, f"raised {type(e).__name__}: {e}", e))
                 continue
-            if not (caller.spec is not None and caller.spec.opts.get("firstresult")):
-                result = result[0] if result else None
-            expected = results().get(hook)
-            if result is not None and expected is not None and not expected[0](result):
-                faults.append((name, f"returned {_show(result)}, where its specification "
-                               f"expects {expected[1]}", None))
+            wrong = _malformed(hook, result)
+            if wrong:
+                faults.append((name, wrong, None))
                 continue
             if result is not None:
                 found.append((name, result))
@@ -590,6 +595,15 @@ def results() -> Mapping[str, tuple[Callable[[Any], bool], str]]:
         "pallas_op_cost": (lambda r: isinstance(r, OpCost),
                            "a pallas_core.backend.OpCost, or None"),
     }
+
+
+def _malformed(hook: str, result: Any) -> str:
+    """What is wrong with ``result`` as an answer to ``hook`` (:func:`results`), or ``""``
+    (``None``, no answer, is never malformed here: callers decide what it means)."""
+    expected = results().get(hook)
+    if result is None or expected is None or expected[0](result):
+        return ""
+    return f"returned {_show(result)}, where its specification expects {expected[1]}"
 
 
 def _show(value: Any) -> str:

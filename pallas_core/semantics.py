@@ -247,13 +247,16 @@ def _lane_positions(x: Any, flat: Sequence[Any], tree: Any) -> Any:
 
 
 def lanewise_read_modify_write(x: Any, flat: Sequence[Any], tree: Any,
-                               update: Callable[[Any, Any], Any]) -> tuple[Any, Any]:
+                               update: Callable[[Any, Any], Any],
+                               positions: Any = None) -> tuple[Any, Any]:
     """:func:`read_modify_write` for a view whose lanes may name the same element (integer
     array indices): the lanes update ``x`` one at a time, in row-major order, each seeing the
     updates of the lanes before it, as a sequence of atomic operations does. ``update(old,
     lane)`` gives lane ``lane``'s (flat index) new value from the element's current one; the
-    first result holds each lane's current value before its own update."""
-    positions = _lane_positions(x, flat, tree)
+    first result holds each lane's current value before its own update. ``positions``:
+    :func:`_lane_positions` of the view, where the caller has them already."""
+    if positions is None:
+        positions = _lane_positions(x, flat, tree)
     pos = positions.reshape(-1)
     zero = jnp.zeros((), x.dtype)
 
@@ -279,10 +282,10 @@ def _atomic_update(x: Any, flat: Sequence[Any], tree: Any, lane_values: Sequence
     transforms = jax.tree_util.tree_unflatten(tree, flat)
     if not _gathers(transforms):
         return read_modify_write(x, flat, tree, lambda old: update(old, *lane_values))
-    shape = _lane_positions(x, flat, tree).shape
-    lanes = [jnp.broadcast_to(v, shape).reshape(-1) for v in lane_values]
+    positions = _lane_positions(x, flat, tree)
+    lanes = [jnp.broadcast_to(v, positions.shape).reshape(-1) for v in lane_values]
     return lanewise_read_modify_write(
-        x, flat, tree, lambda old, i: update(old, *(v[i] for v in lanes)))
+        x, flat, tree, lambda old, i: update(old, *(v[i] for v in lanes)), positions)
 
 
 def _masked_load_discharge(in_avals: Any, out_avals: Any, x: Any, *args: Any, tree: Any,
