@@ -15,7 +15,6 @@ The emulated result is checked against ``jax.numpy`` before timing. Run:
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import functools
 import platform
@@ -27,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from interpret_speed import blocked_add, matmul_3d
 from jax.experimental import pallas as jax_pl
-from timing import paired_medians
+from timing import command_line, paired_medians
 
 import pallas_core as our_pl
 
@@ -38,9 +37,7 @@ KERNELS: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser = command_line(__doc__, warmup=1, repeats=5)
     parser.add_argument("--backends", default="mosaic_tpu,triton")
     args = parser.parse_args()
     print(f"# {datetime.date.today()} on {platform.machine()} {platform.processor() or ''}"

@@ -5,8 +5,9 @@ Kernels: bf16 matmul 4096^3 and 8192^3 (bf16 out, float32 accumulation), flash a
 softmax (8192x1024) and a bf16 add (8192x8192), measured against the device's copy bandwidth.
 Up to three ways each, timed in one run:
 
-1. this project: ``pallas_mosaic_gpu.kernels.matmul`` / ``kernels.attention`` (``pallas_core`` on
-   the ``mosaic_gpu`` backend); for the matmul, several tile configurations, the best reported;
+1. this project: ``pallas_mosaic_gpu.hopper_kernels.matmul`` / ``hopper_kernels.attention``
+   (``pallas_core`` on the ``mosaic_gpu`` backend); for the matmul, several tile
+   configurations, the best reported;
 2. the same algorithm written here against JAX's own Mosaic GPU Pallas
    (``jax.experimental.pallas.mosaic_gpu``: ``plgpu.kernel`` + ``plgpu.emit_pipeline``, TMA
    into swizzled SMEM, ``plgpu.wgmma`` into a ``plgpu.ACC``), also over a few configurations;
@@ -56,7 +57,7 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as jax_pl
 from jax.experimental.pallas import mosaic_gpu as jax_plgpu
-from pallas_mosaic_gpu import kernels as ours
+from pallas_mosaic_gpu import hopper_kernels as ours
 from timing import median_seconds
 
 BF16, F32 = jnp.bfloat16, jnp.float32

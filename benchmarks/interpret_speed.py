@@ -12,7 +12,6 @@ with ``--json PATH``, written out. Run: ``python benchmarks/interpret_speed.py``
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import math
@@ -25,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as jax_pl
-from timing import call_seconds, median_seconds
+from timing import call_seconds, command_line, median_seconds
 
 import pallas_core as our_pl
 
@@ -171,9 +170,7 @@ def run(warmup: int, repeats: int, anchor_repeats: int, first_repeats: int) -> d
 
 def main() -> None:
     """Command line: ``--repeats``, ``--warmup``, ``--json``."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=20)
+    parser = command_line(__doc__, warmup=2, repeats=20)
     parser.add_argument("--anchor-repeats", type=int, default=5,
                         help="repeats for jax.experimental.pallas interpret (slow)")
     parser.add_argument("--first-repeats", type=int, default=3,

@@ -13,7 +13,6 @@ Run: ``python benchmarks/library_interpret.py [--only NAME ...] [--repeats N]``.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import importlib
@@ -37,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 import pallas_mosaic_tpu as our_pltpu
 from jax.experimental.pallas import tpu as jax_pltpu
-from timing import call_seconds, median_seconds
+from timing import call_seconds, command_line, median_seconds
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from tests.jax_library import porting
@@ -291,11 +290,9 @@ def run(cases: list[Case], warmup: int, repeats: int) -> list[str]:
 
 def main() -> None:
     """Command line: ``--only`` (substrings of case names), ``--warmup``, ``--repeats``."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_line(__doc__, warmup=1, repeats=5)
     parser.add_argument("--only", nargs="*", default=[], help="run cases whose name has one "
                         "of these substrings")
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     cases = [c for c in CASES if not args.only or any(s in c.name for s in args.only)]
     print(f"jax {jax.__version__}, {platform.machine()}, {jax.device_count()} CPU devices; "

@@ -18,7 +18,6 @@ from the repository root: ``python benchmarks/library_interpret_gpu.py [--quick]
 
 from __future__ import annotations
 
-import argparse
 import functools
 import importlib
 import json
@@ -34,7 +33,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from timing import paired_medians
+from timing import command_line, paired_medians
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from tests.jax_library import porting
@@ -176,10 +175,8 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = command_line(__doc__, warmup=2, repeats=7)
     parser.add_argument("--quick", action="store_true", help="smaller shapes")
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--json", help="write the figures to this file")
     args = parser.parse_args()
     print(f"jax {jax.__version__}, {platform.machine()}, {jax.devices()[0].device_kind}, "

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from collections.abc import Callable
 from typing import Any
 
 import jax
+
+
+def command_line(doc: str, warmup: int, repeats: int) -> argparse.ArgumentParser:
+    """A benchmark's command line, described by the first line of ``doc``, with ``--warmup``
+    (calls before timing) and ``--repeats`` (timed calls or rounds) defaulting as given."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--warmup", type=int, default=warmup)
+    parser.add_argument("--repeats", type=int, default=repeats)
+    return parser
 
 
 def call_seconds(fn: Callable[..., Any], args: list[jax.Array]) -> float:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import copy as copy_module
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -174,6 +174,16 @@ class AsyncCopy:
                 "copy through memory both cores share (pl.ANY).")
         return ids
 
+    def _switched(self, again: Callable[[AsyncCopy], None]) -> bool:
+        """Where the source or destination is a :class:`SelectedRef`, calls ``again`` on this
+        copy with the chosen Ref in its place (a ``lax.switch``) and returns True."""
+        for role in ("src", "dst"):
+            chosen = getattr(self, role)
+            if isinstance(chosen, SelectedRef):
+                chosen.switch(lambda r, role=role: again(dataclasses.replace(self, **{role: r})))
+                return True
+        return False
+
     def start(self, priority: int = 0, *, add: bool = False) -> None:
         """Starts the copy. ``priority`` picks a DMA queue on hardware that has several (the
         interpreter runs every copy alike); ``add=True`` adds into the destination."""
@@ -183,12 +193,8 @@ class AsyncCopy:
                               "non-negative int (0 is the default queue).")
         if add:
             self.add = True
-        for role in ("src", "dst"):
-            chosen = getattr(self, role)
-            if isinstance(chosen, SelectedRef):
-                chosen.switch(lambda r, role=role: dataclasses.replace(
-                    self, **{role: r}).start(priority))
-                return
+        if self._switched(lambda c: c.start(priority)):
+            return
         self._check()
         views = [self.src, self.dst, self.sem]
         if self.is_remote:
@@ -218,12 +224,8 @@ class AsyncCopy:
         self._wait("send")
 
     def _wait(self, kind: str) -> None:
-        for role in ("src", "dst"):
-            chosen = getattr(self, role)
-            if isinstance(chosen, SelectedRef):
-                chosen.switch(lambda r, role=role: dataclasses.replace(
-                    self, **{role: r})._wait(kind))
-                return
+        if self._switched(lambda c: c._wait(kind)):
+            return
         sem = self.send_sem if kind == "send" else self.sem
         # Remote waits carry the device ids too: backends name the peer when they wait.
         params = {"add": True} if self.add else {}

@@ -54,10 +54,7 @@ class DelayEffect(_jax.Effect):
 
 
 delay_effect = DelayEffect()
-_jax.register_side_effect(DelayEffect)
-delay_p = _jax.Primitive("delay")
-delay_p.multiple_results = True
-delay_p.def_effectful_abstract_eval(lambda nanos: ([], {delay_effect}))
+delay_p = _jax.effect_primitive("delay", delay_effect)
 
 
 def delay(nanos: Any) -> None:
@@ -143,10 +140,7 @@ class DebugCheckEffect(_jax.Effect):
 
 
 debug_check_effect = DebugCheckEffect()
-_jax.register_side_effect(DebugCheckEffect)
-debug_check_p = _jax.Primitive("debug_check")
-debug_check_p.multiple_results = True
-debug_check_p.def_effectful_abstract_eval(lambda cond, *, message: ([], {debug_check_effect}))
+debug_check_p = _jax.effect_primitive("debug_check", debug_check_effect)
 
 
 def debug_check(condition: Any, message: str) -> None:

@@ -28,6 +28,7 @@ import enum
 import functools
 import importlib.metadata
 import os
+import sys
 import threading
 import traceback
 import warnings
@@ -36,7 +37,7 @@ from typing import Any
 
 import pluggy
 
-from pallas_core import hookspecs
+from pallas_core import _jax, hookspecs
 from pallas_core.errors import (
     BackendNotFoundError,
     LoweringError,
@@ -286,6 +287,8 @@ class PluginManager:
                     self._add(ep.name, plugin, dist)
                 except PluginLoadError as e:
                     self._errors[ep.name] = str(e)
+                    continue
+                _hide_package_frames(plugin)
             if self._errors:
                 failed = "; ".join(f"{name!r}: {why}" for name, why in sorted(
                     self._errors.items()))
@@ -681,6 +684,17 @@ def _hook_fix(plugin: Any) -> str:
 
 manager = PluginManager()
 """The process-wide plugin manager."""
+
+
+def _hide_package_frames(plugin: Any) -> None:
+    """The installed plugin's package (``pallas_triton`` for ``pallas_triton.plugin``) is
+    internal to the source lines of kernels' equations, as the core is: an error raised where
+    a kernel calls the plugin's own primitives (``plgpu.load``, ``pltpu.async_copy``) points
+    at the kernel's line, not the plugin's."""
+    top = sys.modules.get(str(getattr(plugin, "__name__", "")).split(".")[0])
+    paths = list(getattr(top, "__path__", None) or ())  # a package; never a lone module
+    for path in paths:
+        _jax.hide_frames_in(os.path.abspath(path))
 
 
 def register_backend(plugin: Any, name: str | None = None) -> Backend:

@@ -174,10 +174,7 @@ class DebugPrintEffect(_jax.Effect):
 
 
 debug_print_effect = DebugPrintEffect()
-_jax.register_side_effect(DebugPrintEffect)
-debug_print_p = _jax.Primitive("debug_print")
-debug_print_p.multiple_results = True
-debug_print_p.def_effectful_abstract_eval(lambda *args, fmt: ([], {debug_print_effect}))
+debug_print_p = _jax.effect_primitive("debug_print", debug_print_effect)
 
 
 def debug_print(fmt: str, *args: Any) -> None:

@@ -149,18 +149,14 @@ def _roofline_svg(kernels: Sequence[KernelReport]) -> str:
            f'height="{H}" viewBox="0 0 {W} {H}" role="img" aria-label="roofline chart">',
            f'<rect class="plot-area" x="{left}" y="{top}" width="{width}" height="{height}" '
            f'fill="{ROOF_BACKGROUND}" shape-rendering="crispEdges"/>']
-    for e in range(round(math.log10(x_lo)), round(math.log10(x_hi)) + 1):
-        px = x(10.0 ** e)
-        out.append(f'<line x1="{px:.1f}" y1="{top}" x2="{px:.1f}" y2="{top + height}" '
-                   'stroke="#d5dbe8"/>')
-        out.append(f'<text x="{px:.1f}" y="{top + height + 16}" text-anchor="middle">'
-                   f'{_e(si(10.0 ** e, ""))}</text>')
-    for e in range(round(math.log10(y_lo)), round(math.log10(y_hi)) + 1):
-        py = y(10.0 ** e)
-        out.append(f'<line x1="{left}" y1="{py:.1f}" x2="{left + width}" y2="{py:.1f}" '
-                   'stroke="#d5dbe8"/>')
-        out.append(f'<text x="{left - 6}" y="{py + 4:.1f}" text-anchor="end">'
-                   f'{_e(si(10.0 ** e, ""))}</text>')
+    for v in _decades(x_lo, x_hi):  # vertical grid lines, labelled below the plot
+        gx = f"{x(v):.1f}"
+        out += [_grid_line(gx, top, gx, top + height),
+                _svg_text(gx, top + height + 16, "middle", _e(si(v, "")))]
+    for v in _decades(y_lo, y_hi):  # horizontal ones, labelled on its left
+        gy = y(v)
+        out += [_grid_line(left, f"{gy:.1f}", left + width, f"{gy:.1f}"),
+                _svg_text(left - 6, f"{gy + 4:.1f}", "end", _e(si(v, "")))]
     out.append(f'<text x="{left + width / 2}" y="{H - 8}" text-anchor="middle">arithmetic '
                "intensity (FLOP per HBM byte)</text>")
     out.append(f'<text transform="translate(16 {top + height / 2}) rotate(-90)" '
@@ -215,6 +211,19 @@ def _roofline_svg(kernels: Sequence[KernelReport]) -> str:
     if skipped:
         out.append(f'<p class="muted">Not on the chart: {_e("; ".join(skipped))}.</p>')
     return "\n".join(out)
+
+
+def _decades(lo: float, hi: float) -> list[float]:
+    """The powers of ten from ``lo`` to ``hi`` (both powers of ten): where grid lines go."""
+    return [10.0 ** e for e in range(round(math.log10(lo)), round(math.log10(hi)) + 1)]
+
+
+def _grid_line(x1: object, y1: object, x2: object, y2: object) -> str:
+    return f'<line x1="{x1}" y1="{y1}" x2="{x2}" y2="{y2}" stroke="#d5dbe8"/>'
+
+
+def _svg_text(x: object, y: object, anchor: str, text: str) -> str:
+    return f'<text x="{x}" y="{y}" text-anchor="{anchor}">{text}</text>'
 
 
 def _peak_dtype(peaks: Mapping[str, float], peak: float) -> str:

@@ -194,7 +194,7 @@ def test_capabilities_are_typed_and_strings_naming_one_are_converted() -> None:
     assert all(type(c) is plb.Capability for c in plt.CAPABILITIES)
 
 
-_DECLARING = ["pallas_core/call.py", "pallas_core/testing/conformance.py",
+_DECLARING = ["pallas_core/dispatch.py", "pallas_core/testing/conformance.py",
               *sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("plugins/*/pallas_*/plugin.py")),
               "tests/third_party_backend/pallas_xla_unrolled/plugin.py"]
 """The files that name capabilities: the core's checks, the suite, every plugin's description."""

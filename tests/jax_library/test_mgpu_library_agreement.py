@@ -17,7 +17,7 @@ cluster, threads per block, dynamic shared memory) and target architecture.
   run in the interpreter against ``jnp.dot`` / ``lax.ragged_dot`` / attention_mgpu's own
   ``attention_reference`` (and its gradient). A port that does not lower (issue 17) would
   be a strict xfail naming what it lacks (``PORT_GAPS``, empty now).
-* This plugin's own kernels (``pallas_mosaic_gpu.kernels``), written again with JAX's
+* This plugin's own kernels (``pallas_mosaic_gpu.hopper_kernels``), written again with JAX's
   ``plgpu``: the differences that remain are design choices, pinned exactly below.
 * Blackwell (sm_100a): JAX's blackwell_matmul and blackwell_ragged_dot as JAX lowers them on
   CPU (what they need, which architecture the module says), this plugin's Blackwell matmul
@@ -48,8 +48,8 @@ from tests.jax_library import porting
 
 plgpu = pytest.importorskip("pallas_mosaic_gpu")  # the mosaic_gpu environment runs this file
 from jax.experimental.pallas import mosaic_gpu as jgpu  # noqa: E402 - needs absl, as plgpu does
+from pallas_mosaic_gpu import hopper_kernels as K  # noqa: E402, N812
 from pallas_mosaic_gpu import inspection  # noqa: E402
-from pallas_mosaic_gpu import kernels as K  # noqa: E402, N812
 
 from pallas_core import _jax  # noqa: E402
 

@@ -22,7 +22,7 @@ import numpy as np
 from jax import lax
 
 from pallas_core import backend as plb
-from pallas_core.errors import UnsupportedError
+from pallas_core.backend import UnsupportedError
 
 
 @dataclasses.dataclass(frozen=True)

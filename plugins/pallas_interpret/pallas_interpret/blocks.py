@@ -18,11 +18,9 @@ from typing import Any
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_core import reference
-from pallas_core.grid_mapping import BlockMapping
-from pallas_core.request import KernelCall
-from pallas_core.semantics import ReferenceContext, uninitialized
-from pallas_core.spec import Blocked, BoundedSlice, Element
+from pallas_core import Blocked, BoundedSlice, Element
+from pallas_core import backend as plb
+from pallas_core.backend import BlockMapping, KernelCall, ReferenceContext, uninitialized
 
 
 def _pads(bm: BlockMapping) -> list[tuple[int, int]]:
@@ -91,7 +89,7 @@ class Window:
 
 
 def starts(bm: BlockMapping, ids: Sequence[Any], prefetch: Sequence[Any] = (),
-           ctx: ReferenceContext | None = None, rules: reference.SemanticsRules | None = None
+           ctx: ReferenceContext | None = None, rules: plb.SemanticsRules | None = None
            ) -> Window:
     """The window of ``bm``'s block at grid point ``ids``.
 
@@ -101,7 +99,7 @@ def starts(bm: BlockMapping, ids: Sequence[Any], prefetch: Sequence[Any] = (),
     if ctx is None or rules is None:
         values = bm.block_indices(*ids, *prefetch)
     else:
-        values = reference.evaluate(bm.pure_index_map, [*ids, *prefetch], ctx, rules)
+        values = plb.evaluate(bm.pure_index_map, [*ids, *prefetch], ctx, rules)
         values = values[:bm.num_index_outputs]
     ndim = len(bm.array_shape)
     sizes = iter(values[ndim:])

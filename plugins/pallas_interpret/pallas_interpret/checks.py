@@ -29,14 +29,9 @@ import numpy as np
 from jax import lax
 from jax.experimental import io_callback
 
+from pallas_core import BoundedSlice, Element, OutOfBoundsError
 from pallas_core import backend as plb
-from pallas_core import copies as _copies
-from pallas_core import grid_mapping as gmap
-from pallas_core import primitives as prims
-from pallas_core import semantics
-from pallas_core.errors import OutOfBoundsError, PallasError, reported
-from pallas_core.request import KernelCall
-from pallas_core.spec import BoundedSlice, Element, block_dim_size
+from pallas_core.backend import KernelCall, PallasError, block_dim_size, reported
 from pallas_interpret import access
 from pallas_interpret.params import InterpretParams
 
@@ -71,7 +66,7 @@ def check_races(call: KernelCall, parallel: Sequence[int], cores: np.ndarray | N
     gm = call.grid_mapping
     if not parallel:
         return
-    tables = gmap.block_index_tables(gm)
+    tables = plb.block_index_tables(gm)
     if tables is None:
         return
     points, per_operand = tables
@@ -165,7 +160,7 @@ def _block_checks(call: KernelCall, params: InterpretParams, windows: Sequence[A
     """``(operands checked, whether each block leaves its array, their index-map values)``
     for one step's ``windows``; ``None`` when nothing is left to check at run time."""
     gm = call.grid_mapping
-    if gmap.block_index_tables(gm) is not None:
+    if plb.block_index_tables(gm) is not None:
         return None
     lenient = params.out_of_bounds_reads == "uninitialized"
     which, bad, values = [], [], []
@@ -250,7 +245,7 @@ def check_revisits(call: KernelCall, order: np.ndarray, cores: np.ndarray) -> No
     again, so the earlier writes would be lost. Unknown ahead of time (index maps reading
     scalar-prefetch operands, huge grids): not checked."""
     gm = call.grid_mapping
-    tables = gmap.block_index_tables(gm)
+    tables = plb.block_index_tables(gm)
     if tables is None or not len(order):
         return
     lex = np.ravel_multi_index(tuple(order.T), gm.grid) if gm.grid else np.zeros(1, np.int64)
@@ -337,7 +332,7 @@ class _Checker:
         if mask is not None:
             outside = outside & mask
         outside = lax.optimization_barrier((outside, ref))[0]
-        step = [prims.program_id_p.bind(axis=a) for a in range(self.n_axes)]
+        step = [plb.program_id_p.bind(axis=a) for a in range(self.n_axes)]
         starts = jnp.stack([jnp.asarray(s, jnp.int32) for s in acc.starts]) if acc.starts else (
             jnp.zeros(0, jnp.int32))
         padded = tuple(limit) != tuple(aval.shape)
@@ -349,7 +344,7 @@ class _Checker:
         return lax.optimization_barrier((value, token))[0]
 
     def fill(self, dtype: Any) -> Any:
-        return semantics.uninitialized((), dtype)
+        return plb.uninitialized((), dtype)
 
     # --- the rules
 
@@ -406,7 +401,7 @@ class _Checker:
 
     def copy_start(self, rule: Any, in_avals: Any, out_avals: Any, *args: Any, tree: Any,
                    roles: tuple[int, ...], remote: bool, **params: Any) -> Any:
-        views = _copies.RefViews(args, tree, roles)
+        views = plb.RefViews(args, tree, roles)
         src, dst = roles[0], roles[1]
         src_acc = access.locate(views.transforms[0], in_avals[src].shape)
         dst_acc = access.locate(views.transforms[1], in_avals[dst].shape)
@@ -417,7 +412,7 @@ class _Checker:
                         **params)
         # A local copy moves its data when it starts (as the core's rule has it), element by
         # element here, each access checked against its Ref's bounds.
-        views.write(2, views.read(2) + _copies.copy_bytes(views))
+        views.write(2, views.read(2) + plb.copy_bytes(views))
         value = access.read(args[src], src_acc, self.fill(args[src].dtype))
         value = self.guard(value, src_acc, in_avals[src], args[src], "read of", read=True)
         new_dst = access.write(args[dst], dst_acc, value)
@@ -470,11 +465,11 @@ def checked_rules(call: KernelCall, params: InterpretParams | None = None) -> It
     checker = _Checker(call, params or InterpretParams(checked=True))
     methods: dict[Any, Callable[..., Any]] = {
         plb.get_p: checker.get, plb.swap_p: checker.swap,
-        prims.masked_load_p: checker.masked_load, prims.masked_swap_p: checker.masked_swap,
-        _copies.copy_start_p: checker.copy_start, prims.run_scoped_p: checker.run_scoped}
+        plb.masked_load_p: checker.masked_load, plb.masked_swap_p: checker.masked_swap,
+        plb.copy_start_p: checker.copy_start, plb.run_scoped_p: checker.run_scoped}
 
     def wrap(prim: Any, rule: Any) -> Any:
         return functools.partial(methods[prim], rule)
 
-    with (plb.discharge_rules_wrapped(wrap, list(methods)), semantics.checked_discharge()):
+    with (plb.discharge_rules_wrapped(wrap, list(methods)), plb.checked_discharge()):
         yield

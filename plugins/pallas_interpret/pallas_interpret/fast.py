@@ -29,17 +29,12 @@ import numpy as np
 from jax import lax
 
 from pallas_core import backend as plb
-from pallas_core import grid_mapping as gmap
-from pallas_core import primitives as prims
-from pallas_core import reference
-from pallas_core.grid_mapping import BlockMapping
-from pallas_core.request import KernelCall
-from pallas_core.semantics import ReferenceContext, uninitialized
+from pallas_core.backend import BlockMapping, KernelCall, ReferenceContext, uninitialized
 
 # Primitives with reference semantics that are pure functions of the block values and the grid
 # position; any other primitive with registered semantics sends the kernel down the exact path.
-_BATCHABLE = frozenset({prims.program_id_p, plb.axis_index_p, prims.multiple_of_p,
-                        prims.masked_load_p, prims.masked_swap_p, prims.run_scoped_p})
+_BATCHABLE = frozenset({plb.program_id_p, plb.axis_index_p, plb.multiple_of_p,
+                        plb.masked_load_p, plb.masked_swap_p, plb.run_scoped_p})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +59,7 @@ def plan(call: KernelCall) -> Plan | None:
         return None
     if not _batchable_kernel(call) or _loops_follow_the_grid(call.jaxpr.jaxpr):
         return None
-    tables = gmap.block_index_tables(gm)
+    tables = plb.block_index_tables(gm)
     if tables is None:
         return None
     points, per_operand = tables
@@ -90,8 +85,8 @@ def _batchable_kernel(call: KernelCall) -> bool:
     if any(not (plb.is_ref_effect(e) or e is plb.internal_mutable_array_effect)
            for e in closed.jaxpr.effects):
         return False  # prints, callbacks: their order would change
-    unsafe = reference.registered_primitives() - _BATCHABLE
-    if reference.find_eqn(closed.jaxpr, unsafe) is not None:
+    unsafe = plb.registered_primitives() - _BATCHABLE
+    if plb.find_eqn(closed.jaxpr, unsafe) is not None:
         return False
     # A write to an input block stays visible to the next step that reads the same block.
     written = plb.written_invars(closed.jaxpr)
@@ -129,9 +124,9 @@ def _taint(jaxpr: Any, tainted: set[Any]) -> list[bool]:
         if eqn.primitive is plb.while_p:
             outs = _while_taint(eqn, marked(eqn.invars))
         else:
-            hit = (eqn.primitive in (prims.program_id_p, plb.axis_index_p)
+            hit = (eqn.primitive in (plb.program_id_p, plb.axis_index_p)
                    or any(marked(ins)))
-            for sub in reference.sub_jaxprs(eqn.params):
+            for sub in plb.sub_jaxprs(eqn.params):
                 inner = getattr(sub, "jaxpr", sub)
                 _taint(inner, set(inner.invars) if hit else set())
             outs = [hit] * len(eqn.outvars)
@@ -259,7 +254,7 @@ class _Operand:
 
 
 def run(call: KernelCall, args: Sequence[Any], p: Plan,
-        rules: reference.SemanticsRules) -> list[Any]:
+        rules: plb.SemanticsRules) -> list[Any]:
     """The outputs of ``call`` on ``args``, parallel axes batched, sequential axes looped."""
     gm = call.grid_mapping
     kernel = plb.discharge_state(call.jaxpr, axis_sizes=gm.axis_env)
@@ -275,7 +270,7 @@ def run(call: KernelCall, args: Sequence[Any], p: Plan,
         blocks = [b.reshape(bm.ref_shape) for b, bm in
                   zip(ids_and_blocks[len(gm.grid):], gm.block_mappings)]
         ctx = ReferenceContext(tuple(ids), gm.grid, gm.num_batch_axes, gm.grid_names)
-        results = reference.evaluate(kernel, blocks, ctx, rules)[n_in:n_in + n_out]
+        results = plb.evaluate(kernel, blocks, ctx, rules)[n_in:n_in + n_out]
         return [r.reshape(bm.full_block_shape) for r, bm in zip(results, gm.outputs)]
 
     batched = lane

@@ -4,12 +4,16 @@ Each step fetches every operand's block through its index map, evaluates the dis
 kernel on the blocks, and writes the output blocks back. Edge blocks are padded on read and
 cut off on write; outputs that are revisited accumulate because each step reads the current
 contents of its output block; scratch buffers persist across steps. Where it is proven safe,
-:mod:`pallas_interpret.fast` runs the same computation batched instead.
+:mod:`pallas_interpret.fast` runs the same computation batched instead; kernels whose points
+wait for each other run in the runners of :mod:`~pallas_interpret.handshake`,
+:mod:`~pallas_interpret.phases` and :mod:`~pallas_interpret.lockstep`. :data:`RUNNERS` says which
+runner runs which kernel.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -18,22 +22,26 @@ from jax import lax
 from jax.experimental import io_callback
 
 from pallas_core import backend as plb
-from pallas_core import primitives as prims
-from pallas_core import reference
-from pallas_core.errors import UnsupportedError
-from pallas_core.request import KernelCall
-from pallas_core.semantics import ReferenceContext, fresh_buffer
-from pallas_interpret import blocks, checks, fast, handshake, lockstep, phases, schedule, skip_float
+from pallas_core.backend import KernelCall, ReferenceContext, UnsupportedError, fresh_buffer
+from pallas_interpret import (
+    blocks,
+    checks,
+    fast,
+    handshake,
+    lockstep,
+    phases,
+    skip_float,
+    step_order,
+)
 from pallas_interpret.params import InterpretParams
 
 
-def run(call: KernelCall, args: Sequence[Any], rules: reference.SemanticsRules,
+def run(call: KernelCall, args: Sequence[Any], rules: plb.SemanticsRules,
         params: InterpretParams | None = None) -> list[Any]:
     """The outputs of ``call`` on ``args`` (the primitive's operands: inputs, then the sizes
-    of dynamic grid axes): batched where that is proven safe and allowed by ``params``, else
-    step by step."""
+    of dynamic grid axes), run by the first runner of :data:`RUNNERS` that applies."""
     params = params or InterpretParams()
-    if reference.find_eqn(call.jaxpr.jaxpr, {prims.get_global_p}) is not None:
+    if plb.find_eqn(call.jaxpr.jaxpr, {plb.get_global_p}) is not None:
         raise UnsupportedError(
             f"kernel {call.name!r} uses pl.get_global (a Ref every block of the kernel "
             "shares), which the interpreter does not support: it runs a kernel's blocks one "
@@ -44,33 +52,105 @@ def run(call: KernelCall, args: Sequence[Any], rules: reference.SemanticsRules,
     params.resolved_parallel_axes(call.grid_mapping.user_grid, call.compiler_params, call.name)
     if params.skip_floating_point_ops:
         call = call.replace(jaxpr=skip_float.transform(call.jaxpr, call.grid_mapping.axis_env))
+    runner, fit = choose(call, params)
+    return runner.run(call, args, rules, params, fit)
+
+
+# --- which runner runs a kernel -------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Runner:
+    """One way to run a kernel: a row of :data:`RUNNERS`."""
+
+    name: str
+    applies: Callable[[KernelCall, InterpretParams], Any]
+    """``applies(call, params)``: what :attr:`run` needs for ``call`` (its axes, its plan;
+    ``True`` when nothing), or ``None`` when this runner does not apply. It raises
+    ``UnsupportedError`` for a kernel only this runner could run, when it cannot."""
+    run: Callable[[KernelCall, Sequence[Any], plb.SemanticsRules, InterpretParams, Any],
+                  list[Any]]
+    """``run(call, args, rules, params, fit)``, ``fit`` being what :attr:`applies` gave."""
+    reason: str
+    """Why this runner, for the kernels it applies to."""
+
+
+def _signals_cores(call: KernelCall, params: InterpretParams) -> bool | None:
+    return True if handshake.signals_cores(call) else None
+
+
+def _shares_memory(call: KernelCall, params: InterpretParams) -> tuple[int, ...] | None:
+    shared = phases.group_axes(call)
+    if shared is None and not call.grid_mapping.dynamic_axes:
+        phases.check_no_fork(call)  # warp regions (sub-points) run in this runner only
+    return shared
+
+
+def _meets_at_barriers(call: KernelCall, params: InterpretParams) -> tuple[int, ...] | None:
     if call.grid_mapping.dynamic_axes:
         if lockstep.barrier_axes(call) is not None:
             raise UnsupportedError(
                 f"kernel {call.name!r} has barriers and a dynamic grid "
                 f"{call.grid_mapping.user_grid}; the interpreter runs barriers on static grids "
                 "only. Fix: give the grid int sizes.")
-        return run_exact(call, args, rules, params)
-    if handshake.signals_cores(call):
-        return handshake.run(call, args, rules, params)
-    shared = phases.group_axes(call)
-    if shared is not None:  # GPU warpgroups sharing SMEM, waiting on each other's barriers
-        return phases.run(call, args, rules, params, shared)
-    phases.check_no_fork(call)
+        return None
     axes = lockstep.lockstep_axes(call)
-    if axes is not None:
-        if params.num_cores > 1 or params.grid_point_recorder is not None:
-            raise UnsupportedError(
-                f"kernel {call.name!r} has barriers, so the interpreter runs its points in "
-                "lockstep, and then simulates neither several cores nor a grid_point_recorder. "
-                "Fix: use num_cores_or_threads=1 and no grid_point_recorder for this kernel.")
-        return lockstep.run(call, args, rules, params, axes)
-    if params.fast and not (params.checked or params.tpu_memory or params.num_cores > 1
-                            or params.shuffle_seed is not None or params.grid_point_recorder):
-        plan = fast.plan(call)
-        if plan is not None:
-            return fast.run(call, args, plan, rules)
-    return run_exact(call, args, rules, params)
+    if axes is not None and (params.num_cores > 1 or params.grid_point_recorder is not None):
+        raise UnsupportedError(
+            f"kernel {call.name!r} has barriers, so the interpreter runs its points in "
+            "lockstep, and then simulates neither several cores nor a grid_point_recorder. "
+            "Fix: use num_cores_or_threads=1 and no grid_point_recorder for this kernel.")
+    return axes
+
+
+def _batches(call: KernelCall, params: InterpretParams) -> fast.Plan | None:
+    if not params.fast or (params.checked or params.tpu_memory or params.num_cores > 1
+                           or params.shuffle_seed is not None or params.grid_point_recorder):
+        return None  # each asks for steps one after another, in their order and on their cores
+    return fast.plan(call)
+
+
+def _always(call: KernelCall, params: InterpretParams) -> bool:
+    return True
+
+
+RUNNERS: tuple[Runner, ...] = (
+    Runner("handshake", _signals_cores,
+           lambda call, args, rules, params, _: handshake.run(call, args, rules, params),
+           "a core may wait for a semaphore signal that another core sends later in its own "
+           "program, which no one-core-after-another order meets: each core runs at its own "
+           "pace"),
+    Runner("phases", _shares_memory,
+           lambda call, args, rules, params, shared: phases.run(call, args, rules, params,
+                                                                shared),
+           "points that share memory (GPU warpgroups, warps, a cluster's blocks) wait on each "
+           "other's barrier arrivals, so each runs at its own pace, group after group"),
+    Runner("lockstep", _meets_at_barriers,
+           lambda call, args, rules, params, axes: lockstep.run(call, args, rules, params,
+                                                                axes),
+           "points that meet at barriers (SparseCore subcores) run phase by phase, every point "
+           "reaching a barrier before any passes it"),
+    Runner("fast", _batches,
+           lambda call, args, rules, params, plan: fast.run(call, args, plan, rules),
+           "no output block is revisited along the parallel axes and the kernel has no "
+           "effects, so those axes run as one vmapped evaluation, the same result as steps"),
+    Runner("exact", _always,
+           lambda call, args, rules, params, _: run_exact(call, args, rules, params),
+           "every other kernel (dynamic grids, scratch, effects, checked or TPU-memory mode, "
+           "shuffled or several-core orders): one grid step after another, the reference"),
+)
+"""How the interpreter runs a kernel: one row per runner, in order of preference; the first
+whose predicate applies runs it (:func:`choose`)."""
+
+
+def choose(call: KernelCall, params: InterpretParams) -> tuple[Runner, Any]:
+    """The first row of :data:`RUNNERS` that applies to ``call`` under ``params``, and what it
+    needs to run it."""
+    for runner in RUNNERS:
+        fit = runner.applies(call, params)
+        if fit is not None:
+            return runner, fit
+    raise AssertionError("the last runner applies to every kernel")
 
 
 def _split_grid_sizes(call: KernelCall, args: Sequence[Any]) -> tuple[list[Any], tuple[Any, ...]]:
@@ -80,10 +160,10 @@ def _split_grid_sizes(call: KernelCall, args: Sequence[Any]) -> tuple[list[Any],
     return list(args[:n]), gm.resolved_grid([jnp.asarray(s, jnp.int32) for s in args[n:]])
 
 
-def run_exact(call: KernelCall, args: Sequence[Any], rules: reference.SemanticsRules,
+def run_exact(call: KernelCall, args: Sequence[Any], rules: plb.SemanticsRules,
               params: InterpretParams | None = None) -> list[Any]:
     """The outputs of ``call`` on ``args`` (as for :func:`run`), one grid step after another,
-    in the order and on the simulated cores of :mod:`pallas_interpret.schedule`."""
+    in the order and on the simulated cores of :mod:`pallas_interpret.step_order`."""
     params = params or InterpretParams()
     checked = params.checked
     gm = call.grid_mapping
@@ -91,7 +171,7 @@ def run_exact(call: KernelCall, args: Sequence[Any], rules: reference.SemanticsR
     parallel = params.resolved_parallel_axes(gm.user_grid, call.compiler_params,
                                                call.name)
     parallel = tuple(a + gm.num_batch_axes for a in parallel) + tuple(range(gm.num_batch_axes))
-    sched = schedule.make(grid, parallel, params.shuffle_seed, params.num_cores, call.name)
+    sched = step_order.make(grid, parallel, params.shuffle_seed, params.num_cores, call.name)
     if not gm.dynamic_axes:
         if checked and params.detect_races:
             # With the TPU memory model, only steps on different simulated cores race.
@@ -132,7 +212,7 @@ def run_exact(call: KernelCall, args: Sequence[Any], rules: reference.SemanticsR
             checked_at = checks.check_block_indices(call, params, ids, in_starts + out_starts)
             if checked_at is not None:
                 views = lax.optimization_barrier((views, checked_at))[0]
-        results = reference.evaluate(kernel, [*views, *scratch], ctx, rules)
+        results = plb.evaluate(kernel, [*views, *scratch], ctx, rules)
         new_outs = [blocks.write_block(o, bm, s, b) for o, bm, s, b in
                     zip(outs, gm.outputs, out_starts, results[n_in:n_in + n_out])]
         in_state = inputs.after(in_state, in_starts, results[:n_in])
@@ -222,7 +302,7 @@ class _InputBlocks:
                 for j, x in zip(self.written, state)]
 
 
-def run_jitted(call: KernelCall, rules: reference.SemanticsRules,
+def run_jitted(call: KernelCall, rules: plb.SemanticsRules,
                params: InterpretParams | None = None) -> Any:
     """A jitted function of the call's operands (for inspection stages)."""
     return jax.jit(lambda *args: run(call, args, rules, params))

@@ -34,14 +34,11 @@ import jax.numpy as jnp
 from jax import lax
 
 from pallas_core import backend as plb
-from pallas_core import primitives as prims
-from pallas_core import reference, semantics
-from pallas_core.copies import copy_start_p
-from pallas_core.errors import PallasError, UnsupportedError, reported
+from pallas_core.backend import PallasError, UnsupportedError, copy_start_p, reported
 from pallas_interpret import checks, lockstep
 from pallas_interpret.lockstep import _Slot, _Uniform
 
-_SEMAPHORE_OPS = (prims.semaphore_wait_p, prims.semaphore_signal_p, prims.semaphore_read_p)
+_SEMAPHORE_OPS = (plb.semaphore_wait_p, plb.semaphore_signal_p, plb.semaphore_read_p)
 
 
 def signals_cores(call: Any) -> bool:
@@ -54,8 +51,8 @@ def signals_cores(call: Any) -> bool:
     for a in range(gm.num_batch_axes, len(gm.grid)):
         points *= gm.grid[a]
     return points > 1 and any(
-        eqn.primitive is prims.semaphore_signal_p and eqn.params.get("has_core_index")
-        for eqn in reference.all_eqns(call.jaxpr.jaxpr))
+        eqn.primitive is plb.semaphore_signal_p and eqn.params.get("has_core_index")
+        for eqn in plb.all_eqns(call.jaxpr.jaxpr))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,8 +80,8 @@ class _Runner(lockstep._Runner):
     def holds(self, eqn: Any) -> bool:
         """Whether ``eqn`` is, or holds, one of :attr:`sync_ops`."""
         return eqn.primitive in self.sync_ops or any(
-            reference.find_eqn(sub, self.sync_ops) is not None
-            for sub in reference.sub_jaxprs(eqn.params))
+            plb.find_eqn(sub, self.sync_ops) is not None
+            for sub in plb.sub_jaxprs(eqn.params))
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -186,7 +183,7 @@ class _Runner(lockstep._Runner):
 
         def run(state: State, p: Any) -> tuple[list[Any], State]:
             args = [self.value(o, state, p) for o in operands]
-            res = reference.eval_jaxpr(discharged.jaxpr, discharged.consts, args,
+            res = plb.eval_jaxpr_with_rules(discharged.jaxpr, discharged.consts, args,
                                        self.context(p), self.rules)
             new = dict(state["slots"])
             for slot, x in zip(slots, res[n_out:]):
@@ -229,7 +226,7 @@ class _Runner(lockstep._Runner):
         prim = eqn.primitive
         if prim in _SEMAPHORE_OPS:
             return self.semaphore(eqn, ins)
-        if prim is prims.run_scoped_p:
+        if prim is plb.run_scoped_p:
             checks.check_scoped_allocation(self.call, self.params, eqn.params["scoped"])
             new = []
             for t in eqn.params["scoped"]:
@@ -237,8 +234,8 @@ class _Runner(lockstep._Runner):
                 self.scoped[slot] = value
                 new.append(_Slot(slot))
             return self.compile(eqn.params["jaxpr"], [*ins, *new])
-        if prim in reference.CALL_BODIES:
-            return self.compile(eqn.params[reference.CALL_BODIES[prim]], ins)
+        if prim in plb.CALL_BODIES:
+            return self.compile(eqn.params[plb.CALL_BODIES[prim]], ins)
         if prim is plb.cond_p:
             return self.cond(eqn, ins)
         if prim is plb.while_p:
@@ -265,17 +262,17 @@ class _Runner(lockstep._Runner):
             slots[slot] = slots[slot].at[row_of].set(row)
             return {**state, "slots": slots}
 
-        if prim is prims.semaphore_read_p:
+        if prim is plb.semaphore_read_p:
             key = self.new_val(eqn.outvars[0].aval)
 
             def read(state: State, p: Any) -> State:
                 row, flat = view(state, p, p)
-                old, _ = semantics.read_modify_write(row, flat, tree, lambda x: x)
+                old, _ = plb.read_modify_write(row, flat, tree, lambda x: x)
                 return _store(state, p, [key], [old])
 
             self.emit(read)
             return [key]
-        if prim is prims.semaphore_signal_p:
+        if prim is plb.semaphore_signal_p:
             if params["has_device_id"]:
                 raise self.refuse("semaphore_signal(device_id=...)")
 
@@ -284,7 +281,7 @@ class _Runner(lockstep._Runner):
                 target = (jnp.clip(self.value(rest[-1], state, p), 0, self.members - 1)
                           if params.get("has_core_index") else p)
                 row, flat = view(state, p, target)
-                _, new = semantics.read_modify_write(row, flat, tree, lambda x: x + inc)
+                _, new = plb.read_modify_write(row, flat, tree, lambda x: x + inc)
                 return put(state, target, new)
 
             self.emit(signal)
@@ -294,7 +291,7 @@ class _Runner(lockstep._Runner):
         def wait(state: State, p: Any) -> State:
             value = self.value(rest[n], state, p)
             row, flat = view(state, p, p)
-            old, new = semantics.read_modify_write(
+            old, new = plb.read_modify_write(
                 row, flat, tree, (lambda x: x - value) if params["decrement"] else (lambda x: x))
             ready = old >= value
             state = put(state, p, jnp.where(ready, new, row))
@@ -334,7 +331,7 @@ class _Runner(lockstep._Runner):
                   test: Callable[[list[Any], State, Any], Any] | None = None) -> None:
         """A step that goes on at ``body`` if ``closed`` (run on ``operands``) returns True,
         else at ``exit``."""
-        if reference.find_eqn(closed.jaxpr, self.sync_ops) is not None:
+        if plb.find_eqn(closed.jaxpr, self.sync_ops) is not None:
             raise self.refuse("a semaphore operation in the condition of a while_loop")
         run = self.evaluator(closed, operands)
 
@@ -473,7 +470,7 @@ def _report_stuck(pc: Any, *, kernel: str, end: int) -> None:
             "other cores send (semaphore_signal(core_index=...)) and the copies they start.")
 
 
-def run(call: Any, args: Sequence[Any], rules: reference.SemanticsRules, params: Any) -> list[Any]:
+def run(call: Any, args: Sequence[Any], rules: plb.SemanticsRules, params: Any) -> list[Any]:
     """The outputs of ``call`` on ``args``, its cores run each at its own pace (see
     :func:`signals_cores`)."""
     if lockstep.barrier_axes(call) is not None:

@@ -33,12 +33,14 @@ import numpy as np
 from jax import lax
 
 from pallas_core import backend as plb
-from pallas_core import grid_mapping as gmap
-from pallas_core import primitives as prims
-from pallas_core import reference
-from pallas_core.errors import PallasError, UnsupportedError, reported
-from pallas_core.request import KernelCall
-from pallas_core.semantics import ReferenceContext, fresh_buffer
+from pallas_core.backend import (
+    KernelCall,
+    PallasError,
+    ReferenceContext,
+    UnsupportedError,
+    fresh_buffer,
+    reported,
+)
 from pallas_interpret import blocks, checks
 from pallas_interpret.params import InterpretParams
 
@@ -52,10 +54,10 @@ def barrier_axes(call: KernelCall) -> tuple[int, ...] | None:
 
     Raises ``PallasError`` if barriers name axes that are not the kernel's, or disagree.
     """
-    rules = reference.barrier_rules()
+    rules = plb.barrier_rules()
     gm = call.grid_mapping
     found: set[tuple[int, ...]] = set()
-    for eqn in reference.all_eqns(call.jaxpr.jaxpr):
+    for eqn in plb.all_eqns(call.jaxpr.jaxpr):
         if eqn.primitive not in rules:
             continue
         names = rules[eqn.primitive](**eqn.params)
@@ -131,7 +133,7 @@ def _row(x: Any, m: Any) -> Any:
 class _Runner:
     """Evaluates a kernel jaxpr for one group of ``members`` points, phase by phase."""
 
-    def __init__(self, call: KernelCall, rules: reference.SemanticsRules, params: InterpretParams,
+    def __init__(self, call: KernelCall, rules: plb.SemanticsRules, params: InterpretParams,
                  axes: tuple[int, ...]):
         gm = call.grid_mapping
         self.call, self.rules, self.checked = call, rules, params.checked
@@ -142,7 +144,7 @@ class _Runner:
         self.members = math.prod(gm.grid[a] for a in axes)
         self.groups = math.prod(gm.grid[a] for a in self.group_axes)
         self.shared: dict[int, bool] = {}
-        self.barriers = frozenset(reference.barrier_rules())
+        self.barriers = frozenset(plb.barrier_rules())
         self.rng = (None if params.shuffle_seed is None
                     else np.random.default_rng(params.shuffle_seed))
         self.group: Any = jnp.int32(0)
@@ -183,8 +185,8 @@ class _Runner:
 
     def holds_barrier(self, eqn: Any) -> bool:
         return eqn.primitive in self.barriers or any(
-            reference.find_eqn(sub, self.barriers) is not None
-            for sub in reference.sub_jaxprs(eqn.params))
+            plb.find_eqn(sub, self.barriers) is not None
+            for sub in plb.sub_jaxprs(eqn.params))
 
     def run_jaxpr(self, jaxpr: Any, env: dict[Any, _Entry], slots: Slots
                   ) -> tuple[list[_Entry], Slots]:
@@ -247,7 +249,7 @@ class _Runner:
                     args.append(_row(entry.value, m))
                 else:
                     args.append(entry.value)
-            res = reference.eval_jaxpr(discharged.jaxpr, discharged.consts, args,
+            res = plb.eval_jaxpr_with_rules(discharged.jaxpr, discharged.consts, args,
                                        self.context(m), self.rules)
             results = [r.at[m].set(x) for r, x in zip(results, res[:len(outs)])]
             slots = dict(slots)
@@ -412,11 +414,11 @@ def _scan(r: _Runner, eqn: Any, ins: list[_Entry], slots: Slots
 
 
 _STRUCTURED: dict[Any, Callable[..., tuple[list[_Entry], Slots]]] = {
-    prims.run_scoped_p: _run_scoped,
+    plb.run_scoped_p: _run_scoped,
     plb.cond_p: _cond,
     plb.while_p: _while,
     plb.scan_p: _scan,
-    **{prim: _inline(key) for prim, key in reference.CALL_BODIES.items()},
+    **{prim: _inline(key) for prim, key in plb.CALL_BODIES.items()},
 }
 """Equations that may hold a barrier, and how the group runs them phase by phase."""
 
@@ -424,7 +426,7 @@ _STRUCTURED: dict[Any, Callable[..., tuple[list[_Entry], Slots]]] = {
 # --- the whole call -------------------------------------------------------------------------
 
 
-def run(call: KernelCall, args: Sequence[Any], rules: reference.SemanticsRules,
+def run(call: KernelCall, args: Sequence[Any], rules: plb.SemanticsRules,
         params: InterpretParams, axes: tuple[int, ...],
         runner_class: Callable[..., _Runner] | None = None) -> list[Any]:
     """The outputs of ``call`` on ``args``, the points along ``axes`` (see
@@ -471,7 +473,7 @@ def _check_one_block_per_group(call: KernelCall, axes: tuple[int, ...]) -> None:
     gm = call.grid_mapping
     if gm.num_batch_axes == 0 and all(bm.is_whole_array for bm in gm.block_mappings):
         return
-    tables = gmap.block_index_tables(gm)
+    tables = plb.block_index_tables(gm)
     if tables is None:
         varying = [bm.origin for bm in gm.block_mappings if not bm.is_whole_array]
     else:

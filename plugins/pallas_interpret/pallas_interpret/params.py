@@ -6,8 +6,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from pallas_core.errors import PallasError
-from pallas_core.spec import CompilerParams
+from pallas_core.backend import CompilerParams, PallasError
 
 NAME = "interpret"
 

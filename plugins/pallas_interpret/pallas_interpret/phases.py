@@ -61,11 +61,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from pallas_core import backend as plb
-from pallas_core import primitives as prims
-from pallas_core import reference
-from pallas_core.copies import RefViews
-from pallas_core.errors import PallasError, UnsupportedError
-from pallas_core.semantics import fresh_buffer
+from pallas_core.backend import PallasError, RefViews, UnsupportedError, fresh_buffer
 from pallas_interpret import checks, handshake, lockstep
 from pallas_interpret.handshake import State, _Label, _Operand, _set_pc, _store, _Val
 from pallas_interpret.lockstep import _Slot, _Uniform
@@ -75,8 +71,8 @@ DISAGREE = -1
 
 
 def _fork_markers(jaxpr: Any) -> list[Any]:
-    forks = reference.forks()
-    return [e for e in reference.all_eqns(jaxpr) if e.primitive in forks]
+    forks = plb.fork_rules()
+    return [e for e in plb.all_eqns(jaxpr) if e.primitive in forks]
 
 
 def check_no_fork(call: Any) -> None:
@@ -96,8 +92,8 @@ def cluster_names(call: Any) -> tuple[str, ...]:
     """The mesh axes along which ``call``'s equations reach other blocks' shared buffers
     (``PrimitiveSemantics.cluster``), in grid order; empty if none does."""
     found: set[str] = set()
-    for eqn in reference.all_eqns(call.jaxpr.jaxpr):
-        found.update(reference.cluster_axes(eqn))
+    for eqn in plb.all_eqns(call.jaxpr.jaxpr):
+        found.update(plb.cluster_axes(eqn))
     user = list(call.grid_mapping.grid_names or ())
     missing = sorted(found - set(user))
     if missing:
@@ -112,7 +108,7 @@ def group_axes(call: Any) -> tuple[int, ...] | None:
     (``phase_wait`` primitives) and more than one point shares; else ``None``. Where the
     kernel reaches across the blocks of a cluster (:func:`cluster_names`), the group is the
     cluster: those axes and the axes after them (the points of each block)."""
-    waits = reference.phase_waits()
+    waits = plb.phase_wait_primitives()
     gm = call.grid_mapping
     if not gm.grid_names or gm.dynamic_axes:
         return None
@@ -126,9 +122,9 @@ def group_axes(call: Any) -> tuple[int, ...] | None:
         return None
     names = set()
     found = False
-    for eqn in reference.all_eqns(call.jaxpr.jaxpr):
+    for eqn in plb.all_eqns(call.jaxpr.jaxpr):
         found = found or eqn.primitive in waits
-        if eqn.primitive is prims.run_scoped_p:
+        if eqn.primitive is plb.run_scoped_p:
             names.update(eqn.params.get("collective_axes", ()))
     names &= set(user)
     if not found or not names:
@@ -142,9 +138,9 @@ class _Runner(handshake._Runner):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.waits = reference.phase_waits()
-        self.claims = reference.claims()
-        found = [e for e in reference.all_eqns(self.call.jaxpr.jaxpr)
+        self.waits = plb.phase_wait_primitives()
+        self.claims = plb.claim_primitives()
+        found = [e for e in plb.all_eqns(self.call.jaxpr.jaxpr)
                  if e.primitive in self.claims]
         self.claimed_axes = self._claim_axes(found)
         if not self.claimed_axes:
@@ -156,7 +152,7 @@ class _Runner(handshake._Runner):
         self.axis_names = {names[a - gm.num_batch_axes] for a in self.axes}
         self.seen: dict[int, _Val] = {}  # per counter slot: the waits of each point
         # Sub-points (see the module docstring): point p's are base + p * width + (0..width-1).
-        self.forks = reference.forks()
+        self.forks = plb.fork_rules()
         sizes = {self.forks[e.primitive](**e.params)[1]
                  for e in _fork_markers(self.call.jaxpr.jaxpr)}
         if len(sizes) > 1:
@@ -173,7 +169,7 @@ class _Runner(handshake._Runner):
         self.block_axes = tuple(gm.num_batch_axes + list(names).index(n)
                                 for n in self.cluster)
         self.blocks = math.prod(gm.grid[a] for a in self.block_axes)
-        self.cross_rules = reference.cluster_rules()
+        self.cross_rules = plb.cluster_rules()
         self.marks: dict[int, int] = {}  # slot -> the slot of its cross rules' marks
 
     def fresh_buffer(self, shape: Sequence[int], dtype: Any, memory_space: Any
@@ -276,12 +272,12 @@ class _Runner(handshake._Runner):
             return True
         return super().holds(eqn) or any(
             any(self._sub_index(e) or e.primitive in self.forks or self._crosses(e)
-                for e in reference.all_eqns(sub))
-            for sub in reference.sub_jaxprs(eqn.params))
+                for e in plb.all_eqns(sub))
+            for sub in plb.sub_jaxprs(eqn.params))
 
     def _crosses(self, eqn: Any) -> bool:
         """Whether ``eqn`` reaches across the blocks of the cluster."""
-        return bool(self.cluster) and bool(reference.cluster_axes(eqn))
+        return bool(self.cluster) and bool(plb.cluster_axes(eqn))
 
     def _sub_index(self, eqn: Any) -> bool:
         """Whether ``eqn`` is ``lax.axis_index`` of a sub-point axis."""
@@ -436,7 +432,7 @@ class _Runner(handshake._Runner):
                               "place.")
         if prim in self.waits:
             return self.phase_wait(eqn, ins)
-        if prim is prims.run_scoped_p:
+        if prim is plb.run_scoped_p:
             return self.scope(eqn, ins)
         if prim is plb.run_state_p:
             return self.run_state(eqn, ins)
@@ -599,7 +595,7 @@ class _Runner(handshake._Runner):
         return outs
 
 
-def run(call: Any, args: Sequence[Any], rules: reference.SemanticsRules, params: Any,
+def run(call: Any, args: Sequence[Any], rules: plb.SemanticsRules, params: Any,
         axes: tuple[int, ...]) -> list[Any]:
     """The outputs of ``call`` on ``args``, the points along ``axes`` (see
     :func:`group_axes`) run each at its own pace."""

@@ -9,11 +9,8 @@ import jax
 import jax.numpy as jnp
 
 from pallas_core import backend as plb
-from pallas_core import reference, semantics
+from pallas_core.backend import BackendInfo, KernelCall, LoweringRequest, hookimpl
 from pallas_core.backend import Capability as Cap
-from pallas_core.hookspecs import hookimpl
-from pallas_core.plugins import BackendInfo
-from pallas_core.request import KernelCall, LoweringRequest
 from pallas_interpret import grid
 from pallas_interpret.params import NAME, InterpretParams, from_interpret_arg
 
@@ -48,14 +45,14 @@ def pallas_describe() -> BackendInfo:
 
 @hookimpl
 def pallas_lower(request: LoweringRequest) -> Any:
-    call, rules, params = request.call, reference.semantics_rules(), _params(request.call)
-    with semantics.uninitialized_memory(params.fill):
+    call, rules, params = request.call, plb.semantics_rules(), _params(request.call)
+    with plb.uninitialized_memory(params.fill):
         return request.lower_jax(lambda *args: grid.run(call, args, rules, params))
 
 
 @hookimpl
 def pallas_stages(call: KernelCall, target: str | None) -> Mapping[str, Any]:
-    rules = reference.semantics_rules()
+    rules = plb.semantics_rules()
     gm = call.grid_mapping
     avals = [jax.ShapeDtypeStruct(bm.array_shape, bm.dtype) for bm in gm.inputs]
     avals += [jax.ShapeDtypeStruct((), jnp.int32)] * gm.num_dynamic_grid_bounds

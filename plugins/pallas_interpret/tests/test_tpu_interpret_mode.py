@@ -18,7 +18,7 @@ from jax.experimental import pallas as jpl
 from jax.experimental.pallas import tpu as jpltpu
 from pallas_interpret import InterpretParams
 from pallas_interpret.checks import HbmAccessError, RaceError, RaceWarning, RevisitError
-from pallas_interpret.schedule import ParallelAxesError
+from pallas_interpret.step_order import ParallelAxesError
 
 import pallas_core as pl
 from pallas_core.errors import OutOfBoundsError, PallasError

@@ -42,6 +42,13 @@ from pallas_mosaic_gpu.blackwell import (
     tcgen05_mma,
     wait_load_tmem,
 )
+from pallas_mosaic_gpu.dynamic_scheduling import (
+    TryClusterCancelResult,
+    WarpMesh,
+    dynamic_scheduling_loop,
+    query_cluster_cancel,
+    try_cluster_cancel,
+)
 from pallas_mosaic_gpu.im2col import im2col_ref
 from pallas_mosaic_gpu.inline import as_torch_kernel, inline_mgpu
 from pallas_mosaic_gpu.layouts import (
@@ -120,13 +127,6 @@ from pallas_mosaic_gpu.primitives import (
     wgmma_wait,
 )
 from pallas_mosaic_gpu.refused import module_getattr
-from pallas_mosaic_gpu.scheduling import (
-    TryClusterCancelResult,
-    WarpMesh,
-    dynamic_scheduling_loop,
-    query_cluster_cancel,
-    try_cluster_cancel,
-)
 from pallas_mosaic_gpu.transforms import (
     BlockSpec,
     SwizzleTransform,

@@ -22,9 +22,15 @@ import jax
 import jax.numpy as jnp
 
 import pallas_core as pl
-from pallas_core.call import force_interpret_mode, set_interpret_mode
-from pallas_core.errors import PallasError, UnsupportedError
-from pallas_core.spec import CompilerParams
+from pallas_core.backend import (
+    CompilerParams,
+    PallasError,
+    UnsupportedError,
+    core_map,
+    force_interpret_mode,
+    set_interpret_mode,
+)
+from pallas_mosaic_gpu.dynamic_scheduling import WarpMesh
 from pallas_mosaic_gpu.names import REGS
 from pallas_mosaic_gpu.params import GMEM, SMEM, TMEM
 from pallas_mosaic_gpu.primitives import (
@@ -34,7 +40,6 @@ from pallas_mosaic_gpu.primitives import (
     griddepcontrol_wait_p,
     wgmma_wait,
 )
-from pallas_mosaic_gpu.scheduling import WarpMesh
 
 
 def _reduction(name: str, op: Callable[..., Any]) -> Callable[..., Any]:
@@ -253,7 +258,7 @@ def warp_map(f: Callable[[jax.Array], Any], /) -> Any:
     and ``f`` returns nothing."""
     mesh = WarpMesh(axis_name=f"_warp_map_{next(_WARP_AXES)}")
     # pl.core_map takes any mesh with map_inside_kernel (WarpMesh is one), not only pl.Mesh.
-    return pl.core_map(mesh)(  # type: ignore[arg-type]
+    return core_map(mesh)(  # type: ignore[arg-type]
         lambda: f(jax.lax.axis_index(mesh.axis_name)))
 
 

@@ -40,9 +40,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith
 
 from pallas_core import backend as plb
-from pallas_core import reference, semantics
-from pallas_core.copies import RefViews, bind_views
-from pallas_core.errors import PallasError, UnsupportedError
+from pallas_core.backend import PallasError, RefViews, UnsupportedError, bind_views
 from pallas_mosaic_gpu import cluster, registry, values
 from pallas_mosaic_gpu import primitives as gp
 from pallas_mosaic_gpu.params import TensorMemorySpace
@@ -494,18 +492,18 @@ def _store(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any) -> 
     return state.new_values(), []
 
 
-SEMANTICS: tuple[semantics.PrimitiveSemantics, ...] = (
-    semantics.PrimitiveSemantics(tcgen05_mma_p, discharge=_mma, cluster=_collective_axes,
+SEMANTICS: tuple[plb.PrimitiveSemantics, ...] = (
+    plb.PrimitiveSemantics(tcgen05_mma_p, discharge=_mma, cluster=_collective_axes,
                                  cross=_mma_cross),
-    semantics.PrimitiveSemantics(tcgen05_commit_arrive_p, discharge=_commit_arrive,
+    plb.PrimitiveSemantics(tcgen05_commit_arrive_p, discharge=_commit_arrive,
                                  cluster=_collective_axes, cross=_commit_arrive_cross),
-    semantics.PrimitiveSemantics(async_load_tmem_p, discharge=_load),
-    semantics.PrimitiveSemantics(async_store_tmem_p, discharge=_store),
-    semantics.PrimitiveSemantics(wait_load_tmem_p, evaluate=gp._no_op),
-    semantics.PrimitiveSemantics(commit_tmem_p, evaluate=gp._no_op),
-    semantics.PrimitiveSemantics(copy_scales_p, discharge=_copy_scales),
-    semantics.PrimitiveSemantics(copy_sparse_metadata_p, discharge=_copy_sparse_metadata),
-    semantics.PrimitiveSemantics(copy_smem_to_tmem_p, discharge=_copy_smem),
+    plb.PrimitiveSemantics(async_load_tmem_p, discharge=_load),
+    plb.PrimitiveSemantics(async_store_tmem_p, discharge=_store),
+    plb.PrimitiveSemantics(wait_load_tmem_p, evaluate=gp._no_op),
+    plb.PrimitiveSemantics(commit_tmem_p, evaluate=gp._no_op),
+    plb.PrimitiveSemantics(copy_scales_p, discharge=_copy_scales),
+    plb.PrimitiveSemantics(copy_sparse_metadata_p, discharge=_copy_sparse_metadata),
+    plb.PrimitiveSemantics(copy_smem_to_tmem_p, discharge=_copy_smem),
 )
 
 
@@ -514,13 +512,13 @@ def uses_blackwell(call: Any) -> bool:
     cluster launch control or makes a leader-tracked copy."""
     if any(isinstance(a.memory_space, TensorMemorySpace) for a in call.grid_mapping.scratch_avals):
         return True
-    from pallas_mosaic_gpu import scheduling  # cluster launch control is Blackwell's too
-    if reference.find_eqn(call.jaxpr.jaxpr,
-                          PRIMITIVES + scheduling.CLUSTER_LAUNCH_CONTROL) is not None:
+    from pallas_mosaic_gpu import dynamic_scheduling  # cluster launch control is Blackwell's too
+    if plb.find_eqn(call.jaxpr.jaxpr,
+                          PRIMITIVES + dynamic_scheduling.CLUSTER_LAUNCH_CONTROL) is not None:
         return True
     # So are leader-tracked copies (cta_group::2).
     return any(e.primitive is gp.copy_gmem_to_smem_p and e.params.get("leader_tracked")
-               is not None for e in reference.all_eqns(call.jaxpr.jaxpr))
+               is not None for e in plb.all_eqns(call.jaxpr.jaxpr))
 
 
 # --- lowering ----------------------------------------------------------------------------------
@@ -565,8 +563,8 @@ def _role_views(state: Any, eqn: Any, args: Any) -> list[Any]:
 
 
 def _one_thread(state: Any) -> Any:
-    from pallas_mosaic_gpu import scheduling
-    return scheduling.issuing_thread(state)
+    from pallas_mosaic_gpu import dynamic_scheduling
+    return dynamic_scheduling.issuing_thread(state)
 
 
 def _smem_operand(state: Any, view: Any, what: str) -> Any:

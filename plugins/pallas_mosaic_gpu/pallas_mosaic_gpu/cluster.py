@@ -54,8 +54,7 @@ from jax.experimental.mosaic import gpu as mgpu
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith, gpu
 
-from pallas_core.copies import RefViews
-from pallas_core.errors import PallasError, UnsupportedError
+from pallas_core.backend import PallasError, RefViews, UnsupportedError
 
 DIMS = (gpu.Dimension.x, gpu.Dimension.y, gpu.Dimension.z)
 

@@ -26,9 +26,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from pallas_core import backend as plb
-from pallas_core import semantics
-from pallas_core.copies import RefViews, bind_views
-from pallas_core.errors import PallasError
+from pallas_core.backend import PallasError, RefViews, bind_views
 from pallas_mosaic_gpu import primitives as gp
 from pallas_mosaic_gpu import registry
 
@@ -207,6 +205,6 @@ def _copy_rule(state: Any, eqn: Any, *args: Any, **_: Any) -> Any:
                      "or copy windows of the plain Ref)")
 
 
-SEMANTICS: tuple[semantics.PrimitiveSemantics, ...] = (
-    semantics.PrimitiveSemantics(im2col_copy_p, discharge=_copy),
+SEMANTICS: tuple[plb.PrimitiveSemantics, ...] = (
+    plb.PrimitiveSemantics(im2col_copy_p, discharge=_copy),
 )

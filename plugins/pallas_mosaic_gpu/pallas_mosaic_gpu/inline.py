@@ -25,9 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_core import backend as plb
-from pallas_core import semantics
-from pallas_core.copies import bind_views
-from pallas_core.errors import PallasError, UnsupportedError
+from pallas_core.backend import PallasError, UnsupportedError, bind_views
 from pallas_mosaic_gpu import registry
 from pallas_mosaic_gpu.layouts import SomeLayout
 from pallas_mosaic_gpu.names import RefType
@@ -151,6 +149,6 @@ def as_torch_kernel(fn: Callable[..., Any]) -> Callable[..., Any]:
     return bridge(fn)  # type: ignore[no-any-return]
 
 
-SEMANTICS: tuple[semantics.PrimitiveSemantics, ...] = (
-    semantics.PrimitiveSemantics(inline_mgpu_p, discharge=_interpret),
+SEMANTICS: tuple[plb.PrimitiveSemantics, ...] = (
+    plb.PrimitiveSemantics(inline_mgpu_p, discharge=_interpret),
 )

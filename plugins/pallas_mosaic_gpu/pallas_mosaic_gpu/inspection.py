@@ -24,9 +24,7 @@ from jax.experimental.mosaic import gpu as mgpu
 from jaxlib.mlir import ir, passmanager
 
 from pallas_core import backend as plb
-from pallas_core.errors import PallasError
-from pallas_core.mlir_lowering import walk
-from pallas_core.request import KernelCall
+from pallas_core.backend import KernelCall, PallasError, walk_operations
 
 CUSTOM_CALL_TARGET = "mosaic_gpu_v2"
 TMA_LOAD = re.compile(
@@ -69,7 +67,7 @@ def custom_calls(stablehlo: Any) -> list[dict[str, Any]]:
         with ctx:
             return custom_calls(ir.Module.parse(stablehlo))
     found = []
-    for op in walk(stablehlo.operation):
+    for op in walk_operations(stablehlo.operation):
         if op.operation.name != "stablehlo.custom_call":
             continue
         attrs = op.operation.attributes
@@ -113,7 +111,7 @@ def check_call(call: dict[str, Any]) -> ir.Module:
 
 def lower_kernel(call: KernelCall) -> Any:
     """``call`` alone, lowered for ``cuda`` (JAX's ``Lowered``)."""
-    from pallas_mosaic_gpu.schedule import kernel_fn
+    from pallas_mosaic_gpu.call_lowering import kernel_fn
 
     fn = kernel_fn(call)
     ins = [jax.ShapeDtypeStruct(bm.array_shape, bm.dtype)
@@ -176,7 +174,7 @@ def launch(module: ir.Module) -> dict[str, Any]:
     ``gpu.launch``: ``grid`` (blocks), ``cluster`` (blocks per cluster; ``(1, 1, 1)`` when the
     launch names none), ``block`` (threads per block), ``smem_bytes`` (dynamic shared memory),
     and ``arch`` (the ``mosaic_gpu.arch_major/minor`` the module is built for)."""
-    launches = [op for op in walk(module.operation) if op.operation.name == "gpu.launch"]
+    launches = [op for op in walk_operations(module.operation) if op.operation.name == "gpu.launch"]
     if len(launches) != 1:
         raise PallasError(f"expected one gpu.launch in the Mosaic GPU module, found "
                           f"{len(launches)}")
@@ -199,7 +197,7 @@ def smem_buffers(module: ir.Module) -> list[tuple[int, str]]:
     """``(byte offset, memref type)`` of every view the kernel of ``module`` takes of its
     dynamic shared memory at a constant offset (its buffers and barriers), by offset."""
     found = set()
-    for op in walk(module.operation):
+    for op in walk_operations(module.operation):
         if op.operation.name != "memref.view":
             continue
         source, offset = op.operation.operands[0], op.operation.operands[1]

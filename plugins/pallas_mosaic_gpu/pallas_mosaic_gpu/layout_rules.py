@@ -22,8 +22,7 @@ from jax.experimental.mosaic import gpu as mgpu
 from jaxlib.mlir.dialects import nvvm
 
 from pallas_core import backend as plb
-from pallas_core.errors import UnsupportedError
-from pallas_core.mlir_lowering import element_type
+from pallas_core.backend import UnsupportedError, mlir_element_type
 from pallas_mosaic_gpu import layouts
 from pallas_mosaic_gpu.params import ACC_SPACE
 from pallas_mosaic_gpu.registry import lower_jaxpr, rule
@@ -112,7 +111,7 @@ if plb.relayout_p is not None:
 def _iota(state: GPULowering, eqn: Any, *, dtype: Any, shape: Any, dimension: int,
           layout: Any) -> Any:
     try:
-        return FA.broadcasted_iota(element_type(dtype), tuple(shape), dimension,
+        return FA.broadcasted_iota(mlir_element_type(dtype), tuple(shape), dimension,
                                    layout.to_mgpu(), is_signed=signed(dtype))
     except (NotImplementedError, ValueError) as e:
         raise state.fail(f"plgpu.broadcasted_iota of {tuple(shape)} in {layout}: {e}") from None

@@ -34,8 +34,7 @@ from jax import lax
 from jax.experimental.mosaic import gpu as mgpu
 
 from pallas_core import backend as plb
-from pallas_core import semantics
-from pallas_core.errors import PallasError, UnsupportedError
+from pallas_core.backend import PallasError, UnsupportedError
 from pallas_mosaic_gpu.primitives import GPU_SYNC
 
 
@@ -199,7 +198,7 @@ def load(src: Any, idx: Any = None, *, layout: SomeLayout | None = None,
     it: ``plgpu.load(src.at[idx], layout=...)``), read into the register layout ``layout``
     (the backend's choice when ``None``). ``optimized``: the read must use vectorised accesses
     (the lowering fails otherwise); ``False`` allows any."""
-    from pallas_core.primitives import load as core_load
+    from pallas_core import load as core_load
 
     value = core_load(src, ... if idx is None else idx)
     if layout is None:
@@ -244,8 +243,8 @@ def _nothing(ctx: Any, **_: Any) -> Any:
     return []
 
 
-SEMANTICS: tuple[semantics.PrimitiveSemantics, ...] = (
-    semantics.PrimitiveSemantics(layout_cast_p, evaluate=_same),
-    semantics.PrimitiveSemantics(iota_p, evaluate=_iota),
-    semantics.PrimitiveSemantics(commit_group_p, evaluate=_nothing),
+SEMANTICS: tuple[plb.PrimitiveSemantics, ...] = (
+    plb.PrimitiveSemantics(layout_cast_p, evaluate=_same),
+    plb.PrimitiveSemantics(iota_p, evaluate=_iota),
+    plb.PrimitiveSemantics(commit_group_p, evaluate=_nothing),
 )

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from pallas_core.errors import PallasError
+from pallas_core.backend import PallasError
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

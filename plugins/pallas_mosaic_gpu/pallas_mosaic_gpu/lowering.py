@@ -1,7 +1,7 @@
 """Lowering of a traced kernel (a :class:`pallas_core.KernelCall`) to a Mosaic GPU kernel: the
 names other modules use, from the three parts the lowering is made of.
 
-* the schedule, :mod:`pallas_mosaic_gpu.schedule`: how a ``pallas_call`` (or
+* the call lowering, :mod:`pallas_mosaic_gpu.call_lowering`: how a ``pallas_call`` (or
   ``plgpu.kernel``) becomes one kernel launch (:class:`Plan`, :func:`plan`), its pipeline of
   TMA copies over the grid and its shared memory (:func:`scoped_allocations`,
   :func:`aligned_smem`), built by :func:`build` / :func:`kernel_fn`;
@@ -18,13 +18,12 @@ names other modules use, from the three parts the lowering is made of.
   :mod:`pallas_mosaic_gpu.registry`, which imports no rule module).
 
 The modules import one another in that order: values, then the registry, the rule modules and
-:mod:`~pallas_mosaic_gpu.rules`, then the schedule.
+:mod:`~pallas_mosaic_gpu.rules`, then the call lowering.
 """
 
 from __future__ import annotations
 
-from pallas_mosaic_gpu.rules import RULES, lower_jaxpr, rule
-from pallas_mosaic_gpu.schedule import (
+from pallas_mosaic_gpu.call_lowering import (
     Plan,
     aligned_smem,
     build,
@@ -32,6 +31,7 @@ from pallas_mosaic_gpu.schedule import (
     plan,
     scoped_allocations,
 )
+from pallas_mosaic_gpu.rules import RULES, lower_jaxpr, rule
 from pallas_mosaic_gpu.values import (
     FA,
     SMEM_ALIGNMENT,

@@ -15,9 +15,7 @@ import numpy as np
 from jax.experimental.mosaic import gpu as mgpu
 
 from pallas_core import backend as plb
-from pallas_core import semantics
-from pallas_core.copies import RefViews, bind_views
-from pallas_core.errors import PallasError, UnsupportedError
+from pallas_core.backend import PallasError, RefViews, UnsupportedError, bind_views
 from pallas_mosaic_gpu import primitives as gp
 from pallas_mosaic_gpu import registry
 from pallas_mosaic_gpu.multidevice import RefView
@@ -121,7 +119,7 @@ def alloc_semaphore(shape: tuple[int, ...] = ()) -> Any:
     JAX, nothing synchronises devices here: the first kernel using it on several devices
     should not skip the device barrier. For semaphores of one kernel, use scratch
     (``plgpu.SemaphoreType.REGULAR``)."""
-    from pallas_core.primitives import current_kernel_context
+    from pallas_core.backend import current_kernel_context
 
     fn = "plgpu.alloc_semaphore"
     if isinstance(shape, (int, np.integer)):
@@ -314,12 +312,12 @@ def _cluster_rule(state: Any, eqn: Any, *args: Any, **_: Any) -> Any:
                      "plgpu.async_store_smem there and exchange data through GMEM here)")
 
 
-SEMANTICS: tuple[semantics.PrimitiveSemantics, ...] = (
-    semantics.PrimitiveSemantics(barrier_test_p, discharge=_test, phase_wait=True),
-    semantics.PrimitiveSemantics(async_store_smem_p, discharge=_store_alone, cluster=_store_axes,
+SEMANTICS: tuple[plb.PrimitiveSemantics, ...] = (
+    plb.PrimitiveSemantics(barrier_test_p, discharge=_test, phase_wait=True),
+    plb.PrimitiveSemantics(async_store_smem_p, discharge=_store_alone, cluster=_store_axes,
                                  cross=_store_cross),
-    semantics.PrimitiveSemantics(cluster_get_p, discharge=_cluster_alone, cluster=_cluster_axes,
+    plb.PrimitiveSemantics(cluster_get_p, discharge=_cluster_alone, cluster=_cluster_axes,
                                  cross=_get_cross),
-    semantics.PrimitiveSemantics(cluster_swap_p, discharge=_cluster_alone,
+    plb.PrimitiveSemantics(cluster_swap_p, discharge=_cluster_alone,
                                  cluster=_cluster_axes, cross=_swap_cross),
 )

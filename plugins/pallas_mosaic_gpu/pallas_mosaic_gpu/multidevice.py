@@ -36,8 +36,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from pallas_core import backend as plb
-from pallas_core import semantics
-from pallas_core.errors import PallasError
+from pallas_core.backend import PallasError
 
 REDUCTIONS = ("add", "min", "max", "and", "or", "xor")
 
@@ -129,7 +128,7 @@ def remote_ref(ref: Any, device_id: Any, device_id_type: Any = None) -> Any:
     ``device_id_type=pl.DeviceIdType.LOGICAL``): TMA copies and semaphore signals through it
     reach that device's memory. The interpreter refuses reads, writes and copies through
     it."""
-    from pallas_core.primitives import DeviceIdType
+    from pallas_core.backend import DeviceIdType
 
     return plb.remote_view(ref, device_id, device_id_type or DeviceIdType.MESH)
 
@@ -206,7 +205,7 @@ def multicast_ref(ref: Any, collective_axes: Hashable | tuple[Hashable, ...]) ->
 
 
 def _devices(collective_axes: tuple[Any, ...], what: str) -> int:
-    axes = semantics.devices(what)
+    axes = plb.device_axes(what)
     if set(collective_axes) != {n for n, _ in axes}:
         raise PallasError(f"{what}(collective_axes={collective_axes}) must name every axis of "
                           f"the shard_map mesh {tuple(n for n, _ in axes)}, as Mosaic GPU's "
@@ -223,11 +222,11 @@ def _from_every_device(ref: Any, args: Sequence[Any], tree: Any, n: int,
     indexers, then the value): each of the ``n`` devices' ``(value, view)``, in the order of
     their indices, updates ``ref`` at its view by ``update(old, value)``."""
     flat, value = list(args[:tree.num_leaves]), args[tree.num_leaves]
-    sent = semantics.gather_devices((value, flat))
+    sent = plb.gather_devices((value, flat))
 
     def one(d: Any, x: Any) -> Any:
         v, f = jax.tree_util.tree_map(lambda a: a[d], sent)
-        return semantics.read_modify_write(x, f, tree, lambda old: update(old, v))[1]
+        return plb.read_modify_write(x, f, tree, lambda old: update(old, v))[1]
 
     new = lax.fori_loop(0, n, one, ref)
     return (new,) + (None,) * len(args), []
@@ -247,8 +246,8 @@ _COMBINE: dict[str, Callable[[Any, Any], Any]] = {
 def _load_reduce_discharge(in_avals: Any, out_avals: Any, ref: Any, *flat: Any, tree: Any,
                            collective_axes: tuple[Any, ...], reduction_op: str) -> Any:
     n = _devices(collective_axes, "plgpu.multimem_load_reduce")
-    everyone = semantics.gather_devices(ref)
-    views = [semantics.read_modify_write(everyone[d], flat, tree, lambda old: old)[0]
+    everyone = plb.gather_devices(ref)
+    views = [plb.read_modify_write(everyone[d], flat, tree, lambda old: old)[0]
              for d in range(n)]
     acc = views[0]
     if jnp.issubdtype(acc.dtype, jnp.floating) and reduction_op == "add":
@@ -269,8 +268,8 @@ def _signal_discharge(in_avals: Any, out_avals: Any, sem: Any, *args: Any, tree:
     return _from_every_device(sem, args, tree, n, lambda old, v: old + v)
 
 
-SEMANTICS: tuple[semantics.PrimitiveSemantics, ...] = (
-    semantics.PrimitiveSemantics(multimem_store_p, discharge=_store_discharge),
-    semantics.PrimitiveSemantics(multimem_load_reduce_p, discharge=_load_reduce_discharge),
-    semantics.PrimitiveSemantics(semaphore_signal_multicast_p, discharge=_signal_discharge),
+SEMANTICS: tuple[plb.PrimitiveSemantics, ...] = (
+    plb.PrimitiveSemantics(multimem_store_p, discharge=_store_discharge),
+    plb.PrimitiveSemantics(multimem_load_reduce_p, discharge=_load_reduce_discharge),
+    plb.PrimitiveSemantics(semaphore_signal_multicast_p, discharge=_signal_discharge),
 )

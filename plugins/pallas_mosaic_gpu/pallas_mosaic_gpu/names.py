@@ -21,7 +21,7 @@ from jax.experimental.mosaic.gpu import OOBFillMode
 from jax.experimental.mosaic.gpu.fragmented_array import Replicated, Tiling
 
 from pallas_core import backend as plb
-from pallas_core.errors import PallasError, UnsupportedError
+from pallas_core.backend import PallasError, UnsupportedError
 from pallas_mosaic_gpu.params import ACC, ACC_SPACE, SMEM, TMEM, MemoryRef, TraceScope
 
 __all__ = ["OOBFillMode", "PeerMemRef", "PipelinePipeline", "REGS", "RefType", "RefUnion",

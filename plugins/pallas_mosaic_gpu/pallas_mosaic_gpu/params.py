@@ -11,9 +11,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_core.errors import PallasError, UnsupportedError
-from pallas_core.spec import CompilerParams as _CompilerParams
-from pallas_core.spec import MemoryRef, MemorySpace
+from pallas_core import MemoryRef
+from pallas_core.backend import CompilerParams as _CompilerParams
+from pallas_core.backend import MemorySpace, PallasError, UnsupportedError
 
 NAME = "mosaic_gpu"
 
@@ -227,7 +227,7 @@ class SemaphoreType(enum.Enum):
 
     def __call__(self, shape: Sequence[int] = ()) -> MemoryRef:
         if self is SemaphoreType.BARRIER:
-            from pallas_core.errors import UnsupportedError
+            from pallas_core.backend import UnsupportedError
 
             raise UnsupportedError(
                 "plgpu.SemaphoreType.BARRIER (the barrier semaphore of JAX's Mosaic GPU "
@@ -589,7 +589,7 @@ def _barriers(barrier: Any, **space: Any) -> MemoryRef:
 def _kernel_mesh(mesh: Mesh) -> Any:
     """The core's mesh of the blocks (and warpgroups) of ``mesh``, whose kernels get
     ``plgpu.CompilerParams`` naming ``mesh``."""
-    from pallas_core.spec import Mesh as CoreMesh
+    from pallas_core import Mesh as CoreMesh
 
     @dataclasses.dataclass(frozen=True)
     class KernelMesh(CoreMesh):
@@ -620,7 +620,7 @@ def kernel(body: Callable[..., None] | None = None, out_shape: Any = None, *,
     ``out_type`` and ``scratch_types`` are JAX's newer names of ``out_shape`` and
     ``scratch_shapes``, ``kernel_name`` (a field of JAX's ``plgpu.Mesh``) that of ``name``.
     Usable directly or as a decorator factory."""
-    from pallas_core.kernel import kernel as core_kernel
+    from pallas_core import kernel as core_kernel
 
     if kwargs:
         raise PallasError(f"plgpu.kernel got unknown arguments {sorted(kwargs)}. Fix: see "

@@ -17,8 +17,7 @@ import numpy as np
 from jax import lax
 
 import pallas_core as pl
-from pallas_core.errors import PallasError
-from pallas_core.spec import plain_block_dim
+from pallas_core.backend import PallasError, plain_block_dim
 from pallas_mosaic_gpu import primitives as gp
 from pallas_mosaic_gpu.params import SMEM, Barrier
 from pallas_mosaic_gpu.transforms import check_transforms

@@ -6,14 +6,23 @@ import types
 from collections.abc import Mapping
 from typing import Any
 
-from pallas_core.backend import GPU_CHIPS, Chip, OpCost, RuleTable, pallas_use_mosaic_gpu
-from pallas_core.hookspecs import hookimpl
-from pallas_core.plugins import BackendInfo
-from pallas_core.request import KernelCall, LoweringRequest
-from pallas_core.spec import ANY
+from pallas_core import ANY
+from pallas_core.backend import (
+    GPU_CHIPS,
+    BackendInfo,
+    Chip,
+    KernelCall,
+    LoweringRequest,
+    OpCost,
+    RuleTable,
+    hookimpl,
+    pallas_use_mosaic_gpu,
+)
 from pallas_mosaic_gpu import (
     blackwell,
+    call_lowering,
     cost,
+    dynamic_scheduling,
     im2col,
     inline,
     inspection,
@@ -22,8 +31,6 @@ from pallas_mosaic_gpu import (
     multidevice,
     primitives,
     rules,
-    schedule,
-    scheduling,
     targets,
     validation,
     warp_specialized,
@@ -69,7 +76,7 @@ def pallas_memory_spaces() -> Any:
 @hookimpl
 def pallas_primitives() -> Any:
     return (primitives.SEMANTICS + layouts.SEMANTICS + warp_specialized.SEMANTICS
-            + blackwell.SEMANTICS + scheduling.SEMANTICS + multidevice.SEMANTICS
+            + blackwell.SEMANTICS + dynamic_scheduling.SEMANTICS + multidevice.SEMANTICS
             + more_ops.SEMANTICS + im2col.SEMANTICS + inline.SEMANTICS)
 
 
@@ -102,7 +109,7 @@ def pallas_op_value(eqn: Any) -> Any:
 @hookimpl
 def pallas_lower(request: LoweringRequest) -> Any:
     with request.device_mesh():  # Mosaic GPU sizes its cross-device metadata by the mesh
-        fn = schedule.kernel_fn(request.call, request.device_axes)
+        fn = call_lowering.kernel_fn(request.call, request.device_axes)
     return request.lower_jax(fn)
 
 

@@ -29,10 +29,8 @@ from jax import lax
 from jax.experimental.mosaic.gpu import CopyPartition
 
 from pallas_core import backend as plb
-from pallas_core import semantics
+from pallas_core.backend import PallasError, RefViews, UnsupportedError, bind_views
 from pallas_core.backend import ref_and_transforms as _ref_and_transforms
-from pallas_core.copies import RefViews, bind_views
-from pallas_core.errors import PallasError, UnsupportedError
 
 
 class GPUSyncEffect(plb.Effect):
@@ -411,7 +409,7 @@ def _arrive_cross(in_avals: Any, out_avals: Any, *args: Any, stacked: Any, marks
 
 def _wait(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any) -> Any:
     state = RefViews(args, tree, roles)
-    semantics.check_wait(state.read(0), 1, "a plgpu barrier (no copy or arrival completed it)")
+    plb.check_wait(state.read(0), 1, "a plgpu barrier (no copy or arrival completed it)")
     return state.new_values(), []
 
 
@@ -444,17 +442,17 @@ def _wgmma(in_avals: Any, out_avals: Any, *args: Any, tree: Any, roles: Any,
     return state.new_values(), []
 
 
-SEMANTICS: tuple[semantics.PrimitiveSemantics, ...] = (
-    semantics.PrimitiveSemantics(copy_gmem_to_smem_p, discharge=_copy_in,
+SEMANTICS: tuple[plb.PrimitiveSemantics, ...] = (
+    plb.PrimitiveSemantics(copy_gmem_to_smem_p, discharge=_copy_in,
                                  cluster=_copy_in_axes, cross=_copy_in_cross),
-    semantics.PrimitiveSemantics(copy_smem_to_gmem_p, discharge=_copy_out),
-    semantics.PrimitiveSemantics(barrier_arrive_p, discharge=_arrive, cluster=_arrive_axes,
+    plb.PrimitiveSemantics(copy_smem_to_gmem_p, discharge=_copy_out),
+    plb.PrimitiveSemantics(barrier_arrive_p, discharge=_arrive, cluster=_arrive_axes,
                                  cross=_arrive_cross),
-    semantics.PrimitiveSemantics(barrier_wait_p, discharge=_wait, phase_wait=True),
-    semantics.PrimitiveSemantics(wgmma_p, discharge=_wgmma),
-    semantics.PrimitiveSemantics(wait_smem_to_gmem_p, evaluate=_no_op),
-    semantics.PrimitiveSemantics(commit_smem_p, evaluate=_no_op),
-    semantics.PrimitiveSemantics(wgmma_wait_p, evaluate=_no_op),
-    semantics.PrimitiveSemantics(griddepcontrol_wait_p, evaluate=_no_op),
-    semantics.PrimitiveSemantics(griddepcontrol_launch_dependents_p, evaluate=_no_op),
+    plb.PrimitiveSemantics(barrier_wait_p, discharge=_wait, phase_wait=True),
+    plb.PrimitiveSemantics(wgmma_p, discharge=_wgmma),
+    plb.PrimitiveSemantics(wait_smem_to_gmem_p, evaluate=_no_op),
+    plb.PrimitiveSemantics(commit_smem_p, evaluate=_no_op),
+    plb.PrimitiveSemantics(wgmma_wait_p, evaluate=_no_op),
+    plb.PrimitiveSemantics(griddepcontrol_wait_p, evaluate=_no_op),
+    plb.PrimitiveSemantics(griddepcontrol_launch_dependents_p, evaluate=_no_op),
 )

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any, NoReturn
 
-from pallas_core.errors import UnsupportedError, UnsupportedNameError
+from pallas_core import UnsupportedNameError
+from pallas_core.backend import UnsupportedError
 
 # name: (what it is in JAX, (why, fix)): the "refused" rows of docs/backends/mosaic_gpu_api.md,
 # and its "core" and "not applicable" rows, whose fix names the equivalent.

@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pallas_core import mlir_lowering
+from pallas_core import backend as plb
 from pallas_mosaic_gpu.values import GPULowering, literal
 
-RULES = mlir_lowering.Rules()
+RULES = plb.Rules()
 LAZY_OK: set[Any] = set()
 """The primitives registered with ``rule(..., lazy=True)``: their rules take reads of whole
 SMEM Refs (:class:`~pallas_mosaic_gpu.values.Loaded`) unmaterialised."""
@@ -47,4 +47,4 @@ def rule(*primitives: Any, lazy: bool = False) -> Callable[[Any], Any]:
 def lower_jaxpr(state: GPULowering, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]
                 ) -> list[Any]:
     """Emits ``jaxpr`` at the current insertion point by the rules of :data:`RULES`."""
-    return mlir_lowering.lower_jaxpr(state, RULES, jaxpr, consts, args, literal)
+    return plb.lower_jaxpr(state, RULES, jaxpr, consts, args, literal)

@@ -12,7 +12,7 @@ writes, atomics, ``jnp.dot`` as wgmma, TMA copies, barriers, ``plgpu.wgmma``),
 :mod:`~pallas_mosaic_gpu.rules_misc` (printing, checks, delays, grid-dependency control),
 :mod:`~pallas_mosaic_gpu.rules_devices` (semaphores, multicast memory),
 :mod:`~pallas_mosaic_gpu.layout_rules`, :mod:`~pallas_mosaic_gpu.warp_specialized_lowering`,
-:mod:`~pallas_mosaic_gpu.blackwell`, :mod:`~pallas_mosaic_gpu.scheduling`,
+:mod:`~pallas_mosaic_gpu.blackwell`, :mod:`~pallas_mosaic_gpu.dynamic_scheduling`,
 :mod:`~pallas_mosaic_gpu.im2col`, :mod:`~pallas_mosaic_gpu.inline` and
 :mod:`~pallas_mosaic_gpu.more_ops`.
 """
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from pallas_mosaic_gpu import (  # noqa: F401 - imported to register their rules
     blackwell,
+    dynamic_scheduling,
     im2col,
     inline,
     layout_rules,
@@ -30,7 +31,6 @@ from pallas_mosaic_gpu import (  # noqa: F401 - imported to register their rules
     rules_devices,
     rules_memory,
     rules_misc,
-    scheduling,
     warp_specialized_lowering,
 )
 from pallas_mosaic_gpu.registry import LAZY_OK, RULES, lower_jaxpr, rule

@@ -16,9 +16,7 @@ from jax import lax
 from jax.experimental.mosaic import gpu as mgpu
 
 from pallas_core import backend as plb
-from pallas_core import mlir_lowering, mlir_rules
-from pallas_core.errors import UnsupportedError
-from pallas_core.mlir_lowering import element_type
+from pallas_core.backend import UnsupportedError, mlir_element_type
 from pallas_mosaic_gpu.registry import lower_jaxpr, rule
 from pallas_mosaic_gpu.values import (
     FA,
@@ -77,15 +75,15 @@ def _no_reduction(state: GPULowering, eqn: Any, *_: Any) -> Any:
     raise state.fail(f"{eqn.primitive.name} of a scalar")
 
 
-DIALECT = mlir_rules.Dialect(
+DIALECT = plb.Dialect(
     constant=lambda value, dtype, shape: (scalar_constant(value, dtype) if not tuple(shape)
                                           else _splat_constant(value, dtype, shape)),
     broadcast_to=lambda v, shape: v,
-    value_type=lambda shape, dtype: element_type(dtype),
+    value_type=lambda shape, dtype: mlir_element_type(dtype),
     lower_jaxpr=lambda state, jaxpr, consts, args: lower_jaxpr(state, jaxpr, consts, args),
     reduce=_no_reduction)
 """Mosaic GPU's scalars, for the shared rules."""
-SHARED = mlir_rules.table(DIALECT)
+SHARED = plb.shared_rules_table(DIALECT)
 
 
 def _splat_constant(value: Any, dtype: Any, shape: Sequence[int]) -> Any:
@@ -109,7 +107,7 @@ def _scalar_only(prim: Any) -> Any:
 
 
 for _p in SHARED:
-    if _p not in (plb.cond_p, plb.while_p, plb.scan_p, *mlir_lowering.CALL_PRIMITIVES):
+    if _p not in (plb.cond_p, plb.while_p, plb.scan_p, *plb.CALL_PRIMITIVES):
         rule(_p)(_scalar_only(_p))
 
 
@@ -193,7 +191,7 @@ def _integer_pow(state: GPULowering, eqn: Any, x: Any) -> Any:
 @_unary
 def _convert(state: GPULowering, eqn: Any, x: Any) -> Any:
     dst = eqn.outvars[0].aval.dtype
-    return x.astype(element_type(dst), is_signed=signed(dst))
+    return x.astype(mlir_element_type(dst), is_signed=signed(dst))
 
 
 @rule(lax.select_n_p)
@@ -216,7 +214,7 @@ def _select(state: GPULowering, eqn: Any, pred: Any, *cases: Any, **_: Any) -> A
 @rule(lax.iota_p)
 def _iota(state: GPULowering, eqn: Any, *, dtype: Any, shape: Any, dimension: int,
           **_: Any) -> Any:
-    return FA.broadcasted_iota(element_type(dtype), tuple(shape), dimension,
+    return FA.broadcasted_iota(mlir_element_type(dtype), tuple(shape), dimension,
                                layout_for(shape), is_signed=signed(dtype))
 
 

@@ -15,10 +15,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith, scf
 
 from pallas_core import backend as plb
-from pallas_core import mlir_lowering
-from pallas_core import primitives as prims
-from pallas_core.errors import PallasError
-from pallas_core.mlir_lowering import element_type
+from pallas_core.backend import PallasError, mlir_element_type
 from pallas_mosaic_gpu import warp_specialized_lowering
 from pallas_mosaic_gpu.params import ACC_SPACE
 from pallas_mosaic_gpu.registry import lower_jaxpr, rule
@@ -39,7 +36,7 @@ from pallas_mosaic_gpu.values import (
 # --- control flow ----------------------------------------------------------------------------
 
 
-@rule(prims.program_id_p)
+@rule(plb.program_id_p)
 def _program_id(state: GPULowering, eqn: Any, *, axis: int, **_: Any) -> Any:
     return state.program_ids[axis]
 
@@ -56,9 +53,9 @@ def _axis_index(state: GPULowering, eqn: Any, *, axis_name: Any, **_: Any) -> An
     return state.axes[name]
 
 
-@rule(*mlir_lowering.CALL_PRIMITIVES, lazy=True)
+@rule(*plb.CALL_PRIMITIVES, lazy=True)
 def _call(state: GPULowering, eqn: Any, *args: Any, **_: Any) -> Any:
-    jaxpr, consts = mlir_lowering.called_jaxpr(eqn)
+    jaxpr, consts = plb.called_jaxpr(eqn)
     return lower_jaxpr(state, jaxpr, consts, args)
 
 
@@ -213,7 +210,7 @@ def _general_while(state: GPULowering, eqn: Any, cconsts: Sequence[Any],
     raise changing_layout(state)
 
 
-@rule(prims.run_scoped_p, lazy=True)
+@rule(plb.run_scoped_p, lazy=True)
 def _run_scoped(state: GPULowering, eqn: Any, *consts: Any, jaxpr: Any, scoped: Any,
                 **_: Any) -> Any:
     warp_specialized_lowering.enter_run_scoped(state, eqn)
@@ -225,7 +222,7 @@ def _run_scoped(state: GPULowering, eqn: Any, *consts: Any, jaxpr: Any, scoped: 
         if mref.memory_space is ACC_SPACE:
             key = id(eqn) * 100 + n
             state.accs[key] = mgpu.WGMMAAccumulator.zero(*mref.shape,
-                                                         element_type(mref.dtype),
+                                                         mlir_element_type(mref.dtype),
                                                          is_signed=signed(mref.dtype))
             refs.append(Ref("acc", tuple(mref.shape), mref.dtype, acc_key=key))
         else:
@@ -236,6 +233,6 @@ def _run_scoped(state: GPULowering, eqn: Any, *consts: Any, jaxpr: Any, scoped: 
     return outs
 
 
-@rule(prims.multiple_of_p)
+@rule(plb.multiple_of_p)
 def _multiple_of(state: GPULowering, eqn: Any, x: Any, **_: Any) -> Any:
     return x

@@ -23,7 +23,7 @@ from jax.experimental.mosaic import gpu as mgpu
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith, llvm
 
-from pallas_core import primitives as prims
+from pallas_core import backend as plb
 from pallas_mosaic_gpu import multidevice as md
 from pallas_mosaic_gpu import values
 from pallas_mosaic_gpu.registry import rule
@@ -89,7 +89,7 @@ def peer_index(state: GPULowering, t: Any) -> Any:
     return _logical_device(state, list(t.device_id), t.mesh_coordinates)
 
 
-@rule(prims.semaphore_signal_p, lazy=True)
+@rule(plb.semaphore_signal_p, lazy=True)
 def _signal(state: GPULowering, eqn: Any, *args: Any, tree: Any, has_device_id: bool,
             device_id_type: Any, has_core_index: bool = False) -> Any:
     if has_core_index:
@@ -108,7 +108,7 @@ def _signal(state: GPULowering, eqn: Any, *args: Any, tree: Any, has_device_id: 
     return []
 
 
-@rule(prims.semaphore_wait_p, lazy=True)
+@rule(plb.semaphore_wait_p, lazy=True)
 def _wait(state: GPULowering, eqn: Any, *args: Any, tree: Any, decrement: bool) -> Any:
     view, rest = _sem_view(state, eqn, args, "pl.semaphore_wait")
     mgpu.SemaphoreRef(mgpu.utils.memref_ptr(view.memref)).wait(
@@ -116,7 +116,7 @@ def _wait(state: GPULowering, eqn: Any, *args: Any, tree: Any, decrement: bool) 
     return []
 
 
-@rule(prims.semaphore_read_p, lazy=True)
+@rule(plb.semaphore_read_p, lazy=True)
 def _read(state: GPULowering, eqn: Any, *args: Any, tree: Any) -> Any:
     """The semaphore's value, read by every thread with acquire semantics at system scope
     (PTX ``ld.acquire.sys``), as JAX's lowering reads it."""
@@ -201,7 +201,7 @@ def _multimem_load_reduce(state: GPULowering, eqn: Any, *args: Any, tree: Any,
                          view.dtype, reduction_op)
 
 
-@rule(prims.get_global_p)
+@rule(plb.get_global_p)
 def _get_global(state: GPULowering, eqn: Any, *, what: Any) -> Any:
     mem = state.global_sems.get(id(eqn))
     if mem is None:

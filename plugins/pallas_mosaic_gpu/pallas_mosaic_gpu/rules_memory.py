@@ -19,8 +19,7 @@ from jax.experimental.mosaic import gpu as mgpu
 from jaxlib.mlir.dialects import arith, nvvm
 
 from pallas_core import backend as plb
-from pallas_core import primitives as prims
-from pallas_core.mlir_lowering import element_type, is_float
+from pallas_core.backend import is_float, mlir_element_type
 from pallas_mosaic_gpu import cluster, tma, values, warp_specialized_lowering
 from pallas_mosaic_gpu import primitives as gp
 from pallas_mosaic_gpu.registry import rule
@@ -69,12 +68,11 @@ def _cast_reads(state: GPULowering) -> set[int]:
     ``plgpu.layout_cast``: JAX's kernels read GMEM straight into the layout the cast names
     (``layout_cast(x_ref[idx], Layout.WG_STRIDED(shape, vec_size=8))``), which is what the
     lowering does for them; nothing runs in between, so the read is not moved past a write."""
-    from pallas_core import reference
     from pallas_mosaic_gpu import layouts
 
     found = getattr(state, "_cast_reads", None)
     if found is None:
-        eqns = list(reference.all_eqns(state.call.jaxpr.jaxpr))
+        eqns = list(plb.all_eqns(state.call.jaxpr.jaxpr))
         found = {id(a) for a, b in itertools.pairwise(eqns)
                  if a.primitive is plb.get_p and b.primitive is layouts.layout_cast_p
                  and b.invars[0] is a.outvars[0]}
@@ -87,8 +85,6 @@ def _unread_results(state: GPULowering) -> set[int]:
     defines and nothing reads: no equation takes it, no jaxpr returns it."""
     found = getattr(state, "_unread", None)
     if found is None:
-        from pallas_core import reference
-
         defined: set[int] = set()
         read: set[int] = set()
 
@@ -97,7 +93,7 @@ def _unread_results(state: GPULowering) -> set[int]:
             for e in jaxpr.eqns:
                 read.update(id(v) for v in e.invars)
                 defined.update(id(v) for v in e.outvars)
-                for sub in reference.sub_jaxprs(e.params):
+                for sub in plb.sub_jaxprs(e.params):
                     visit(sub)
 
         visit(state.call.jaxpr.jaxpr)
@@ -138,7 +134,7 @@ def _swap(state: GPULowering, eqn: Any, ref: Ref, value: Any, *flat: Any, **_: A
 _ATOMIC_OPS = {"add", "max", "min", "and", "or", "xor"}
 
 
-@rule(prims.atomic_rmw_p, lazy=True)
+@rule(plb.atomic_rmw_p, lazy=True)
 def _atomic(state: GPULowering, eqn: Any, ref: Ref, value: Any, *rest: Any, op: Any,
             has_mask: bool, tree: Any) -> Any:
     if has_mask:
@@ -230,13 +226,13 @@ def _dot(state: GPULowering, eqn: Any, a: Any, b: Any, *, dimension_numbers: Any
     out_dtype = eqn.outvars[0].aval.dtype
     m, n = eqn.outvars[0].aval.shape
     acc_dtype = np.float32 if is_float(out_dtype) else np.int32
-    acc = mgpu.WGMMAAccumulator.zero(m, n, element_type(acc_dtype),
+    acc = mgpu.WGMMAAccumulator.zero(m, n, mlir_element_type(acc_dtype),
                                      is_signed=signed(acc_dtype))
     acc = wgmma_into(state, acc, a, b, a_t, b_t)
     nvvm.wgmma_wait_group_sync_aligned(0)
     out = acc.value
     if np.dtype(out_dtype) != np.dtype(acc_dtype):
-        out = out.astype(element_type(out_dtype), is_signed=signed(out_dtype))
+        out = out.astype(mlir_element_type(out_dtype), is_signed=signed(out_dtype))
     return out
 
 
@@ -356,8 +352,8 @@ def _copy_out(state: GPULowering, eqn: Any, *args: Any, commit_group: bool = Tru
 def _issuer(state: GPULowering) -> Any:
     """The thread issuing a copy: one of the warp inside a ``WarpMesh`` region, else one of
     the warpgroup (the predicates computed once per launch, as in JAX's lowering)."""
-    from pallas_mosaic_gpu import scheduling
-    return scheduling.issuing_thread(state)
+    from pallas_mosaic_gpu import dynamic_scheduling
+    return dynamic_scheduling.issuing_thread(state)
 
 
 @rule(gp.barrier_wait_p, lazy=True)

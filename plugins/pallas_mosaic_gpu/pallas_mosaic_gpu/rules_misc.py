@@ -18,8 +18,6 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith, cf, llvm
 
 from pallas_core import backend as plb
-from pallas_core import extras, mlir_rules
-from pallas_core import primitives as prims
 from pallas_mosaic_gpu import primitives as gp
 from pallas_mosaic_gpu.registry import rule
 from pallas_mosaic_gpu.values import FA, Expanded, GPULowering, i32
@@ -42,7 +40,7 @@ def _griddepcontrol_launch_dependents(state: GPULowering, eqn: Any, **_: Any) ->
     return []
 
 
-@rule(extras.delay_p)
+@rule(plb.delay_p)
 def _delay(state: GPULowering, eqn: Any, nanos: Any) -> Any:
     if isinstance(nanos, FA):
         raise state.fail("pl.delay of an array")
@@ -50,7 +48,7 @@ def _delay(state: GPULowering, eqn: Any, nanos: Any) -> Any:
     return []
 
 
-@rule(prims.debug_print_p)
+@rule(plb.debug_print_p)
 def _debug_print(state: GPULowering, eqn: Any, *args: Any, fmt: str) -> Any:
     """Scalars are printed by one thread of the warpgroup (of the warp in a ``WarpMesh``
     region); one array is printed element by element, each thread printing the elements it
@@ -95,7 +93,7 @@ def _scalar(state: GPULowering, v: Any, what: str) -> Any:
 def _check(state: GPULowering, eqn: Any, *args: Any, **_: Any) -> Any:
     """``checkify.debug_check`` as JAX lowers it: ``cf.assert`` that the failure predicate is
     False, while ``pl.enable_debug_checks`` is on (nothing otherwise)."""
-    found = mlir_rules.debug_check_to_assert(state, eqn)
+    found = plb.debug_check_to_assert(state, eqn)
     if found is None:
         return []
     index, message = found
@@ -105,7 +103,7 @@ def _check(state: GPULowering, eqn: Any, *args: Any, **_: Any) -> Any:
     return []
 
 
-@rule(extras.debug_check_p)
+@rule(plb.debug_check_p)
 def _debug_check(state: GPULowering, eqn: Any, ok: Any, *, message: str) -> Any:
     """``pl.debug_check`` (traced only while ``pl.enable_debug_checks`` is on): ``cf.assert``,
     as JAX lowers its ``pl.debug_check``."""

@@ -24,7 +24,7 @@ import jax
 import numpy as np
 
 from pallas_core import backend as plb
-from pallas_core.reference import sub_jaxprs
+from pallas_core.backend import sub_jaxprs
 
 
 def _static(v: Any) -> Any:

@@ -1,7 +1,7 @@
 """Output blocks that share an input block's shared-memory buffer.
 
 A ``pallas_call`` pipeline gives every windowed input and output a buffer of its own in shared
-memory (see :mod:`pallas_mosaic_gpu.schedule`). When that exceeds a Hopper thread block's
+memory (see :mod:`pallas_mosaic_gpu.call_lowering`). When that exceeds a Hopper thread block's
 227 KiB, an output may instead be staged in the buffer of an input block of the same shape and
 dtype, provided the kernel is provably done reading that input before it first touches the
 output. The softmax of (64, 512) float32 blocks (128 KiB in, 128 KiB out) lowers this way.
@@ -35,9 +35,8 @@ from jax import lax
 from jax.experimental.mosaic import gpu as mgpu
 
 from pallas_core import backend as plb
-from pallas_core import mlir_lowering
-from pallas_core.request import KernelCall
-from pallas_mosaic_gpu import rules, schedule, values
+from pallas_core.backend import KernelCall
+from pallas_mosaic_gpu import call_lowering, rules, values
 from pallas_mosaic_gpu.params import GPUCompilerParams
 
 _SYNCHRONOUS = frozenset({plb.get_p, plb.swap_p, lax.transpose_p, lax.dot_general_p})
@@ -83,20 +82,20 @@ def candidates(call: KernelCall) -> dict[int, tuple[int, int]]:
         GPUCompilerParams()
     if params.mesh is not None:
         return {}
-    pl_ = schedule.plan(call)
+    pl_ = call_lowering.plan(call)
     if math.prod(call.grid_mapping.grid[a] for a in pl_.sequential_axes) > 1:
         return {}
-    ins, outs = schedule._operands(call)
+    ins, outs = call_lowering._operands(call)
     jaxpr = call.jaxpr.jaxpr
     aliased_in = set(dict(call.input_output_aliases))
     aliased_out = set(dict(call.input_output_aliases).values())
     taken: set[int] = set()
     found: dict[int, tuple[int, int]] = {}
     for j, ob in enumerate(outs):
-        if not schedule._windowed(ob) or j in aliased_out:
+        if not call_lowering._windowed(ob) or j in aliased_out:
             continue
         for k, ib in enumerate(ins):
-            if (k in taken or k in aliased_in or not schedule._windowed(ib)
+            if (k in taken or k in aliased_in or not call_lowering._windowed(ib)
                     or tuple(ib.ref_shape) != tuple(ob.ref_shape)
                     or np.dtype(ib.dtype) != np.dtype(ob.dtype)):
                 continue
@@ -146,5 +145,5 @@ def lower_body(state: Any, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any
             return fn(st, eqn, *vals)
         return rule
 
-    table = mlir_lowering.Rules({p: fenced(fn) for p, fn in rules.RULES.items()})
-    return mlir_lowering.lower_jaxpr(state, table, jaxpr, consts, args, values.literal)
+    table = plb.Rules({p: fenced(fn) for p, fn in rules.RULES.items()})
+    return plb.lower_jaxpr(state, table, jaxpr, consts, args, values.literal)

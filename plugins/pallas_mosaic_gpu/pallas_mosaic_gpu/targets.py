@@ -28,7 +28,7 @@ from collections.abc import Iterator
 
 import jax
 
-from pallas_core.errors import PallasError
+from pallas_core.backend import PallasError
 
 TARGETS: dict[str, tuple[int, int]] = {"sm_90a": (9, 0), "sm_90": (9, 0), "sm_100a": (10, 0)}
 """The targets ``pl.stages(..., backend="mosaic_gpu", target=...)`` accepts."""

@@ -31,7 +31,7 @@ from jax.experimental.mosaic import gpu as mgpu
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith
 
-from pallas_core.errors import UnsupportedError
+from pallas_core.backend import UnsupportedError
 from pallas_mosaic_gpu import values
 
 MAX_BOX = 256

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 import pallas_core as pl
-from pallas_core.errors import PallasError
+from pallas_core.backend import PallasError
 
 SWIZZLE = 128
 """Bytes of the swizzle of the SMEM buffers this backend tiles (see the module's docstring)."""

@@ -5,9 +5,8 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from pallas_core.backend import refuse_empty_operands
-from pallas_core.errors import BlockSpecError, UnsupportedError
-from pallas_core.request import KernelCall
+from pallas_core import BlockSpecError
+from pallas_core.backend import KernelCall, UnsupportedError, refuse_empty_operands
 from pallas_mosaic_gpu import tma
 from pallas_mosaic_gpu.params import GMEM, GPUCompilerParams
 from pallas_mosaic_gpu.values import SMEM_ALIGNMENT, is_tileable
@@ -29,14 +28,14 @@ def smem_limit() -> int:
 def smem_parts(call: KernelCall, reuse: dict[int, tuple[int, int]] | None = None
                ) -> list[tuple[str, int]]:
     """The shared memory ``call`` needs, part by part, exactly as the lowering allocates it
-    (:func:`pallas_mosaic_gpu.schedule.shared_memory`, laid out by ``aligned_smem``): each
+    (:func:`pallas_mosaic_gpu.call_lowering.shared_memory`, laid out by ``aligned_smem``): each
     windowed input's buffers (one per slot: ``max_concurrent_steps``, at most the steps of the
     sequential loop) and their barriers, each output's buffer (none for an output staged in an
     input's buffer, :mod:`pallas_mosaic_gpu.smem_reuse`), scratch, ``pl.run_scoped``
     allocations, the TMEM allocation's address, and the padding that aligns each buffer to
     ``values.SMEM_ALIGNMENT`` bytes and the barriers to 8. Their sum is the dynamic shared
     memory of the kernel's launch. ``reuse``: the outputs to stage (default: as lowered)."""
-    from pallas_mosaic_gpu.schedule import aligned_smem, entry_bytes, shared_memory
+    from pallas_mosaic_gpu.call_lowering import aligned_smem, entry_bytes, shared_memory
 
     sm = shared_memory(call, reuse)
     tree, positions = aligned_smem(sm.entries)

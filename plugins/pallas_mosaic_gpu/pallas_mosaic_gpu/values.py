@@ -35,8 +35,14 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith, scf
 
 from pallas_core import backend as plb
-from pallas_core.errors import PallasError, UnsupportedError
-from pallas_core.mlir_lowering import LoweringState, element_type, is_float, is_unsigned
+from pallas_core.backend import (
+    LoweringState,
+    PallasError,
+    UnsupportedError,
+    is_float,
+    is_unsigned,
+    mlir_element_type,
+)
 from pallas_mosaic_gpu import tiled_slices
 
 FA = mgpu.FragmentedArray
@@ -160,7 +166,7 @@ def i32(v: Any) -> ir.Value:
 
 
 def scalar_constant(value: Any, dtype: Any) -> ir.Value:
-    t = element_type(dtype)
+    t = mlir_element_type(dtype)
     if is_float(dtype):
         return arith.constant(t, float(value))
     return arith.constant(t, int(value))

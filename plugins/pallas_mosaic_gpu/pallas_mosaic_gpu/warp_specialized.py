@@ -39,8 +39,7 @@ from jax import lax
 
 import pallas_core as pl
 from pallas_core import backend as plb
-from pallas_core import semantics
-from pallas_core.errors import PallasError, UnsupportedError
+from pallas_core.backend import PallasError, UnsupportedError
 from pallas_mosaic_gpu import primitives as gp
 from pallas_mosaic_gpu.params import SMEM, Barrier
 from pallas_mosaic_gpu.pipeline import _block_dims, _check_layout, _window
@@ -78,8 +77,8 @@ def warpgroups_run_concurrently() -> Any:
 
 
 SEMANTICS = (
-    semantics.PrimitiveSemantics(set_max_registers_p, evaluate=lambda ctx, **params: []),
-    semantics.PrimitiveSemantics(concurrent_p,
+    plb.PrimitiveSemantics(set_max_registers_p, evaluate=lambda ctx, **params: []),
+    plb.PrimitiveSemantics(concurrent_p,
                                  evaluate=lambda ctx: jnp.bool_(bool(ctx.own_pace))),
 )
 

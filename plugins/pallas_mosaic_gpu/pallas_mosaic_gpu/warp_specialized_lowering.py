@@ -24,7 +24,7 @@ from jax.experimental.mosaic import gpu as mgpu
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith, gpu, nvvm
 
-from pallas_core.errors import UnsupportedError
+from pallas_core.backend import UnsupportedError
 from pallas_mosaic_gpu import values
 from pallas_mosaic_gpu import warp_specialized as ws
 from pallas_mosaic_gpu.params import ACC_SPACE

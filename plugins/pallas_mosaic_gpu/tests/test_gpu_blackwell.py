@@ -19,8 +19,8 @@ import pallas_core as pl
 
 plgpu = pytest.importorskip("pallas_mosaic_gpu")
 from pallas_mosaic_gpu import blackwell_kernels as BK  # noqa: E402, N812
+from pallas_mosaic_gpu import hopper_kernels as K  # noqa: E402, N812
 from pallas_mosaic_gpu import inspection, targets  # noqa: E402
-from pallas_mosaic_gpu import kernels as K  # noqa: E402, N812
 
 S = jax.ShapeDtypeStruct
 F16, F32 = jnp.float16, jnp.float32

@@ -205,9 +205,9 @@ def _atomic_kernel(body, dtype=jnp.float32):
 
 
 def test_float_atomic_max_is_refused() -> None:
-    from pallas_mosaic_gpu import kernels
+    from pallas_mosaic_gpu import hopper_kernels
     with pytest.raises(pl.UnsupportedError, match=r"atomic_max on float32"):
-        lower(functools.partial(kernels.block_reduce, op="max"), jnp.ones((128, 128)))
+        lower(functools.partial(hopper_kernels.block_reduce, op="max"), jnp.ones((128, 128)))
 
 
 def test_using_the_result_of_an_atomic_is_refused() -> None:

@@ -21,8 +21,8 @@ import pytest
 import pallas_core as pl
 
 plgpu = pytest.importorskip("pallas_mosaic_gpu")
+from pallas_mosaic_gpu import hopper_kernels as K  # noqa: E402, N812
 from pallas_mosaic_gpu import inspection  # noqa: E402
-from pallas_mosaic_gpu import kernels as K  # noqa: E402, N812
 
 S = jax.ShapeDtypeStruct
 ROW = pl.BlockSpec((None, 8, 128), lambda i: (i, 0, 0))

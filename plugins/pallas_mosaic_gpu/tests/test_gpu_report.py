@@ -18,7 +18,7 @@ from pallas_core import backend as plb
 from pallas_core.plugins import manager
 
 plgpu = pytest.importorskip("pallas_mosaic_gpu")
-from pallas_mosaic_gpu import kernels as K  # noqa: E402, N812
+from pallas_mosaic_gpu import hopper_kernels as K  # noqa: E402, N812
 
 S = jax.ShapeDtypeStruct
 F32 = S((256, 512), jnp.float32)

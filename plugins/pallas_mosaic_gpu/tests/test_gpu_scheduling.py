@@ -1,4 +1,4 @@
-"""Blackwell work scheduling (pallas_mosaic_gpu.scheduling): ``dynamic_scheduling_loop``
+"""Blackwell work scheduling (pallas_mosaic_gpu.dynamic_scheduling): ``dynamic_scheduling_loop``
 (cluster launch control) and ``pl.core_map`` over ``plgpu.WarpMesh``, lowered for sm_100a and
 run in the interpreter against ``jax.numpy`` on random inputs; what is refused, refused with an
 error naming it. JAX's blackwell_matmul, which uses both, is checked in

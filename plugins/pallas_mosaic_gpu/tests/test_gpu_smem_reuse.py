@@ -18,8 +18,8 @@ from jax import lax
 import pallas_core as pl
 
 plgpu = pytest.importorskip("pallas_mosaic_gpu")
+from pallas_mosaic_gpu import hopper_kernels as K  # noqa: E402, N812
 from pallas_mosaic_gpu import inspection, validation  # noqa: E402
-from pallas_mosaic_gpu import kernels as K  # noqa: E402, N812
 
 S = jax.ShapeDtypeStruct
 BLOCK = (64, 512)  # 128 KiB of float32: an input and an output buffer exceed 227 KiB

@@ -17,8 +17,8 @@ from jax import lax
 import pallas_core as pl
 
 plgpu = pytest.importorskip("pallas_mosaic_gpu")
+from pallas_mosaic_gpu import hopper_kernels as K  # noqa: E402, N812
 from pallas_mosaic_gpu import inspection, tma  # noqa: E402
-from pallas_mosaic_gpu import kernels as K  # noqa: E402, N812
 
 S = jax.ShapeDtypeStruct
 STORES = "nvvm.cp.async.bulk.tensor.global.shared.cta"

@@ -8,9 +8,8 @@ Lowering needs no TPU: ``jax.jit(f).trace(*a).lower(lowering_platforms=("tpu",))
 from __future__ import annotations
 
 import pallas_core.backend as plb
-from pallas_core.copies import async_copy, make_async_copy, make_async_remote_copy
-from pallas_core.extras import reciprocal
-from pallas_core.spec import ANY
+from pallas_core import ANY
+from pallas_core.backend import async_copy, make_async_copy, make_async_remote_copy, reciprocal
 from pallas_mosaic_tpu import core
 from pallas_mosaic_tpu.elementwise import (
     join_bits,

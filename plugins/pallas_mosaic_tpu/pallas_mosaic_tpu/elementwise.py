@@ -33,10 +33,9 @@ from jaxlib.mlir import ir
 from jaxlib.mosaic.python import tpu
 
 from pallas_core import backend as plb
-from pallas_core.errors import PallasError
-from pallas_core.semantics import PrimitiveSemantics, ReferenceContext
+from pallas_core.backend import PallasError, PrimitiveSemantics, ReferenceContext
 from pallas_mosaic_tpu import ir as mir
-from pallas_mosaic_tpu.lowering import Lowering, rule
+from pallas_mosaic_tpu.registry import Lowering, rule
 
 
 def _bits(dtype: Any) -> int:

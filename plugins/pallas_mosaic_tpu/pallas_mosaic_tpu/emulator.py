@@ -23,9 +23,13 @@ allocation there, at the same offset) and signals the target semaphore there; a 
 adds to the other device's semaphore; waits take from this device's semaphores. A wait nothing
 will satisfy, and a device id outside the mesh, are errors.
 
-The operations: ``arith``, ``math``, ``scf`` and ``func`` from :mod:`pallas_core.emulation`,
-``vector``/``memref``/memory ``tpu`` operations from :mod:`pallas_mosaic_tpu.emulator_ops`, and
-the compute, DMA and semaphore ``tpu`` operations here. A backend that reuses the grid walk
+The operations (:data:`RULES`): ``arith``, ``math``, ``scf`` and ``func`` from
+:mod:`pallas_core.emulation`, ``vector``/``memref``/memory ``tpu`` operations from
+:mod:`pallas_mosaic_tpu.emulator_ops`, the compute ``tpu`` operations from
+:mod:`pallas_mosaic_tpu.emulator_compute`, and the DMA, semaphore and device ``tpu`` operations
+from :mod:`pallas_mosaic_tpu.emulator_devices`; the running kernel's state is
+:mod:`pallas_mosaic_tpu.emulator_state`'s. This module walks the grid and is the
+``pallas_emulate`` hook's entry (:func:`emulate`). A backend that reuses the grid walk
 (SparseCore) passes its own rules as ``extra_rules``.
 """
 
@@ -38,749 +42,39 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 from jaxlib.mlir import ir
 
-from pallas_core.emulation.arith import ASSERT_RULES
-from pallas_core.emulation.arith import RULES as ARITH_RULES
-from pallas_core.emulation.call import EmulatedCall, EmulateOptions
-from pallas_core.emulation.machine import Compiler, Rule
-from pallas_core.emulation.turns import Turns
-from pallas_core.emulation.types import dtype_of, shape_of
-from pallas_core.errors import PallasError, UnsupportedError
+from pallas_core.backend import EMULATOR_ARITH_RULES as ARITH_RULES
+from pallas_core.backend import (
+    EMULATOR_ASSERT_RULES,
+    EmulatedCall,
+    EmulateOptions,
+    EmulatorRule,
+    PallasError,
+    UnsupportedError,
+    dtype_of,
+    shape_of,
+)
 from pallas_mosaic_tpu import ir as mir
 from pallas_mosaic_tpu import symbolic
 from pallas_mosaic_tpu.emulator_bits import RULES as BIT_RULES
-from pallas_mosaic_tpu.emulator_ops import (
-    RULES as MEMORY_RULES,
-)
+from pallas_mosaic_tpu.emulator_compute import RULES as COMPUTE_RULES
+from pallas_mosaic_tpu.emulator_devices import RULES as DEVICE_RULES
+from pallas_mosaic_tpu.emulator_ops import RULES as MEMORY_RULES
 from pallas_mosaic_tpu.emulator_ops import (
     EmulationError,
-    _bool,
-    _enum,
-    _int,
-    _ints,
-    _unsupported,
     allocate,
-    bitcast_array,
-    segments,
+    enum_case,
+    int_array,
+    int_attribute,
 )
+from pallas_mosaic_tpu.emulator_state import KernelState, Network, TPUCompiler
 from pallas_mosaic_tpu.symbolic import kernel_function
 
-_Fn = Callable[..., Any]
-
-
-class KernelState:
-    """What a running kernel's operations read besides their operands: the grid, the
-    TensorCore running it, the hardware PRNG, and under ``shard_map`` the device running it
-    and the other devices' kernels (:class:`Network`)."""
-
-    def __init__(self, bounds: Sequence[int], device: int | None = None,
-                 network: Network | None = None, name: str = "kernel") -> None:
-        self.name = name
-        """The kernel's name, for messages."""
-        self.bounds = tuple(bounds)
-        self.core = 0
-        self.rng: np.random.Generator | None = None
-        self.device = device
-        """The logical device id under ``shard_map`` (``None`` elsewhere)."""
-        self.network = network
-        self.barrier = np.zeros((), np.int64)
-        """The device's barrier semaphore (``tpu.sem_barrier``)."""
-        self.buffers: dict[Any, np.ndarray] = {}
-        """The device's buffers another device may reach, by a key the same on every device:
-        ``("arg", k)`` for the kernel's operands, ``("op", n)`` for the n-th allocating
-        operation, ``"barrier"``."""
-        self.keys: dict[int, Any] = {}
-        """``id(buffer)`` -> its key in :attr:`buffers`."""
-        self.allocations = 0
-        """Allocating operations compiled so far (their keys' numbers)."""
-        self.mxu = MXUs()
-        """The hand-driven MXUs (``tpu.matmul_push_rhs`` and the others)."""
-
-    def register(self, key: Any, buffer: np.ndarray) -> None:
-        old = self.buffers.get(key)
-        if old is not None:
-            self.keys.pop(id(old), None)
-        self.buffers[key] = buffer
-        self.keys[id(buffer)] = key
-
-
-def _root(view: np.ndarray) -> np.ndarray:
-    while isinstance(view.base, np.ndarray):
-        view = view.base
-    return view
-
-
-class Network:
-    """The devices of a ``shard_map`` running one kernel together: each in its own thread,
-    one at a time (:class:`~pallas_core.emulation.turns.Turns`), switching where a device
-    waits on a semaphore. A remote DMA or signal reaches the other device's buffer or
-    semaphore: the same operand, scratch buffer or allocation there, at the same offset."""
-
-    def __init__(self, devices: int, name: str = "") -> None:
-        self.name = name
-        self.states: list[KernelState] = []
-        self.turns = Turns([f"device {d}" for d in range(devices)], self._deadlock)
-
-    def _deadlock(self, waiting: list[tuple[str, str]], finished: list[str]) -> BaseException:
-        places: dict[str, list[str]] = {}
-        for name, what in waiting:
-            places.setdefault(what, []).append(name.removeprefix("device "))
-        stuck = "; ".join(
-            f"device{'s' if len(ds) > 1 else ''} {', '.join(ds)} wait{'' if len(ds) > 1 else 's'}"
-            f" at {what}" for what, ds in places.items())
-        return EmulationError(
-            f"kernel {self.name!r} would hang: {stuck} (finished: "
-            f"{', '.join(finished) or 'none'}), and no device left running signals them. "
-            "Fix: make every wait match a signal or DMA that another device (or this one) "
-            "sends.")
-
-    def remote(self, state: KernelState, op: ir.Operation, local: np.ndarray,
-               device: Any) -> np.ndarray:
-        """The view of device ``device`` that ``local`` (a view on ``state``'s device) is."""
-        d = int(device)
-        if not 0 <= d < len(self.states):
-            raise EmulationError(
-                f"{op.name} at {op.location} names device {d}; the shard_map's mesh has "
-                f"{len(self.states)} devices (logical ids 0..{len(self.states) - 1}). Fix: "
-                "compute the device id from lax.axis_index of the mesh axes.")
-        root = _root(local)
-        key = state.keys.get(id(root))
-        peer = self.states[d].buffers.get(key) if key is not None else None
-        if key is None:
-            raise _unsupported(op, "a remote access to a buffer other than the kernel's "
-                               "operands, scratch buffers and scoped allocations")
-        if peer is None:
-            raise EmulationError(
-                f"{op.name} at {op.location} reaches a scoped buffer of device {d}, which has "
-                "not allocated it (it is not inside that scope). Fix: synchronise with the "
-                "device (a barrier) before reaching into its scoped buffers.")
-        offset = local.__array_interface__["data"][0] - root.__array_interface__["data"][0]
-        return np.ndarray(local.shape, local.dtype, buffer=peer, offset=offset,
-                          strides=local.strides)
-
-    def take(self, op: ir.Operation, sem: np.ndarray, amount: int) -> None:
-        """Waits (letting the other devices run) until ``sem`` holds ``amount``; takes it."""
-        self.turns.wait_until(lambda: int(sem) >= amount,
-                              f"{op.name} ({op.location}) for {amount}")
-        sem[...] = int(sem) - amount
-
-
-class TPUCompiler(Compiler):
-    """A :class:`Compiler` carrying the running kernel's :class:`KernelState`."""
-
-    def __init__(self, rules: Mapping[str, Rule], state: KernelState, *, backend: str,
-                 module: ir.Module) -> None:
-        super().__init__(rules, backend=backend, module=module)
-        self.state = state
-
-
-def _state(c: Compiler) -> KernelState:
-    state = getattr(c, "state", None)
-    if not isinstance(state, KernelState):
-        raise UnsupportedError("TPU operations need the TPU emulator's compiler")
-    return state
-
-
-# -- compute ----------------------------------------------------------------------------------
-
-def _dimension_numbers(op: ir.Operation, lhs_rank: int, rhs_rank: int) -> list[list[int]]:
-    """``[lhs contracting, rhs contracting, lhs free, rhs free, output order, lhs batch,
-    rhs batch]`` of a ``tpu.matmul``."""
-    if "dimension_numbers" in op.attributes:
-        text = str(op.attributes["dimension_numbers"])
-        groups = text[text.index("<") + 1:text.rindex(">")].split("]")
-        return [[int(v) for v in g.strip(", [").split(",") if v.strip()] for g in groups[:7]]
-    if lhs_rank != 2 or rhs_rank != 2:
-        raise _unsupported(op, "a matmul of rank other than 2 without dimension numbers")
-    tl = "transpose_lhs" in op.attributes and bool(ir.BoolAttr(op.attributes["transpose_lhs"]))
-    tr = "transpose_rhs" in op.attributes and bool(ir.BoolAttr(op.attributes["transpose_rhs"]))
-    return [[0 if tl else 1], [1 if tr else 0], [1 if tl else 0], [0 if tr else 1],
-            [0, 1 if tl else 0, 1, 0 if tr else 1], [], []]
-
-
-def _accumulator(dtype: np.dtype) -> Any:
-    """The type products into ``dtype`` are summed in: float32 (float64 for wider floats),
-    int64 for integers."""
-    if dtype.kind != "f":
-        return np.int64
-    return np.float64 if np.dtype(dtype).itemsize > 4 else np.float32
-
-
-def _matmul(c: Compiler, op: ir.Operation) -> _Fn:
-    """``acc + lhs . rhs``, products summed in float32 (int32 for integers) or wider."""
-    lhs_c, rhs_c, lhs_f, rhs_f, order, lhs_b, rhs_b = _dimension_numbers(
-        op, len(shape_of(op.operands[0].type)), len(shape_of(op.operands[1].type)))
-    dtype = dtype_of(op.results[0].type)
-    # Axes of the natural product: batch, lhs free, rhs free; named as (operand, dim).
-    natural = [(0, d) for d in lhs_b] + [(0, d) for d in lhs_f] + [(1, d) for d in rhs_f]
-    rename = {(1, r): (0, lb) for lb, r in zip(lhs_b, rhs_b, strict=True)}
-    out = [rename.get((order[2 * k], order[2 * k + 1]), (order[2 * k], order[2 * k + 1]))
-           for k in range(len(order) // 2)]
-    perm = [natural.index(a) for a in out]
-
-    def run(lhs: Any, rhs: Any, acc: Any) -> Any:
-        lhs, rhs = np.asarray(lhs), np.asarray(rhs)
-        wide = _accumulator(dtype)
-        a = np.transpose(lhs, lhs_b + lhs_f + lhs_c).astype(wide)
-        b = np.transpose(rhs, rhs_b + rhs_c + rhs_f).astype(wide)
-        nb = len(lhs_b)
-        bshape = a.shape[:nb]
-        fl, fr = a.shape[nb:nb + len(lhs_f)], b.shape[nb + len(rhs_c):]
-        k = int(np.prod(a.shape[nb + len(lhs_f):], dtype=np.int64))
-        prod = np.matmul(a.reshape(*bshape, -1, k), b.reshape(*bshape, k, -1))
-        prod = np.transpose(prod.reshape(*bshape, *fl, *fr), perm)
-        return (np.asarray(acc).astype(wide) + prod).astype(dtype)
-    return run
-
-
-def _dilate(x: np.ndarray, axis: int, by: int) -> np.ndarray:
-    """``by - 1`` zeros between neighbours along ``axis``."""
-    if by == 1:
-        return x
-    shape = list(x.shape)
-    shape[axis] = (shape[axis] - 1) * by + 1
-    out = np.zeros(shape, x.dtype)
-    index = [slice(None)] * x.ndim
-    index[axis] = slice(None, None, by)
-    out[tuple(index)] = x
-    return out
-
-
-def _conv(c: Compiler, op: ir.Operation) -> _Fn:
-    """``tpu.conv``: ``acc`` plus the convolution XLA's ``ConvGeneralDilated`` defines
-    (dimension numbers, strides, padding that may be negative, both dilations, window
-    reversal, feature groups), summed in float32 (int64 for integers) or wider."""
-    found = [int(v) for v in re.findall(r"-?\d+", str(op.attributes["dimension_numbers"]))]
-    rank = len(shape_of(op.operands[0].type))
-    n = rank - 2
-    lb, lf, ls = found[0], found[1], found[2:2 + n]
-    ri, ro, rs = found[2 + n], found[3 + n], found[4 + n:4 + 2 * n]
-    ob, of, os_ = found[4 + 2 * n], found[5 + 2 * n], found[6 + 2 * n:6 + 3 * n]
-    strides, padding = _ints(op.attributes["window_strides"]), _ints(op.attributes["padding"])
-    lhs_dil, rhs_dil = _ints(op.attributes["lhs_dilation"]), _ints(op.attributes["rhs_dilation"])
-    reversal = [bool(v) for v in ir.DenseBoolArrayAttr(op.attributes["window_reversal"])]
-    groups = _int(op, "feature_group_count", 1)
-    if _int(op, "batch_group_count", 1) != 1:
-        raise _unsupported(op, "a convolution with batch_group_count > 1")
-    dtype = dtype_of(op.results[0].type)
-
-    def run(lhs: Any, rhs: Any, acc: Any) -> Any:
-        wide = _accumulator(dtype)
-        x = np.transpose(np.asarray(lhs), [lb, lf, *ls]).astype(wide)  # N C spatial
-        w = np.transpose(np.asarray(rhs), [ro, ri, *rs]).astype(wide)  # O I spatial
-        for d in range(n):
-            x = _dilate(x, 2 + d, lhs_dil[d])
-            lo, hi = padding[2 * d], padding[2 * d + 1]
-            pad = [(0, 0)] * x.ndim
-            pad[2 + d] = (max(lo, 0), max(hi, 0))
-            x = np.pad(x, pad)
-            cut = [slice(None)] * x.ndim
-            cut[2 + d] = slice(max(-lo, 0), x.shape[2 + d] - max(-hi, 0))
-            x = x[tuple(cut)]
-            w = _dilate(w, 2 + d, rhs_dil[d])
-            if reversal[d]:
-                w = np.flip(w, 2 + d)
-        window = w.shape[2:]
-        out_sizes = [(x.shape[2 + d] - window[d]) // strides[d] + 1 for d in range(n)]
-        per = x.shape[1] // groups
-        outs_per = w.shape[0] // groups
-        out = np.zeros((x.shape[0], w.shape[0], *out_sizes), wide)
-        for offset in itertools.product(*(range(k) for k in window)):
-            where: list[Any] = [slice(None), slice(None)]
-            where += [slice(offset[d], offset[d] + strides[d] * (out_sizes[d] - 1) + 1,
-                            strides[d]) for d in range(n)]
-            taps = x[tuple(where)]
-            at: list[Any] = [slice(None), slice(None), *offset]
-            weights = w[tuple(at)]  # O I
-            for g in range(groups):
-                out[:, g * outs_per:(g + 1) * outs_per] += np.einsum(
-                    "nc...,oc->no...", taps[:, g * per:(g + 1) * per],
-                    weights[g * outs_per:(g + 1) * outs_per])
-        order = [0] * rank  # where each of N, O, spatial goes in the result
-        for k, dim in enumerate([ob, of, *os_]):
-            order[dim] = k
-        return (np.asarray(acc).astype(wide) + np.transpose(out, order)).astype(dtype)
-    return run
-
-
-def _iota(c: Compiler, op: ir.Operation) -> _Fn:
-    shape = shape_of(op.results[0].type)
-    dims = _ints(op.attributes["dimensions"]) if "dimensions" in op.attributes else []
-    if not dims:
-        raise _unsupported(op, "an iota without dimensions")
-    value = np.zeros(shape, np.int64)
-    for d in dims:
-        value = value * shape[d] + np.arange(shape[d]).reshape(
-            [-1 if k == d else 1 for k in range(len(shape))])
-    value = value.astype(dtype_of(op.results[0].type))
-    return lambda: value
-
-
-def _rotate(c: Compiler, op: ir.Operation) -> _Fn:
-    """``jnp.roll`` along ``dimension``; with a stride, index ``j`` along ``stride_dimension``
-    rolls by ``amount + stride * j``."""
-    dim = _int(op, "dimension")
-    stride = _int(op, "stride", 0)
-    sdim = _int(op, "stride_dimension", 0)
-    shape = shape_of(op.results[0].type)
-    n = shape[dim]
-    pos = np.arange(n).reshape([-1 if k == dim else 1 for k in range(len(shape))])
-    lane = np.arange(shape[sdim]).reshape([-1 if k == sdim else 1 for k in range(len(shape))])
-
-    def run(x: Any, amount: Any, *_: Any) -> Any:
-        shift = int(amount) + stride * lane if stride else int(amount)
-        source = np.broadcast_to((pos - shift) % n, shape)
-        return np.take_along_axis(np.asarray(x), source, axis=dim)
-    return run
-
-
-def _repeat(c: Compiler, op: ir.Operation) -> _Fn:
-    dim, times = _int(op, "dimension"), _int(op, "times")
-    return lambda x: np.concatenate([np.asarray(x)] * times, axis=dim)
-
-
-def _concatenate(c: Compiler, op: ir.Operation) -> _Fn:
-    dim = _int(op, "dimension")
-    return lambda *xs: np.concatenate([np.asarray(x) for x in xs], axis=dim)
-
-
-def _tpu_bitcast(c: Compiler, op: ir.Operation) -> _Fn:
-    dtype = dtype_of(op.results[0].type)
-    shape = shape_of(op.results[0].type)
-    return lambda x: bitcast_array(np.asarray(x), dtype).reshape(shape)
-
-
-def _reciprocal(c: Compiler, op: ir.Operation) -> _Fn:
-    dtype = dtype_of(op.results[0].type)
-    return lambda x: (1.0 / np.asarray(x).astype(np.float32)).astype(dtype)
-
-
-def _reduce_index(c: Compiler, op: ir.Operation) -> _Fn:
-    axis = _int(op, "axis")
-    kind = _enum(op.attributes["kind"]).lower()
-    fn = {"arg_max": np.argmax, "arg_min": np.argmin}.get(kind)
-    if fn is None:
-        raise _unsupported(op, f"the index reduction {kind}")
-    dtype = dtype_of(op.results[0].type)
-    return lambda x: fn(np.asarray(x), axis=axis).astype(dtype)
-
-
-def reduce_precision(x: np.ndarray, exponent_bits: int, mantissa_bits: int) -> np.ndarray:
-    """``x`` rounded to a float of ``exponent_bits`` and ``mantissa_bits`` and kept in its
-    own type, as XLA's ``ReducePrecision`` defines it: the mantissa rounded to nearest even
-    on the bits, then exponents past the narrow range flushed to signed infinity (above) or
-    signed zero (at or below its smallest normal); NaNs stay NaN."""
-    x = np.asarray(x)
-    info = ml_dtypes.finfo(x.dtype)
-    width, mant = x.dtype.itemsize * 8, int(info.nmant)
-    exp = width - 1 - mant
-    u = np.dtype(f"uint{width}")
-    bits = x.view(u).astype(np.uint64)
-    if mantissa_bits < mant:
-        last = 1 << (mant - mantissa_bits)
-        bias = ((bits & last) >> (mant - mantissa_bits)) + ((last >> 1) - 1)
-        bits = (bits + bias) & ~np.uint64(last - 1) & np.uint64((1 << width) - 1)
-    if exponent_bits < exp:
-        exp_mask = ((1 << exp) - 1) << mant
-        src_bias, narrow_bias = (1 << (exp - 1)) - 1, (1 << (exponent_bits - 1)) - 1
-        exponent = bits & np.uint64(exp_mask)
-        sign = bits & np.uint64(1 << (width - 1))
-        bits = np.where(exponent > np.uint64((src_bias + narrow_bias) << mant),
-                        sign | np.uint64(exp_mask),
-                        np.where(exponent <= np.uint64((src_bias - narrow_bias) << mant),
-                                 sign, bits))
-    out = bits.astype(u).view(x.dtype)
-    return np.where(np.isnan(x), x, out)
-
-
-def _reduce_precision(c: Compiler, op: ir.Operation) -> _Fn:
-    exponent, mantissa = _int(op, "exponent_bits"), _int(op, "mantissa_bits")
-    return lambda x: reduce_precision(np.asarray(x), exponent, mantissa)
-
-
-def _dynamic_gather(c: Compiler, op: ir.Operation) -> _Fn:
-    dims = _ints(op.attributes["dimensions"])
-    if len(dims) != 1:
-        raise _unsupported(op, "a gather over several dimensions")
-    (d,) = dims
-
-    def run(x: Any, idx: Any) -> Any:
-        x = np.asarray(x)
-        return np.take_along_axis(x, np.asarray(idx).astype(np.int64) % x.shape[d], axis=d)
-    return run
-
-
-def _float_to_int(c: Compiler, op: ir.Operation) -> _Fn:
-    dtype = dtype_of(op.results[0].type)
-    mode = _enum(op.attributes["rounding_mode"]) if "rounding_mode" in op.attributes \
-        else "towards_zero"
-    rnd = np.rint if "nearest" in mode else np.trunc
-    info = np.iinfo(dtype)
-
-    def run(x: Any) -> Any:
-        f = rnd(np.asarray(x).astype(np.float64))
-        return np.where(np.isnan(f), 0, np.clip(f, info.min, info.max)).astype(dtype)
-    return run
-
-
-def _convert(c: Compiler, op: ir.Operation) -> _Fn:
-    dtype = dtype_of(op.results[0].type)
-    if "rounding_mode" in op.attributes and "nearest" not in _enum(
-            op.attributes["rounding_mode"]):
-        raise _unsupported(op, "rounding modes other than to nearest even")
-    return lambda x: np.asarray(x).astype(dtype)
-
-
-# -- the hand-driven MXU ----------------------------------------------------------------------
-
-class MXUs:
-    """What the kernel's MXUs hold: staged RHS by ``(mxu, register)``, the loaded RHS by MXU,
-    accumulators by ``(mxu, address)`` (each written whole: ``ACC`` Refs have no views), and
-    each MXU's result FIFO. Accumulators start at zero and popping zeroes them; the state lasts
-    for the whole kernel, as the hardware's does across grid steps."""
-
-    def __init__(self) -> None:
-        self.staged: dict[tuple[int, int], np.ndarray] = {}
-        self.loaded: dict[int, np.ndarray] = {}
-        self.accs: dict[tuple[int, int], np.ndarray] = {}
-        self.fifo: dict[int, list[np.ndarray]] = {}
-
-    def product(self, op: ir.Operation, lhs: Any, mxu: int, load: int | None) -> np.ndarray:
-        """``lhs`` times MXU ``mxu``'s RHS (loaded first from register ``load``), summed in
-        float32 (int32 for integers) as the MXU accumulates."""
-        if load is not None:
-            if (mxu, load) not in self.staged:
-                raise EmulationError(f"{op.name} at {op.location} loads staging register "
-                                     f"{load} of MXU {mxu}, which holds no RHS.")
-            self.loaded[mxu] = self.staged.pop((mxu, load))
-        if mxu not in self.loaded:
-            raise EmulationError(f"{op.name} at {op.location}: MXU {mxu} has no loaded RHS.")
-        lhs, rhs = np.asarray(lhs), self.loaded[mxu]
-        if np.issubdtype(lhs.dtype, np.integer) and np.issubdtype(rhs.dtype, np.integer):
-            return np.matmul(lhs.astype(np.int64), rhs.astype(np.int64)).astype(np.int32)
-        return np.matmul(lhs.astype(np.float32), rhs.astype(np.float32))
-
-
-def _attr(op: ir.Operation, name: str) -> int | None:
-    return _int(op, name) if name in op.attributes else None
-
-
-def _push_rhs(c: Compiler, op: ir.Operation) -> _Fn:
-    mxus, mxu, reg = _state(c).mxu, _attr(op, "mxu_index"), _int(op, "staging_register", 0)
-    transpose = "transpose" in op.attributes and _bool(op, "transpose")
-
-    def run(rhs: Any) -> None:
-        if (mxu, reg) in mxus.staged:
-            raise EmulationError(f"{op.name} at {op.location} pushes into staging register "
-                                 f"{reg} of MXU {mxu}, which holds an RHS never loaded.")
-        rhs = np.asarray(rhs)
-        mxus.staged[(mxu, reg)] = (rhs.T if transpose else rhs).copy()  # type: ignore
-    return run
-
-
-def _acc_lhs(c: Compiler, op: ir.Operation) -> _Fn:
-    mxus, mxu, addr = _state(c).mxu, _attr(op, "mxu_index"), _attr(op, "acc")
-    load = _attr(op, "load_staged_rhs")
-
-    def run(lhs: Any) -> None:
-        product = mxus.product(op, lhs, mxu, load)  # type: ignore[arg-type]
-        old = mxus.accs.get((mxu, addr))  # type: ignore[arg-type]
-        if old is not None and old.shape != product.shape:
-            raise EmulationError(f"{op.name} at {op.location} adds a {product.shape} product "
-                                 f"into accumulator {addr} of MXU {mxu}, which holds "
-                                 f"{old.shape}.")
-        mxus.accs[(mxu, addr)] = product if old is None else old + product  # type: ignore
-    return run
-
-
-def _pop(c: Compiler, op: ir.Operation) -> _Fn:
-    mxus, mxu, addr = _state(c).mxu, _attr(op, "mxu_index"), _attr(op, "acc")
-    shape, dtype = shape_of(op.results[0].type), dtype_of(op.results[0].type)
-
-    def run() -> Any:
-        value = mxus.accs.pop((mxu, addr), None)  # type: ignore[arg-type]
-        if value is None:  # never accumulated into since it was last popped: zero
-            return np.zeros(shape, dtype)
-        return _popped(op, value, f"accumulator {addr} of MXU {mxu}")
-    return run
-
-
-def _popped(op: ir.Operation, value: np.ndarray, where: str) -> np.ndarray:
-    """``value``, popped from ``where`` by ``op``, as the op's result type."""
-    shape = tuple(shape_of(op.results[0].type))
-    if value.shape != shape:
-        raise EmulationError(f"{op.name} at {op.location} pops {shape} from {where}, which "
-                             f"holds {value.shape}.")
-    return value.astype(dtype_of(op.results[0].type))
-
-
-def _lhs_fifo(c: Compiler, op: ir.Operation) -> _Fn:
-    mxus, mxu, load = _state(c).mxu, _attr(op, "mxu_index"), _attr(op, "load_staged_rhs")
-    return lambda lhs: mxus.fifo.setdefault(mxu, []).append(  # type: ignore[arg-type]
-        mxus.product(op, lhs, mxu, load))  # type: ignore[arg-type]
-
-
-def _pop_fifo(c: Compiler, op: ir.Operation) -> _Fn:
-    mxus, mxu = _state(c).mxu, _attr(op, "mxu_index")
-
-    def run() -> Any:
-        queue = mxus.fifo.get(mxu)  # type: ignore[arg-type]
-        if not queue:
-            raise EmulationError(f"{op.name} at {op.location} pops the result FIFO of MXU "
-                                 f"{mxu}, which is empty.")
-        return _popped(op, queue.pop(0), f"the result FIFO of MXU {mxu}")
-    return run
-
-
-# -- the hardware PRNG ------------------------------------------------------------------------
-
-def _prng_seed(c: Compiler, op: ir.Operation) -> _Fn:
-    state = _state(c)
-
-    def run(*seeds: Any) -> None:
-        words = [int(np.asarray(s).astype(np.int64)) & 0xFFFFFFFF for s in seeds]
-        state.rng = np.random.default_rng(words)
-    return run
-
-
-def _prng_bits(c: Compiler, op: ir.Operation) -> _Fn:
-    """Random bits from a generator seeded by ``prng_set_seed_32`` (not the TPU's bits: only
-    the distribution and the determinism for one seed match)."""
-    state = _state(c)
-    shape = shape_of(op.results[0].type)
-    dtype = dtype_of(op.results[0].type)
-
-    def run() -> Any:
-        if state.rng is None:
-            raise EmulationError(f"{op.name} at {op.location} draws random bits before the "
-                                 "PRNG is seeded. Fix: call pltpu.prng_seed first.")
-        bits = state.rng.integers(0, 2 ** 32, size=shape, dtype=np.uint64).astype(np.uint32)
-        return bits.view(np.int32).astype(dtype) if dtype.itemsize == 4 else bits.astype(dtype)
-    return run
-
-
-# -- DMAs and semaphores ----------------------------------------------------------------------
-
-def _take(state: KernelState, op: ir.Operation, sem: np.ndarray, amount: int) -> None:
-    """A wait on ``sem`` for ``amount``: among devices, until another one signals."""
-    if state.network is not None:
-        state.network.take(op, sem, amount)
-    else:
-        _semaphore_count(op, sem, amount)
-
-
-def _remote(c: Compiler, op: ir.Operation, what: str) -> KernelState:
-    """The state of a kernel whose ``op`` reaches another device (refused outside a joint
-    run of the devices of a ``shard_map``)."""
-    state = _state(c)
-    if state.network is None:
-        raise _unsupported(op, f"{what} outside a shard_map that runs the kernel on every "
-                           "device (pl.emulate runs such kernels jointly inside shard_map)")
-    return state
-
-
-def _semaphore_count(op: ir.Operation, sem: np.ndarray, amount: int) -> None:
-    if int(sem) < amount:
-        raise EmulationError(
-            f"{op.name} at {op.location} waits for {amount} on a semaphore holding {int(sem)}, "
-            "and nothing else runs on this core to signal it: the kernel would hang. Fix: "
-            "signal (or start the DMA on) this semaphore before waiting on it.")
-    sem[...] = int(sem) - amount
-
-
-def _enqueue_dma(c: Compiler, op: ir.Operation) -> _Fn:
-    """A DMA (to device ``device_id`` when given): it copies when it starts, then signals the
-    source semaphore here and the target semaphore where the target is."""
-    (s, _), (ss0, ss1), (t, _), (ts0, ts1), (d0, d1), *_ = segments(op)
-    state = _remote(c, op, "remote DMAs (to another device)") if d1 > d0 else _state(c)
-
-    def run(*xs: Any) -> None:
-        src, dst = xs[s], xs[t]
-        target_sem = xs[ts0] if ts1 > ts0 else None
-        if d1 > d0:
-            assert state.network is not None
-            dst = state.network.remote(state, op, dst, xs[d0])
-            if target_sem is not None:
-                target_sem = state.network.remote(state, op, target_sem, xs[d0])
-        if src.shape != dst.shape:
-            raise EmulationError(f"{op.name} at {op.location} copies {src.shape} into "
-                                 f"{dst.shape}. Fix: give both refs the same shape.")
-        np.copyto(dst, src.astype(dst.dtype, copy=False))
-        nbytes = dst.size * dst.dtype.itemsize
-        if target_sem is not None:
-            target_sem[...] += nbytes
-        if ss1 > ss0:
-            xs[ss0][...] += nbytes
-    return run
-
-
-def _wait_dma2(c: Compiler, op: ir.Operation) -> _Fn:
-    """A wait for a DMA's bytes on a semaphore of this device (the ``device_id`` of a remote
-    DMA's wait only describes the copy)."""
-    (sem, _), _, (dst, _), (d0, d1), *_ = segments(op)
-    state = _remote(c, op, "waits on remote DMAs") if d1 > d0 else _state(c)
-
-    def run(*xs: Any) -> None:
-        target = xs[dst]
-        _take(state, op, xs[sem], target.size * target.dtype.itemsize)
-    return run
-
-
-def _wait_dma(c: Compiler, op: ir.Operation) -> _Fn:
-    """A wait for a DMA's bytes (newer Mosaic's form, naming both ends of the copy): on the
-    target semaphore (``wait_target``, the receiving side) or on the source semaphore (the
-    sending side), both of this device; a ``device_id`` only describes the copy."""
-    (src, _), (ss0, ss1), (dst, _), (ts0, ts1), (d0, d1), *_ = segments(op)
-    wait_target = bool(ir.BoolAttr(op.attributes["wait_target"]).value)
-    s0, s1 = (ts0, ts1) if wait_target else (ss0, ss1)
-    if s1 == s0:
-        raise _unsupported(op, f"a DMA wait without its {'target' if wait_target else 'source'}"
-                           " semaphore")
-    state = _remote(c, op, "waits on remote DMAs") if d1 > d0 else _state(c)
-
-    def run(*xs: Any) -> None:
-        moved = xs[dst] if wait_target else xs[src]
-        _take(state, op, xs[s0], moved.size * moved.dtype.itemsize)
-    return run
-
-
-def _sem_signal(c: Compiler, op: ir.Operation) -> _Fn:
-    (sem, _), (amount, _), (d0, d1), *_ = segments(op)
-    state = _remote(c, op, "signals to another device's semaphore") if d1 > d0 \
-        else _state(c)
-
-    def run(*xs: Any) -> None:
-        target = xs[sem]
-        if d1 > d0:
-            assert state.network is not None
-            target = state.network.remote(state, op, target, xs[d0])
-        target[...] += int(xs[amount])
-    return run
-
-
-def _sem_wait(c: Compiler, op: ir.Operation) -> _Fn:
-    state = _state(c)
-    return lambda sem, amount: _take(state, op, sem, int(amount))
-
-
-def _sem_read(c: Compiler, op: ir.Operation) -> _Fn:
-    return lambda sem: np.asarray(int(sem), np.int32)
-
-
-def _registered(rule: Rule) -> Rule:
-    """An allocating operation's rule whose buffers other devices can reach (keyed by the
-    operation's place in the compile order, the same on every device)."""
-    def wrapped(c: Compiler, op: ir.Operation) -> _Fn:
-        state = _state(c)
-        fn = rule(c, op)
-        if state.network is None:
-            return fn
-        key = ("op", state.allocations)
-        state.allocations += 1
-
-        def run(*xs: Any) -> Any:
-            buffer = fn(*xs)
-            state.register(key, buffer)
-            return buffer
-        return run
-    return wrapped
-
-
-def _sem_alloc(c: Compiler, op: ir.Operation) -> _Fn:
-    t = op.results[0].type
-    return lambda: allocate(t)
-
-
-def _region(c: Compiler, op: ir.Operation) -> _Fn:
-    body = c.region(op.regions[0])
-    n = len(op.results)
-
-    def run() -> Any:
-        out = body()
-        return None if n == 0 else out[0] if n == 1 else tuple(out)
-    return run
-
-
-def _iteration_bound(c: Compiler, op: ir.Operation) -> _Fn:
-    state = _state(c)
-    dim = _int(op, "dim")
-    return lambda: np.asarray(state.bounds[dim], np.int32)
-
-
-def _device_id(c: Compiler, op: ir.Operation) -> _Fn:
-    state = _state(c)
-    if state.device is None:
-        raise _unsupported(op, "device ids outside shard_map")
-    device = np.asarray(state.device, np.int32)
-    return lambda: device
-
-
-def _sem_barrier(c: Compiler, op: ir.Operation) -> _Fn:
-    state = _remote(c, op, "the barrier semaphore")
-    return lambda: state.barrier
-
-
-def _multi_device(c: Compiler, op: ir.Operation) -> _Fn:
-    raise _unsupported(op, "barriers of the TensorCore")
-
-
-_LOG_FIELD = re.compile(r"\$[fsu]?\d+")
-
-
-def _log(c: Compiler, op: ir.Operation) -> _Fn:
-    """``tpu.log``: prints its tag with each ``$f0``/``$s1``/``$u2`` (``$0`` before JAX 0.11)
-    replaced by that operand,
-    as the interpreter prints ``pl.debug_print`` (``str`` of each value)."""
-    tag = ir.StringAttr(op.attributes["tag"]).value
-    formatted = "formatted" in op.attributes and ir.BoolAttr(op.attributes["formatted"]).value
-    fmt = _LOG_FIELD.sub("{}", tag.replace("{", "{{").replace("}", "}}")) if formatted \
-        else tag.replace("{", "{{").replace("}", "}}")
-
-    def run(*xs: Any) -> None:
-        print(fmt.format(*(np.asarray(x) for x in xs)) if formatted else fmt.format())
-    return run
-
-
-def _log_buffer(c: Compiler, op: ir.Operation) -> _Fn:
-    """``tpu.log_buffer``: prints its tag, then the buffer's logical ``shape``."""
-    tag = ir.StringAttr(op.attributes["tag"]).value
-    shape = tuple(ir.DenseI64ArrayAttr(op.attributes["shape"]))
-
-    def run(buf: Any) -> None:
-        print(tag + str(np.asarray(buf)[tuple(slice(0, n) for n in shape)]))
-    return run
-
-
-def _core_id(c: Compiler, op: ir.Operation) -> _Fn:
-    state = _state(c)
-    return lambda: np.asarray(state.core, np.int32)
-
-
-RULES: dict[str, Rule] = {
-    **ARITH_RULES, **ASSERT_RULES, **MEMORY_RULES, **BIT_RULES,
-    "tpu.matmul": _matmul, "tpu.conv": _conv, "tpu.matmul_push_rhs": _push_rhs,
-    "tpu.matmul_acc_lhs": _acc_lhs, "tpu.matmul_pop": _pop, "tpu.matmul_lhs_fifo": _lhs_fifo,
-    "tpu.matmul_pop_fifo": _pop_fifo, "tpu.iota": _iota, "tpu.dynamic_rotate": _rotate,
-    "tpu.repeat": _repeat, "tpu.concatenate": _concatenate, "tpu.bitcast": _tpu_bitcast,
-    "tpu.reciprocal": _reciprocal, "tpu.reduce_index": _reduce_index,
-    "tpu.dynamic_gather": _dynamic_gather, "tpu.reduce_precision": _reduce_precision,
-    "tpu.transpose": MEMORY_RULES["vector.transpose"],
-    "tpu.fptosi": _float_to_int, "tpu.sitofp": _convert, "tpu.extf": _convert,
-    "tpu.truncf": _convert,
-    "tpu.prng_set_seed_32": _prng_seed, "tpu.prng_random_bits": _prng_bits,
-    "tpu.enqueue_dma": _enqueue_dma, "tpu.wait_dma2": _wait_dma2,
-    "tpu.wait_dma": _wait_dma,
-    "tpu.sem_signal": _sem_signal, "tpu.sem_wait": _sem_wait, "tpu.sem_read": _sem_read,
-    "tpu.sem_alloc": _registered(_sem_alloc), "tpu.region": _region, "tpu.trace": _region,
-    "memref.alloca": _registered(MEMORY_RULES["memref.alloca"]),
-    "memref.alloc": _registered(MEMORY_RULES["memref.alloc"]),
-    "tpu.iteration_bound": _iteration_bound,
-    "tpu.device_id": _device_id, "tpu.sem_barrier": _sem_barrier,
-    "tpu.barrier": _multi_device, "tpu.core_id": _core_id,
-    "tpu.log": _log, "tpu.log_buffer": _log_buffer,
+RULES: dict[str, EmulatorRule] = {
+    **ARITH_RULES, **EMULATOR_ASSERT_RULES, **MEMORY_RULES, **BIT_RULES, **COMPUTE_RULES,
+    **DEVICE_RULES, "tpu.transpose": MEMORY_RULES["vector.transpose"],
 }
 """Every operation the TensorCore emulator runs, by name."""
 
@@ -807,7 +101,7 @@ class _Window:
         if self.whole:
             self.buffer = array
             return
-        self.bounds = tuple(_ints(params["window_bounds"]))
+        self.bounds = tuple(int_array(params["window_bounds"]))
         self.buffer = np.zeros(shape_of(arg_type), dtype_of(arg_type))
         if int(np.prod(self.bounds)) != self.buffer.size:
             raise UnsupportedError(f"window {index}: window bounds {self.bounds} do not match "
@@ -893,7 +187,7 @@ def _core_shares(points: list[tuple[int, ...]], bounds: Sequence[int],
 def run_kernel(module: ir.Module, operands: Sequence[np.ndarray],
                results: Sequence[tuple[tuple[int, ...], np.dtype]],
                aliases: Sequence[tuple[int, int]], options: EmulateOptions, *,
-               extra_rules: Mapping[str, Rule] | None = None,
+               extra_rules: Mapping[str, EmulatorRule] | None = None,
                backend: str = "mosaic_tpu", device: int | None = None,
                name: str = "kernel") -> list[np.ndarray]:
     """Runs the Mosaic kernel of ``module`` on ``operands`` (the custom call's: dynamic grid
@@ -929,7 +223,7 @@ def run_devices(module: ir.Module, calls: Sequence[EmulatedCall]) -> list[list[n
 def _prepare(module: ir.Module, operands: Sequence[np.ndarray],
              results: Sequence[tuple[tuple[int, ...], np.dtype]],
              aliases: Sequence[tuple[int, int]], options: EmulateOptions,
-             extra_rules: Mapping[str, Rule], backend: str,
+             extra_rules: Mapping[str, EmulatorRule], backend: str,
              state: KernelState) -> Callable[[], list[np.ndarray]]:
     """Compiles the kernel and lays out its buffers (those another device can reach are
     registered in ``state``); returns the function that walks the grid and gives the
@@ -942,10 +236,10 @@ def _prepare(module: ir.Module, operands: Sequence[np.ndarray],
     for k, d in enumerate(dynamic):
         bounds[d] = int(np.asarray(operands[k]))
     operands = list(operands[len(dynamic):])
-    semantics = [_enum(s) for s in ir.ArrayAttr(attrs["dimension_semantics"])] \
+    semantics = [enum_case(s) for s in ir.ArrayAttr(attrs["dimension_semantics"])] \
         if "dimension_semantics" in attrs else []
-    n_prefetch = _int(fn, "scalar_prefetch", 0)
-    n_scratch = _int(fn, "scratch_operands", 0)
+    n_prefetch = int_attribute(fn, "scalar_prefetch", 0)
+    n_scratch = int_attribute(fn, "scratch_operands", 0)
     arg_types = list(ir.FunctionType(ir.TypeAttr(attrs["function_type"]).value).inputs)
     grid_args, rest = arg_types[:len(bounds)], arg_types[len(bounds):]
     n_windows = len(rest) - n_prefetch - n_scratch

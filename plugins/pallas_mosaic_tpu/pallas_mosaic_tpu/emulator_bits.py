@@ -11,9 +11,8 @@ import ml_dtypes
 import numpy as np
 from jaxlib.mlir import ir
 
-from pallas_core.emulation.machine import Compiler, Rule
-from pallas_core.emulation.types import bit_width, dtype_of
-from pallas_mosaic_tpu.emulator_ops import _int, _unsupported
+from pallas_core.backend import EmulatorCompiler, EmulatorRule, bit_width, dtype_of
+from pallas_mosaic_tpu.emulator_ops import _unsupported, int_attribute
 
 _Fn = Callable[..., Any]
 
@@ -27,7 +26,7 @@ def _bits(x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x).view(f"uint{x.dtype.itemsize * 8}")
 
 
-def _pack(c: Compiler, op: ir.Operation) -> _Fn:
+def _pack(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     target = _type_attr(op, "target_type")
     part = bit_width(target)
     out = dtype_of(op.results[0].type)
@@ -47,10 +46,10 @@ def _pack(c: Compiler, op: ir.Operation) -> _Fn:
     return run
 
 
-def _unpack(c: Compiler, op: ir.Operation) -> _Fn:
+def _unpack(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     source = _type_attr(op, "source_type")
     part = bit_width(source)
-    index = _int(op, "index")
+    index = int_attribute(op, "index")
     out = dtype_of(op.results[0].type)
     if not isinstance(source, ir.IntegerType) and str(source) != "bf16":
         raise _unsupported(op, f"unpacking {source}")
@@ -65,11 +64,11 @@ def _unpack(c: Compiler, op: ir.Operation) -> _Fn:
     return run
 
 
-def _trace_value(c: Compiler, op: ir.Operation) -> _Fn:
+def _trace_value(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     return lambda value: None
 
 
-RULES: dict[str, Rule] = {
+RULES: dict[str, EmulatorRule] = {
     "tpu.pack_elementwise": _pack, "tpu.unpack_elementwise": _unpack,
     "tpu.trace_value": _trace_value,
 }

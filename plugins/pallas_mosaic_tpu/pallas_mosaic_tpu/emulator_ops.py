@@ -7,8 +7,8 @@ counts. Values are numpy arrays that no rule changes in place.
 A DMA on one device completes when it starts: it copies, then signals its semaphore by the
 number of bytes moved; a wait takes the bytes of its own descriptor from the semaphore (and
 reports a deadlock if they are not there). Remote DMAs and signals, device ids and the barrier
-semaphore are in :mod:`pallas_mosaic_tpu.emulator`, where the devices of a ``shard_map`` run
-together.
+semaphore are in :mod:`pallas_mosaic_tpu.emulator_devices`, where the devices of a
+``shard_map`` run together.
 """
 
 from __future__ import annotations
@@ -20,9 +20,14 @@ from typing import Any
 import numpy as np
 from jaxlib.mlir import ir
 
-from pallas_core.emulation.machine import Compiler, Rule
-from pallas_core.emulation.types import dtype_of, shape_of
-from pallas_core.errors import PallasError, UnsupportedError
+from pallas_core.backend import (
+    EmulatorCompiler,
+    EmulatorRule,
+    PallasError,
+    UnsupportedError,
+    dtype_of,
+    shape_of,
+)
 
 _Fn = Callable[..., Any]
 _DYNAMIC = ir.ShapedType.get_dynamic_size() if hasattr(ir.ShapedType, "get_dynamic_size") \
@@ -47,7 +52,7 @@ def _unsupported(op: ir.Operation, what: str) -> UnsupportedError:
 
 # -- attributes -------------------------------------------------------------------------------
 
-def _ints(attr: ir.Attribute) -> list[int]:
+def int_array(attr: ir.Attribute) -> list[int]:
     """An integer array attribute (dense i32/i64 array, or array of integers) as ints."""
     for cls in (ir.DenseI64ArrayAttr, ir.DenseI32ArrayAttr):
         try:
@@ -57,7 +62,10 @@ def _ints(attr: ir.Attribute) -> list[int]:
     return [ir.IntegerAttr(a).value for a in ir.ArrayAttr(attr)]
 
 
-def _int(op: ir.Operation, name: str, default: int | None = None) -> int:
+def int_attribute(op: ir.Operation, name: str, default: int | None = None) -> int:
+    """The integer attribute ``name`` of ``op``; ``default`` where ``op`` lacks it (without a
+    default, an ``UnsupportedError`` naming the op). SparseCore's emulator reads its ops'
+    attributes with it too."""
     if name not in op.attributes:
         if default is None:
             raise _unsupported(op, f"a missing attribute {name}")
@@ -65,11 +73,12 @@ def _int(op: ir.Operation, name: str, default: int | None = None) -> int:
     return int(ir.IntegerAttr(op.attributes[name]).value)
 
 
-def _bool(op: ir.Operation, name: str) -> bool:
+def bool_attribute(op: ir.Operation, name: str) -> bool:
+    """The boolean attribute ``name`` of ``op`` (``False`` where ``op`` lacks it)."""
     return name in op.attributes and bool(ir.BoolAttr(op.attributes[name]).value)
 
 
-def _enum(attr: ir.Attribute) -> str:
+def enum_case(attr: ir.Attribute) -> str:
     """The case of an enum attribute printed as ``#dialect.kind<case>``."""
     return re.sub(r"^.*<(.*)>$", r"\1", str(attr)).strip()
 
@@ -100,8 +109,8 @@ def allocate(t: ir.Type) -> np.ndarray:
 
 # -- loads and stores -------------------------------------------------------------------------
 
-def _key(op: ir.Operation, ref: np.ndarray, idx: Sequence[Any], shape: Sequence[int],
-         strides: Sequence[int] = ()) -> tuple[Any, ...]:
+def window_key(op: ir.Operation, ref: np.ndarray, idx: Sequence[Any], shape: Sequence[int],
+               strides: Sequence[int] = ()) -> tuple[Any, ...]:
     """The numpy index of a ``shape`` window of ``ref`` at ``idx`` (leading indices of a
     higher-rank ref are scalars), checked against the ref's bounds."""
     lead = ref.ndim - len(shape)
@@ -125,27 +134,27 @@ def _key(op: ir.Operation, ref: np.ndarray, idx: Sequence[Any], shape: Sequence[
     return tuple(key)
 
 
-def _load(strided: bool = False, masked: bool = False) -> Rule:
-    def rule(c: Compiler, op: ir.Operation) -> _Fn:
+def _load(strided: bool = False, masked: bool = False) -> EmulatorRule:
+    def rule(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
         shape = shape_of(op.results[0].type)
-        strides = _ints(op.attributes["strides"]) if "strides" in op.attributes else []
+        strides = int_array(op.attributes["strides"]) if "strides" in op.attributes else []
         has_mask = masked and "operandSegmentSizes" in op.attributes \
             and segments(op)[-1][1] > segments(op)[-1][0]
         if has_mask:
             raise _unsupported(op, "masked loads")
 
         def run(ref: np.ndarray, *idx: Any) -> Any:
-            return np.array(ref[_key(op, ref, idx, shape, strides)]).reshape(shape)
+            return np.array(ref[window_key(op, ref, idx, shape, strides)]).reshape(shape)
         return run
     return rule
 
 
-def _vector_store(c: Compiler, op: ir.Operation) -> _Fn:
+def _vector_store(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     """``vector.store`` / ``tpu.vector_store`` / ``tpu.strided_store``: value, ref, indices,
     and for ``tpu.vector_store`` an optional mask and the ``add`` flag."""
     shape = shape_of(op.operands[0].type)
-    strides = _ints(op.attributes["strides"]) if "strides" in op.attributes else []
-    add = _bool(op, "add")
+    strides = int_array(op.attributes["strides"]) if "strides" in op.attributes else []
+    add = bool_attribute(op, "add")
     if "operandSegmentSizes" in op.attributes:
         (_, _), (_, _), (i0, i1), (m0, m1) = segments(op)
     else:
@@ -153,7 +162,7 @@ def _vector_store(c: Compiler, op: ir.Operation) -> _Fn:
     has_mask = m1 > m0
 
     def run(value: Any, ref: np.ndarray, *rest: Any) -> None:
-        key = _key(op, ref, rest[i0 - 2:i1 - 2], shape, strides)
+        key = window_key(op, ref, rest[i0 - 2:i1 - 2], shape, strides)
         view = ref[key]
         value = np.asarray(value).reshape(view.shape)
         if add:
@@ -164,40 +173,40 @@ def _vector_store(c: Compiler, op: ir.Operation) -> _Fn:
     return run
 
 
-def _tpu_load(c: Compiler, op: ir.Operation) -> _Fn:
-    if _int(op, "sublane_stride", 1) != 1 or not all(
+def _tpu_load(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
+    if int_attribute(op, "sublane_stride", 1) != 1 or not all(
             ir.DenseBoolArrayAttr(op.attributes["sublane_mask"])):
         raise _unsupported(op, "sublane masks and strides")
     return _load()(c, op)
 
 
-def _tpu_store(c: Compiler, op: ir.Operation) -> _Fn:
-    if _int(op, "sublane_stride", 1) != 1 or not all(
+def _tpu_store(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
+    if int_attribute(op, "sublane_stride", 1) != 1 or not all(
             ir.DenseBoolArrayAttr(op.attributes["sublane_mask"])):
         raise _unsupported(op, "sublane masks and strides")
     return _vector_store(c, op)
 
 
-def _memref_load(c: Compiler, op: ir.Operation) -> _Fn:
+def _memref_load(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     def run(ref: np.ndarray, *idx: Any) -> Any:
-        return np.array(ref[_key(op, ref, idx, ())])
+        return np.array(ref[window_key(op, ref, idx, ())])
     return run
 
 
-def _memref_store(c: Compiler, op: ir.Operation) -> _Fn:
+def _memref_store(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     def run(value: Any, ref: np.ndarray, *idx: Any) -> None:
-        ref[_key(op, ref, idx, ())] = value
+        ref[window_key(op, ref, idx, ())] = value
     return run
 
 
-def _alloca(c: Compiler, op: ir.Operation) -> _Fn:
+def _alloca(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     t = op.results[0].type
     return lambda *_: allocate(t)
 
 
 # -- ref views --------------------------------------------------------------------------------
 
-def _memref_slice(c: Compiler, op: ir.Operation) -> _Fn:
+def _memref_slice(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     """``tpu.memref_slice``: a window of the ref; its dynamic dimensions (``?``) take their
     sizes from the operands that follow the indices, in order."""
     result = ir.ShapedType(op.results[0].type)
@@ -213,11 +222,11 @@ def _memref_slice(c: Compiler, op: ir.Operation) -> _Fn:
         if any(s < 0 for s in shape):
             raise EmulationError(f"{op.name} at {op.location}: a view of negative size "
                                  f"{shape}. Fix: keep pl.ds sizes non-negative.")
-        return ref[_key(op, ref, rest[b0 - 1:b1 - 1], shape)]
+        return ref[window_key(op, ref, rest[b0 - 1:b1 - 1], shape)]
     return run
 
 
-def _view_reshape(c: Compiler, op: ir.Operation) -> _Fn:
+def _view_reshape(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     shape = shape_of(op.results[0].type)
 
     def run(ref: np.ndarray, *_: Any) -> Any:
@@ -231,11 +240,11 @@ def _view_reshape(c: Compiler, op: ir.Operation) -> _Fn:
     return run
 
 
-def _identity(c: Compiler, op: ir.Operation) -> _Fn:
+def _identity(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     return lambda x, *_: x
 
 
-def _nothing(c: Compiler, op: ir.Operation) -> _Fn:
+def _nothing(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     return lambda *_: None
 
 
@@ -276,7 +285,7 @@ class PackedRef:
         self.base[...] = bitcast_array(whole, self.base.dtype)
 
 
-def _memref_bitcast(c: Compiler, op: ir.Operation) -> _Fn:
+def _memref_bitcast(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     dtype = dtype_of(op.results[0].type)
 
     def run(ref: Any, *_: Any) -> Any:
@@ -290,22 +299,22 @@ def _memref_bitcast(c: Compiler, op: ir.Operation) -> _Fn:
 
 # -- vectors ----------------------------------------------------------------------------------
 
-def _broadcast(c: Compiler, op: ir.Operation) -> _Fn:
+def _broadcast(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     shape = shape_of(op.results[0].type)
     return lambda x: np.broadcast_to(x, shape)
 
 
-def _shape_cast(c: Compiler, op: ir.Operation) -> _Fn:
+def _shape_cast(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     shape = shape_of(op.results[0].type)
     return lambda x: np.reshape(x, shape)
 
 
 def _positions(op: ir.Operation) -> tuple[list[int], list[int]]:
-    static = _ints(op.attributes["static_position"])
+    static = int_array(op.attributes["static_position"])
     return static, [k for k, p in enumerate(static) if p == _DYNAMIC]
 
 
-def _extract(c: Compiler, op: ir.Operation) -> _Fn:
+def _extract(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     static, dynamic = _positions(op)
 
     def run(x: Any, *dyn: Any) -> Any:
@@ -316,7 +325,7 @@ def _extract(c: Compiler, op: ir.Operation) -> _Fn:
     return run
 
 
-def _insert(c: Compiler, op: ir.Operation) -> _Fn:
+def _insert(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     static, dynamic = _positions(op)
 
     def run(value: Any, dest: Any, *dyn: Any) -> Any:
@@ -330,22 +339,22 @@ def _insert(c: Compiler, op: ir.Operation) -> _Fn:
 
 
 def _strided_key(op: ir.Operation, sizes: Sequence[int]) -> tuple[slice, ...]:
-    offsets = _ints(op.attributes["offsets"])
-    strides = _ints(op.attributes["strides"])
+    offsets = int_array(op.attributes["offsets"])
+    strides = int_array(op.attributes["strides"])
     return tuple(slice(o, o + (n - 1) * s + 1, s) for o, n, s in zip(offsets, sizes, strides,
                                                                        strict=False))
 
 
-def _extract_strided_slice(c: Compiler, op: ir.Operation) -> _Fn:
-    key = _strided_key(op, _ints(op.attributes["sizes"]))
+def _extract_strided_slice(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
+    key = _strided_key(op, int_array(op.attributes["sizes"]))
     return lambda x: np.asarray(x)[key]
 
 
-def _insert_strided_slice(c: Compiler, op: ir.Operation) -> _Fn:
+def _insert_strided_slice(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     src = shape_of(op.operands[0].type)
     dest_rank = len(shape_of(op.operands[1].type))
-    offsets = _ints(op.attributes["offsets"])
-    strides = _ints(op.attributes["strides"])
+    offsets = int_array(op.attributes["offsets"])
+    strides = int_array(op.attributes["strides"])
     lead = dest_rank - len(src)
     key = tuple([*[slice(o, o + 1) for o in offsets[:lead]],
                  *[slice(o, o + (n - 1) * s + 1, s)
@@ -359,14 +368,14 @@ def _insert_strided_slice(c: Compiler, op: ir.Operation) -> _Fn:
 
 
 def _combine(kind: str, op: ir.Operation) -> Callable[[Any, Any], Any]:
-    from pallas_core.emulation.types import unsigned
+    from pallas_core.backend import as_unsigned
     table: dict[str, Callable[[Any, Any], Any]] = {
         "add": np.add, "mul": np.multiply, "and": np.bitwise_and, "or": np.bitwise_or,
         "xor": np.bitwise_xor, "minsi": np.minimum, "maxsi": np.maximum,
         "minnumf": np.fmin, "maxnumf": np.fmax, "minimumf": np.minimum,
         "maximumf": np.maximum, "minf": np.minimum, "maxf": np.maximum,
-        "minui": lambda a, b: np.where(unsigned(a) <= unsigned(b), a, b),
-        "maxui": lambda a, b: np.where(unsigned(a) >= unsigned(b), a, b),
+        "minui": lambda a, b: np.where(as_unsigned(a) <= as_unsigned(b), a, b),
+        "maxui": lambda a, b: np.where(as_unsigned(a) >= as_unsigned(b), a, b),
     }
     if kind not in table:
         raise _unsupported(op, f"the reduction kind {kind}")
@@ -393,9 +402,9 @@ def _compute_dtype(dtype: np.dtype) -> np.dtype:
     return np.dtype(np.float32) if dtype.kind == "f" and dtype.itemsize < 4 else dtype
 
 
-def _multi_reduction(c: Compiler, op: ir.Operation) -> _Fn:
-    kind = _enum(op.attributes["kind"])
-    axes = tuple(_ints(op.attributes["reduction_dims"]))
+def _multi_reduction(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
+    kind = enum_case(op.attributes["kind"])
+    axes = tuple(int_array(op.attributes["reduction_dims"]))
     dtype = dtype_of(op.results[0].type)
     combine = _combine(kind, op)
 
@@ -407,8 +416,8 @@ def _multi_reduction(c: Compiler, op: ir.Operation) -> _Fn:
     return run
 
 
-def _reduction(c: Compiler, op: ir.Operation) -> _Fn:
-    kind = _enum(op.attributes["kind"])
+def _reduction(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
+    kind = enum_case(op.attributes["kind"])
     dtype = dtype_of(op.results[0].type)
     combine = _combine(kind, op)
 
@@ -422,20 +431,20 @@ def _reduction(c: Compiler, op: ir.Operation) -> _Fn:
     return run
 
 
-def _transpose(c: Compiler, op: ir.Operation) -> _Fn:
-    perm = _ints(op.attributes["permutation"])
+def _transpose(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
+    perm = int_array(op.attributes["permutation"])
     return lambda x: np.transpose(x, perm)
 
 
-def _constant_mask(c: Compiler, op: ir.Operation) -> _Fn:
-    sizes = _ints(op.attributes["mask_dim_sizes"])
+def _constant_mask(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
+    sizes = int_array(op.attributes["mask_dim_sizes"])
     shape = shape_of(op.results[0].type)
     mask = np.zeros(shape, np.bool_)
     mask[tuple(slice(0, n) for n in sizes)] = True
     return lambda: mask
 
 
-def _create_mask(c: Compiler, op: ir.Operation) -> _Fn:
+def _create_mask(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     shape = shape_of(op.results[0].type)
 
     def run(*sizes: Any) -> Any:
@@ -445,7 +454,7 @@ def _create_mask(c: Compiler, op: ir.Operation) -> _Fn:
     return run
 
 
-def _tpu_create_mask(c: Compiler, op: ir.Operation) -> _Fn:
+def _tpu_create_mask(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     shape = shape_of(op.results[0].type)
     n = len(shape)
 
@@ -457,32 +466,32 @@ def _tpu_create_mask(c: Compiler, op: ir.Operation) -> _Fn:
     return run
 
 
-def _from_elements(c: Compiler, op: ir.Operation) -> _Fn:
+def _from_elements(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     shape = shape_of(op.results[0].type)
     dtype = dtype_of(op.results[0].type)
     return lambda *xs: np.array(xs, dtype).reshape(shape)
 
 
-def _vector_bitcast(c: Compiler, op: ir.Operation) -> _Fn:
+def _vector_bitcast(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     dtype = dtype_of(op.results[0].type)
     shape = shape_of(op.results[0].type)
     return lambda x: np.ascontiguousarray(x).view(dtype).reshape(shape)
 
 
-def _fma(c: Compiler, op: ir.Operation) -> _Fn:
+def _fma(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     dtype = dtype_of(op.results[0].type)
     cd = _compute_dtype(dtype)
     return lambda a, b, x: (np.asarray(a).astype(cd) * np.asarray(b).astype(cd)
                             + np.asarray(x).astype(cd)).astype(dtype)
 
 
-def _step(c: Compiler, op: ir.Operation) -> _Fn:
+def _step(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     shape = shape_of(op.results[0].type)
     value = np.arange(shape[0], dtype=np.int64)
     return lambda: value
 
 
-RULES: dict[str, Rule] = {
+RULES: dict[str, EmulatorRule] = {
     "vector.load": _load(), "vector.store": _vector_store,
     "vector.broadcast": _broadcast, "vector.splat": _broadcast,
     "vector.shape_cast": _shape_cast, "vector.extract": _extract, "vector.insert": _insert,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pallas_core.errors import PallasError
+from pallas_core.backend import PallasError
 
 
 class LoweringException(PallasError):  # noqa: N818 (JAX's name)

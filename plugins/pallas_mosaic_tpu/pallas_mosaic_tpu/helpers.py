@@ -13,9 +13,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_core import primitives as pl_primitives
-from pallas_core.errors import PallasError
-from pallas_core.spec import Mesh
+import pallas_core as pl
+from pallas_core import Mesh
+from pallas_core.backend import PallasError
 from pallas_mosaic_tpu.params import NAME, GridDimensionSemantics
 
 
@@ -82,7 +82,7 @@ def run_on_first_core(core_axis_name: str) -> Callable[[Callable[[], Any]], Any]
         return lambda f: f()
 
     def run(f: Callable[[], Any]) -> None:
-        pl_primitives.when(lax.axis_index(core_axis_name) == 0)(f)
+        pl.when(lax.axis_index(core_axis_name) == 0)(f)
 
     return run
 
@@ -97,11 +97,11 @@ def core_barrier(sem: Any, *, core_axis_name: str) -> None:
     me = lax.axis_index(core_axis_name)
 
     def signal(i: int) -> None:
-        pl_primitives.semaphore_signal(sem, 1, core_index=i)
+        pl.semaphore_signal(sem, 1, core_index=i)
 
     for i in range(num_cores):
-        pl_primitives.when(me != i)(functools.partial(signal, i))
-    pl_primitives.semaphore_wait(sem, num_cores - 1)
+        pl.when(me != i)(functools.partial(signal, i))
+    pl.semaphore_wait(sem, num_cores - 1)
 
 
 # --- einshape --------------------------------------------------------------------------------

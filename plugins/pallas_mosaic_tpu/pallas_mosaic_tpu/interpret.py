@@ -13,9 +13,12 @@ import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, Literal
 
-from pallas_core.call import force_interpret_mode, set_interpret_mode
-from pallas_core.errors import PallasError
-from pallas_core.spec import CompilerParams
+from pallas_core.backend import (
+    CompilerParams,
+    PallasError,
+    force_interpret_mode,
+    set_interpret_mode,
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -14,11 +14,11 @@ from jaxlib.mlir.dialects import arith, vector
 from jaxlib.mosaic.python import tpu
 
 from pallas_core import backend as plb
-from pallas_core.mlir_lowering import (  # noqa: F401 - re-exported for the rules
-    element_type,
+from pallas_core.backend import (  # noqa: F401 - re-exported for the rules
     is_float,
     is_unsigned,
 )
+from pallas_core.backend import mlir_element_type as element_type
 
 
 def new_context() -> ir.Context:

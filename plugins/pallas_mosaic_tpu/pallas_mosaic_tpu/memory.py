@@ -22,14 +22,13 @@ import jax.numpy as jnp
 from jaxlib.mlir import ir
 from jaxlib.mosaic.python import tpu
 
+from pallas_core import ANY
 from pallas_core import backend as plb
-from pallas_core.errors import PallasError
-from pallas_core.semantics import PrimitiveSemantics, ReferenceContext
-from pallas_core.spec import ANY, MemorySpace
+from pallas_core.backend import MemorySpace, PallasError, PrimitiveSemantics, ReferenceContext
 from pallas_mosaic_tpu import ir as mir
-from pallas_mosaic_tpu.lowering import Lowering, rule
 from pallas_mosaic_tpu.params import HBM, SMEM, VMEM
 from pallas_mosaic_tpu.params import MemorySpace as TpuMemorySpace
+from pallas_mosaic_tpu.registry import Lowering, rule
 
 
 def with_memory_space_constraint(x: jax.Array, memory_space: Any) -> jax.Array:
@@ -95,10 +94,7 @@ class TraceEffect(plb.Effect):
 
 
 trace_effect = TraceEffect()
-plb.register_side_effect(TraceEffect)
-trace_value_p = plb.Primitive("tpu_trace_value")
-trace_value_p.multiple_results = True
-trace_value_p.def_effectful_abstract_eval(lambda value, *, label: ([], {trace_effect}))
+trace_value_p = plb.effect_primitive("tpu_trace_value", trace_effect)
 
 
 def trace_value(label: str, value: jax.Array) -> None:

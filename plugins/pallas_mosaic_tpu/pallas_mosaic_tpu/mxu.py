@@ -39,11 +39,10 @@ from jaxlib.mlir import ir
 from jaxlib.mosaic.python import tpu
 
 from pallas_core import backend as plb
-from pallas_core.errors import PallasError, UnsupportedError
-from pallas_core.semantics import PrimitiveSemantics
+from pallas_core.backend import PallasError, PrimitiveSemantics, UnsupportedError
 from pallas_mosaic_tpu import ir as mir
-from pallas_mosaic_tpu.lowering import AccRef, Lowering, rule
 from pallas_mosaic_tpu.params import AccMemorySpace
+from pallas_mosaic_tpu.registry import AccRef, Lowering, rule
 
 ACC = AccMemorySpace
 

@@ -9,10 +9,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from pallas_core.errors import PallasError
-from pallas_core.spec import CompilerParams as _CompilerParams
-from pallas_core.spec import GridSpec, MemoryRef, Mesh, semaphore_dtype
-from pallas_core.spec import MemorySpace as CoreMemorySpace
+from pallas_core import GridSpec, MemoryRef, Mesh
+from pallas_core.backend import CompilerParams as _CompilerParams
+from pallas_core.backend import MemorySpace as CoreMemorySpace
+from pallas_core.backend import PallasError, semaphore_dtype
 
 NAME = "mosaic_tpu"
 
@@ -290,7 +290,7 @@ def PrefetchScalarGridSpec(num_scalar_prefetch: int, grid: Any = (), in_specs: A
                            out_specs: Any = None, scratch_shapes: Any = ()) -> GridSpec:
     """A grid spec whose first ``num_scalar_prefetch`` operands go to SMEM, whole, and are
     passed to every index map (as in ``jax.experimental.pallas.tpu``)."""
-    from pallas_core.spec import no_block_spec
+    from pallas_core import no_block_spec
 
     return GridSpec(grid, no_block_spec if in_specs is None else in_specs,
                     no_block_spec if out_specs is None else out_specs, scratch_shapes,
@@ -309,8 +309,8 @@ def create_tensorcore_mesh(axis_name: str, num_cores: int = 1) -> Mesh:
 def sync_copy(src: Any, dst: Any, *, add: bool = False) -> None:
     """Copies ``src`` into ``dst`` with the DMA engine and waits (HBM and VMEM alike); with
     ``add`` (SparseCore), adds ``src`` into ``dst``."""
-    from pallas_core.copies import async_copy
-    from pallas_core.primitives import run_scoped
+    from pallas_core import run_scoped
+    from pallas_core.backend import async_copy
 
     run_scoped(lambda sem: async_copy(src, dst, sem, add=add).wait(), SemaphoreType.DMA)
 
@@ -321,7 +321,7 @@ def get_barrier_semaphore() -> Any:
 
     Needs ``CompilerParams(collective_id=...)``; wait it back to zero before the kernel ends.
     """
-    from pallas_core.primitives import barrier_semaphore
+    from pallas_core.backend import barrier_semaphore
 
     return barrier_semaphore()
 
@@ -330,8 +330,7 @@ def async_remote_copy(src: Any, dst: Any, send_sem: Any, recv_sem: Any, device_i
                       device_id_type: Any = None) -> Any:
     """Starts copying ``src`` here into ``dst`` on device ``device_id``; returns the copy
     (``.wait_send()``, ``.wait_recv()``, or ``.wait()`` for both)."""
-    from pallas_core.copies import make_async_remote_copy
-    from pallas_core.primitives import DeviceIdType
+    from pallas_core.backend import DeviceIdType, make_async_remote_copy
 
     copy = make_async_remote_copy(src, dst, send_sem, recv_sem, device_id,
                                   device_id_type or DeviceIdType.MESH)

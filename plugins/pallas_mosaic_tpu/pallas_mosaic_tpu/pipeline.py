@@ -29,11 +29,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+import pallas_core as pl
+from pallas_core import BlockSpec, BlockSpecError, Indirect
 from pallas_core import backend as plb
-from pallas_core import primitives as prims
-from pallas_core.copies import make_async_copy
-from pallas_core.errors import BlockSpecError, PallasError, UnsupportedError
-from pallas_core.spec import BlockSpec, Indirect, plain_block_dim
+from pallas_core.backend import PallasError, UnsupportedError, make_async_copy, plain_block_dim
 from pallas_mosaic_tpu.params import PARALLEL, VMEM, GridDimensionSemantics, SemaphoreType
 from pallas_mosaic_tpu.validation import LANES, SUBLANES, tiled_block
 
@@ -136,7 +135,7 @@ class _Operand:
             return b
         last = jnp.int32(-(-n // b) - 1)
         rest = -(-(n % b) // t) * t
-        return prims.multiple_of(jnp.where(i == last, jnp.int32(rest), jnp.int32(b)), t)
+        return pl.multiple_of(jnp.where(i == last, jnp.int32(rest), jnp.int32(b)), t)
 
     def window(self, block_indices: Sequence[Any]) -> Any:
         """The HBM view of one block (rows gathered or scattered along an Indirect
@@ -282,7 +281,7 @@ def emit_pipeline(
             return
         buffers = [VMEM((o.count, *o.buffer_shape), o.dtype) for o in (*ins, *outs)]
         sems = [SemaphoreType.DMA((o.count,)) for o in (*ins, *outs)]
-        prims.run_scoped(run, buffers, sems)
+        pl.run_scoped(run, buffers, sems)
 
     return pipeline
 
@@ -343,7 +342,7 @@ def _run(body: Callable[..., None], grid: tuple[int, ...], offsets: tuple[Any, .
             fetch(k, idx, in_slots[k]).wait()
             later = step + ahead[k]
 
-            @prims.when(later < steps)
+            @pl.when(later < steps)
             def _(k: int = k, later: Any = later) -> None:
                 fetch(k, indices(later), lax.rem(later, jnp.int32(ins[k].count))).start()
 
@@ -351,7 +350,7 @@ def _run(body: Callable[..., None], grid: tuple[int, ...], offsets: tuple[Any, .
         out_slots, pending, pending_idx = carry
         out_views = [b.at[s] for b, s in zip(out_bufs, out_slots)]
         lead = (PipelineStep(idx, step),) if explicit else ()
-        with prims.grid_env(idx, grid):
+        with plb.grid_env(idx, grid):
             if prologue is not None:  # in the step's grid environment, before the body
                 prologue()
             body(*lead, *_spread(trees[0], in_views), *_spread(trees[1], out_views),
@@ -363,11 +362,11 @@ def _run(body: Callable[..., None], grid: tuple[int, ...], offsets: tuple[Any, .
             sync = no_pipelining or op.count == 1
             s, other = out_slots[k], out_slots[k] if op.count == 1 else 1 - out_slots[k]
 
-            @prims.when(leaving)
+            @pl.when(leaving)
             def _(k: int = k, s: Any = s, other: Any = other, here: Any = here,
                   sync: bool = sync) -> None:
                 # The other buffer's write-back must be done before the body writes into it.
-                @prims.when(pending[k])
+                @pl.when(pending[k])
                 def _() -> None:
                     write_back(k, pending_idx[k], other).wait()
 

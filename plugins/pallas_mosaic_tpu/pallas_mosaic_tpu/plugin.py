@@ -7,15 +7,18 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from pallas_core import ANY, HOST
 from pallas_core import backend as plb
+from pallas_core.backend import (
+    BackendInfo,
+    EmulatedCall,
+    KernelCall,
+    LoweringRequest,
+    PallasError,
+    RuleTable,
+    hookimpl,
+)
 from pallas_core.backend import Capability as Cap
-from pallas_core.backend import RuleTable
-from pallas_core.emulation.call import EmulatedCall
-from pallas_core.errors import PallasError
-from pallas_core.hookspecs import hookimpl
-from pallas_core.plugins import BackendInfo
-from pallas_core.request import KernelCall, LoweringRequest
-from pallas_core.spec import ANY, HOST
 from pallas_mosaic_tpu import elementwise, lowering, memory, mxu, primitives, symbolic, validation
 from pallas_mosaic_tpu import ir as mir
 from pallas_mosaic_tpu.errors import as_lowering_exception

@@ -38,12 +38,11 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith
 from jaxlib.mosaic.python import tpu
 
+import pallas_core as pl
 from pallas_core import backend as plb
-from pallas_core import primitives as pl_primitives
-from pallas_core.errors import PallasError, UnsupportedError
-from pallas_core.semantics import PrimitiveSemantics, ReferenceContext
+from pallas_core.backend import PallasError, PrimitiveSemantics, ReferenceContext, UnsupportedError
 from pallas_mosaic_tpu import ir as mir
-from pallas_mosaic_tpu.lowering import Lowering, rule
+from pallas_mosaic_tpu.registry import Lowering, rule
 
 # --- roll ------------------------------------------------------------------------------------
 
@@ -374,14 +373,14 @@ def load(ref: Any, *, mask: jax.Array | None = None) -> jax.Array:
     """Reads all of ``ref`` (a Ref or a view ``ref.at[...]``); with ``mask`` (a bool array of
     the view's shape), only the elements where it is True are read and the others are
     undefined. Without a mask this is ``ref[...]``."""
-    return pl_primitives.load(ref, ..., mask=mask)
+    return pl.load(ref, ..., mask=mask)
 
 
 def store(ref: Any, val: jax.Array, *, mask: jax.Array | None = None) -> None:
     """Writes ``val`` to all of ``ref`` (a Ref or a view ``ref.at[...]``); with ``mask``, only
     where it is True (elements of the view where it is False may lie outside the Ref). Without
     a mask this is ``ref[...] = val``."""
-    pl_primitives.store(ref, ..., val, mask=mask)
+    pl.store(ref, ..., val, mask=mask)
 
 
 SEMANTICS: tuple[PrimitiveSemantics, ...] = (

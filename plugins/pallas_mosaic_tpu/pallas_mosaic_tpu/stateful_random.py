@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from pallas_core.errors import PallasError, UnsupportedError
+from pallas_core.backend import PallasError, UnsupportedError
 from pallas_mosaic_tpu.primitives import prng_random_bits
 
 
@@ -163,7 +163,7 @@ def sample_block(sampler_fn: Any, global_key: Any, block_size: Sequence[int],
     TPU lowering lowers it (``jax.random``'s key primitives inlined on the key's words, as
     JAX lowers them): the samples are the same on both.
     """
-    from pallas_core.primitives import program_id
+    from pallas_core import program_id
 
     block, tile, total = (_shape(s, "sample_block") for s in (block_size, tile_size,
                                                                 total_size))

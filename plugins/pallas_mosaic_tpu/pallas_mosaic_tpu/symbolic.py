@@ -26,7 +26,7 @@ import numpy as np
 from jaxlib.mlir import ir
 
 from pallas_core import backend as plb
-from pallas_core.errors import PallasError, UnsupportedError
+from pallas_core.backend import PallasError, UnsupportedError
 
 UPPER = 2**31 - 1
 """The first placeholder: the largest int32."""

@@ -16,8 +16,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from pallas_core.backend import assumed_device
-from pallas_core.errors import PallasError
+from pallas_core.backend import PallasError, assumed_device
 
 _KiB, _MiB = 1024, 1024 * 1024
 

@@ -7,12 +7,15 @@ from typing import Any
 
 import numpy as np
 
+from pallas_core import BlockSpecError
 from pallas_core import backend as plb
-from pallas_core import reference
-from pallas_core.errors import BlockSpecError, PallasError, UnsupportedError
-from pallas_core.primitives import run_scoped_p
-from pallas_core.request import KernelCall
-from pallas_core.spec import BARRIER_SEMAPHORE
+from pallas_core.backend import (
+    BARRIER_SEMAPHORE,
+    KernelCall,
+    PallasError,
+    UnsupportedError,
+    run_scoped_p,
+)
 from pallas_mosaic_tpu.params import DMA_SEMAPHORE, HBM, SEMAPHORE, SMEM, VMEM
 
 SUBLANES, LANES = 8, 128
@@ -63,8 +66,8 @@ def check(call: KernelCall) -> None:
             f"{where} uses the barrier semaphore (pltpu.get_barrier_semaphore()) but gives no "
             "collective_id. Fix: pass compiler_params=pltpu.CompilerParams(collective_id=0) "
             "(a different id for kernels that synchronise different groups of devices).")
-    plugin_prims = reference.registered_primitives()
-    eqn = reference.find_eqn(call.jaxpr.jaxpr, plugin_prims - _lowered())
+    plugin_prims = plb.registered_primitives()
+    eqn = plb.find_eqn(call.jaxpr.jaxpr, plugin_prims - _lowered())
     if eqn is not None:
         raise UnsupportedError(
             f"the primitive {eqn.primitive.name!r} ({where}) is not supported by the "
@@ -142,7 +145,7 @@ def _scoped_peak(jaxpr: Any) -> int:
         if eqn.primitive is run_scoped_p:
             here = sum(vmem_bytes(t.shape, t.dtype) for t in eqn.params["scoped"]
                        if t.memory_space is VMEM)
-        inner = max((_scoped_peak(sub) for sub in reference.sub_jaxprs(eqn.params)), default=0)
+        inner = max((_scoped_peak(sub) for sub in plb.sub_jaxprs(eqn.params)), default=0)
         peak = max(peak, here + inner)
     return peak
 

@@ -29,7 +29,7 @@ from pallas_core import backend as plb
 
 pltpu = pytest.importorskip("pallas_mosaic_tpu")
 from pallas_mosaic_tpu import inspection  # noqa: E402
-from pallas_mosaic_tpu.emulator import reduce_precision  # noqa: E402
+from pallas_mosaic_tpu.emulator_compute import reduce_precision  # noqa: E402
 
 NEW_IN_011 = pytest.mark.skipif(jax.__version_info__ < (0, 11),
                                 reason="tpu.reduce_precision is new in JAX 0.11")

@@ -8,6 +8,7 @@ subcore ``w = core * num_subcores + subcore`` takes the ``w``-th contiguous shar
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -16,6 +17,7 @@ import pallas_mosaic_tpu as pltpu
 from jax import lax
 
 import pallas_core as pl
+from pallas_core import backend as plb
 from pallas_sparsecore import params as scp
 from pallas_sparsecore import primitives as plsc
 
@@ -36,6 +38,24 @@ def _share(total: int, mesh: scp.SubcoreMesh, what: str) -> int:
         raise pl.PallasError(f"{what} ({total}) must split evenly over the {workers} subcores of "
                              "the mesh. Fix: pad it, or use a mesh with fewer subcores.")
     return total // workers
+
+
+def _summed_over_cores(mesh: scp.SubcoreMesh, name: str, interpret: bool,
+                       per_core: Callable[..., None], inputs: tuple[jax.Array, ...],
+                       shape: tuple[int, ...], dtype: Any) -> jax.Array:
+    """Runs ``per_core(*input_refs, out)`` on every subcore of ``mesh`` (a ``core_map`` named
+    ``name``), where ``out`` is a zeroed HBM array of one ``shape`` total per core, each core
+    writing its own (``out.at[core]``); returns the sum of the cores' totals."""
+
+    def run(refs: Any) -> None:
+        *in_refs, out = refs
+
+        @plb.core_map(mesh, interpret=interpret, name=name)
+        def _() -> None:
+            per_core(*in_refs, out)
+
+    *_, result = pl.run_state(run)((*inputs, jnp.zeros((mesh.num_cores, *shape), dtype)))
+    return result.sum(axis=0)  # type: ignore[no-any-return]
 
 
 def embedding_lookup(table: jax.Array, idx: jax.Array, *, num_cores: int | None = None,
@@ -65,6 +85,20 @@ def _when_first_subcore(fn: Any) -> None:
     pl.when(lax.axis_index("subcore") == 0)(fn)
 
 
+def _add_share(mesh: scp.SubcoreMesh, n: int, upd_ref: Any, idx_ref: Any, upd_vmem: Any,
+               idx_vmem: Any, acc: Any) -> None:
+    """Scatter-adds this subcore's share (``n`` rows) of the HBM updates into its SparseCore's
+    zeroed ``VMEM_SHARED`` accumulator ``acc``, at their indices, with one adding indirect DMA
+    (repeated indices accumulate), between barriers: ``acc`` is zero before anyone adds, and
+    every update is in before anyone reads the total."""
+    plsc.subcore_barrier()
+    share = pl.ds(_worker(mesh) * n, n)
+    pltpu.sync_copy(idx_ref.at[share], idx_vmem)
+    pltpu.sync_copy(upd_ref.at[share], upd_vmem)
+    pltpu.sync_copy(upd_vmem, acc.at[idx_vmem], add=True)
+    plsc.subcore_barrier()
+
+
 def scatter_add(updates: jax.Array, idx: jax.Array, num_rows: int, *,
                 num_cores: int | None = None, num_subcores: int | None = None,
                 target: str | None = None, interpret: bool = False) -> jax.Array:
@@ -77,29 +111,19 @@ def scatter_add(updates: jax.Array, idx: jax.Array, num_rows: int, *,
     n = _share(idx.shape[0], mesh, "the number of updates")
     d = updates.shape[1]
 
-    def run(refs: Any) -> None:
-        upd_ref, idx_ref, out = refs
+    def per_core(upd_ref: Any, idx_ref: Any, out: Any) -> None:
+        core = lax.axis_index("core")
 
-        @pl.core_map(mesh, interpret=interpret, name="scatter_add")
-        def _() -> None:
-            core = lax.axis_index("core")
+        def body(acc: Any, idx_vmem: Any, rows_vmem: Any) -> None:
+            _when_first_subcore(lambda: pltpu.sync_copy(out.at[core], acc))  # zeros
+            _add_share(mesh, n, upd_ref, idx_ref, rows_vmem, idx_vmem, acc)
+            _when_first_subcore(lambda: pltpu.sync_copy(acc, out.at[core]))
 
-            def body(acc: Any, idx_vmem: Any, rows_vmem: Any) -> None:
-                _when_first_subcore(lambda: pltpu.sync_copy(out.at[core], acc))  # zeros
-                plsc.subcore_barrier()  # the accumulator is zero before anyone adds
-                rows = pl.ds(_worker(mesh) * n, n)
-                pltpu.sync_copy(idx_ref.at[rows], idx_vmem)
-                pltpu.sync_copy(upd_ref.at[rows], rows_vmem)
-                pltpu.sync_copy(rows_vmem, acc.at[idx_vmem], add=True)
-                plsc.subcore_barrier()  # every update is in before the total is read
-                _when_first_subcore(lambda: pltpu.sync_copy(acc, out.at[core]))
+        pl.run_scoped(body, scp.VMEM_SHARED((num_rows, d), updates.dtype),
+                      pltpu.VMEM((n,), jnp.int32), pltpu.VMEM((n, d), updates.dtype))
 
-            pl.run_scoped(body, scp.VMEM_SHARED((num_rows, d), updates.dtype),
-                          pltpu.VMEM((n,), jnp.int32), pltpu.VMEM((n, d), updates.dtype))
-
-    _, _, result = pl.run_state(run)((updates, idx.astype(jnp.int32),
-                                      jnp.zeros((mesh.num_cores, num_rows, d), updates.dtype)))
-    return result.sum(axis=0)  # type: ignore[no-any-return]
+    return _summed_over_cores(mesh, "scatter_add", interpret, per_core,
+                              (updates, idx.astype(jnp.int32)), (num_rows, d), updates.dtype)
 
 
 def scatter_add_shared(updates: jax.Array, idx: jax.Array, num_rows: int, *,
@@ -120,39 +144,29 @@ def scatter_add_shared(updates: jax.Array, idx: jax.Array, num_rows: int, *,
             f"({subcores} x {lanes}) and the row width ({d}) of the lanes. Fix: pad them.")
     rows = num_rows // subcores  # each subcore's slice of the accumulator
 
-    def run(refs: Any) -> None:
-        upd_ref, idx_ref, out = refs
+    def per_core(upd_ref: Any, idx_ref: Any, out: Any) -> None:
+        core, subcore = lax.axis_index("core"), lax.axis_index("subcore")
 
-        @pl.core_map(mesh, interpret=interpret, name="scatter_add_shared")
-        def _() -> None:
-            core, subcore = lax.axis_index("core"), lax.axis_index("subcore")
+        def body(acc: Any, idx_vmem: Any, upd_vmem: Any, tile: Any) -> None:
+            mine = pl.ds(subcore * rows, rows)
 
-            def body(acc: Any, idx_vmem: Any, upd_vmem: Any, tile: Any) -> None:
-                mine = pl.ds(subcore * rows, rows)
+            @pl.loop(0, rows)
+            def _zero(r: Any) -> None:
+                @plsc.parallel_loop(0, d, lanes)
+                def _(j: Any) -> None:
+                    tile[r, pl.ds(j, lanes)] = jnp.zeros((lanes,), tile.dtype)
 
-                @pl.loop(0, rows)
-                def _zero(r: Any) -> None:
-                    @plsc.parallel_loop(0, d, lanes)
-                    def _(j: Any) -> None:
-                        tile[r, pl.ds(j, lanes)] = jnp.zeros((lanes,), tile.dtype)
+            pltpu.sync_copy(tile, acc.at[mine])
+            _add_share(mesh, n, upd_ref, idx_ref, upd_vmem, idx_vmem, acc)
+            pltpu.sync_copy(acc.at[mine], tile)
+            pltpu.sync_copy(tile, out.at[core, mine])
 
-                pltpu.sync_copy(tile, acc.at[mine])
-                plsc.subcore_barrier()  # the accumulator is zero before anyone adds
-                share = pl.ds(_worker(mesh) * n, n)
-                pltpu.sync_copy(idx_ref.at[share], idx_vmem)
-                pltpu.sync_copy(upd_ref.at[share], upd_vmem)
-                pltpu.sync_copy(upd_vmem, acc.at[idx_vmem], add=True)
-                plsc.subcore_barrier()  # every update is in before anyone reads the total
-                pltpu.sync_copy(acc.at[mine], tile)
-                pltpu.sync_copy(tile, out.at[core, mine])
+        pl.run_scoped(body, scp.VMEM_SHARED((num_rows, d), updates.dtype),
+                      pltpu.VMEM((n,), jnp.int32), pltpu.VMEM((n, d), updates.dtype),
+                      pltpu.VMEM((rows, d), updates.dtype))
 
-            pl.run_scoped(body, scp.VMEM_SHARED((num_rows, d), updates.dtype),
-                          pltpu.VMEM((n,), jnp.int32), pltpu.VMEM((n, d), updates.dtype),
-                          pltpu.VMEM((rows, d), updates.dtype))
-
-    _, _, result = pl.run_state(run)((updates, idx.astype(jnp.int32),
-                                      jnp.zeros((mesh.num_cores, num_rows, d), updates.dtype)))
-    return result.sum(axis=0)  # type: ignore[no-any-return]
+    return _summed_over_cores(mesh, "scatter_add_shared", interpret, per_core,
+                              (updates, idx.astype(jnp.int32)), (num_rows, d), updates.dtype)
 
 
 def segment_sum(values: jax.Array, segment_ids: jax.Array, num_segments: int, *,
@@ -172,44 +186,39 @@ def segment_sum(values: jax.Array, segment_ids: jax.Array, num_segments: int, *,
             f"segment_sum: each subcore's share ({n}) and num_segments ({num_segments}) must be "
             f"multiples of the {lanes} lanes. Fix: pad the batch and the segment count.")
 
-    def run(refs: Any) -> None:
-        val_ref, seg_ref, slots_ref, out = refs
+    def per_core(val_ref: Any, seg_ref: Any, slots_ref: Any, out: Any) -> None:
+        core = lax.axis_index("core")
 
-        @pl.core_map(mesh, interpret=interpret, name="segment_sum")
-        def _() -> None:
-            core = lax.axis_index("core")
+        def body(total: Any, vals: Any, segs: Any, acc: Any, slots: Any) -> None:
+            _when_first_subcore(lambda: pltpu.sync_copy(out.at[core], total))  # zeros
+            share = pl.ds(_worker(mesh) * n, n)
+            pltpu.sync_copy(val_ref.at[share], vals)
+            pltpu.sync_copy(seg_ref.at[share], segs)
+            pltpu.sync_copy(slots_ref, slots)
 
-            def body(total: Any, vals: Any, segs: Any, acc: Any, slots: Any) -> None:
-                _when_first_subcore(lambda: pltpu.sync_copy(out.at[core], total))  # zeros
-                share = pl.ds(_worker(mesh) * n, n)
-                pltpu.sync_copy(val_ref.at[share], vals)
-                pltpu.sync_copy(seg_ref.at[share], segs)
-                pltpu.sync_copy(slots_ref, slots)
+            @plsc.parallel_loop(0, num_segments, lanes)
+            def _zero(i: Any) -> None:
+                acc[pl.ds(i, lanes)] = jnp.zeros((lanes,), jnp.float32)
 
-                @plsc.parallel_loop(0, num_segments, lanes)
-                def _zero(i: Any) -> None:
-                    acc[pl.ds(i, lanes)] = jnp.zeros((lanes,), jnp.float32)
+            @pl.loop(0, n, step=lanes)
+            def _add(i: Any) -> None:
+                plsc.addupdate_scatter(acc, [segs[pl.ds(i, lanes)]],
+                                       vals[pl.ds(i, lanes)])
 
-                @pl.loop(0, n, step=lanes)
-                def _add(i: Any) -> None:
-                    plsc.addupdate_scatter(acc, [segs[pl.ds(i, lanes)]],
-                                           vals[pl.ds(i, lanes)])
+            plsc.subcore_barrier()  # the core's total is zero before anyone adds
+            pltpu.sync_copy(acc, total.at[slots], add=True)
+            plsc.subcore_barrier()  # every subcore's sums are in before it is read
+            _when_first_subcore(lambda: pltpu.sync_copy(total, out.at[core]))
 
-                plsc.subcore_barrier()  # the core's total is zero before anyone adds
-                pltpu.sync_copy(acc, total.at[slots], add=True)
-                plsc.subcore_barrier()  # every subcore's sums are in before it is read
-                _when_first_subcore(lambda: pltpu.sync_copy(total, out.at[core]))
+        pl.run_scoped(body, scp.VMEM_SHARED((num_segments,), jnp.float32),
+                      pltpu.VMEM((n,), jnp.float32), pltpu.VMEM((n,), jnp.int32),
+                      pltpu.VMEM((num_segments,), jnp.float32),
+                      pltpu.VMEM((num_segments,), jnp.int32))
 
-            pl.run_scoped(body, scp.VMEM_SHARED((num_segments,), jnp.float32),
-                          pltpu.VMEM((n,), jnp.float32), pltpu.VMEM((n,), jnp.int32),
-                          pltpu.VMEM((num_segments,), jnp.float32),
-                          pltpu.VMEM((num_segments,), jnp.int32))
-
-    *_, result = pl.run_state(run)((values.astype(jnp.float32),
-                                    segment_ids.astype(jnp.int32),
-                                    jnp.arange(num_segments, dtype=jnp.int32),
-                                    jnp.zeros((mesh.num_cores, num_segments), jnp.float32)))
-    return result.sum(axis=0)  # type: ignore[no-any-return]
+    return _summed_over_cores(mesh, "segment_sum", interpret, per_core,
+                              (values.astype(jnp.float32), segment_ids.astype(jnp.int32),
+                               jnp.arange(num_segments, dtype=jnp.int32)),
+                              (num_segments,), jnp.float32)
 
 
 def sort_key_val(keys: jax.Array, values: jax.Array, *, descending: bool = False,

@@ -27,16 +27,14 @@ from pallas_mosaic_tpu import lowering as tl
 from pallas_mosaic_tpu.lowering import Lowering
 from pallas_mosaic_tpu.params import DMA_SEMAPHORE, HBM, SEMAPHORE, SMEM
 
+from pallas_core import ANY
 from pallas_core import backend as plb
-from pallas_core import copies, mlir_lowering
-from pallas_core.errors import PallasError, UnsupportedError
-from pallas_core.request import KernelCall
-from pallas_core.spec import ANY, BARRIER_SEMAPHORE
+from pallas_core.backend import BARRIER_SEMAPHORE, KernelCall, PallasError, UnsupportedError
 from pallas_sparsecore import primitives as sc
 from pallas_sparsecore import shared
 from pallas_sparsecore.params import NAME, VMEM_SHARED, SCCompilerParams
 
-RULES = mlir_lowering.Rules(tl.lowering_rules())
+RULES = plb.Rules(tl.lowering_rules())
 """Mosaic TPU's rules, then the SparseCore rules below (read it through :func:`lowering_rules`)."""
 rule = RULES.rule
 
@@ -62,7 +60,7 @@ def _space_name(space: Any) -> str:
 
 def _scratch_type(shape: Sequence[int], dtype: Any, space: Any) -> ir.Type:
     if space is SEMAPHORE or space is DMA_SEMAPHORE:
-        return tl._scratch_type(shape, dtype, space)
+        return tl.scratch_memref_type(shape, dtype, space)
     return mir.memref(shape, dtype, _space_name(space))
 
 
@@ -113,7 +111,7 @@ def lower_kernel(call: KernelCall, mesh_axes: tuple[tuple[str, int], ...] = ()
                                 scratch_type=_scratch_type, mesh_axes=mesh_axes)
             tl.lower_jaxpr(lowering, call.jaxpr.jaxpr, call.jaxpr.consts, args[len(gm.grid):])
             func.ReturnOp([])
-        mlir_lowering.verify(module, "sparsecore", call.name)
+        plb.verify_module(module, "sparsecore", call.name)
     return module, name
 
 
@@ -137,13 +135,13 @@ def _access(lowering: Lowering, eqn: Any, ref: ir.Value, transforms: Sequence[An
         raise lowering.fail(
             f"reading or writing {space.upper()} directly (the vector subcores access VMEM "
             "and SMEM; copy the data with pltpu.sync_copy first)")
-    ref, transforms = tl._accessed(lowering, ref, transforms)
-    return (ref, *tl._indices(lowering, ref, transforms))
+    ref, transforms = tl.accessed_view(lowering, ref, transforms)
+    return (ref, *tl.view_indices(lowering, ref, transforms))
 
 
 @rule(plb.get_p)
 def _get(lowering: Lowering, eqn: Any, ref: ir.Value, *args: Any) -> ir.Value:
-    transforms = tl._transforms(eqn, args)
+    transforms = tl.eqn_transforms(eqn, args)
     ref, starts, sizes, dropped = _access(lowering, eqn, ref, transforms)
     out = eqn.outvars[0].aval
     if _space(ref) == "smem":
@@ -163,7 +161,7 @@ def _get(lowering: Lowering, eqn: Any, ref: ir.Value, *args: Any) -> ir.Value:
 
 @rule(plb.swap_p)
 def _swap(lowering: Lowering, eqn: Any, ref: ir.Value, value: ir.Value, *args: Any) -> Any:
-    transforms = tl._transforms(eqn, args)
+    transforms = tl.eqn_transforms(eqn, args)
     ref, starts, sizes, dropped = _access(lowering, eqn, ref, transforms)
     value_dtype = eqn.invars[1].aval.dtype
     value, dtype = mir.to_memory(value, value_dtype), mir.memory_dtype(value_dtype)
@@ -234,9 +232,9 @@ def _copy_views(lowering: Lowering, eqn: Any, args: Sequence[Any]) -> Any:
     dst_ind = _indirect_split(lowering, refs[1], transforms[1])
     if src_ind and dst_ind:
         raise lowering.fail("a DMA that gathers and scatters at once")
-    views = [src_ind[0] if src_ind else tl._view(lowering, refs[0], transforms[0]),
-             dst_ind[0] if dst_ind else tl._view(lowering, refs[1], transforms[1]),
-             tl._view(lowering, refs[2], transforms[2])]
+    views = [src_ind[0] if src_ind else tl.ref_view(lowering, refs[0], transforms[0]),
+             dst_ind[0] if dst_ind else tl.ref_view(lowering, refs[1], transforms[1]),
+             tl.ref_view(lowering, refs[2], transforms[2])]
     found = src_ind or dst_ind
     return views, (found[1:] if found else None)
 
@@ -260,7 +258,7 @@ def _check_adding_copy(lowering: Lowering, src: str, dst: str) -> None:
             "at plsc.subcore_barrier(), then copy the total out with a plain copy.")
 
 
-@rule(copies.copy_start_p)
+@rule(plb.copy_start_p)
 def _copy_start(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
     if eqn.params["remote"]:
         return _remote_copy_start(lowering, eqn, args)
@@ -313,7 +311,7 @@ def _remote_copy_start(lowering: Lowering, eqn: Any, args: Sequence[Any]) -> lis
                             "this device add)")
     _refuse_remote_indirect(lowering, eqn, args)
     _remember_receive_semaphore(lowering, eqn, args)
-    return tl.lowering_rules()[copies.copy_start_p](lowering, eqn, *args)
+    return tl.lowering_rules()[plb.copy_start_p](lowering, eqn, *args)
 
 
 _STARTED = "_sc_remote_copies_started"
@@ -351,7 +349,7 @@ def _receive_semaphore(lowering: Lowering, refs: Sequence[Any]) -> ir.Value | No
     none was noted)."""
     for started, (sem, transforms) in reversed(getattr(lowering, _STARTED, [])):
         if all(a == b for a, b in zip(started, refs, strict=True)):
-            return tl._view(lowering, sem, transforms)
+            return tl.ref_view(lowering, sem, transforms)
     return None
 
 
@@ -364,14 +362,14 @@ def _remote_wait(lowering: Lowering, eqn: Any, args: Sequence[Any]) -> list[Any]
     if eqn.params["kind"] == "send" and plb.mosaic_waits_name_both_ends():
         recv = _receive_semaphore(lowering, [args[r] for r in roles])
         if recv is not None:
-            src, dst, sem = tl._role_views(lowering, eqn, args)
+            src, dst, sem = tl.role_views(lowering, eqn, args)
             tpu.WaitDMAOp(src, dst, False, source_semaphore=sem, target_semaphore=recv,
-                          device_id=tl._copy_device_id(lowering, eqn, args))
+                          device_id=tl.copy_device_id(lowering, eqn, args))
             return []
-    return tl.lowering_rules()[copies.copy_wait_p](lowering, eqn, *args)
+    return tl.lowering_rules()[plb.copy_wait_p](lowering, eqn, *args)
 
 
-@rule(copies.copy_wait_p)
+@rule(plb.copy_wait_p)
 def _copy_wait(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
     if eqn.params["kind"] != "local":  # a remote copy's wait_send or wait_recv
         return _remote_wait(lowering, eqn, args)
@@ -392,7 +390,7 @@ def _views(lowering: Lowering, eqn: Any, args: Sequence[Any]) -> tuple[list[ir.V
     roles, tree = eqn.params["roles"], eqn.params["tree"]
     n_refs = max(roles) + 1
     transforms = jax.tree_util.tree_unflatten(tree, list(args[n_refs:n_refs + tree.num_leaves]))
-    views = [tl._view(lowering, args[r], t) for r, t in zip(roles, transforms)]
+    views = [tl.ref_view(lowering, args[r], t) for r, t in zip(roles, transforms)]
     for v in views:
         if _space(v) != "vmem":
             raise lowering.fail(f"a register gather, scatter or masked access on "
@@ -453,7 +451,7 @@ def _addupdate(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
 def _fetch_and_add(lowering: Lowering, eqn: Any, *args: Any) -> ir.Value:
     tree = eqn.params["tree"]
     transforms = jax.tree_util.tree_unflatten(tree, list(args[1:1 + tree.num_leaves]))
-    view = tl._view(lowering, args[0], transforms[0])
+    view = tl.ref_view(lowering, args[0], transforms[0])
     value, subcore = args[-2], args[-1]
     rank = len(ir.MemRefType(view.type).shape)
     zeros = [mir.constant(0, np.int32) for _ in range(rank)]
@@ -626,7 +624,7 @@ def _scan_loop(lowering: Lowering, eqn: Any, *args: Any) -> list[Any]:
     return outs
 
 
-def lowering_rules() -> Mapping[Any, mlir_lowering.Rule]:
+def lowering_rules() -> Mapping[Any, plb.Rule]:
     """SparseCore's full rule table, read-only: Mosaic TPU's (``pallas_mosaic_tpu.lowering.
     lowering_rules()``) with the SparseCore rules above added or overriding; every entry has
     the one rule signature (``pallas_core.backend.Rule``)."""

@@ -7,9 +7,9 @@ from typing import Any, ClassVar
 
 from pallas_mosaic_tpu import params as _tpu_params
 
-from pallas_core.errors import PallasError
-from pallas_core.spec import CompilerParams as _CompilerParams
-from pallas_core.spec import Mesh
+from pallas_core import Mesh
+from pallas_core.backend import CompilerParams as _CompilerParams
+from pallas_core.backend import PallasError
 
 NAME = "sparsecore"
 

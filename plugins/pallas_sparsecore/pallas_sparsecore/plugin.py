@@ -10,14 +10,17 @@ from pallas_mosaic_tpu import ir as mir
 from pallas_mosaic_tpu import plugin as tpu_plugin
 from pallas_mosaic_tpu.params import DMA_SEMAPHORE, HBM, SEMAPHORE, SMEM, VMEM
 
+from pallas_core import ANY
 from pallas_core import backend as plb
-from pallas_core.backend import RuleTable
-from pallas_core.emulation.call import EmulatedCall
-from pallas_core.errors import PallasError
-from pallas_core.hookspecs import hookimpl
-from pallas_core.plugins import BackendInfo
-from pallas_core.request import KernelCall, LoweringRequest
-from pallas_core.spec import ANY
+from pallas_core.backend import (
+    BackendInfo,
+    EmulatedCall,
+    KernelCall,
+    LoweringRequest,
+    PallasError,
+    RuleTable,
+    hookimpl,
+)
 from pallas_sparsecore import lowering, primitives, shared, validation
 from pallas_sparsecore.params import CHIPS, NAME, VMEM_SHARED, SCCompilerParams
 

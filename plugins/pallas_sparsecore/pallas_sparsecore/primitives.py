@@ -19,10 +19,13 @@ import numpy as np
 from jax import lax
 
 from pallas_core import backend as plb
-from pallas_core import primitives as prims
-from pallas_core.copies import RefViews, bind_views
-from pallas_core.errors import PallasError
-from pallas_core.semantics import PrimitiveSemantics, ReferenceContext
+from pallas_core.backend import (
+    PallasError,
+    PrimitiveSemantics,
+    ReferenceContext,
+    RefViews,
+    bind_views,
+)
 
 REF_PRIMITIVES: list[Any] = []
 """Primitives on Ref views (their first operands are Refs, bound with ``bind_views``)."""
@@ -512,15 +515,12 @@ class SubcoreBarrierEffect(plb.Effect):
 
 
 _barrier_effect = SubcoreBarrierEffect()
-plb.register_side_effect(SubcoreBarrierEffect)
-subcore_barrier_p = plb.Primitive("sc_subcore_barrier")
-subcore_barrier_p.multiple_results = True
-subcore_barrier_p.def_effectful_abstract_eval(lambda *, axis_names: ([], {_barrier_effect}))
+subcore_barrier_p = plb.effect_primitive("sc_subcore_barrier", _barrier_effect)
 
 
 def subcore_barrier() -> None:
     """Waits until every vector subcore of this SparseCore has reached the barrier."""
-    ctx = prims.current_kernel_context()
+    ctx = plb.current_kernel_context()
     names = ctx.grid_names if ctx is not None else None
     # A vector-subcore mesh is (core, subcore): the barrier waits for one core's subcores.
     subcore_barrier_p.bind(axis_names=(names[-1],) if names and len(names) > 1 else None)

@@ -17,10 +17,14 @@ from pallas_mosaic_tpu.params import SMEM
 
 import pallas_core as pl
 from pallas_core import backend as plb
-from pallas_core import primitives as prims
-from pallas_core.copies import RefViews, bind_views
-from pallas_core.errors import PallasError, UnsupportedError, reported
-from pallas_core.semantics import PrimitiveSemantics
+from pallas_core.backend import (
+    PallasError,
+    PrimitiveSemantics,
+    RefViews,
+    UnsupportedError,
+    bind_views,
+    reported,
+)
 from pallas_sparsecore.params import VMEM_SHARED, get_sparse_core_info
 
 
@@ -53,7 +57,7 @@ def slice_subcore_vmem_from_shared(ref: Any) -> Any:
     if not shape:
         raise PallasError(f"plsc.{fn}: the Ref is 0-D; the last dimension is split between "
                           "subcores. Fix: give the shared buffer at least one dimension.")
-    ctx = prims.current_kernel_context()
+    ctx = plb.current_kernel_context()
     names = ctx.grid_names if ctx is not None else None
     if not names or len(names) < 2:
         raise PallasError(f"plsc.{fn} is called outside a vector-subcore kernel (a "
@@ -99,7 +103,7 @@ def fetch_and_add(x_ref: Any, value: Any, *, subcore_id: Any) -> jax.Array:
     if subcore.shape or subcore.dtype != jnp.int32:
         raise PallasError(f"plsc.{fn}(subcore_id=...) must be an int32 scalar, found "
                           f"{subcore.dtype}{list(subcore.shape)}.")
-    ctx = prims.current_kernel_context()
+    ctx = plb.current_kernel_context()
     names = ctx.grid_names if ctx is not None else None
     if not names or len(names) < 2:
         raise PallasError(f"plsc.{fn} is called outside a vector-subcore kernel (a pl.kernel "

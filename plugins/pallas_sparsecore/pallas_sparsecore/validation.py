@@ -8,11 +8,8 @@ from typing import Any
 import numpy as np
 from pallas_mosaic_tpu.params import VMEM
 
-from pallas_core import reference
-from pallas_core.errors import PallasError
-from pallas_core.primitives import run_scoped_p
-from pallas_core.request import KernelCall
-from pallas_core.spec import BARRIER_SEMAPHORE
+from pallas_core import backend as plb
+from pallas_core.backend import BARRIER_SEMAPHORE, KernelCall, PallasError, run_scoped_p
 from pallas_sparsecore import primitives as sc
 from pallas_sparsecore.params import DEFAULT_TARGET, SCCompilerParams
 
@@ -45,7 +42,7 @@ def check(call: KernelCall) -> None:
             "of devices).")
     info = params.info
     lanes = info.num_lanes
-    for eqn in reference.all_eqns(call.jaxpr.jaxpr):
+    for eqn in plb.all_eqns(call.jaxpr.jaxpr):
         name = _VECTOR_ONLY.get(eqn.primitive)
         if name is None:
             continue
@@ -128,6 +125,6 @@ def _scoped_peak(jaxpr: Any) -> int:
     for eqn in jaxpr.eqns:
         here = sum(_nbytes(t.shape, t.dtype) for t in eqn.params["scoped"]
                    if t.memory_space is VMEM) if eqn.primitive is run_scoped_p else 0
-        inner = max((_scoped_peak(sub) for sub in reference.sub_jaxprs(eqn.params)), default=0)
+        inner = max((_scoped_peak(sub) for sub in plb.sub_jaxprs(eqn.params)), default=0)
         peak = max(peak, here + inner)
     return peak

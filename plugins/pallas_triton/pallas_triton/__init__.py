@@ -19,7 +19,7 @@ from pallas_core import (
     atomic_xchg,
     atomic_xor,
 )
-from pallas_core.extras import dot  # pl.dot moved here in JAX 0.10
+from pallas_core.backend import dot  # pl.dot moved here in JAX 0.10
 from pallas_triton.gpu_info import (
     GpuInfo,
     GpuVersion,

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from pallas_core.errors import PallasError
+from pallas_core.backend import PallasError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,9 @@ one shows it. A pointer is an ``int64`` address: buffer ``i`` starts at ``(i + 1
 Out of bounds: lanes a mask turns off are never touched. Unchecked (the default), an access of a
 lane outside its buffer reads 0 and drops the write (a GPU would read or corrupt other memory,
 or fault). With ``EmulateOptions.checked`` such an access raises an
-:class:`~pallas_core.errors.OutOfBoundsError` naming the kernel, the program and the operand; and
+:class:`~pallas_core.errors.OutOfBoundsError` naming the kernel, the program and the operand, as
+does a lane this project's lowering masks only because it falls outside the array where JAX's
+lowering would access it (the lowering marks those lanes: ``lowering.UNMASKED_OUT_OF_BOUNDS``); and
 two programs storing to one address without an atomic raise a :class:`RaceError`. A failing
 ``tt.assert`` raises a :class:`DeviceAssertError`; masked-off lanes of a load without ``other``
 read 0.
@@ -33,14 +35,23 @@ import numpy as np
 from jaxlib.mlir import ir
 from jaxlib.triton import dialect as tt
 
-from pallas_core.emulation import Compiler, Rule
-from pallas_core.emulation.arith import RULES as ARITH_RULES
-from pallas_core.emulation.call import EmulatedCall
-from pallas_core.emulation.types import dtype_of, shape_of, signed, unsigned
-from pallas_core.errors import OutOfBoundsError, PallasError, UnsupportedError
+from pallas_core import OutOfBoundsError
+from pallas_core.backend import EMULATOR_ARITH_RULES as ARITH_RULES
+from pallas_core.backend import (
+    EmulatedCall,
+    EmulatorCompiler,
+    EmulatorRule,
+    PallasError,
+    UnsupportedError,
+    as_signed,
+    as_unsigned,
+    dtype_of,
+    shape_of,
+)
 from pallas_triton import emulator_ops
 from pallas_triton import ir as tir
 from pallas_triton.emulator_ops import ADDRESS, is_pointer, pointee, value_dtype
+from pallas_triton.lowering import UNMASKED_OUT_OF_BOUNDS
 
 _Fn = Callable[..., Any]
 _SHIFT = 40
@@ -92,7 +103,7 @@ class Launch:
         self.context = tir.new_context()
         with self.context, ir.Location.unknown():
             self.module = ir.Module.parse(ir_bytes)
-            compiler = Compiler({**ARITH_RULES, **emulator_ops.RULES, **self._rules()},
+            compiler = EmulatorCompiler({**ARITH_RULES, **emulator_ops.RULES, **self._rules()},
                                 backend="triton", module=self.module)
             self.entry = compiler.function(self._entry_op())
         self._check_signature()
@@ -238,10 +249,13 @@ class Launch:
 
     # -- rules ----------------------------------------------------------------------------
 
-    def _rules(self) -> dict[str, Rule]:
-        def bind(fn: Callable[[Launch, Compiler, ir.Operation], _Fn]) -> Rule:
+    def _rules(self) -> dict[str, EmulatorRule]:
+        def bind(fn: Callable[[Launch, EmulatorCompiler, ir.Operation], _Fn]) -> EmulatorRule:
             return lambda c, op: fn(self, c, op)
-        return {name: bind(fn) for name, fn in _MEMORY_RULES.items()}
+        rules = {name: bind(fn) for name, fn in _MEMORY_RULES.items()}
+        if self.checked:
+            rules["arith.andi"] = bind(_andi_checking_marks)
+        return rules
 
 
 def _describe(shape: Sequence[int], dtype: Any) -> str:
@@ -269,24 +283,24 @@ def _axis(op: ir.Operation) -> int:
     return int(ir.IntegerAttr(op.attributes["axis"]).value)
 
 
-def _program_id(launch: Launch, c: Compiler, op: ir.Operation) -> _Fn:
+def _program_id(launch: Launch, c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     axis = _axis(op)
     return lambda: np.asarray(launch.pid[axis], np.int32)
 
 
-def _num_programs(launch: Launch, c: Compiler, op: ir.Operation) -> _Fn:
+def _num_programs(launch: Launch, c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     n = np.asarray(launch.grid[_axis(op)], np.int32)
     return lambda: n
 
 
 # -- memory -----------------------------------------------------------------------------------
 
-def _addptr(launch: Launch, c: Compiler, op: ir.Operation) -> _Fn:
+def _addptr(launch: Launch, c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     size = np.int64(pointee(op.results[0].type).itemsize)
     return lambda p, off: np.asarray(p, ADDRESS) + np.asarray(off).astype(ADDRESS) * size
 
 
-def _load(launch: Launch, c: Compiler, op: ir.Operation) -> _Fn:
+def _load(launch: Launch, c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     dtype = dtype_of(op.results[0].type)
     shape = shape_of(op.results[0].type)
     segments = [int(v) for v in ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"])]
@@ -304,7 +318,7 @@ def _load(launch: Launch, c: Compiler, op: ir.Operation) -> _Fn:
     return run
 
 
-def _store(launch: Launch, c: Compiler, op: ir.Operation) -> _Fn:
+def _store(launch: Launch, c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     dtype = value_dtype(op.operands[1].type)
     shape = shape_of(op.operands[0].type)
 
@@ -327,7 +341,7 @@ def _rmw_fn(kind: int, dtype: np.dtype) -> Callable[[np.ndarray, np.ndarray], np
         return lambda old, v: v
     if kind in (k.UMAX, k.UMIN):
         pick = np.maximum if kind == k.UMAX else np.minimum
-        return lambda old, v: signed(pick(unsigned(old), unsigned(v)), dtype)
+        return lambda old, v: as_signed(pick(as_unsigned(old), as_unsigned(v)), dtype)
     table = {k.ADD: np.add, k.MAX: np.maximum, k.MIN: np.minimum, k.AND: np.bitwise_and,
              k.OR: np.bitwise_or, k.XOR: np.bitwise_xor}
     if kind not in table:
@@ -362,7 +376,7 @@ def _atomic(launch: Launch, op: ir.Operation, ptr: Any, mask: np.ndarray | None,
     return out.reshape(shape)
 
 
-def _atomic_rmw(launch: Launch, c: Compiler, op: ir.Operation) -> _Fn:
+def _atomic_rmw(launch: Launch, c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     kind = int(ir.IntegerAttr(op.attributes["atomic_rmw_op"]).value)
     dtype = dtype_of(op.results[0].type)
     shape = shape_of(op.results[0].type)
@@ -376,7 +390,7 @@ def _atomic_rmw(launch: Launch, c: Compiler, op: ir.Operation) -> _Fn:
     return run
 
 
-def _atomic_cas(launch: Launch, c: Compiler, op: ir.Operation) -> _Fn:
+def _atomic_cas(launch: Launch, c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     dtype = dtype_of(op.results[0].type)
     shape = shape_of(op.results[0].type)
 
@@ -394,7 +408,7 @@ def _atomic_cas(launch: Launch, c: Compiler, op: ir.Operation) -> _Fn:
 
 # -- the rest ---------------------------------------------------------------------------------
 
-def _assert(launch: Launch, c: Compiler, op: ir.Operation) -> _Fn:
+def _assert(launch: Launch, c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     message = ir.StringAttr(op.attributes["message"]).value
 
     def run(cond: Any, *_: Any) -> None:
@@ -406,13 +420,13 @@ def _assert(launch: Launch, c: Compiler, op: ir.Operation) -> _Fn:
     return run
 
 
-def _print(launch: Launch, c: Compiler, op: ir.Operation) -> _Fn:
+def _print(launch: Launch, c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     prefix = ir.StringAttr(op.attributes["prefix"]).value
     hex_ = "hex" in op.attributes and bool(ir.BoolAttr(op.attributes["hex"]).value)
 
     def fmt(v: Any) -> str:
         if hex_ and np.asarray(v).dtype.kind in "iub":
-            return hex(int(unsigned(np.asarray(v))))
+            return hex(int(as_unsigned(np.asarray(v))))
         return str(np.asarray(v).item() if np.ndim(v) == 0 else v)
 
     def run(*args: Any) -> None:
@@ -429,7 +443,7 @@ def _print(launch: Launch, c: Compiler, op: ir.Operation) -> _Fn:
     return run
 
 
-def _call(launch: Launch, c: Compiler, op: ir.Operation) -> _Fn:
+def _call(launch: Launch, c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     fn = c.function(ir.FlatSymbolRefAttr(op.attributes["callee"]).value)
     n = len(op.results)
 
@@ -439,7 +453,33 @@ def _call(launch: Launch, c: Compiler, op: ir.Operation) -> _Fn:
     return run
 
 
-_MEMORY_RULES: dict[str, Callable[[Launch, Compiler, ir.Operation], _Fn]] = {
+def _andi_checking_marks(launch: Launch, c: EmulatorCompiler, op: ir.Operation) -> _Fn:
+    """``arith.andi``; where it carries this project's lowering's
+    :data:`~pallas_triton.lowering.UNMASKED_OUT_OF_BOUNDS` mark (checked mode only), a lane
+    set in its result is an access outside the array that only the lowering's own bounds mask
+    turns off, reported as JAX's module would have the access reported."""
+    plain = ARITH_RULES["arith.andi"](c, op)
+    if UNMASKED_OUT_OF_BOUNDS not in op.attributes:
+        return plain
+    what = ir.StringAttr(op.attributes[UNMASKED_OUT_OF_BOUNDS]).value
+
+    def run(outside: Any, active: Any) -> Any:
+        lanes = np.asarray(plain(outside, active))
+        if lanes.any():
+            lane = tuple(int(i) for i in np.argwhere(lanes)[0]) if lanes.ndim else ()
+            raise OutOfBoundsError(
+                f"{launch.where(op)}: lane {lane} of the {what} falls outside the array, in "
+                "a dimension whose blocks divide it (or a squeezed one), and no mask of the "
+                "kernel turns that lane off. JAX's Triton lowering masks no such dimension, "
+                "so on the GPU the access reads or writes outside the array; this "
+                "project's lowering masks it (the load gives 0, the store is dropped), which "
+                "hides the bug. Fix: mask the access (pl.load/pl.store mask=) or keep the "
+                "indices inside the array.")
+        return lanes
+    return run
+
+
+_MEMORY_RULES: dict[str, Callable[[Launch, EmulatorCompiler, ir.Operation], _Fn]] = {
     "tt.get_program_id": _program_id, "tt.get_num_programs": _num_programs,
     "tt.addptr": _addptr, "tt.load": _load, "tt.store": _store,
     "tt.atomic_rmw": _atomic_rmw, "tt.atomic_cas": _atomic_cas,

@@ -19,9 +19,16 @@ import scipy.special
 from jaxlib.mlir import ir
 from jaxlib.triton import dialect as tt
 
-from pallas_core.emulation import Compiler, Rule
-from pallas_core.emulation.types import dtype_of, element_type, shape_of, signed, unsigned
-from pallas_core.errors import UnsupportedError
+from pallas_core.backend import (
+    EmulatorCompiler,
+    EmulatorRule,
+    UnsupportedError,
+    as_signed,
+    as_unsigned,
+    dtype_of,
+    element_type_of,
+    shape_of,
+)
 
 _Fn = Callable[..., Any]
 ADDRESS = np.dtype(np.int64)
@@ -30,12 +37,12 @@ ADDRESS = np.dtype(np.int64)
 
 def is_pointer(t: ir.Type) -> bool:
     """Whether ``t`` (or its element type) is a ``!tt.ptr``."""
-    return element_type(t).typeid == tt.PointerType.static_typeid  # type: ignore[no-any-return]
+    return element_type_of(t).typeid == tt.PointerType.static_typeid  # type: ignore[no-any-return]
 
 
 def pointee(t: ir.Type) -> np.dtype:
     """The numpy type of the elements a pointer (tensor) type points to."""
-    return dtype_of(tt.PointerType(element_type(t)).pointee_type)
+    return dtype_of(tt.PointerType(element_type_of(t)).pointee_type)
 
 
 def value_dtype(t: ir.Type) -> np.dtype:
@@ -53,46 +60,46 @@ def _i32_array(op: ir.Operation, name: str) -> list[int]:
 
 # -- shapes -----------------------------------------------------------------------------------
 
-def _broadcast(c: Compiler, op: ir.Operation) -> _Fn:
+def _broadcast(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     """``tt.splat`` (a scalar) and ``tt.broadcast`` (size-1 dimensions) to the result shape."""
     shape = shape_of(op.results[0].type)
     return lambda x: np.broadcast_to(np.asarray(x), shape)
 
 
-def _unsplat(c: Compiler, op: ir.Operation) -> _Fn:
+def _unsplat(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     return lambda x: np.asarray(x).reshape(())
 
 
-def _expand_dims(c: Compiler, op: ir.Operation) -> _Fn:
+def _expand_dims(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     axis = _int_attr(op, "axis")
     return lambda x: np.expand_dims(np.asarray(x), axis)
 
 
-def _reshape(c: Compiler, op: ir.Operation) -> _Fn:
+def _reshape(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     shape = shape_of(op.results[0].type)
     # With allow_reorder Triton may place the elements in any order; row-major is one of them.
     return lambda x: np.reshape(np.asarray(x), shape)
 
 
-def _trans(c: Compiler, op: ir.Operation) -> _Fn:
+def _trans(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     order = _i32_array(op, "order")
     return lambda x: np.transpose(np.asarray(x), order)
 
 
-def _join(c: Compiler, op: ir.Operation) -> _Fn:
+def _join(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     return lambda a, b: np.stack([np.asarray(a), np.asarray(b)], axis=-1)
 
 
-def _split(c: Compiler, op: ir.Operation) -> _Fn:
+def _split(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     return lambda x: (np.asarray(x)[..., 0], np.asarray(x)[..., 1])
 
 
-def _cat(c: Compiler, op: ir.Operation) -> _Fn:
+def _cat(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     # Triton may reorder the elements of a cat; concatenating along the first axis is valid.
     return lambda a, b: np.concatenate([np.asarray(a), np.asarray(b)], axis=0)
 
 
-def _gather(c: Compiler, op: ir.Operation) -> _Fn:
+def _gather(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     axis = _int_attr(op, "axis")
 
     def run(src: Any, idx: Any) -> Any:
@@ -102,7 +109,7 @@ def _gather(c: Compiler, op: ir.Operation) -> _Fn:
     return run
 
 
-def _make_range(c: Compiler, op: ir.Operation) -> _Fn:
+def _make_range(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     values = np.arange(_int_attr(op, "start"), _int_attr(op, "end"), dtype=np.int32)
     values.flags.writeable = False
     return lambda: values
@@ -110,7 +117,7 @@ def _make_range(c: Compiler, op: ir.Operation) -> _Fn:
 
 # -- conversions ------------------------------------------------------------------------------
 
-def _bitcast(c: Compiler, op: ir.Operation) -> _Fn:
+def _bitcast(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     src, dst = op.operands[0].type, op.results[0].type
     if is_pointer(src) or is_pointer(dst):
         if not (is_pointer(src) and is_pointer(dst)):
@@ -122,13 +129,13 @@ def _bitcast(c: Compiler, op: ir.Operation) -> _Fn:
     return lambda x: np.ascontiguousarray(np.asarray(x)).view(to)
 
 
-def _identity(c: Compiler, op: ir.Operation) -> _Fn:
+def _identity(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     """``tt.int_to_ptr``/``tt.ptr_to_int``: the emulator's addresses are integers already."""
     dtype = value_dtype(op.results[0].type)
     return lambda x: np.asarray(x).astype(dtype)
 
 
-def _fp_to_fp(c: Compiler, op: ir.Operation) -> _Fn:
+def _fp_to_fp(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     dst = dtype_of(op.results[0].type)
     src = dtype_of(op.operands[0].type)
     toward_zero = ("rounding" in op.attributes
@@ -143,29 +150,29 @@ def _fp_to_fp(c: Compiler, op: ir.Operation) -> _Fn:
             wide = x.astype(np.float64)
             away = np.isfinite(wide) & (np.abs(y.astype(np.float64)) > np.abs(wide))
             if away.any():
-                bits = unsigned(y.view(f"i{y.dtype.itemsize}")).copy()
+                bits = as_unsigned(y.view(f"i{y.dtype.itemsize}")).copy()
                 bits[away] -= 1
                 y = bits.view(dst)
         return y
     return run
 
 
-def _mulhiui(c: Compiler, op: ir.Operation) -> _Fn:
+def _mulhiui(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     dtype = dtype_of(op.results[0].type)
     bits = np.dtype(dtype).itemsize * 8
 
     def run(a: Any, b: Any) -> Any:
-        ua, ub = unsigned(np.asarray(a)), unsigned(np.asarray(b))
+        ua, ub = as_unsigned(np.asarray(a)), as_unsigned(np.asarray(b))
         if bits <= 32:
             wide = ua.astype(np.uint64) * ub.astype(np.uint64)
-            return signed((wide >> np.uint64(bits)).astype(ua.dtype), dtype)
+            return as_signed((wide >> np.uint64(bits)).astype(ua.dtype), dtype)
         lo_mask = np.uint64(0xFFFFFFFF)
         a_lo, a_hi = ua & lo_mask, ua >> np.uint64(32)
         b_lo, b_hi = ub & lo_mask, ub >> np.uint64(32)
         mid = (a_lo * b_lo >> np.uint64(32)) + (a_hi * b_lo & lo_mask) + (a_lo * b_hi & lo_mask)
         hi = a_hi * b_hi + (a_hi * b_lo >> np.uint64(32)) + (a_lo * b_hi >> np.uint64(32)) \
             + (mid >> np.uint64(32))
-        return signed(hi, dtype)
+        return as_signed(hi, dtype)
     return run
 
 
@@ -177,7 +184,7 @@ def _in_f32(fn: _Fn, dtype: np.dtype) -> _Fn:
     return lambda *xs: np.asarray(fn(*xs)).astype(dtype, copy=False)
 
 
-def _clampf(c: Compiler, op: ir.Operation) -> _Fn:
+def _clampf(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     propagate = _int_attr(op, "propagateNan") != 0
     dtype = dtype_of(op.results[0].type)
 
@@ -187,13 +194,13 @@ def _clampf(c: Compiler, op: ir.Operation) -> _Fn:
     return _in_f32(run, dtype)
 
 
-def _precise(fn: _Fn) -> Rule:
-    def rule(c: Compiler, op: ir.Operation) -> _Fn:
+def _precise(fn: _Fn) -> EmulatorRule:
+    def rule(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
         return _in_f32(fn, dtype_of(op.results[0].type))
     return rule
 
 
-def _histogram(c: Compiler, op: ir.Operation) -> _Fn:
+def _histogram(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     (bins,) = shape_of(op.results[0].type)
     dtype = dtype_of(op.results[0].type)
 
@@ -217,7 +224,7 @@ def _tf32(x: np.ndarray) -> np.ndarray:
     return np.where(finite, rounded, bits).view(np.float32)
 
 
-def _dot(c: Compiler, op: ir.Operation) -> _Fn:
+def _dot(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     out = dtype_of(op.results[0].type)
     precision = _int_attr(op, "inputPrecision") if "inputPrecision" in op.attributes \
         else int(tt.InputPrecision.IEEE)
@@ -246,7 +253,7 @@ def _combine(region: Any, a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> l
             for r, x in zip(results, a, strict=True)]
 
 
-def _reduce(c: Compiler, op: ir.Operation) -> _Fn:
+def _reduce(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     axis = _int_attr(op, "axis")
     region = c.region(op.regions[0])
 
@@ -267,7 +274,7 @@ def _reduce(c: Compiler, op: ir.Operation) -> _Fn:
     return run
 
 
-def _scan(c: Compiler, op: ir.Operation) -> _Fn:
+def _scan(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     axis = _int_attr(op, "axis")
     reverse = "reverse" in op.attributes and bool(ir.BoolAttr(op.attributes["reverse"]).value)
     region = c.region(op.regions[0])
@@ -290,7 +297,7 @@ def _scan(c: Compiler, op: ir.Operation) -> _Fn:
     return run
 
 
-def _map_elementwise(c: Compiler, op: ir.Operation) -> _Fn:
+def _map_elementwise(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     if "pack" in op.attributes and _int_attr(op, "pack") != 1:
         raise UnsupportedError("the Triton emulator runs tt.map_elementwise with pack=1 only")
     region = c.region(op.regions[0])
@@ -307,7 +314,7 @@ def _map_elementwise(c: Compiler, op: ir.Operation) -> _Fn:
 # -- libdevice --------------------------------------------------------------------------------
 
 def _clz(x: np.ndarray) -> np.ndarray:
-    u = unsigned(x).astype(np.uint64)
+    u = as_unsigned(x).astype(np.uint64)
     bits = x.dtype.itemsize * 8
     count = np.full(u.shape, bits, np.int32)
     nonzero = u != 0
@@ -322,7 +329,7 @@ def _clz(x: np.ndarray) -> np.ndarray:
 
 
 def _popc(x: np.ndarray) -> np.ndarray:
-    u = unsigned(x)
+    u = as_unsigned(x)
     return np.unpackbits(u.view(np.uint8).reshape((*u.shape, -1)), axis=-1).sum(
         axis=-1).astype(np.int32)
 
@@ -364,7 +371,7 @@ def _libdevice(symbol: str) -> _Fn | None:
     return None
 
 
-def _extern_elementwise(c: Compiler, op: ir.Operation) -> _Fn:
+def _extern_elementwise(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     symbol = ir.StringAttr(op.attributes["symbol"]).value
     fn = _libdevice(symbol)
     if fn is None:
@@ -392,7 +399,7 @@ _PTX: dict[str, _Fn] = {
 _ASM = re.compile(r"^\s*([a-z0-9]+)((?:\.[a-z0-9]+)*)\s+\$0((?:\s*,\s*\$\d+)+)\s*;\s*$")
 
 
-def _inline_asm(c: Compiler, op: ir.Operation) -> _Fn:
+def _inline_asm(c: EmulatorCompiler, op: ir.Operation) -> _Fn:
     """One PTX float instruction over the operands (``add.f32 $0, $1, $2;``), elementwise."""
     asm = ir.StringAttr(op.attributes["asm_string"]).value
     match = _ASM.match(asm)
@@ -409,7 +416,7 @@ def _inline_asm(c: Compiler, op: ir.Operation) -> _Fn:
     return lambda *xs: base(*[xs[r] for r in refs])
 
 
-RULES: dict[str, Rule] = {
+RULES: dict[str, EmulatorRule] = {
     "tt.splat": _broadcast, "tt.unsplat": _unsplat, "tt.broadcast": _broadcast,
     "tt.expand_dims": _expand_dims, "tt.reshape": _reshape, "tt.trans": _trans,
     "tt.join": _join, "tt.split": _split, "tt.cat": _cat, "tt.gather": _gather,

@@ -18,8 +18,7 @@ import re
 import jax
 
 from pallas_core import backend as plb
-from pallas_core.backend import assumed_device
-from pallas_core.errors import PallasError
+from pallas_core.backend import PallasError, assumed_device
 
 
 class GpuVersion(enum.Enum):

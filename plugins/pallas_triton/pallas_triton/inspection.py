@@ -16,8 +16,7 @@ from typing import Any
 
 from jaxlib.mlir import ir
 
-from pallas_core.errors import PallasError
-from pallas_core.mlir_lowering import walk
+from pallas_core.backend import PallasError, walk_operations
 from pallas_triton import ir as tir
 
 CUSTOM_CALL_TARGET = "__gpu$xla.gpu.triton"
@@ -70,7 +69,7 @@ def triton_calls(lowered: Any) -> list[TritonCall]:
     lowering_platforms=("cuda",))``, or its ``compiler_ir("stablehlo")`` module), in order."""
     module = lowered.compiler_ir("stablehlo") if hasattr(lowered, "compiler_ir") else lowered
     found = []
-    for op in walk(module.operation):
+    for op in walk_operations(module.operation):
         op = op.operation
         if op.name != "stablehlo.custom_call":
             continue

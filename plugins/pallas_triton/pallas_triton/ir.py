@@ -16,12 +16,12 @@ from jaxlib.mlir._mlir_libs import _jax_mlir_ext
 from jaxlib.mlir.dialects import arith
 from jaxlib.triton import dialect as tt
 
-from pallas_core.errors import UnsupportedError
-from pallas_core.mlir_lowering import (  # noqa: F401 - re-exported for the rules
-    element_type,
+from pallas_core.backend import (  # noqa: F401 - re-exported for the rules
+    UnsupportedError,
     is_float,
     is_unsigned,
 )
+from pallas_core.backend import mlir_element_type as element_type
 
 
 def new_context() -> ir.Context:

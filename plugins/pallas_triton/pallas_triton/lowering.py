@@ -30,10 +30,7 @@ from jaxlib.mlir.dialects import math as mmath
 from jaxlib.triton import dialect as tt
 
 from pallas_core import backend as plb
-from pallas_core import mlir_lowering
-from pallas_core import primitives as prims
-from pallas_core.grid_mapping import BlockMapping, block_index_tables
-from pallas_core.request import KernelCall
+from pallas_core.backend import BlockMapping, KernelCall, block_index_tables
 from pallas_triton import (
     barriers,
     lowering_arrays,  # noqa: F401 - its whole-array rules join RULES
@@ -54,7 +51,7 @@ class BlockRef:
     """Element offset (i32 scalar) of the block's first element, per array dimension."""
 
 
-Rule = mlir_lowering.Rule
+Rule = plb.Rule
 
 
 # --- the kernel function ---------------------------------------------------------------------
@@ -97,7 +94,7 @@ def lower_kernel(call: KernelCall, platform: str = "cuda") -> tuple[ir.Module, s
         # Aliased operands are one buffer: an output's pointer is its input's.
         same_array = {gm.num_inputs + o: i for i, o in call.input_output_aliases}
         barriers.insert_barriers(fn, same_array)
-        mlir_lowering.verify(module, "triton", call.name)
+        plb.verify_module(module, "triton", call.name)
     return module, name
 
 
@@ -296,7 +293,7 @@ def _dot(lowering: Lowering, eqn: Any, a: ir.Value, b: ir.Value) -> ir.Value:
 # --- grid position and hints -----------------------------------------------------------------
 
 
-@rule(prims.program_id_p)
+@rule(plb.program_id_p)
 def _program_id(lowering: Lowering, eqn: Any) -> ir.Value:
     axis = eqn.params["axis"]
     return lowering.program_ids[lowering.call.grid_mapping.num_batch_axes + axis]
@@ -314,7 +311,7 @@ def _axis_index(lowering: Lowering, eqn: Any) -> ir.Value:
     return lowering.program_ids[gm.num_batch_axes + gm.grid_names.index(name)]
 
 
-@rule(prims.multiple_of_p)
+@rule(plb.multiple_of_p)
 def _multiple_of(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
     return x
 
@@ -322,9 +319,39 @@ def _multiple_of(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
 # --- memory ----------------------------------------------------------------------------------
 
 
+UNMASKED_OUT_OF_BOUNDS = "pallas.unmasked_out_of_bounds"
+"""The attribute naming an access on the ``arith.andi`` that computes its lanes outside the
+array that only this lowering's bounds mask turns off (see :func:`_access`)."""
+
+
+def _access(lowering: Lowering, eqn: Any, ref: BlockRef, args: Sequence[Any], what: str,
+            mask_at: int | None = None) -> tuple[ir.Value, ir.Value | None, tuple[int, ...]]:
+    """Pointers to the elements an access of ``ref`` names, its mask, its shape.
+
+    The mask is the kernel's own (``args[mask_at]``, where the access takes one) and the
+    array's bounds. JAX's lowering bounds only the dimensions whose blocks do not divide the
+    array, where the last block is padded: a lane outside the array in any other dimension is
+    an out-of-bounds access on the GPU. This lowering masks it too, so that it reads 0 and
+    writes nothing, and marks which lanes those are: a dead ``arith.andi`` of the kernel's
+    mask and those lanes, carrying :data:`UNMASKED_OUT_OF_BOUNDS` (the access, for the
+    message). Triton's compiler drops the dead value; the checked emulator reports a lane set
+    in it (``pl.emulate(..., checked=True)``), as it would report the access in JAX's module.
+    """
+    ptrs, bounds, outside, shape = _pointers(lowering, eqn, ref, _transforms(eqn, args))
+    kernels = None if mask_at is None else tir.broadcast_to(args[mask_at], shape)
+    if outside is not None:
+        active = kernels if kernels is not None else tir.constant(1, np.bool_, shape)
+        marked = arith.AndIOp(outside, active)
+        marked.operation.attributes[UNMASKED_OUT_OF_BOUNDS] = ir.StringAttr.get(
+            f"{what} of {ref.bm.origin} (shape {tuple(ref.bm.array_shape)}) at "
+            f"{lowering.location}")
+    return ptrs, _and(bounds, kernels), shape
+
+
 def _pointers(lowering: Lowering, eqn: Any, ref: BlockRef, transforms: Sequence[Any]
-              ) -> tuple[ir.Value, ir.Value | None, tuple[int, ...]]:
-    """Pointers to the elements ``ref[transforms]`` names, the in-bounds mask, the shape.
+              ) -> tuple[ir.Value, ir.Value | None, ir.Value | None, tuple[int, ...]]:
+    """Pointers to the elements ``ref[transforms]`` names, the in-bounds mask, the lanes
+    outside the array in a dimension JAX does not bound (see :func:`_access`), the shape.
 
     The shape is NumPy's: index arrays (broadcast together) give their shape once, where the
     first of them stands if they are neighbours, else in front; slices give theirs in order.
@@ -376,17 +403,22 @@ def _pointers(lowering: Lowering, eqn: Any, ref: BlockRef, transforms: Sequence[
     strides = [math.prod(bm.array_shape[d + 1:]) for d in range(len(bm.array_shape))]
     offset = tir.broadcast_to(tir.i32(0), shape)
     mask: ir.Value | None = None
+    outside: ir.Value | None = None
     for d, part in enumerate(parts):
         part = tir.broadcast_to(part, shape)
         scaled = arith.MulIOp(part, tir.broadcast_to(tir.i32(strides[d]), shape)).result
         offset = arith.AddIOp(offset, scaled).result
         # Unsigned: a negative index is out of bounds too.
-        in_bounds = arith.CmpIOp(arith.CmpIPredicate.ult, part,
-                                 tir.broadcast_to(tir.i32(bm.array_shape[d]), shape)).result
+        size = tir.broadcast_to(tir.i32(bm.array_shape[d]), shape)
+        in_bounds = arith.CmpIOp(arith.CmpIPredicate.ult, part, size).result
         mask = in_bounds if mask is None else arith.AndIOp(mask, in_bounds).result
+        block = bm.block_shape[d]
+        if block is None or bm.array_shape[d] % block == 0:  # JAX's lowering bounds it not
+            out = arith.CmpIOp(arith.CmpIPredicate.uge, part, size).result
+            outside = out if outside is None else arith.OrIOp(outside, out).result
     ptr_type = ir.RankedTensorType.get(list(shape), ref.ptr.type) if shape else ref.ptr.type
     base = tir.splat(ref.ptr, shape) if shape else ref.ptr
-    return tt.AddPtrOp(ptr_type, base, offset).result, mask, shape
+    return tt.AddPtrOp(ptr_type, base, offset).result, mask, outside, shape
 
 
 def _slice_size(lowering: Lowering, eqn: Any, idx: Any, block: int | None) -> int:
@@ -453,64 +485,61 @@ def _store(ptrs: ir.Value, value: ir.Value, mask: ir.Value | None, dtype: Any,
 
 @rule(plb.get_p)
 def _get(lowering: Lowering, eqn: Any, ref: BlockRef, *args: Any) -> ir.Value:
-    ptrs, mask, shape = _pointers(lowering, eqn, ref, _transforms(eqn, args))
+    ptrs, mask, shape = _access(lowering, eqn, ref, args, "load")
     return _load(ptrs, mask, None, _aval_out(eqn).dtype, shape)
 
 
-@rule(prims.masked_load_p)
+@rule(plb.masked_load_p)
 def _masked_load(lowering: Lowering, eqn: Any, ref: BlockRef, *args: Any) -> ir.Value:
     n = eqn.params["tree"].num_leaves
-    ptrs, mask, shape = _pointers(lowering, eqn, ref, _transforms(eqn, args))
-    mask = _and(mask, tir.broadcast_to(args[n], shape))
+    ptrs, mask, shape = _access(lowering, eqn, ref, args, "load", mask_at=n)
     other = tir.broadcast_to(args[n + 1], shape) if eqn.params["has_other"] else None
     return _load(ptrs, mask, other, _aval_out(eqn).dtype, shape)
 
 
 @rule(plb.swap_p)
 def _swap(lowering: Lowering, eqn: Any, ref: BlockRef, value: ir.Value, *args: Any) -> ir.Value:
-    ptrs, mask, shape = _pointers(lowering, eqn, ref, _transforms(eqn, args))
+    ptrs, mask, shape = _access(lowering, eqn, ref, args, "store")
     dtype = _aval_out(eqn).dtype
     old = _load(ptrs, mask, None, dtype, shape)
     _store(ptrs, value, mask, dtype, shape)
     return old
 
 
-@rule(prims.masked_swap_p)
+@rule(plb.masked_swap_p)
 def _masked_swap(lowering: Lowering, eqn: Any, ref: BlockRef, value: ir.Value,
                  *args: Any) -> ir.Value:
     n = eqn.params["tree"].num_leaves
-    ptrs, mask, shape = _pointers(lowering, eqn, ref, _transforms(eqn, args))
+    ptrs, mask, shape = _access(lowering, eqn, ref, args, "store", mask_at=n)
     dtype = _aval_out(eqn).dtype
-    mask = _and(mask, tir.broadcast_to(args[n], shape))
     old = _load(ptrs, mask, None, dtype, shape)
     _store(ptrs, value, mask, dtype, shape)
     return old
 
 
 _RMW = {
-    prims.AtomicOp.ADD: (tt.RMWOp.FADD, tt.RMWOp.ADD, tt.RMWOp.ADD),
+    plb.AtomicOp.ADD: (tt.RMWOp.FADD, tt.RMWOp.ADD, tt.RMWOp.ADD),
     # Float max/min: see _float_atomic_max_min.
-    prims.AtomicOp.MAX: (None, tt.RMWOp.MAX, tt.RMWOp.UMAX),
-    prims.AtomicOp.MIN: (None, tt.RMWOp.MIN, tt.RMWOp.UMIN),
-    prims.AtomicOp.AND: (None, tt.RMWOp.AND, tt.RMWOp.AND),
-    prims.AtomicOp.OR: (None, tt.RMWOp.OR, tt.RMWOp.OR),
-    prims.AtomicOp.XOR: (None, tt.RMWOp.XOR, tt.RMWOp.XOR),
-    prims.AtomicOp.XCHG: (tt.RMWOp.XCHG, tt.RMWOp.XCHG, tt.RMWOp.XCHG),
+    plb.AtomicOp.MAX: (None, tt.RMWOp.MAX, tt.RMWOp.UMAX),
+    plb.AtomicOp.MIN: (None, tt.RMWOp.MIN, tt.RMWOp.UMIN),
+    plb.AtomicOp.AND: (None, tt.RMWOp.AND, tt.RMWOp.AND),
+    plb.AtomicOp.OR: (None, tt.RMWOp.OR, tt.RMWOp.OR),
+    plb.AtomicOp.XOR: (None, tt.RMWOp.XOR, tt.RMWOp.XOR),
+    plb.AtomicOp.XCHG: (tt.RMWOp.XCHG, tt.RMWOp.XCHG, tt.RMWOp.XCHG),
 }
 
 
-@rule(prims.atomic_rmw_p)
+@rule(plb.atomic_rmw_p)
 def _atomic(lowering: Lowering, eqn: Any, ref: BlockRef, value: ir.Value, *args: Any) -> ir.Value:
     n, op = eqn.params["tree"].num_leaves, eqn.params["op"]
-    ptrs, mask, shape = _pointers(lowering, eqn, ref, _transforms(eqn, args))
-    if eqn.params["has_mask"]:
-        mask = _and(mask, tir.broadcast_to(args[n], shape))
+    ptrs, mask, shape = _access(lowering, eqn, ref, args, f"atomic_{op.value}",
+                                mask_at=n if eqn.params["has_mask"] else None)
     dtype = _aval_out(eqn).dtype
     value = tir.broadcast_to(value, shape)
-    if tir.is_float(dtype) and op in (prims.AtomicOp.MAX, prims.AtomicOp.MIN):
+    if tir.is_float(dtype) and op in (plb.AtomicOp.MAX, plb.AtomicOp.MIN):
         if np.dtype(dtype) != np.float32:
             raise lowering.fail(f"atomic_{op.value} on {dtype} (float32 only)", eqn)
-        return _float_atomic_max_min(ptrs, value, mask, shape, op is prims.AtomicOp.MAX)
+        return _float_atomic_max_min(ptrs, value, mask, shape, op is plb.AtomicOp.MAX)
     kinds = _RMW[op]
     kind = kinds[0] if tir.is_float(dtype) else (kinds[2] if tir.is_unsigned(dtype)
                                                    else kinds[1])
@@ -554,7 +583,7 @@ def _addupdate(lowering: Lowering, eqn: Any, ref: BlockRef, value: ir.Value,
                *args: Any) -> list[Any]:
     """``ref[idx] += value`` as an atomic add, as JAX's Triton lowering has it: programs that
     add to one element do not lose each other's sums."""
-    ptrs, mask, shape = _pointers(lowering, eqn, ref, _transforms(eqn, args))
+    ptrs, mask, shape = _access(lowering, eqn, ref, args, "addition")
     dtype = eqn.invars[1].aval.dtype
     if np.dtype(dtype) == np.bool_:
         raise lowering.fail("adding to a Ref of bool", eqn)
@@ -563,10 +592,10 @@ def _addupdate(lowering: Lowering, eqn: Any, ref: BlockRef, value: ir.Value,
     return []
 
 
-@rule(prims.atomic_cas_p)
+@rule(plb.atomic_cas_p)
 def _atomic_cas(lowering: Lowering, eqn: Any, ref: BlockRef, cmp: ir.Value, value: ir.Value,
                 *args: Any) -> ir.Value:
-    ptrs, mask, shape = _pointers(lowering, eqn, ref, _transforms(eqn, args))
+    ptrs, mask, shape = _access(lowering, eqn, ref, args, "atomic_cas")
     result = tir.value_type(shape, _aval_out(eqn).dtype)
     cmp, value = tir.broadcast_to(cmp, shape), tir.broadcast_to(value, shape)
     if mask is not None:
@@ -582,7 +611,7 @@ def _atomic_cas(lowering: Lowering, eqn: Any, ref: BlockRef, cmp: ir.Value, valu
 # --- printing and the Triton-only primitives -------------------------------------------------
 
 
-@rule(prims.debug_print_p)
+@rule(plb.debug_print_p)
 def _debug_print(lowering: Lowering, eqn: Any, *args: ir.Value) -> list[Any]:
     fmt = eqn.params["fmt"]
     parts = fmt.split("{}")
@@ -631,7 +660,7 @@ def _debug_barrier(lowering: Lowering, eqn: Any) -> list[Any]:
     return []
 
 
-def lowering_rules() -> Mapping[Any, mlir_lowering.Rule]:
+def lowering_rules() -> Mapping[Any, plb.Rule]:
     """Triton's full rule table, read-only: the shared rules, Triton's own above and the
     whole-array rules of :mod:`pallas_triton.lowering_arrays`; every entry has the one rule
     signature (``pallas_core.backend.Rule``)."""

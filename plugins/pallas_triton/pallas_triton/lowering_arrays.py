@@ -22,7 +22,6 @@ from jaxlib.mlir.dialects import arith
 from jaxlib.triton import dialect as tt
 
 from pallas_core import backend as plb
-from pallas_core import mlir_rules
 from pallas_triton import ir as tir
 from pallas_triton.registry import Lowering, convert, rule
 
@@ -202,7 +201,7 @@ def _cumulative(lowering: Lowering, eqn: Any, x: ir.Value) -> ir.Value:
     if kind == "mul":
         combine = arith.MulFOp if tir.is_float(dtype) else arith.MulIOp
     else:
-        combine = mlir_rules.reduction_op(kind, dtype)
+        combine = plb.reduction_op(kind, dtype)
     if not tir.shape_of(x):
         return x
     scan = tt.ScanOp([x], eqn.params["axis"], bool(eqn.params["reverse"]))

@@ -5,8 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-from pallas_core.errors import PallasError
-from pallas_core.spec import CompilerParams
+from pallas_core.backend import CompilerParams, PallasError
 
 NAME = "triton"
 

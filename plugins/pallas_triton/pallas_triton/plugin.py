@@ -7,12 +7,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from pallas_core import backend as plb
+from pallas_core.backend import (
+    BackendInfo,
+    EmulatedCall,
+    KernelCall,
+    LoweringRequest,
+    RuleTable,
+    hookimpl,
+)
 from pallas_core.backend import Capability as Cap
-from pallas_core.backend import RuleTable
-from pallas_core.emulation.call import EmulatedCall
-from pallas_core.hookspecs import hookimpl
-from pallas_core.plugins import BackendInfo
-from pallas_core.request import KernelCall, LoweringRequest
 from pallas_triton import compile as triton_compile
 from pallas_triton import emulator, lowering, primitives, validation
 from pallas_triton.gpu_info import roofline_chips

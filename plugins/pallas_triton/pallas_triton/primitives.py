@@ -18,10 +18,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+import pallas_core as pl
+from pallas_core import ArgumentError
 from pallas_core import backend as plb
-from pallas_core import primitives as core_prims
-from pallas_core.errors import ArgumentError, PallasError, UnsupportedError
-from pallas_core.semantics import PrimitiveSemantics, ReferenceContext
+from pallas_core.backend import PallasError, PrimitiveSemantics, ReferenceContext, UnsupportedError
 
 approx_tanh_p = plb.Primitive("triton_approx_tanh")
 approx_tanh_p.def_abstract_eval(lambda x: x)
@@ -35,10 +35,7 @@ class BarrierEffect(plb.Effect):
 
 
 barrier_effect = BarrierEffect()
-plb.register_side_effect(BarrierEffect)
-debug_barrier_p = plb.Primitive("triton_debug_barrier")
-debug_barrier_p.multiple_results = True
-debug_barrier_p.def_effectful_abstract_eval(lambda: ([], {barrier_effect}))
+debug_barrier_p = plb.effect_primitive("triton_debug_barrier", barrier_effect)
 
 inline_asm_p = plb.Primitive("triton_elementwise_inline_asm")
 inline_asm_p.multiple_results = True
@@ -109,7 +106,7 @@ def load(ref: Any, *, mask: Any = None, other: Any = None, cache_modifier: str |
     _check_hint("load", "cache_modifier", cache_modifier, LOAD_CACHE_MODIFIERS)
     _check_hint("load", "eviction_policy", eviction_policy, EVICTION_POLICIES)
     del volatile  # Only orders memory between programs; one program reads the same values.
-    return core_prims.load(ref, ..., mask=mask, other=other)
+    return pl.load(ref, ..., mask=mask, other=other)
 
 
 def store(ref: Any, val: Any, *, mask: Any = None, eviction_policy: str | None = None) -> None:
@@ -118,7 +115,7 @@ def store(ref: Any, val: Any, *, mask: Any = None, eviction_policy: str | None =
     ``eviction_policy`` is a hint to the GPU's caches: checked, without effect on the values.
     """
     _check_hint("store", "eviction_policy", eviction_policy, EVICTION_POLICIES)
-    core_prims.store(ref, ..., val, mask=mask)
+    pl.store(ref, ..., val, mask=mask)
 
 
 def _inline_asm_reference(ctx: ReferenceContext, *args: Any, asm: str, constraints: str,

@@ -18,8 +18,8 @@ from typing import Any
 from jaxlib.mlir import ir
 from jaxlib.triton import dialect as tt
 
-from pallas_core import mlir_lowering, mlir_rules
-from pallas_core.mlir_lowering import LoweringState
+from pallas_core import backend as plb
+from pallas_core.backend import LoweringState
 from pallas_triton import ir as tir
 
 
@@ -33,17 +33,17 @@ class Lowering(LoweringState):
 def lower_jaxpr(lowering: Lowering, jaxpr: Any, consts: Sequence[Any],
                 args: Sequence[Any]) -> list[Any]:
     """Emits ``jaxpr`` at the current insertion point; returns its outputs' values."""
-    return mlir_lowering.lower_jaxpr(lowering, RULES, jaxpr, consts, args, _literal)
+    return plb.lower_jaxpr(lowering, RULES, jaxpr, consts, args, _literal)
 
 
-_literal = mlir_lowering.splat_literal(tir.constant, "Triton")
+_literal = plb.splat_literal(tir.constant, "Triton")
 
 
 def reduce(lowering: Lowering, eqn: Any, x: ir.Value, axes: Sequence[int],
            kind: str) -> ir.Value:
     """A ``tt.reduce`` per axis, combining with ``kind``'s op (``mlir_rules.Dialect.reduce``)."""
     dtype = eqn.invars[0].aval.dtype
-    combine = mlir_rules.reduction_op(kind, dtype)
+    combine = plb.reduction_op(kind, dtype)
     elt = tir.element_type(dtype)
     for axis in sorted(axes, reverse=True):
         red = tt.ReduceOp([x], axis)
@@ -54,11 +54,11 @@ def reduce(lowering: Lowering, eqn: Any, x: ir.Value, axes: Sequence[int],
     return x
 
 
-DIALECT = mlir_rules.Dialect(
+DIALECT = plb.Dialect(
     constant=tir.constant, broadcast_to=tir.broadcast_to, value_type=tir.value_type,
     lower_jaxpr=lambda *a: lower_jaxpr(*a), reduce=lambda *a: reduce(*a))
 """Triton's values: scalars, and ranked tensors for arrays."""
-RULES = mlir_lowering.Rules(mlir_rules.table(DIALECT))
+RULES = plb.Rules(plb.shared_rules_table(DIALECT))
 """The shared rules (``pallas_core.mlir_rules``), then Triton's own (``tanh``, memory, dot) and
 its whole-array rules as their modules register them."""
 rule = RULES.rule
@@ -66,4 +66,4 @@ rule = RULES.rule
 
 def convert(x: ir.Value, src: Any, dst: Any, shape: Sequence[int]) -> ir.Value:
     """``x`` (of dtype ``src``) converted to ``dst`` as ``lax.convert_element_type`` does."""
-    return mlir_rules.convert(DIALECT, x, src, dst, shape)
+    return plb.convert_dtype(DIALECT, x, src, dst, shape)

@@ -7,10 +7,9 @@ import math
 
 import numpy as np
 
-from pallas_core import reference
-from pallas_core.backend import refuse_empty_operands
-from pallas_core.errors import BlockSpecError, UnsupportedError
-from pallas_core.request import KernelCall
+from pallas_core import BlockSpecError
+from pallas_core import backend as plb
+from pallas_core.backend import KernelCall, UnsupportedError, refuse_empty_operands
 
 MAX_PROGRAMS = 2**31 - 1
 
@@ -49,8 +48,8 @@ def check(call: KernelCall) -> None:
             raise BlockSpecError(_power_of_two_message(where, bm.origin, bm.ref_shape))
     _check_atomics(call, where)
     _check_values(call, where)
-    unknown = reference.registered_primitives() - _lowered()
-    eqn = reference.find_eqn(call.jaxpr.jaxpr, unknown)
+    unknown = plb.registered_primitives() - _lowered()
+    eqn = plb.find_eqn(call.jaxpr.jaxpr, unknown)
     if eqn is not None:
         raise UnsupportedError(
             f"the primitive {eqn.primitive.name!r} ({where}) is not supported by the 'triton' "
@@ -64,7 +63,7 @@ def _check_atomics(call: KernelCall, where: str) -> None:
     """Refuses atomics (and ``ref[...] +=``, an atomic add here) on bool and 8- or 16-bit
     integers: Triton's atomics take 32- and 64-bit values, and narrower ones fail deep in its
     compiler (MLIR verification, ptxas, an LLVM "UNREACHABLE")."""
-    for eqn in reference.all_eqns(call.jaxpr.jaxpr):
+    for eqn in plb.all_eqns(call.jaxpr.jaxpr):
         name = eqn.primitive.name
         if name not in _ATOMICS:
             continue
@@ -75,7 +74,7 @@ def _check_atomics(call: KernelCall, where: str) -> None:
                 "atomic_cas": "atomic_cas",
                 "addupdate": "`ref[...] +=` (an atomic add on Triton)"}[name]
         raise UnsupportedError(
-            f"{what} on {dtype.name} ({where}, at {reference.source_line(eqn)}) is not "
+            f"{what} on {dtype.name} ({where}, at {plb.source_line(eqn)}) is not "
             "supported by the 'triton' backend: Triton's atomics act on 32- and 64-bit values "
             f"only, and on {dtype.name} they fail inside the Triton compiler. Fix: widen the "
             "Ref to int32 (e.g. an int32 out_shape, converted back after the call), or pass "
@@ -93,12 +92,12 @@ def _check_values(call: KernelCall, where: str) -> None:
     for bm in call.grid_mapping.block_mappings:
         if np.dtype(bm.dtype).kind == "c":
             raise UnsupportedError(_complex_message(np.dtype(bm.dtype), f"{where}: {bm.origin}"))
-    for eqn in reference.all_eqns(call.jaxpr.jaxpr):
+    for eqn in plb.all_eqns(call.jaxpr.jaxpr):
         for v in eqn.outvars:
             aval = v.aval
             if hasattr(aval, "inner_aval") or getattr(aval, "dtype", None) is None:
                 continue  # a Ref, or a token
-            at = f"{where}, at {reference.source_line(eqn)}"
+            at = f"{where}, at {plb.source_line(eqn)}"
             if np.dtype(aval.dtype).kind == "c":
                 raise UnsupportedError(_complex_message(np.dtype(aval.dtype), at))
             size = math.prod(aval.shape)

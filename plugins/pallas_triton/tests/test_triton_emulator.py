@@ -392,8 +392,72 @@ def test_checked_mode_reports_an_unmasked_out_of_bounds_read() -> None:
         emulate(fn, x, checked=True)
     # Unchecked, the lanes past the end read 0 (and their stores are masked off).
     _close(emulate(fn, x), x + 1.0)
-    # This project bounds every access of a Ref by its array's shape.
-    _close(emulate(functools.partial(unmasked_tail, *OURS), x, checked=True), x + 1.0)
+
+
+def test_checked_mode_reports_what_only_our_lowerings_bounds_mask_hides() -> None:
+    """This project's lowering bounds every access by its array's shape, so the unmasked load
+    past the end reads 0 instead of other memory; checked, the emulator still reports it (as
+    it reports the access in JAX's module), from the mark the lowering leaves on the lanes
+    only its own mask turns off. The masked store of the same kernel is not reported."""
+    x = _rand((200,))
+    fn = functools.partial(unmasked_tail, *OURS)
+    # The grid steps share the whole output: they run in order in one program.
+    with pytest.raises(pl.OutOfBoundsError, match=r"kernel `kernel`, program \(0, 0, 0\): "
+                       r"arith.andi: lane \(72,\) of the load of input 0 \(x_ref\) "
+                       r"\(shape \(200,\)\) at \S*test_triton_emulator.py:\d+ "
+                       r"falls outside the array.*JAX's Triton "
+                       r"lowering masks no such dimension.*Fix: mask the access"):
+        emulate(fn, x, checked=True)
+    _close(emulate(fn, x), x + 1.0)  # unchecked: the lanes past the end read 0
+    # The load masked as the store is: nothing to report.
+    def masked(x: Any) -> Any:
+        def kernel(x_ref: Any, o_ref: Any) -> None:
+            start = pl.program_id(0) * 128
+            live = start + jnp.arange(128) < x.shape[0]
+            pallas_triton.store(o_ref.at[pl.ds(start, 128)],
+                     pallas_triton.load(x_ref.at[pl.ds(start, 128)], mask=live, other=0.0) + 1.0,
+                     mask=live)
+        whole = pl.BlockSpec(memory_space=pl.ANY)
+        return pl.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(2,),
+                              in_specs=[whole], out_specs=whole)(x)
+    _close(emulate(masked, x, checked=True), x + 1.0)
+
+
+def test_checked_mode_reports_an_unmasked_store_our_lowering_drops() -> None:
+    """A store past the end of a 2-D array, with a kernel mask that leaves those lanes on (a
+    wrong bound); with the right bound nothing is reported and the kept rows are right."""
+    x = _rand((64, 32))
+
+    def fn(x: Any, rows: int) -> Any:
+        def kernel(x_ref: Any, o_ref: Any) -> None:
+            first = pl.program_id(0) * 16 + 8
+            live = (first + jnp.arange(16)[:, None] < rows) & (jnp.arange(32)[None, :] < 32)
+            pallas_triton.store(o_ref.at[pl.ds(first, 16), :], x_ref[...] * 3.0, mask=live)
+        return pl.pallas_call(
+            kernel, jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(4,),
+            in_specs=[pl.BlockSpec((16, 32), lambda i: (i, 0))],
+            out_specs=pl.BlockSpec(memory_space=pl.ANY))(x)
+    with pytest.raises(pl.OutOfBoundsError, match=r"lane \(8, 0\) of the store of output 0 "
+                       r"\(o_ref\) \(shape \(64, 32\)\)"):
+        emulate(lambda x: fn(x, 72), x, checked=True)
+    got = np.asarray(emulate(lambda x: fn(x, 64), x, checked=True))
+    np.testing.assert_allclose(got[8:], np.asarray(x[:56]) * 3.0, rtol=1e-6)
+
+
+@pytest.mark.parametrize("size", [200, 256])
+def test_checked_mode_lets_the_padded_edge_block_be(size: int) -> None:
+    """Blocks that do not divide the array pad the last one, and JAX's lowering masks that
+    dimension too: its lanes past the end are not reported. Where blocks divide the array, an
+    index past a block's end stays inside the array (the next block): nothing to report."""
+    x = _rand((size,))
+
+    def fn(x: Any) -> Any:
+        def kernel(x_ref: Any, o_ref: Any) -> None:
+            o_ref[...] = x_ref[...] * 2.0
+        spec = pl.BlockSpec((128,), lambda i: (i,))
+        return pl.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype),
+                              grid=(pl.cdiv(size, 128),), in_specs=[spec], out_specs=spec)(x)
+    _close(emulate(fn, x, checked=True), x * 2.0)
 
 
 def racing_store(pm: Any, tm: Any, x: Any) -> Any:

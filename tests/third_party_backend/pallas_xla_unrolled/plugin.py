@@ -14,7 +14,6 @@ import jax
 import jax.numpy as jnp
 
 from pallas_core import backend as plb
-from pallas_core import primitives as prims
 from pallas_xla_unrolled import unrolled
 
 NAME = "xla_unrolled"
@@ -75,7 +74,7 @@ def _step_index_semantics(ctx: plb.ReferenceContext) -> Any:
 
 # --- what the backend can run ---------------------------------------------------------------
 
-_ATOMICS = frozenset({prims.atomic_rmw_p, prims.atomic_cas_p})
+_ATOMICS = frozenset({plb.atomic_rmw_p, plb.atomic_cas_p})
 
 
 def check(call: plb.KernelCall) -> None:

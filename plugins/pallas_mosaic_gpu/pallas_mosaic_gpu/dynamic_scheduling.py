@@ -50,11 +50,9 @@ from jax.experimental.mosaic import gpu as mgpu
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith, llvm
 
+import pallas_core as pl
 from pallas_core import backend as plb
-from pallas_core import primitives as prims
-from pallas_core import reference, semantics
-from pallas_core.copies import RefViews, bind_views
-from pallas_core.errors import PallasError, UnsupportedError
+from pallas_core.backend import PallasError, RefViews, UnsupportedError, bind_views
 from pallas_mosaic_gpu import cluster, registry, values
 from pallas_mosaic_gpu import primitives as gp
 from pallas_mosaic_gpu.loops import NDLoopInfo
@@ -145,7 +143,7 @@ def dynamic_scheduling_loop(grid_names: Sequence[Hashable], *,
                 index, _, local, user = carry
                 slot = lax.rem(local, jnp.int32(SLOTS))
 
-                @prims.when(local >= SLOTS)
+                @pl.when(local >= SLOTS)
                 def _reuse() -> None:  # every warpgroup read the answer held in this slot
                     gp.barrier_wait(read.at[slot])
                     fence_p.bind(release=False)
@@ -173,7 +171,7 @@ def dynamic_scheduling_loop(grid_names: Sequence[Hashable], *,
             lax.fori_loop(jnp.int32(0), jnp.minimum(steps, SLOTS), drain, None)
             return user
 
-        return prims.run_scoped(
+        return pl.run_scoped(
             scoped, TryClusterCancelResult(SLOTS),
             Barrier(num_arrivals=threads, num_barriers=SLOTS), read,
             collective_axes=() if thread_axis is None else thread_axis)
@@ -195,7 +193,7 @@ class WarpMesh:
 
     def map_inside_kernel(self, fn: Callable[[], Any]) -> None:
         """Runs the body of ``pl.core_map(self)`` in place (see the module docstring)."""
-        if prims.current_kernel_context() is None:
+        if plb.current_kernel_context() is None:
             raise PallasError("pl.core_map over plgpu.WarpMesh runs inside a kernel body (a "
                               "warpgroup's code), not outside one. Fix: call it in the body "
                               "of a plgpu.kernel.")
@@ -208,7 +206,7 @@ class WarpMesh:
         # A dry run first: a warp holds scalars, not the warpgroup's arrays.
         jaxpr, _, _ = plb.trace_to_jaxpr(flat, [], name="warp_mesh_body",
                                          axis_sizes=axes)  # type: ignore[arg-type]
-        for eqn in reference.all_eqns(jaxpr):
+        for eqn in plb.all_eqns(jaxpr):
             arrays = [v.aval for v in eqn.outvars
                       if not isinstance(v.aval, plb.AbstractRef)
                       and tuple(getattr(v.aval, "shape", None) or ())]
@@ -253,11 +251,11 @@ def _warp_region(ctx: Any, **params: Any) -> Any:
         "(backend='mosaic_gpu'), or write the warps' work per warpgroup (num_threads=).")
 
 
-SEMANTICS: tuple[semantics.PrimitiveSemantics, ...] = (
-    semantics.PrimitiveSemantics(try_cluster_cancel_p, discharge=_try_cancel),
-    semantics.PrimitiveSemantics(query_cluster_cancel_p, discharge=_query, claim=True),
-    semantics.PrimitiveSemantics(fence_p, evaluate=gp._no_op),
-    semantics.PrimitiveSemantics(
+SEMANTICS: tuple[plb.PrimitiveSemantics, ...] = (
+    plb.PrimitiveSemantics(try_cluster_cancel_p, discharge=_try_cancel),
+    plb.PrimitiveSemantics(query_cluster_cancel_p, discharge=_query, claim=True),
+    plb.PrimitiveSemantics(fence_p, evaluate=gp._no_op),
+    plb.PrimitiveSemantics(
         warp_region_p, evaluate=_warp_region,
         fork=lambda *, axis_name, begin: (axis_name, WarpMesh.NUM_WARPS, begin)),
 )

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_core.errors import PallasError
+from pallas_core.backend import PallasError
 from pallas_interpret import blocks
 
 

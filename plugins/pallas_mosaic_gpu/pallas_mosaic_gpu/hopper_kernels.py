@@ -1,6 +1,8 @@
-"""Reference kernels written for the Mosaic GPU backend (used by the tests, the examples and
-``benchmarks/gpu_mosaic.py``). Each runs on the ``mosaic_gpu`` backend unless ``backend=``
-names another; pass ``backend="interpret"`` to run it on a CPU.
+"""Reference kernels written for the Mosaic GPU backend on Hopper (sm_90a: TMA, barriers,
+``wgmma``), used by the tests, the examples and ``benchmarks/gpu_mosaic.py``; those without
+``wgmma`` lower for Blackwell too, whose own (TMEM, ``tcgen05``) kernels are in
+:mod:`pallas_mosaic_gpu.blackwell_kernels`. Each runs on the ``mosaic_gpu`` backend unless
+``backend=`` names another; pass ``backend="interpret"`` to run it on a CPU.
 """
 
 from __future__ import annotations

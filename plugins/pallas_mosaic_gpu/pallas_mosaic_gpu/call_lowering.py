@@ -1,6 +1,6 @@
-"""The schedule of the Mosaic GPU lowering: how a traced kernel (a
-:class:`pallas_core.KernelCall`) becomes one Mosaic GPU kernel launch, its pipeline over the
-grid and its shared memory.
+"""The lowering of a whole kernel call for Mosaic GPU (the rules of :mod:`pallas_mosaic_gpu.rules`
+lower the equations of its body): how a traced kernel (a :class:`pallas_core.KernelCall`)
+becomes one Mosaic GPU kernel launch, its pipeline over the grid and its shared memory.
 
 The kernel is built with JAX's Mosaic GPU library (``jax.experimental.mosaic.gpu``) in lane
 semantics: each warpgroup (128 threads) holds arrays as ``FragmentedArray`` registers spread
@@ -37,12 +37,13 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith, gpu, nvvm
 
 from pallas_core import backend as plb
-from pallas_core import primitives as prims
-from pallas_core import reference
-from pallas_core.errors import PallasError, UnsupportedError
-from pallas_core.grid_mapping import BlockMapping
-from pallas_core.mlir_lowering import element_type
-from pallas_core.request import KernelCall
+from pallas_core.backend import (
+    BlockMapping,
+    KernelCall,
+    PallasError,
+    UnsupportedError,
+    mlir_element_type,
+)
 from pallas_mosaic_gpu import cluster, smem_layout, tma, values
 from pallas_mosaic_gpu.params import (
     ACC_SPACE,
@@ -264,8 +265,8 @@ def scoped_allocations(call: KernelCall
     library allocates for the whole kernel) or ``"acc"`` (registers)."""
     found: list[tuple[int, list[tuple[str, tuple[int, ...], Any, Any]]]] = []
     seen: set[int] = set()
-    for eqn in reference.all_eqns(call.jaxpr.jaxpr):
-        if eqn.primitive is not prims.run_scoped_p or id(eqn) in seen:
+    for eqn in plb.all_eqns(call.jaxpr.jaxpr):
+        if eqn.primitive is not plb.run_scoped_p or id(eqn) in seen:
             continue
         seen.add(id(eqn))
         allocs = []
@@ -597,8 +598,8 @@ def _global_semaphores(call: KernelCall) -> dict[int, tuple[int, tuple[int, ...]
     the kernel's semaphore array, and their shape."""
     found: dict[int, tuple[int, tuple[int, ...]]] = {}
     start = 0
-    for eqn in reference.all_eqns(call.jaxpr.jaxpr):
-        if eqn.primitive is not prims.get_global_p or id(eqn) in found:
+    for eqn in plb.all_eqns(call.jaxpr.jaxpr):
+        if eqn.primitive is not plb.get_global_p or id(eqn) in found:
             continue
         what = eqn.params["what"]
         if what.memory_space is not SEMAPHORE:
@@ -643,7 +644,7 @@ def _emit(state: GPULowering, pl_: Plan, gmem: list[Any], smem: list[Any],
         elif kind == "acc":
             key = 1000 + n
             state.accs[key] = mgpu.WGMMAAccumulator.zero(
-                *shape, element_type(dtype), is_signed=signed(dtype))
+                *shape, mlir_element_type(dtype), is_signed=signed(dtype))
             scratch_vals.append(Ref("acc", tuple(shape), dtype, acc_key=key))
         elif kind == "barrier":
             scratch_vals.append(Ref("barrier", tuple(shape), dtype, barrier=next(smem_it)))
