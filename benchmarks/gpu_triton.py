@@ -181,7 +181,6 @@ def dry_run(quick: bool) -> None:
             print(f"{name:<18} {way:<20} {done}", flush=True)
 
 
-
 def copy_bandwidth(warmup: int, repeats: int, size: int = 1 << 28) -> float:
     """Device-to-device bandwidth in bytes/s: read and write ``size`` float32 (a negation)."""
     x = jnp.ones((size,), F32)

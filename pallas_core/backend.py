@@ -78,7 +78,8 @@ walker's ``literal`` function, :data:`CALL_PRIMITIVES` and :func:`called_jaxpr` 
 a backend inlines, :func:`verify_module` turns an invalid module into a ``PallasError``,
 :func:`walk_operations` visits every operation of a module; :func:`mlir_element_type` (a
 dtype's MLIR element type), :func:`is_float`, :func:`is_unsigned`. The rules shared by every
-MLIR backend: :func:`shared_rules_table` binds them to a backend's :class:`Dialect`;
+MLIR backend: :data:`SHARED_RULES` maps each primitive to its module-level rule (which takes
+the :class:`Dialect` first), :func:`shared_rules_table` binds them to a backend's dialect;
 :func:`convert_dtype`, :func:`reduction_op`, :func:`reduction_identity` and
 :func:`debug_check_to_assert` are their parts a backend's own rules reuse.
 
@@ -269,7 +270,13 @@ from pallas_core.mlir_lowering import (
 from pallas_core.mlir_lowering import element_type as mlir_element_type
 from pallas_core.mlir_lowering import verify as verify_module
 from pallas_core.mlir_lowering import walk as walk_operations
-from pallas_core.mlir_rules import Dialect, debug_check_to_assert, reduction_identity, reduction_op
+from pallas_core.mlir_rules import (
+    SHARED_RULES,
+    Dialect,
+    debug_check_to_assert,
+    reduction_identity,
+    reduction_op,
+)
 from pallas_core.mlir_rules import convert as convert_dtype
 from pallas_core.mlir_rules import table as shared_rules_table
 from pallas_core.plugins import Backend, BackendInfo, Capability, register_backend
@@ -424,7 +431,7 @@ __all__ = [
     # lowering rules, continued
     "CALL_PRIMITIVES", "Dialect", "called_jaxpr", "convert_dtype", "debug_check_to_assert",
     "is_float", "is_unsigned", "mlir_element_type", "reduction_identity", "reduction_op",
-    "shared_rules_table", "splat_literal", "verify_module", "walk_operations",
+    "SHARED_RULES", "shared_rules_table", "splat_literal", "verify_module", "walk_operations",
     # emulation
     "EMULATOR_ARITH_RULES", "EMULATOR_ASSERT_RULES", "EmulateOptions", "EmulatorCompiler",
     "EmulatorFunction", "EmulatorRule", "Turns", "as_signed", "as_unsigned", "bit_width",

@@ -47,7 +47,6 @@ def element_count(aval: Any) -> int:
     return math.prod(aval.shape)
 
 
-
 def _nbytes(aval: Any) -> int:
     return element_count(aval) * np.dtype(aval.dtype).itemsize
 

@@ -471,8 +471,6 @@ def _own(backend: str) -> Mapping[str, Any]:
 # --- the table ---------------------------------------------------------------------------
 
 
-
-
 def _describe(k: KernelReport) -> str:
     steps = "steps known at run time" if k.steps is None else f"{k.steps} steps"
     lines = [f"kernel {k.name!r} on {k.backend}: grid {k.grid} ({steps})"]

@@ -933,7 +933,6 @@ def test_blackwell_ragged_dot_collective_port_lowers_like_jax(
     assert mine["2-CTA mma"] == 4 and mine["TMEM alloc"] == 1
 
 
-
 @_SLOW
 def test_blackwell_ragged_dot_collective_port_runs_in_the_interpreter(
         monkeypatch: pytest.MonkeyPatch) -> None:

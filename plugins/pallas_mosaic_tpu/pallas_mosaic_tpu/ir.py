@@ -86,12 +86,6 @@ def deserialize(body: bytes) -> ir.Module:
     return module
 
 
-
-
-
-
-
-
 def value_type(shape: Sequence[int], dtype: Any) -> ir.Type:
     """A scalar for shape ``()``, else a vector."""
     elt = element_type(dtype)

@@ -144,7 +144,6 @@ def emit_tpu_custom_call(request: LoweringRequest, config: str, kernel_name: str
         has_side_effect=effect is not SideEffectType.PURE, frontend_attributes=frontend)
 
 
-
 def lowering_rules() -> RuleTable:
     """This backend's full lowering-rule table (primitive -> rule), read-only; every rule has
     the signature all backends share (``pallas_core.backend.Rule``)."""

@@ -263,7 +263,6 @@ def test_shuffle_exposes_a_kernel_that_is_not_parallel() -> None:
     assert not np.allclose(_emulate(f, x, seed=3), want)
 
 
-
 def _per_core_running_sum(m: Any) -> Any:
     """Grid (2, 4), leading axis parallel: a running sum over the steps, restarted at 100
     where a flag in scalar prefetch (cleared by the kernel) is still set."""

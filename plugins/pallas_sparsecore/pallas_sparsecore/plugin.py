@@ -47,7 +47,6 @@ def backend_config(call: KernelCall, body: bytes, has_communication: bool = Fals
     return json.dumps(full)
 
 
-
 def lowering_rules() -> RuleTable:
     """This backend's full lowering-rule table (primitive -> rule), read-only; every rule has
     the signature all backends share (``pallas_core.backend.Rule``)."""

@@ -36,16 +36,10 @@ def new_context() -> ir.Context:
     return ctx
 
 
-
-
 def value_type(shape: Sequence[int], dtype: Any) -> ir.Type:
     """The type of a JAX value: a scalar for shape ``()``, else a ranked tensor."""
     elt = element_type(dtype)
     return ir.RankedTensorType.get(list(shape), elt) if shape else elt
-
-
-
-
 
 
 def pointer(dtype: Any) -> ir.Type:

@@ -239,7 +239,6 @@ def _broadcast_in_dim(lowering: Lowering, eqn: Any, x: ir.Value, *dyn: ir.Value)
     return tir.broadcast_to(x, shape)
 
 
-
 @rule(lax.reshape_p)
 def _reshape(lowering: Lowering, eqn: Any, x: ir.Value, *_: Any) -> ir.Value:
     out = _aval_out(eqn)

@@ -33,7 +33,6 @@ def params_of(call: KernelCall) -> TritonParams:
     return params if isinstance(params, TritonParams) else TritonParams()
 
 
-
 def lowering_rules() -> RuleTable:
     """This backend's full lowering-rule table (primitive -> rule), read-only; every rule has
     the signature all backends share (``pallas_core.backend.Rule``)."""
