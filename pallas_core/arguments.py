@@ -143,16 +143,39 @@ def check_kernel_signature(kernel: Callable[..., Any], names: Sequence[str],
         return
     try:
         sig.bind(*names, **(keywords or {}))
-    except TypeError:
+    except TypeError as e:
+        problem = _call_problem(sig, len(names), keywords or {}, str(e))
         if keywords:
             names = [*names, *(f"{k}= ({v})" for k, v in keywords.items())]
-        n_params = len([p for p in sig.parameters.values()
-                        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)])
         raise KernelSignatureError(
-            f"kernel {kernel_name!r} takes {n_params} positional parameters {tuple(sig.parameters)}"
-            f" but pallas_call passes {len(names)} Refs: {', '.join(names)}. Fix: the kernel "
+            f"kernel {kernel_name!r} {problem}: its parameters are {tuple(sig.parameters)}, and "
+            f"pallas_call passes {len(names)} Refs: {', '.join(names)}. Fix: the kernel "
             "takes one Ref per input, then one per output, then one per scratch buffer."
         ) from None
+
+
+def _call_problem(sig: inspect.Signature, n_given: int, keywords: Mapping[str, Any],
+                  bind_error: str) -> str:
+    """Why ``sig`` cannot take ``n_given`` positional arguments (and ``keywords``), in Python's
+    words for the failed call (``takes 1 positional argument but 2 were given``, ``missing 1
+    required positional argument: 'o_ref'``)."""
+    params = list(sig.parameters.values())
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    star = any(p.kind is p.VAR_POSITIONAL for p in params)
+    required = [p for p in positional if p.default is p.empty]
+    if n_given > len(positional) and not star:
+        most = len(positional)
+        takes = (f"from {len(required)} to {most}" if len(required) < most else str(most))
+        return (f"takes {takes} positional argument{'s' if most != 1 or takes != '1' else ''}"
+                f" but {n_given} {'was' if n_given == 1 else 'were'} given")
+    missing = [p.name for p in required[n_given:] if p.name not in keywords]
+    if missing:
+        quoted = [repr(m) for m in missing]
+        listed = (quoted[0] if len(quoted) == 1
+                  else ", ".join(quoted[:-1]) + f" and {quoted[-1]}")
+        return (f"gets too few Refs (missing {len(missing)} required positional "
+                f"argument{'s' if len(missing) != 1 else ''}: {listed})")
+    return f"cannot be called with these Refs ({bind_error})"
 
 
 def normalize_aliases(aliases: Mapping[Any, Any] | None,
@@ -187,9 +210,12 @@ def _ref_param_names(kernel: Callable[..., Any], count: int) -> list[str] | None
 def make_grid_mapping(spec: GridSpec, args: Sequence[Any], spec_tree: Any,
                        outs: Sequence[Any], out_tree: Any, kernel: Callable[..., Any],
                        kernel_name: str, grid_names: tuple[str, ...] | None,
-                       is_mesh: bool = False, prefetch_tree: Any = None) -> gmap.GridMapping:
+                       is_mesh: bool = False, prefetch_tree: Any = None,
+                       paths: Sequence[str] | None = None) -> gmap.GridMapping:
     """The grid mapping of a call; ``prefetch_tree`` is the structure of the scalar-prefetch
-    arguments (a tuple of ``num_scalar_prefetch`` pytrees; default: one array each)."""
+    arguments (a tuple of ``num_scalar_prefetch`` pytrees; default: one array each).
+    ``paths``: each operand leaf, then each output leaf, as JAX's messages name them
+    (``args[0]['a']``, ``outputs[1]``; see :func:`operand_paths`)."""
     grid = tuple(gmap.DYNAMIC if is_dynamic_size(g) else int(g) for g in spec.grid)
     scratch = gmap.scratch_avals(spec.scratch_shapes)
     in_specs = gmap.flatten_specs(spec.in_specs, spec_tree, "in_specs", kernel_name)
@@ -211,10 +237,11 @@ def make_grid_mapping(spec: GridSpec, args: Sequence[Any], spec_tree: Any,
     pf_avals = [_jax.make_ref_aval(x.shape, x.dtype) for x in args[:n_pf]]
     mappings = [gmap.make_block_mapping(None, x, grid, origin, kernel_name, pf_avals)
                 for x, origin in zip(args[:n_pf], origins)]
+    jax_paths = list(paths) if paths is not None else [None] * len(origins)
     mappings += [gmap.make_block_mapping(s, x, grid, origin, kernel_name, pf_avals, grid_names,
-                                         prefetch_tree)
-                 for s, x, origin in zip([*in_specs, *out_specs], [*args[n_pf:], *outs],
-                                         origins[n_pf:])]
+                                         prefetch_tree, path)
+                 for s, x, origin, path in zip([*in_specs, *out_specs], [*args[n_pf:], *outs],
+                                               origins[n_pf:], jax_paths[n_pf:])]
     symbolic = tuple(g for g in spec.grid if _jax.is_symbolic_dim(g))
     return gmap.GridMapping(grid, tuple(mappings), len(args), len(outs), scratch, 0,
                             grid_names, n_pf, is_mesh,
@@ -222,21 +249,47 @@ def make_grid_mapping(spec: GridSpec, args: Sequence[Any], spec_tree: Any,
                                                  for g in spec.grid) if symbolic else ())
 
 
+def operand_paths(args: Any, out_shape: Any) -> list[str]:
+    """Each operand leaf of ``args`` (the tuple of a call's operands), then each leaf of
+    ``out_shape``, as JAX's messages name them: ``args[0]``, ``args[1]['a']``, ``outputs[0]``
+    (``outputs`` for a lone output)."""
+    keystr = jax.tree_util.keystr
+    ins = jax.tree_util.tree_flatten_with_path(args)[0]
+    outs = jax.tree_util.tree_flatten_with_path(out_shape)[0]
+    return [f"args{keystr(p)}" for p, _ in ins] + [f"outputs{keystr(p)}" for p, _ in outs]
+
+
+def _aval_str(x: Any) -> str:
+    return f"{jnp.dtype(x.dtype).name}[{','.join(str(d) for d in x.shape)}]"
+
+
 def check_aliases(aliases: Sequence[tuple[int, int]], args: Sequence[Any],
-                   outs: Sequence[Any], kernel_name: str) -> None:
+                   outs: Sequence[Any], kernel_name: str,
+                   paths: Sequence[str] | None = None) -> None:
+    """Raises unless each alias maps an input leaf to an output leaf of its shape and dtype.
+    ``paths``: as :func:`make_grid_mapping` takes them."""
     for i, o in aliases:
         if not (0 <= i < len(args) and 0 <= o < len(outs)):
+            which, index, n = (("input", i, len(args)) if not 0 <= i < len(args)
+                               else ("output", o, len(outs)))
             raise ArgumentError(
-                f"pallas_call of kernel {kernel_name!r}: input_output_aliases has {{{i}: {o}}} "
-                f"but there are {len(args)} inputs and {len(outs)} outputs. Fix: map an "
+                f"pallas_call of kernel {kernel_name!r}: input_output_aliases contains the "
+                f"mapping '{i}:{o}' with {which} index {index} outside the range [0, {n}): "
+                f"there are {len(args)} inputs and {len(outs)} outputs. Fix: map an "
                 f"input index in range({len(args)}) to an output index in range({len(outs)})."
             )
         a, b = args[i], outs[o]
         if tuple(a.shape) != tuple(b.shape) or jnp.dtype(a.dtype) != jnp.dtype(b.dtype):
+            if paths is not None:
+                in_path = "input" + paths[i].removeprefix("args")
+                out_path = "output" + paths[len(args) + o].removeprefix("outputs")
+            else:
+                in_path, out_path = f"input[{i}]", f"output[{o}]"
             raise ArgumentError(
-                f"pallas_call of kernel {kernel_name!r}: input {i} ({a.dtype}{list(a.shape)}) is "
-                f"aliased to output {o} ({b.dtype}{list(b.shape)}); aliased buffers must have "
-                f"the same shape and dtype. Fix: make out_shape[{o}] "
-                f"jax.ShapeDtypeStruct({tuple(a.shape)}, {jnp.dtype(a.dtype).name}), or drop "
-                "the alias."
+                f"pallas_call of kernel {kernel_name!r}: input_output_aliases contains the "
+                f"mapping '{i}:{o}' referring to {in_path} with abstract value "
+                f"{_aval_str(a)} and to {out_path} with a different abstract value "
+                f"{_aval_str(b)}; aliased buffers must have the same shape and dtype. Fix: "
+                f"make out_shape[{o}] jax.ShapeDtypeStruct({tuple(a.shape)}, "
+                f"{jnp.dtype(a.dtype).name}), or drop the alias."
             )

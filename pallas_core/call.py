@@ -28,6 +28,7 @@ from pallas_core.arguments import (
     freeze_params,
     make_grid_mapping,
     normalize_aliases,
+    operand_paths,
     out_shape_leaves,
 )
 from pallas_core.chips import target_chip
@@ -167,15 +168,16 @@ def pallas_call(
             if not hasattr(a, "shape") or not hasattr(a, "dtype"):
                 flat_args[i] = jnp.asarray(a)
         spec_tree = jax.tree_util.tree_structure(args[grid_spec.num_scalar_prefetch:])
+        paths = operand_paths(args, out_shape)  # for messages, in JAX's words
         prefetch_tree = jax.tree_util.tree_structure(tuple(args[:grid_spec.num_scalar_prefetch]))
         # Index maps and body are traced for the chosen backend's chip (pallas_core.chips).
         with target_chip(chosen, keep_assumed=True):
             gm = make_grid_mapping(grid_spec, flat_args, spec_tree, out_leaves, out_tree,
                                     kernel, kernel_name, grid_names, _grid_names is not None,
-                                    prefetch_tree)
+                                    prefetch_tree, paths)
             jaxpr, gm = trace_checked(kernel, gm, grid_spec, args, out_shape, out_leaves,
                                        in_tree, out_tree, kernel_name, aliases, flat_args, mode,
-                                       compiler_params)
+                                       compiler_params, paths)
         if not bounds_checked_when_run(mode, compiler_params):
             bounds.check_constant_indices(jaxpr.jaxpr, kernel_name)
         call = KernelCall(

@@ -216,15 +216,17 @@ class GridMapping:
 
 
 def _normalize_block_shape(spec: BlockSpec, shape: tuple[int, ...], origin: str,
-                           kernel_name: str) -> tuple[BlockDim, ...]:
+                           kernel_name: str, path: str | None = None) -> tuple[BlockDim, ...]:
     if spec.block_shape is None:
         return tuple(Blocked(d) for d in shape)
     block = spec.block_shape
     if len(block) != len(shape):
         raise BlockSpecError(
-            f"In kernel {kernel_name!r}, {origin} has shape {shape} (rank {len(shape)}) but its "
-            f"BlockSpec has block_shape {tuple(block)} (rank {len(block)}). Fix: give one block "
-            "size per array dimension, using None (or pl.squeezed) for dimensions to drop."
+            f"In kernel {kernel_name!r}: Block shape for {path or origin} (= {tuple(block)}) "
+            f"must have the same number of dimensions as the array shape {shape}: {origin} has "
+            f"rank {len(shape)} but its BlockSpec's block_shape has rank {len(block)}. Fix: give "
+            "one block size per array dimension, using None (or pl.squeezed) for dimensions to "
+            "drop."
         )
     out: list[BlockDim] = []
     for b in block:
@@ -245,9 +247,29 @@ def _normalize_block_shape(spec: BlockSpec, shape: tuple[int, ...], origin: str,
     return tuple(out)
 
 
-def _check_index(o: Any, d: int, dim: BlockDim, origin: str, kernel_name: str) -> None:
+def _src_info(fn: Any) -> str:
+    """``name at file:line`` of a function, as JAX names the functions it traces."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    name = getattr(fn, "__name__", None) or type(fn).__name__
+    code = getattr(fn, "__code__", None)
+    return f"{name} at {code.co_filename}:{code.co_firstlineno}" if code is not None else name
+
+
+def _type_of(o: Any) -> str:
+    """``o``'s type for a message: ``int32[4]`` for an array (or traced value), else the
+    Python type's name."""
+    shape, dtype = getattr(o, "shape", None), getattr(o, "dtype", None)
+    if shape is not None and dtype is not None:
+        return f"{getattr(dtype, 'name', dtype)}[{','.join(str(d) for d in shape)}]"
+    return type(o).__name__
+
+
+def _check_index(o: Any, d: int, dim: BlockDim, origin: str, kernel_name: str,
+                 subject: str) -> None:
     """Raises unless ``o`` is an integer scalar (what every dimension but a bounded slice's
-    index map value is)."""
+    index map value is). ``subject``: the index map as JAX names it (``Index map function f
+    at file:line for args[0]``)."""
     if isinstance(o, _jax.Slice):
         raise BlockSpecError(
             f"In kernel {kernel_name!r}, the index map of {origin} returned {o} for dimension "
@@ -257,14 +279,18 @@ def _check_index(o: Any, d: int, dim: BlockDim, origin: str, kernel_name: str) -
     dtype = getattr(o, "dtype", None)
     if o is None or isinstance(o, float) or jnp.ndim(o) != 0 or (
             dtype is not None and not jnp.issubdtype(dtype, jnp.integer)):
+        shown = (f"a{'n' if _type_of(o)[:1] in 'aeiou' else ''} {_type_of(o)} value"
+                 if isinstance(o, _jax.Tracer) else repr(o))
         raise BlockSpecError(
-            f"In kernel {kernel_name!r}, the index map of {origin} returned {o!r}; "
-            "expected one integer scalar per array dimension (a block index). Fix: "
-            "return ints or int32 scalars, e.g. lambda i, j: (i, j).")
+            f"In kernel {kernel_name!r}: {subject} must return "
+            f"integer scalars. Output[{d}] has type {_type_of(o)}: the index map of {origin} "
+            f"returned {shown} for dimension {d}; expected one integer scalar per array "
+            "dimension (a block index). Fix: return ints or int32 scalars, e.g. "
+            "lambda i, j: (i, j).")
 
 
 def _slice_parts(o: Any, d: int, dim: BoundedSlice, origin: str,
-                 kernel_name: str) -> tuple[Any, Any]:
+                 kernel_name: str, subject: str) -> tuple[Any, Any]:
     """``(start, size)`` of the ``pl.ds`` an index map returned for a bounded-slice dim."""
     if not isinstance(o, _jax.Slice):
         raise BlockSpecError(
@@ -281,7 +307,7 @@ def _slice_parts(o: Any, d: int, dim: BoundedSlice, origin: str,
             f"dimension {d}: the size must lie in 0..{dim.block_size}. Fix: make the block "
             "larger or the slice smaller.")
     for part in (o.start, o.size):
-        _check_index(part, d, dim, origin, kernel_name)
+        _check_index(part, d, dim, origin, kernel_name, subject)
     return o.start, o.size
 
 
@@ -289,7 +315,7 @@ def _trace_index_map(spec: BlockSpec, dims: tuple[BlockDim, ...], grid: tuple[in
                      shape: tuple[int, ...], origin: str, kernel_name: str,
                      prefetch_avals: Sequence[Any] = (),
                      grid_names: tuple[str, ...] | None = None,
-                     prefetch_tree: Any = None) -> Any:
+                     prefetch_tree: Any = None, path: str | None = None) -> Any:
     from pallas_core import primitives as prims
 
     ndim = len(shape)
@@ -297,6 +323,8 @@ def _trace_index_map(spec: BlockSpec, dims: tuple[BlockDim, ...], grid: tuple[in
     if fn is None:
         def fn(*_: Any) -> tuple[int, ...]:
             return (0,) * ndim
+    # The index map as JAX's messages name it.
+    subject = f"Index map function {_src_info(fn)} for {path or origin}"
     avals = [_jax.ShapedArray((), jnp.int32)] * len(grid) + list(prefetch_avals)
 
     pf_args = f" and {len(prefetch_avals)} scalar-prefetch Refs" if prefetch_avals else ""
@@ -330,20 +358,22 @@ def _trace_index_map(spec: BlockSpec, dims: tuple[BlockDim, ...], grid: tuple[in
             raise
         out = out if isinstance(out, (tuple, list)) else (out,)
         if len(out) != ndim:
+            block = tuple(spec.block_shape) if spec.block_shape is not None else shape
             raise BlockSpecError(
-                f"In kernel {kernel_name!r}, the index map of {origin} returned {len(out)} "
-                f"block indices but the array has rank {ndim} (shape {shape}). Fix: return "
-                f"a tuple of {ndim} block indices, one per array dimension (0 for dimensions "
-                "that are not blocked)."
+                f"In kernel {kernel_name!r}: {subject} must return {ndim} values to match "
+                f"block_shape={block}. Currently returning {len(out)} values: the index map of "
+                f"{origin} returns one block index per dimension of the array, which has rank "
+                f"{ndim} (shape {shape}). Fix: return a tuple of {ndim} block indices (0 for "
+                "dimensions that are not blocked)."
             )
         indices, sizes = [], []
         for d, (o, dim) in enumerate(zip(out, dims)):
             if isinstance(dim, BoundedSlice):
-                start, size = _slice_parts(o, d, dim, origin, kernel_name)
+                start, size = _slice_parts(o, d, dim, origin, kernel_name, subject)
                 indices.append(start)
                 sizes.append(size)
             else:
-                _check_index(o, d, dim, origin, kernel_name)
+                _check_index(o, d, dim, origin, kernel_name, subject)
                 indices.append(o)
         return [jnp.asarray(o, jnp.int32) for o in (*indices, *sizes)]
 
@@ -353,10 +383,10 @@ def _trace_index_map(spec: BlockSpec, dims: tuple[BlockDim, ...], grid: tuple[in
         # Backends compile index maps into the launch (TPU) or the kernel (GPU), where there is
         # no place for arrays; JAX refuses them too.
         raise BlockSpecError(
-            f"In kernel {kernel_name!r}, the index map of {origin} must not capture constants: "
-            f"it closes over arrays ({shapes}). Fix: pass the data as a scalar-prefetch operand "
-            "(GridSpec(num_scalar_prefetch=...)) and read it from the index map's Ref argument, "
-            "or compute the index from the grid indices.")
+            f"In kernel {kernel_name!r}: {subject} must not capture constants: the index map "
+            f"of {origin} closes over arrays ({shapes}). Fix: pass the data as a scalar-prefetch "
+            "operand (GridSpec(num_scalar_prefetch=...)) and read it from the index map's Ref "
+            "argument, or compute the index from the grid indices.")
     return _jax.ClosedJaxpr(jaxpr, consts)
 
 
@@ -370,8 +400,9 @@ def captured_arrays(consts: Sequence[Any]) -> str:
 def make_block_mapping(spec: Any, x: Any, grid: tuple[int, ...], origin: str,
                        kernel_name: str, prefetch_avals: Sequence[Any] = (),
                        grid_names: tuple[str, ...] | None = None,
-                       prefetch_tree: Any = None) -> BlockMapping:
-    """Normalises one operand's BlockSpec against its shape and the grid."""
+                       prefetch_tree: Any = None, path: str | None = None) -> BlockMapping:
+    """Normalises one operand's BlockSpec against its shape and the grid. ``path``: the
+    operand as JAX's messages name it (``args[0]['a']``, ``outputs[1]``)."""
     shape = tuple(x.shape)
     if spec is None or spec is no_block_spec:
         spec = BlockSpec()
@@ -388,7 +419,7 @@ def make_block_mapping(spec: Any, x: Any, grid: tuple[int, ...], origin: str,
             )
         dims = _normalize_block_shape(BlockSpec(), shape, origin, kernel_name)
     else:
-        dims = _normalize_block_shape(spec, shape, origin, kernel_name)
+        dims = _normalize_block_shape(spec, shape, origin, kernel_name, path)
     block = tuple(None if isinstance(d, Squeezed) else block_dim_size(d) for d in dims)
     if not _jax.is_static_shape([b for b in block if b is not None]) and not (
             _jax.dynamic_shapes_export_enabled()):
@@ -399,7 +430,7 @@ def make_block_mapping(spec: Any, x: Any, grid: tuple[int, ...], origin: str,
             "(pl.BlockSpec((8, 128), ...)), or export inside "
             "pl.pallas_export_experimental(dynamic_shapes=True).")
     index_map = _trace_index_map(spec, dims, grid, shape, origin, kernel_name, prefetch_avals,
-                                 grid_names, prefetch_tree)
+                                 grid_names, prefetch_tree, path)
     plain = all(isinstance(d, (Blocked, Squeezed)) for d in dims)
     return BlockMapping(origin, shape, np.dtype(x.dtype), block, index_map, spec.memory_space,
                         len(prefetch_avals), spec.pipeline_mode, () if plain else dims)
@@ -651,7 +682,13 @@ def flatten_specs(specs: Any, tree: Any, what: str, kernel_name: str) -> list[An
         shown = jax.tree_util.tree_unflatten(spec_tree, [
             "None" if s is None else "*" for s in leaves])
         operands_word = "inputs" if what == "in_specs" else "outputs"
+        # JAX's words first (what differs, and where), then the count and the fix.
+        jax_words = _jax.pytree_mismatches(
+            f"`{what}`", jax.tree_util.tree_structure(_tuples(specs)),
+            "`inputs`" if what == "in_specs" else "`out_shape`",
+            jax.tree_util.tree_structure(operands))
         raise BlockSpecError(
+            (f"{jax_words}\n" if jax_words else "") +
             f"In kernel {kernel_name!r}, {what} has "
             f"{sum(isinstance(s, BlockSpec) for s in leaves)} BlockSpecs in the structure "
             f"{_show(shown)} but there are {n} {operands_word} in the structure "

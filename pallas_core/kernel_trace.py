@@ -30,11 +30,12 @@ from pallas_core.spec import BARRIER_SEMAPHORE, GridSpec
 
 
 def _describe_value(x: Any) -> str:
-    """``x`` for a message: ``an array float32[8,128]``, else its type."""
+    """``x`` for a message: ``an array float32[8,128]``, else its type (``an int``)."""
     aval = getattr(x, "aval", None)
     if aval is not None and hasattr(aval, "str_short"):
         return f"an array {aval.str_short()}"
-    return f"a {type(x).__name__}"
+    name = type(x).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
 
 
 def source_of(fn: Any) -> str:
@@ -155,9 +156,10 @@ def trace_kernel(kernel: Callable[..., Any], gm: gmap.GridMapping, in_tree: Any,
                 "(lax.switch) over the few lengths that occur.") from e
         if result is not None:
             raise KernelSignatureError(
-                f"The kernel function {kernel_name!r} at {source_of(kernel)} should return "
-                f"None, but returned {_describe_value(result)}: kernels write their results into "
-                "the output Refs (o_ref[...] = value). Fix: drop the return value.")
+                f"The kernel function in the pallas_call {kernel_name} at {source_of(kernel)} "
+                f"should return None, but it returned {_describe_value(result)}: kernels write "
+                "their results into the output Refs (o_ref[...] = value). Fix: drop the return "
+                "value.")
         return []
 
     def with_barrier(*refs: Any) -> list[Any]:
@@ -198,14 +200,16 @@ def _close(jaxpr: Any, consts: Sequence[Any]) -> Any:
 def trace_checked(kernel: Callable[..., Any], gm: gmap.GridMapping, grid_spec: GridSpec,
                    args: Sequence[Any], out_shape: Any, out_leaves: Sequence[Any], in_tree: Any,
                    out_tree: Any, kernel_name: str, aliases: Sequence[tuple[int, int]],
-                   flat_args: Sequence[Any], mode: Any, compiler_params: Any) -> Any:
-    """The kernel's signature, aliases and index maps checked, then its body traced."""
+                   flat_args: Sequence[Any], mode: Any, compiler_params: Any,
+                   paths: Sequence[str] | None = None) -> Any:
+    """The kernel's signature, aliases and index maps checked, then its body traced.
+    ``paths``: the operand and output leaves as JAX names them (``arguments.operand_paths``)."""
     check_not_empty(gm, kernel_name)
     scratch_tree = gmap.scratch_leaves(grid_spec.scratch_shapes)[1]
     scratch = jax.tree_util.tree_unflatten(scratch_tree, gm.scratch_avals)
     names, keywords = top_level_names(args, out_shape, scratch)
     check_kernel_signature(kernel, names, kernel_name, keywords)
-    check_aliases(aliases, flat_args, out_leaves, kernel_name)
+    check_aliases(aliases, flat_args, out_leaves, kernel_name, paths)
     # An interpreter told to read outside arrays as uninitialized memory (JAX's
     # out_of_bounds_reads="uninitialized") reads input blocks outside theirs.
     lenient = "uninitialized" in (getattr(mode, "out_of_bounds_reads", None),

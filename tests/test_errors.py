@@ -81,9 +81,37 @@ def test_block_shape_rank_differs_from_array_rank():
         copy_kernel, _sds(x), grid=(2,),
         in_specs=[pl.BlockSpec((128,), lambda i: (i,))],
         out_specs=pl.BlockSpec((128, 4), lambda i: (i, 0)))
-    with _raises(pl.BlockSpecError, "input 0 (x_ref)", "shape (256, 4) (rank 2)",
-                 "block_shape (128,) (rank 1)", "Fix: give one block size per array dimension"):
+    # JAX's words first (its own tests match them), then which operand and the fix.
+    with _raises(pl.BlockSpecError, "In kernel 'copy_kernel'", "Block shape for args[0] "
+                 "(= (128,)) must have the same number of dimensions as the array shape "
+                 "(256, 4)", "input 0 (x_ref) has rank 2", "block_shape has rank 1",
+                 "Fix: give one block size per array dimension"):
         call(x)
+
+
+def test_specs_not_nested_like_the_operands():
+    # JAX's account of the difference first (its own tests match it), then the fix.
+    x = _rand((8, 128))
+    spec = pl.BlockSpec((8, 128), lambda: (0, 0))
+    call = pl.pallas_call(lambda x_ref, y_ref, o_ref: None, _sds(x), in_specs=[spec, spec])
+    with _raises(pl.BlockSpecError, "Pytree for `in_specs` and `inputs` do not match. There "
+                 "are 1 mismatches, including:\n    * at [1], `in_specs` is a pytree leaf but "
+                 "`inputs` is a", "In kernel '<lambda>', in_specs has 2 BlockSpecs",
+                 "Fix: give one BlockSpec per operand"):
+        call(x, {"a": x})
+    call = pl.pallas_call(lambda x_ref, o_ref, p_ref: None, (_sds(x), _sds(x)),
+                          out_specs=[spec])
+    with _raises(pl.BlockSpecError, "`out_specs` is a tuple of length 1 but `out_shape` is a "
+                 "tuple of length 2", "out_specs has 1 BlockSpecs", "Fix:"):
+        call(x)
+
+
+def test_index_map_of_a_nested_operand_is_named_by_its_path():
+    x = _rand((8, 128))
+    call = pl.pallas_call(copy_kernel, _sds(x),
+                          in_specs=[{"a": pl.BlockSpec((8, 128), lambda: (0,))}])
+    with _raises(pl.BlockSpecError, "for args[0]['a'] must return 2 values", "input 0"):
+        call({"a": x})
 
 
 def test_index_map_returns_wrong_number_of_indices():
@@ -92,8 +120,10 @@ def test_index_map_returns_wrong_number_of_indices():
         copy_kernel, _sds(x), grid=(2,),
         in_specs=[pl.BlockSpec((128, 4), lambda i: (i,))],
         out_specs=pl.BlockSpec((128, 4), lambda i: (i, 0)))
-    with _raises(pl.BlockSpecError, "index map of input 0 (x_ref)", "returned 1 block indices",
-                 "rank 2", "Fix: return a tuple of 2 block indices"):
+    with _raises(pl.BlockSpecError, "Index map function <lambda> at ", "test_errors.py:",
+                 "for args[0] must return 2 values to match block_shape=(128, 4). Currently "
+                 "returning 1 values", "index map of input 0 (x_ref)", "rank 2",
+                 "Fix: return a tuple of 2 block indices"):
         call(x)
 
 
@@ -172,14 +202,18 @@ def test_lone_block_spec_for_in_specs_is_refused_as_in_jax():
 # --- kernel signature and out_shape -------------------------------------------------------
 
 
-@pytest.mark.parametrize("kernel", [
-    lambda x_ref, o_ref: None,
-    lambda x_ref, y_ref, z_ref, o_ref: None,
-], ids=["too_few", "too_many"])
-def test_kernel_signature_does_not_match_operands(kernel):
+@pytest.mark.parametrize(("kernel", "problem"), [
+    (lambda x_ref, o_ref: None, "takes 2 positional arguments but 3 were given"),
+    (lambda x_ref, y_ref, z_ref, o_ref: None,
+     "gets too few Refs (missing 1 required positional argument: 'o_ref')"),
+    (lambda x_ref: None, "takes 1 positional argument but 3 were given"),
+    (lambda x_ref, y_ref, z_ref, o_ref, p_ref: None,
+     "gets too few Refs (missing 2 required positional arguments: 'o_ref' and 'p_ref')"),
+], ids=["too_few", "too_many", "one", "two_missing"])
+def test_kernel_signature_does_not_match_operands(kernel, problem):
+    # Python's words for the failed call (JAX's tests match them), then the Refs passed.
     x, y = _rand((8, 128)), _rand((8, 128), 1)
-    n = kernel.__code__.co_argcount
-    with _raises(pl.KernelSignatureError, f"takes {n} positional parameters",
+    with _raises(pl.KernelSignatureError, f"kernel '<lambda>' {problem}: its parameters are (",
                  "passes 3 Refs: input 0, input 1, output 0",
                  "Fix: the kernel takes one Ref per input, then one per output"):
         pl.pallas_call(kernel, _sds(x))(x, y)
@@ -207,8 +241,9 @@ def test_kernel_returning_a_value():
         return x_ref[...]
 
     x = _rand((8, 128))
-    with _raises(pl.KernelSignatureError, "kernel function 'kernel' at", "should return None",
-                 "returned an array float32[8,128]", "o_ref[...] = value"):
+    with _raises(pl.KernelSignatureError, "The kernel function in the pallas_call kernel at ",
+                 "test_errors.py:", "should return None", "returned an array float32[8,128]",
+                 "o_ref[...] = value"):
         pl.pallas_call(kernel, _sds(x))(x)
 
 
@@ -271,8 +306,9 @@ def test_aliasing_shape_mismatch():
     x = _rand((16, 128))
     call = pl.pallas_call(copy_kernel, jax.ShapeDtypeStruct((8, 128), jnp.float32),
                           input_output_aliases={0: 0})
-    with _raises(pl.PallasError, "input 0 (float32[16, 128]) is aliased to output 0 "
-                 "(float32[8, 128])", "must have the same shape and dtype",
+    with _raises(pl.PallasError, "input_output_aliases contains the mapping '0:0' referring to "
+                 "input[0] with abstract value float32[16,128] and to output with a different "
+                 "abstract value float32[8,128]", "must have the same shape and dtype",
                  "Fix: make out_shape[0] jax.ShapeDtypeStruct((16, 128), float32)"):
         call(x)
 
@@ -281,14 +317,15 @@ def test_aliasing_dtype_mismatch():
     x = _rand((8, 128))
     call = pl.pallas_call(copy_kernel, jax.ShapeDtypeStruct((8, 128), jnp.int32),
                           input_output_aliases={0: 0})
-    with _raises(pl.PallasError, "float32[8, 128]", "int32[8, 128]", "Fix:"):
+    with _raises(pl.PallasError, "float32[8,128]", "int32[8,128]", "Fix:"):
         call(x)
 
 
 def test_aliasing_index_out_of_range():
     x = _rand((8, 128))
     call = pl.pallas_call(copy_kernel, _sds(x), input_output_aliases={1: 0})
-    with _raises(pl.PallasError, "input_output_aliases has {1: 0}", "1 inputs and 1 outputs",
+    with _raises(pl.PallasError, "input_output_aliases contains the mapping '1:0' with input "
+                 "index 1 outside the range [0, 1)", "1 inputs and 1 outputs",
                  "Fix: map an input index in range(1)"):
         call(x)
 
@@ -668,6 +705,7 @@ def test_an_index_map_closing_over_a_traced_value_is_refused():
         return pl.pallas_call(copy_kernel, _sds(x), grid=(2,), in_specs=[spec],
                               out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)))(x)
 
-    with _raises(pl.BlockSpecError, "the index map of input 0 (x_ref) must not capture",
+    with _raises(pl.BlockSpecError, "Index map function <lambda> at ", "for args[0] must not "
+                 "capture constants: the index map of input 0 (x_ref) closes over arrays",
                  "Fix: pass the data as a scalar-prefetch operand"):
         jax.jit(f)(x, 0)

@@ -5,7 +5,8 @@ here, so that a JAX upgrade is a change in this package alone; no other module o
 imports ``jax._src``. Plugins never import it: the names they need are re-exported by the
 public plugin API, :mod:`pallas_core.backend`. Its modules, by topic:
 
-- ``base``: the installed JAX's version, and the core types (jaxprs, primitives, avals);
+- ``base``: the installed JAX's version, the core types (jaxprs, primitives, avals), and
+  JAX's words for two tree structures that differ;
 - ``shapes``: symbolic dimensions (``jax.export`` with shape polymorphism);
 - ``state``: Refs, indexers and views, and the discharge of stateful jaxprs;
 - ``jaxprs``: tracing into jaxprs, and walking and evaluating them;
@@ -39,6 +40,7 @@ from pallas_core._jax.base import (
     eval_context,
     eval_jaxpr,
     is_dim,
+    pytree_mismatches,
     typeof,
 )
 from pallas_core._jax.jax_pallas import (
@@ -240,9 +242,10 @@ __all__ = [
     "no_mesh", "out_of_bound_slice", "pallas_enable_debug_checks", "pallas_poison_buffers",
     "pallas_use_mosaic_gpu", "peer_view", "PeerRefTransform", "physical_aval",
     "platform_attached", "platform_branch", "platform_index_p", "Primitive", "primitive_jvps",
-    "primitive_transposes", "random_bits_p", "random_fold_in_p", "random_seed_p",
-    "random_unwrap_p", "random_wrap_p", "ReadEffect", "ref_type_of", "register_batching_rule",
-    "register_discharge_rule", "register_initial_ref", "register_linearization",
+    "primitive_transposes", "pytree_mismatches", "random_bits_p", "random_fold_in_p",
+    "random_seed_p", "random_unwrap_p", "random_wrap_p", "ReadEffect", "ref_type_of",
+    "register_batching_rule", "register_discharge_rule", "register_initial_ref",
+    "register_linearization",
     "register_lowering", "register_side_effect", "relayout_p", "remat_p", "ReshapeTransform",
     "reshard_p", "run_state", "run_state_p", "scan_p", "scan_parts", "settle_runtime_tokens",
     "shape_after_transforms", "ShapedArray", "shard_map_device_mesh", "shard_map_mesh",

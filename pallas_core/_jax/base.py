@@ -1,7 +1,7 @@
 """The installed JAX's version and the core types the rest of the adapter builds on: jaxprs
 (``ClosedJaxpr`` is JAX 0.10/0.11's class of a jaxpr with its constants, merged into ``Jaxpr``
 by 0.12; ``CLOSED_JAXPR`` is whichever class closed jaxprs have at run time), primitives,
-avals, tracers."""
+avals, tracers; and JAX's words for two tree structures that differ."""
 
 from __future__ import annotations
 
@@ -42,3 +42,21 @@ eval_context = core.eval_context
 
 ConcretizationTypeError = jax.errors.ConcretizationTypeError
 """A traced value used where Python needs a concrete one (``if``, ``bool``, ``int``)."""
+
+
+def pytree_mismatches(what1: str, tree1: Any, what2: str, tree2: Any) -> str:
+    """JAX's description of how two tree structures differ (``Pytree for `in_specs` and
+    `inputs` do not match. There are 1 mismatches, including: ...``), as JAX's Pallas words
+    it; empty when JAX finds no difference."""
+    from jax._src import tree_util
+
+    errs = list(tree_util.equality_errors_pytreedef(tree1, tree2))
+    if not errs:
+        return ""
+    lines = [f"Pytree for {what1} and {what2} do not match. "
+             f"There are {len(errs)} mismatches, including:"]
+    for path, thing1, thing2, explanation in errs:
+        where = f"at {jax.tree_util.keystr(path)}, " if path else ""
+        lines.append(f"    * {where}{what1} is a {thing1} but {what2} is a {thing2}, "
+                     f"so {explanation}")
+    return "\n".join(lines)
