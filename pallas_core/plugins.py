@@ -687,13 +687,17 @@ manager = PluginManager()
 
 
 def _hide_package_frames(plugin: Any) -> None:
-    """The installed plugin's package (``pallas_triton`` for ``pallas_triton.plugin``) is
-    internal to the source lines of kernels' equations, as the core is: an error raised where
-    a kernel calls the plugin's own primitives (``plgpu.load``, ``pltpu.async_copy``) points
-    at the kernel's line, not the plugin's."""
-    top = sys.modules.get(str(getattr(plugin, "__name__", "")).split(".")[0])
-    paths = list(getattr(top, "__path__", None) or ())  # a package; never a lone module
-    for path in paths:
+    """The package holding an installed plugin's entry module (``pallas_triton`` for
+    ``pallas_triton.plugin``) is internal to the source lines of kernels' equations, as the
+    core is: an error raised where a kernel calls the plugin's own primitives (``plgpu.load``,
+    ``pltpu.async_copy``) points at the kernel's line, not the plugin's. Only that package: not
+    a larger project it sits in, nor a namespace package (whose directories may hold the
+    user's own code), nor a lone module."""
+    parent = str(getattr(plugin, "__name__", "")).rpartition(".")[0]
+    package = sys.modules.get(parent) if parent else None
+    if package is None or getattr(package, "__file__", None) is None:
+        return
+    for path in getattr(package, "__path__", ()):
         _jax.hide_frames_in(os.path.abspath(path))
 
 

@@ -7,6 +7,7 @@ setting, never by installing a package."""
 
 from __future__ import annotations
 
+import sys
 import textwrap
 import warnings
 from typing import Any
@@ -280,3 +281,38 @@ def test_an_emulate_fault_with_no_other_answer_is_the_plugins_error() -> None:
         assert isinstance(info.value.__cause__, KeyError)
     finally:
         manager.unregister("noisy")
+
+
+def test_only_the_plugin_package_is_hidden_from_source_lines(monkeypatch: Any,
+                                                             tmp_path: Any) -> None:
+    """Errors point at the kernel's line, not at a plugin's primitives: the package holding an
+    installed plugin's entry module is hidden from source lines, and nothing more: not the
+    larger project it sits in, not a namespace package (its directories may hold the user's
+    code), not a lone module."""
+    import types
+
+    from pallas_core import _jax, plugins
+
+    hidden: list[str] = []
+    monkeypatch.setattr(_jax, "hide_frames_in", hidden.append)
+
+    def module(name: str, path: list[str] | None, file: str | None) -> types.ModuleType:
+        m = types.ModuleType(name)
+        m.__file__ = file
+        if path is not None:
+            m.__path__ = path
+        monkeypatch.setitem(sys.modules, name, m)
+        return m
+
+    acme = tmp_path / "acme"
+    module("acme", [str(acme)], str(acme / "__init__.py"))
+    module("acme.backend", [str(acme / "backend")], str(acme / "backend" / "__init__.py"))
+    plugins._hide_package_frames(module("acme.backend.plugin", None, "plugin.py"))
+    assert hidden == [str(acme / "backend")]
+
+    hidden.clear()
+    module("space", [str(tmp_path / "a"), str(tmp_path / "b")], None)  # a namespace package
+    plugins._hide_package_frames(module("space.plugin", None, "plugin.py"))
+    plugins._hide_package_frames(module("lone_backend", None, "lone_backend.py"))
+    plugins._hide_package_frames(object())  # a plugin object, not a module
+    assert hidden == []

@@ -50,7 +50,10 @@ def pytree_mismatches(what1: str, tree1: Any, what2: str, tree2: Any) -> str:
     it; empty when JAX finds no difference."""
     from jax._src import tree_util
 
-    errs = list(tree_util.equality_errors_pytreedef(tree1, tree2))
+    # A None spec for an array operand is the default spec, not a mismatch (JAX's words
+    # would count it).
+    errs = [e for e in tree_util.equality_errors_pytreedef(tree1, tree2)
+            if not (e[1] == "<class 'NoneType'>" and e[2] == "pytree leaf")]
     if not errs:
         return ""
     lines = [f"Pytree for {what1} and {what2} do not match. "

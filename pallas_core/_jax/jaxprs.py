@@ -6,6 +6,7 @@ jaxpr with some equations replaced (the emulators and ``pl.report`` use it)."""
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -120,8 +121,10 @@ def user_context(eqn: Any) -> Any:
 
 def hide_frames_in(directory: str) -> None:
     """Makes frames of code under ``directory`` internal, as JAX's own are: the source lines
-    of kernels' equations (and filtered tracebacks) skip them for the user's code."""
-    source_info_util.register_exclusion(directory)
+    of kernels' equations (and filtered tracebacks) skip them for the user's code. Paths
+    are matched by prefix, so the directory ends in a separator (``pallas_x`` does not hide
+    ``pallas_x_kernels``)."""
+    source_info_util.register_exclusion(os.path.join(directory, ""))
 
 
 def source_line(eqn: Any) -> str:

@@ -471,7 +471,8 @@ def _andi_checking_marks(launch: Launch, c: EmulatorCompiler, op: ir.Operation) 
                 f"{launch.where(op)}: lane {lane} of the {what} falls outside the array, in "
                 "a dimension whose blocks divide it (or a squeezed one), and no mask of the "
                 "kernel turns that lane off. JAX's Triton lowering masks no such dimension, "
-                "so on the GPU the access reads or writes outside the array; this "
+                "so on the GPU the access reads or writes the wrong elements, or memory "
+                "outside the array; this "
                 "project's lowering masks it (the load gives 0, the store is dropped), which "
                 "hides the bug. Fix: mask the access (pl.load/pl.store mask=) or keep the "
                 "indices inside the array.")

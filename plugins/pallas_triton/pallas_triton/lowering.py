@@ -350,7 +350,8 @@ def _access(lowering: Lowering, eqn: Any, ref: BlockRef, args: Sequence[Any], wh
 def _pointers(lowering: Lowering, eqn: Any, ref: BlockRef, transforms: Sequence[Any]
               ) -> tuple[ir.Value, ir.Value | None, ir.Value | None, tuple[int, ...]]:
     """Pointers to the elements ``ref[transforms]`` names, the in-bounds mask, the lanes
-    outside the array in a dimension JAX does not bound (see :func:`_access`), the shape.
+    JAX's lowering would access outside the array (outside it in a dimension JAX does not
+    bound, inside it in every dimension JAX bounds; see :func:`_access`), the shape.
 
     The shape is NumPy's: index arrays (broadcast together) give their shape once, where the
     first of them stands if they are neighbours, else in front; slices give theirs in order.
@@ -402,7 +403,8 @@ def _pointers(lowering: Lowering, eqn: Any, ref: BlockRef, transforms: Sequence[
     strides = [math.prod(bm.array_shape[d + 1:]) for d in range(len(bm.array_shape))]
     offset = tir.broadcast_to(tir.i32(0), shape)
     mask: ir.Value | None = None
-    outside: ir.Value | None = None
+    outside: ir.Value | None = None  # outside the array in a dimension JAX does not bound
+    bounded: ir.Value | None = None  # inside it in every dimension JAX bounds
     for d, part in enumerate(parts):
         part = tir.broadcast_to(part, shape)
         scaled = arith.MulIOp(part, tir.broadcast_to(tir.i32(strides[d]), shape)).result
@@ -415,6 +417,11 @@ def _pointers(lowering: Lowering, eqn: Any, ref: BlockRef, transforms: Sequence[
         if block is None or bm.array_shape[d] % block == 0:  # JAX's lowering bounds it not
             out = arith.CmpIOp(arith.CmpIPredicate.uge, part, size).result
             outside = out if outside is None else arith.OrIOp(outside, out).result
+        else:
+            bounded = _and(bounded, in_bounds)
+    if outside is not None and bounded is not None:
+        # A lane JAX's own bounds turn off is never accessed there either.
+        outside = arith.AndIOp(outside, bounded).result
     ptr_type = ir.RankedTensorType.get(list(shape), ref.ptr.type) if shape else ref.ptr.type
     base = tir.splat(ref.ptr, shape) if shape else ref.ptr
     return tt.AddPtrOp(ptr_type, base, offset).result, mask, outside, shape

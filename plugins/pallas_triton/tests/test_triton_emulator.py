@@ -444,6 +444,26 @@ def test_checked_mode_reports_an_unmasked_store_our_lowering_drops() -> None:
     np.testing.assert_allclose(got[8:], np.asarray(x[:56]) * 3.0, rtol=1e-6)
 
 
+@BOTH
+def test_checked_mode_reports_no_lane_jaxs_own_bounds_turn_off(mods: tuple[Any, Any]) -> None:
+    """Rows of a padded edge block (blocks of 8 rows over 10) gather the diagonal, the column
+    following the row: in the last block, rows past the array also index columns past it, a
+    dimension JAX does not bound. JAX's bound on the rows turns those lanes off, so neither
+    module accesses them and nothing is reported."""
+    pm, tm = mods
+    x = _rand((10, 10))
+
+    def fn(x: Any) -> Any:
+        def kernel(x_ref: Any, o_ref: Any) -> None:
+            r = jnp.arange(8)
+            o_ref[...] = x_ref[r, pm.program_id(0) * 8 + r]
+        return pm.pallas_call(kernel, jax.ShapeDtypeStruct((10,), x.dtype), grid=(2,),
+                              in_specs=[pm.BlockSpec((8, 10), lambda i: (i, 0))],
+                              out_specs=pm.BlockSpec((8,), lambda i: (i,)),
+                              **_params(tm))(x)
+    _close(emulate(fn, x, checked=True), jnp.diagonal(x))
+
+
 @pytest.mark.parametrize("size", [200, 256])
 def test_checked_mode_lets_the_padded_edge_block_be(size: int) -> None:
     """Blocks that do not divide the array pad the last one, and JAX's lowering masks that
