@@ -259,10 +259,6 @@ def operand_paths(args: Any, out_shape: Any) -> list[str]:
     return [f"args{keystr(p)}" for p, _ in ins] + [f"outputs{keystr(p)}" for p, _ in outs]
 
 
-def _aval_str(x: Any) -> str:
-    return f"{jnp.dtype(x.dtype).name}[{','.join(str(d) for d in x.shape)}]"
-
-
 def check_aliases(aliases: Sequence[tuple[int, int]], args: Sequence[Any],
                    outs: Sequence[Any], kernel_name: str,
                    paths: Sequence[str] | None = None) -> None:
@@ -288,8 +284,8 @@ def check_aliases(aliases: Sequence[tuple[int, int]], args: Sequence[Any],
             raise ArgumentError(
                 f"pallas_call of kernel {kernel_name!r}: input_output_aliases contains the "
                 f"mapping '{i}:{o}' referring to {in_path} with abstract value "
-                f"{_aval_str(a)} and to {out_path} with a different abstract value "
-                f"{_aval_str(b)}; aliased buffers must have the same shape and dtype. Fix: "
+                f"{gmap.type_text(a)} and to {out_path} with a different abstract value "
+                f"{gmap.type_text(b)}; aliased buffers must have the same shape and dtype. Fix: "
                 f"make out_shape[{o}] jax.ShapeDtypeStruct({tuple(a.shape)}, "
                 f"{jnp.dtype(a.dtype).name}), or drop the alias."
             )

@@ -256,7 +256,7 @@ def _src_info(fn: Any) -> str:
     return f"{name} at {code.co_filename}:{code.co_firstlineno}" if code is not None else name
 
 
-def _type_of(o: Any) -> str:
+def type_text(o: Any) -> str:
     """``o``'s type for a message: ``int32[4]`` for an array (or traced value), else the
     Python type's name."""
     shape, dtype = getattr(o, "shape", None), getattr(o, "dtype", None)
@@ -279,11 +279,12 @@ def _check_index(o: Any, d: int, dim: BlockDim, origin: str, kernel_name: str,
     dtype = getattr(o, "dtype", None)
     if o is None or isinstance(o, float) or jnp.ndim(o) != 0 or (
             dtype is not None and not jnp.issubdtype(dtype, jnp.integer)):
-        shown = (f"a{'n' if _type_of(o)[:1] in 'aeiou' else ''} {_type_of(o)} value"
+        type_ = type_text(o)
+        shown = (f"a{'n' if type_[:1] in 'aeiou' else ''} {type_} value"
                  if isinstance(o, _jax.Tracer) else repr(o))
         raise BlockSpecError(
             f"In kernel {kernel_name!r}: {subject} must return "
-            f"integer scalars. Output[{d}] has type {_type_of(o)}: the index map of {origin} "
+            f"integer scalars. Output[{d}] has type {type_}: the index map of {origin} "
             f"returned {shown} for dimension {d}; expected one integer scalar per array "
             "dimension (a block index). Fix: return ints or int32 scalars, e.g. "
             "lambda i, j: (i, j).")

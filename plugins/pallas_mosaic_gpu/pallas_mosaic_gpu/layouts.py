@@ -176,14 +176,7 @@ iota_p.def_abstract_eval(lambda *, dtype, shape, dimension, layout: plb.ShapedAr
                                                                                     dtype))
 
 
-def _no_effect_primitive(name: str) -> Any:
-    p = plb.Primitive(name)
-    p.multiple_results = True
-    p.def_effectful_abstract_eval(lambda **_: ([], {GPU_SYNC}))
-    return p
-
-
-commit_group_p = _no_effect_primitive("gpu_commit_smem_to_gmem_group")
+commit_group_p = plb.effect_primitive("gpu_commit_smem_to_gmem_group", GPU_SYNC)
 
 
 def layout_cast(x: Any, new_layout: SomeLayout) -> jax.Array:

@@ -337,14 +337,14 @@ def _access(lowering: Lowering, eqn: Any, ref: BlockRef, args: Sequence[Any], wh
     in it (``pl.emulate(..., checked=True)``), as it would report the access in JAX's module.
     """
     ptrs, bounds, outside, shape = _pointers(lowering, eqn, ref, _transforms(eqn, args))
-    kernels = None if mask_at is None else tir.broadcast_to(args[mask_at], shape)
+    kernel_mask = None if mask_at is None else tir.broadcast_to(args[mask_at], shape)
     if outside is not None:
-        active = kernels if kernels is not None else tir.constant(1, np.bool_, shape)
+        active = kernel_mask if kernel_mask is not None else tir.constant(1, np.bool_, shape)
         marked = arith.AndIOp(outside, active)
         marked.operation.attributes[UNMASKED_OUT_OF_BOUNDS] = ir.StringAttr.get(
             f"{what} of {ref.bm.origin} (shape {tuple(ref.bm.array_shape)}) at "
             f"{lowering.location}")
-    return ptrs, _and(bounds, kernels), shape
+    return ptrs, _and(bounds, kernel_mask), shape
 
 
 def _pointers(lowering: Lowering, eqn: Any, ref: BlockRef, transforms: Sequence[Any]
